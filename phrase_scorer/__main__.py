@@ -1,0 +1,3 @@
+from phrase_scorer.cli import main
+
+main()

@@ -1,0 +1,360 @@
+"""Training data at any scale: a memory-mapped cache of the table's unique phrase pairs.
+
+The table is read twice, streaming: once to count words (:func:`count_words`), once to write the
+pairs as word ids (:func:`build_cache`). The cache holds, for each split (``train``, ``valid``),
+flat id arrays with offsets and a length array; it is memory-mapped, so memory does not grow with
+the table.
+
+Unique pairs: a Moses table lists each pair once, sorted, so duplicates can only be adjacent; a
+repeated pair within a run of lines with the same source is dropped. Every unique pair is drawn
+with the same probability, whatever its count in the corpus: that is the paper's choice
+(section 3.1), which keeps the model from simply learning phrase frequencies.
+
+The validation split is held out *by source phrase*: a source goes to validation when a keyed hash
+of its text falls under a threshold, so no validation source is ever seen in training.
+
+Batches (:class:`BatchSampler`) visit every training pair once per epoch in a pseudo-random order
+(a keyed permutation that needs no memory), grouped by length within windows of a few thousand
+pairs, and are a pure function of (seed, epoch, position): an interrupted run resumes with the
+same data order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.phrase_table import read_phrase_table
+from phrase_scorer.progress import progress_bar
+from phrase_scorer.vocab import Vocabulary
+
+CACHE_FORMAT = "phrase-scorer-pair-cache"
+CACHE_VERSION = 1
+SPLITS = ("train", "valid")
+_FLUSH_PAIRS = 1 << 16
+
+
+def unique_pairs(table: PathLike, desc: str = "reading") -> Iterator[Tuple[List[str], List[str]]]:
+    """The (source words, target words) of each unique pair of a phrase table, in table order."""
+    reader = read_phrase_table(table)
+    last_source: Optional[List[str]] = None
+    targets_seen: set = set()  # targets of the current run of lines with one source
+    with progress_bar(desc, reader) as bar:
+        for line in reader:
+            bar.advance()
+            if line.source_words != last_source:
+                last_source, targets_seen = line.source_words, set()
+            target = " ".join(line.target_words)
+            if target in targets_seen:
+                continue
+            targets_seen.add(target)
+            yield line.source_words, line.target_words
+
+
+def count_words(table: PathLike) -> Tuple[Counter, Counter, int]:
+    """Word counts of each side over the unique pairs, and the number of unique pairs."""
+    source_counts: Counter = Counter()
+    target_counts: Counter = Counter()
+    pairs = 0
+    for source_words, target_words in unique_pairs(table, desc="counting words"):
+        source_counts.update(source_words)
+        target_counts.update(target_words)
+        pairs += 1
+    return source_counts, target_counts, pairs
+
+
+def source_hash(source_words: List[str], seed: int) -> float:
+    """A uniform number in [0, 1) fixed by the source phrase and the seed."""
+    digest = hashlib.blake2b(" ".join(source_words).encode("utf-8"), digest_size=8, key=str(seed).encode()).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+@dataclass
+class CacheMeta:
+    """What a cache was built from; a cache is reused only when all of it matches."""
+
+    format: str
+    version: int
+    table: str
+    table_size: int
+    table_mtime_ns: int
+    source_vocab_sha256: str
+    target_vocab_sha256: str
+    valid_fraction: float
+    seed: int
+    id_dtype: str
+    num_pairs: dict
+
+
+def vocab_digest(vocab: Vocabulary) -> str:
+    return hashlib.sha256(vocab.to_json().encode("utf-8")).hexdigest()
+
+
+def expected_meta(table: PathLike, source_vocab: Vocabulary, target_vocab: Vocabulary, valid_fraction: float, seed: int) -> CacheMeta:
+    stat = os.stat(table)
+    id_dtype = "uint16" if max(len(source_vocab), len(target_vocab)) <= np.iinfo(np.uint16).max + 1 else "uint32"
+    return CacheMeta(
+        format=CACHE_FORMAT,
+        version=CACHE_VERSION,
+        table=os.path.abspath(table),
+        table_size=stat.st_size,
+        table_mtime_ns=stat.st_mtime_ns,
+        source_vocab_sha256=vocab_digest(source_vocab),
+        target_vocab_sha256=vocab_digest(target_vocab),
+        valid_fraction=valid_fraction,
+        seed=seed,
+        id_dtype=id_dtype,
+        num_pairs={},
+    )
+
+
+def read_meta(cache_dir: Path) -> Optional[CacheMeta]:
+    try:
+        return CacheMeta(**json.loads((cache_dir / "meta.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+class _SplitWriter:
+    """Appends pairs of id lists to the flat arrays of one split."""
+
+    def __init__(self, directory: Path, split: str, dtype: str) -> None:
+        self.files = {
+            name: open(directory / f"{split}.{name}", "wb")
+            for name in ("src.ids", "tgt.ids", "src.offsets", "tgt.offsets", "lengths")
+        }
+        self.dtype = np.dtype(dtype)
+        self.count = 0
+        self.src_end = 0
+        self.tgt_end = 0
+        self.files["src.offsets"].write(np.zeros(1, np.int64).tobytes())
+        self.files["tgt.offsets"].write(np.zeros(1, np.int64).tobytes())
+        self._reset()
+
+    def _reset(self) -> None:
+        self.src_ids: List[int] = []
+        self.tgt_ids: List[int] = []
+        self.src_offsets: List[int] = []
+        self.tgt_offsets: List[int] = []
+        self.lengths: List[Tuple[int, int]] = []
+
+    def add(self, src: List[int], tgt: List[int]) -> None:
+        self.src_ids.extend(src)
+        self.tgt_ids.extend(tgt)
+        self.src_end += len(src)
+        self.tgt_end += len(tgt)
+        self.src_offsets.append(self.src_end)
+        self.tgt_offsets.append(self.tgt_end)
+        self.lengths.append((len(src), len(tgt)))
+        self.count += 1
+        if len(self.lengths) >= _FLUSH_PAIRS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.lengths:
+            return
+        f = self.files
+        f["src.ids"].write(np.asarray(self.src_ids, self.dtype).tobytes())
+        f["tgt.ids"].write(np.asarray(self.tgt_ids, self.dtype).tobytes())
+        f["src.offsets"].write(np.asarray(self.src_offsets, np.int64).tobytes())
+        f["tgt.offsets"].write(np.asarray(self.tgt_offsets, np.int64).tobytes())
+        f["lengths"].write(np.asarray(self.lengths, np.uint16).tobytes())
+        self._reset()
+
+    def close(self) -> None:
+        self.flush()
+        for f in self.files.values():
+            f.close()
+
+
+MAX_PHRASE_WORDS = int(np.iinfo(np.uint16).max)
+
+
+def build_cache(
+    table: PathLike,
+    cache_dir: PathLike,
+    source_vocab: Vocabulary,
+    target_vocab: Vocabulary,
+    *,
+    valid_fraction: float,
+    seed: int,
+) -> CacheMeta:
+    """Write (or reuse) the pair cache of ``table`` in ``cache_dir``; returns its description."""
+    cache_dir = Path(cache_dir)
+    meta = expected_meta(table, source_vocab, target_vocab, valid_fraction, seed)
+    existing = read_meta(cache_dir)
+    if existing is not None:
+        existing_num = existing.num_pairs
+        existing.num_pairs = {}
+        if existing == meta:
+            existing.num_pairs = existing_num
+            return existing
+    tmp = cache_dir.with_name(cache_dir.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    writers = {split: _SplitWriter(tmp, split, meta.id_dtype) for split in SPLITS}
+    last_source: Optional[List[str]] = None
+    in_valid = False
+    try:
+        for source_words, target_words in unique_pairs(table, desc="writing pair cache"):
+            if len(source_words) > MAX_PHRASE_WORDS or len(target_words) > MAX_PHRASE_WORDS:
+                raise PhraseScorerError(f"a phrase has more than {MAX_PHRASE_WORDS} words", path=table)
+            if source_words != last_source:
+                last_source = source_words
+                in_valid = source_hash(source_words, seed) < valid_fraction
+            writer = writers["valid" if in_valid else "train"]
+            writer.add(source_vocab.encode(source_words), target_vocab.encode(target_words))
+    finally:
+        for writer in writers.values():
+            writer.close()
+    meta.num_pairs = {split: writers[split].count for split in SPLITS}
+    (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=1) + "\n")
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    os.replace(tmp, cache_dir)
+    return meta
+
+
+class PairSet:
+    """One split of the cache, memory-mapped: ``pair(i)`` gives its two id arrays."""
+
+    def __init__(self, cache_dir: PathLike, split: str) -> None:
+        cache_dir = Path(cache_dir)
+        meta = read_meta(cache_dir)
+        if meta is None:
+            raise PhraseScorerError("pair cache is missing or damaged", path=cache_dir, hint="train again to rebuild it")
+        self.size = meta.num_pairs[split]
+        dtype = np.dtype(meta.id_dtype)
+
+        def load(name: str, kind, count: Optional[int] = None):
+            path = cache_dir / f"{split}.{name}"
+            if path.stat().st_size == 0:
+                return np.zeros(0, kind)
+            return np.memmap(path, dtype=kind, mode="r")
+
+        self.src_ids = load("src.ids", dtype)
+        self.tgt_ids = load("tgt.ids", dtype)
+        self.src_offsets = load("src.offsets", np.int64)
+        self.tgt_offsets = load("tgt.offsets", np.int64)
+        lengths = load("lengths", np.uint16)
+        self.lengths = lengths.reshape(-1, 2) if lengths.size else np.zeros((0, 2), np.uint16)
+        if len(self.lengths) != self.size or len(self.src_offsets) != self.size + 1:
+            raise PhraseScorerError("pair cache is damaged (array sizes disagree)", path=cache_dir, hint="train again with --overwrite")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def pair(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
+        return (
+            self.src_ids[self.src_offsets[i] : self.src_offsets[i + 1]],
+            self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]],
+        )
+
+    def batch_arrays(self, indices: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Padded id matrices and lengths for ``indices``: src (B, S), src_len, tgt (B, T), tgt_len."""
+        lengths = self.lengths[indices].astype(np.int64)  # (B, 2)
+        B = len(indices)
+        src = np.zeros((B, max(int(lengths[:, 0].max()), 1)), np.int64)
+        tgt = np.zeros((B, max(int(lengths[:, 1].max()), 1)), np.int64)
+        for row, i in enumerate(indices):
+            s, t = self.pair(int(i))
+            src[row, : len(s)] = s
+            tgt[row, : len(t)] = t
+        return src, lengths[:, 0], tgt, lengths[:, 1]
+
+
+# --- a permutation of [0, n) that needs no memory: a keyed Feistel network with cycle walking ---
+
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _mix(x: np.ndarray, key: np.uint64) -> np.ndarray:
+    """splitmix64 finaliser of x + key (uint64 arithmetic wraps)."""
+    with np.errstate(over="ignore"):
+        z = x + key
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+class KeyedPermutation:
+    """perm(i) for i in [0, n): a bijection fixed by ``key``, computed on demand in O(1) memory."""
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, key: int) -> None:
+        self.n = n
+        bits = max(2, int(n - 1).bit_length())
+        self.half = (bits + 1) // 2
+        rng = np.random.default_rng(key)
+        self.keys = [np.uint64(k) for k in rng.integers(0, 2**63, self.ROUNDS, dtype=np.int64)]
+
+    def _feistel(self, x: np.ndarray) -> np.ndarray:
+        half = np.uint64(self.half)
+        mask = np.uint64((1 << self.half) - 1)
+        left, right = x >> half, x & mask
+        for k in self.keys:
+            left, right = right, left ^ (_mix(right, k) & mask)
+        return (left << half) | right
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        out = self._feistel(positions.astype(np.uint64))
+        outside = out >= np.uint64(self.n)
+        while outside.any():  # cycle walking: at most a few rounds, the domain is < 4n
+            out[outside] = self._feistel(out[outside])
+            outside = out >= np.uint64(self.n)
+        return out.astype(np.int64)
+
+
+class BatchSampler:
+    """Length-grouped batches of pair indices in a reproducible order.
+
+    Each epoch walks a keyed permutation of the training pairs in windows of
+    ``window_batches * batch_size`` pairs; within a window, pairs are sorted by (target length,
+    source length), cut into batches and the batches shuffled. Batch ``k`` of epoch ``e`` depends
+    only on (seed, e, k).
+    """
+
+    def __init__(self, pairs: PairSet, batch_size: int, seed: int, window_batches: int = 64) -> None:
+        self.pairs = pairs
+        self.batch_size = batch_size
+        self.seed = seed
+        self.window = window_batches * batch_size
+        n = len(pairs)
+        full, rest = divmod(n, self.window)
+        self.batches_per_window = window_batches
+        self.batches_per_epoch = full * window_batches + -(-rest // batch_size)
+
+    def _window_batches(self, epoch: int, window: int) -> List[np.ndarray]:
+        n = len(self.pairs)
+        start = window * self.window
+        positions = np.arange(start, min(start + self.window, n))
+        indices = KeyedPermutation(n, hash_key(self.seed, epoch))(positions)
+        lengths = self.pairs.lengths[indices]
+        order = np.lexsort((lengths[:, 0], lengths[:, 1]))
+        indices = indices[order]
+        batches = [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
+        rng = np.random.default_rng(hash_key(self.seed, epoch, window))
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[np.ndarray]:
+        """The batches of ``epoch`` from batch number ``start_batch`` on."""
+        window, skip = divmod(start_batch, self.batches_per_window)
+        while window * self.window < len(self.pairs):
+            for batch in self._window_batches(epoch, window)[skip:]:
+                yield batch
+            window, skip = window + 1, 0
+
+
+def hash_key(*parts: int) -> int:
+    digest = hashlib.blake2b(",".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1

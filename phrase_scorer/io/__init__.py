@@ -1,0 +1,4 @@
+"""File formats of the Moses world: phrase tables, moses.ini, n-best lists.
+
+Nothing in this package imports torch, so the Moses-side commands start at once.
+"""

@@ -1,0 +1,299 @@
+"""Opening, writing and locking files the way every command needs them.
+
+* :func:`open_input` reads plain or gzip files (detected by their magic bytes, not their name)
+  or standard input (``-``), and reports how many raw bytes it has consumed so that progress bars
+  can show an ETA.
+* :class:`AtomicOutput` writes to a ``.part`` file beside the target and renames it into place
+  only when everything has been written, so a failure never leaves a half-written file under the
+  final name.
+* :class:`GzipMembers` writes gzip output as a series of independent members (one per chunk), which
+  zcat, Python and Moses' own reader all read as one stream, and which makes an interrupted write
+  resumable at a chunk boundary.
+* :class:`OutputLock` keeps two runs from writing the same output at the same time.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import gzip
+import io
+import os
+import sys
+import zlib
+from pathlib import Path
+from typing import BinaryIO, Optional, Union
+
+from phrase_scorer.errors import PhraseScorerError
+
+PathLike = Union[str, os.PathLike]
+
+GZIP_MAGIC = b"\x1f\x8b"
+STDIO = "-"
+
+
+class CountingReader(io.RawIOBase):
+    """Wraps a raw binary file and counts the bytes read through it."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self.bytes_read = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._raw.readinto(buffer)
+        self.bytes_read += n or 0
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class InputFile:
+    """A binary line source over a plain or gzip file, or stdin.
+
+    ``size`` is the raw (possibly compressed) size when known, ``bytes_read`` how much of it has
+    been consumed: together they give a progress fraction.
+    """
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = os.fspath(path)
+        self.size: Optional[int] = None
+        if self.path == STDIO:
+            raw = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
+        else:
+            try:
+                raw = open(self.path, "rb", buffering=0)
+            except FileNotFoundError:
+                raise PhraseScorerError("no such file", path=self.path) from None
+            except IsADirectoryError:
+                raise PhraseScorerError("is a directory, expected a file", path=self.path) from None
+            except PermissionError:
+                raise PhraseScorerError("permission denied", path=self.path) from None
+            self.size = os.fstat(raw.fileno()).st_size
+        self._counter = CountingReader(raw)
+        buffered = io.BufferedReader(self._counter, buffer_size=1 << 20)
+        self.compressed = buffered.peek(2)[:2] == GZIP_MAGIC
+        if self.compressed:
+            self.stream: BinaryIO = io.BufferedReader(gzip.GzipFile(fileobj=buffered, mode="rb"), 1 << 20)
+        else:
+            self.stream = buffered
+
+    @property
+    def bytes_read(self) -> int:
+        return self._counter.bytes_read
+
+    def __iter__(self):
+        return iter(self.stream)
+
+    def close(self) -> None:
+        if self.path != STDIO:
+            self.stream.close()
+
+    def __enter__(self) -> "InputFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_input(path: PathLike) -> InputFile:
+    """Open ``path`` (``-`` for stdin) for binary line reading, gunzipping when needed."""
+    return InputFile(path)
+
+
+def is_gzip_name(path: PathLike) -> bool:
+    return os.fspath(path).endswith(".gz")
+
+
+def part_path(path: PathLike) -> Path:
+    """The temporary file an output is written to before it is renamed into place."""
+    path = Path(path)
+    return path.with_name(path.name + ".part")
+
+
+def fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def describe_os_error(exc: OSError, path: PathLike) -> PhraseScorerError:
+    """Turn an OSError met while writing into a one-line project error."""
+    if exc.errno == errno.ENOSPC:
+        return PhraseScorerError(
+            "no space left on the device while writing",
+            path=path,
+            hint="free some space or write elsewhere; the previous output, if any, is untouched",
+        )
+    return PhraseScorerError(f"cannot write: {exc.strerror or exc}", path=path)
+
+
+class AtomicOutput:
+    """Write a file under a temporary name and rename it into place on :meth:`commit`.
+
+    Use as a context manager: leaving the block without :meth:`commit` (an error, Ctrl-C) removes
+    the temporary file unless ``keep_on_failure`` is set (then a later run can resume from it).
+    ``-`` writes to stdout directly.
+    """
+
+    def __init__(self, path: PathLike, *, append: bool = False, keep_on_failure: bool = False) -> None:
+        self.path = os.fspath(path)
+        self.to_stdout = self.path == STDIO
+        self.keep_on_failure = keep_on_failure
+        self.committed = False
+        if self.to_stdout:
+            self.tmp_path = None
+            self.file: BinaryIO = sys.stdout.buffer
+        else:
+            self.tmp_path = part_path(self.path)
+            parent = self.tmp_path.parent
+            if not parent.is_dir():
+                raise PhraseScorerError("the output folder does not exist", path=parent)
+            try:
+                self.file = open(self.tmp_path, "ab" if append else "wb")
+            except OSError as exc:
+                raise describe_os_error(exc, self.tmp_path) from None
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.file.write(data)
+        except OSError as exc:
+            raise describe_os_error(exc, self.tmp_path or self.path) from None
+
+    def flush(self) -> None:
+        """Flush to the operating system and to disk (a checkpoint for resuming)."""
+        try:
+            self.file.flush()
+            if not self.to_stdout:
+                os.fsync(self.file.fileno())
+        except OSError as exc:
+            raise describe_os_error(exc, self.tmp_path or self.path) from None
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def commit(self) -> None:
+        if self.to_stdout:
+            self.file.flush()
+            self.committed = True
+            return
+        self.flush()
+        self.file.close()
+        os.replace(self.tmp_path, self.path)
+        fsync_dir(Path(self.path).parent)
+        self.committed = True
+
+    def abort(self) -> None:
+        if self.to_stdout or self.committed:
+            return
+        try:
+            self.file.close()
+        except OSError:
+            pass
+        if not self.keep_on_failure:
+            try:
+                os.unlink(self.tmp_path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> "AtomicOutput":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.committed:
+            self.abort()
+
+
+def gzip_member(data: bytes, level: int = 6) -> bytes:
+    """One complete gzip member holding ``data``, with a zero timestamp (reproducible bytes)."""
+    return gzip.compress(data, compresslevel=level, mtime=0)
+
+
+def write_text_atomically(path: PathLike, text: str) -> None:
+    """Write a small text file (JSON, ini) atomically."""
+    with AtomicOutput(path) as out:
+        out.write(text.encode("utf-8"))
+        out.commit()
+
+
+class OutputLock:
+    """An exclusive, advisory lock on ``PATH.lock`` held while a run writes ``PATH``.
+
+    The lock is released by the operating system when the process dies, so a killed run never
+    blocks the ``--resume`` that follows it.
+    """
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = os.fspath(path)
+        self.lock_path = self.path + ".lock"
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> None:
+        if self.path == STDIO:
+            return
+        while True:
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise describe_os_error(exc, self.lock_path) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise PhraseScorerError(
+                    "another phrase-scorer run is writing this output",
+                    path=self.path,
+                    hint=f"wait for it to finish, or choose another output; lock file {self.lock_path}",
+                ) from None
+            # The holder before us unlinks the file as it releases it; if we locked such an
+            # orphaned file, try again on the file that now stands under the name.
+            try:
+                same = os.stat(self.lock_path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self.lock_path)
+        except FileNotFoundError:
+            pass
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> "OutputLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def read_gzip_error(exc: BaseException) -> Optional[str]:
+    """A readable description of a gzip/zlib failure, or None if ``exc`` is not one."""
+    if isinstance(exc, EOFError):
+        return "the gzip stream ends early: the file is truncated (an interrupted copy or download?)"
+    if isinstance(exc, gzip.BadGzipFile):
+        return f"not a valid gzip file ({exc})"
+    if isinstance(exc, zlib.error):
+        return f"corrupt gzip data ({exc})"
+    return None

@@ -1,0 +1,201 @@
+"""Streaming reader for Moses phrase tables.
+
+A line of a Moses phrase table is::
+
+    src ||| tgt ||| scores [||| alignment [||| counts [||| sparse [||| properties]]]]
+
+Fields are separated by ``|||``; Moses trims the spaces around them. The reader keeps each line's
+raw bytes so that a rewrite (:meth:`TableLine.with_scores_appended`) changes nothing but the
+score field, and checks what Moses would choke on or silently misread: fewer than three fields,
+empty phrases, scores that are not finite non-negative numbers (Moses takes their log), a score
+count that changes between lines, invalid UTF-8, a byte-order mark, a truncated gzip file.
+Every problem is raised as a :class:`~phrase_scorer.errors.PhraseScorerError` naming the file and
+the line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
+
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import PathLike, open_input, read_gzip_error
+
+FIELD_SEPARATOR = "|||"
+BOM = "\ufeff"
+
+# What Moses' double-conversion parser and we agree is a number (no '_', no hex, no 'nan').
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[+]?inf(?:inity)?", re.IGNORECASE)
+
+
+def split_words(phrase: str) -> List[str]:
+    """The words of a phrase as Moses splits them: on spaces and tabs only."""
+    if "\t" in phrase:
+        phrase = phrase.replace("\t", " ")
+    return [word for word in phrase.split(" ") if word]
+
+
+@dataclass(slots=True)
+class TableLine:
+    """One line of a phrase table.
+
+    ``raw`` is the line's bytes without its final newline and ``eol`` that newline (``b""`` on a
+    last line without one), so ``raw + eol`` is exactly what was read.
+    """
+
+    line_number: int
+    raw: bytes
+    eol: bytes
+    fields: List[str]
+    source_words: List[str]
+    target_words: List[str]
+
+    @property
+    def source(self) -> str:
+        return " ".join(self.source_words)
+
+    @property
+    def target(self) -> str:
+        return " ".join(self.target_words)
+
+    @property
+    def scores(self) -> List[float]:
+        return [float(s) for s in self.fields[2].split()] if len(self.fields) > 2 else []
+
+    def with_scores_appended(self, values: bytes) -> bytes:
+        """The line with ``values`` (e.g. ``b"0.25 1"``) added at the end of its score field.
+
+        Everything else, including the spacing around the fields and the newline, is kept byte
+        for byte.
+        """
+        parts = self.raw.split(b"|||", 3)
+        if len(parts) < 3:
+            raise ValueError("line has no score field")
+        # end of the last score, before the spaces that lead to the next field
+        end = len(parts[0]) + len(parts[1]) + 2 * len(b"|||") + len(parts[2].rstrip())
+        return self.raw[:end] + b" " + values + self.raw[end:] + self.eol
+
+
+class PhraseTableReader:
+    """Iterate over the lines of a plain or gzipped phrase table, validating each one.
+
+    ``min_fields`` is 3 for a phrase table, 2 for ``src ||| tgt`` input. With ``check_scores``
+    the score field must hold the same number of finite, non-negative numbers on every line.
+    ``skip`` lines are read and passed over without being parsed (used to resume a run).
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        min_fields: int = 3,
+        check_scores: bool = True,
+        allow_empty: bool = False,
+        skip: int = 0,
+    ) -> None:
+        self.path = path
+        self.min_fields = min_fields
+        self.check_scores = check_scores
+        self.allow_empty = allow_empty
+        self.skip = skip
+        self.num_scores: Optional[int] = None
+        self.lines_read = 0
+        self._input = None
+
+    @property
+    def size(self) -> Optional[int]:
+        return self._input.size if self._input is not None else None
+
+    @property
+    def bytes_read(self) -> int:
+        return self._input.bytes_read if self._input is not None else 0
+
+    def error(self, message: str, line: Optional[int] = None, hint: Optional[str] = None) -> PhraseScorerError:
+        return PhraseScorerError(message, path=self.path, line=line, hint=hint)
+
+    def __iter__(self) -> Iterator[TableLine]:
+        self._input = open_input(self.path)
+        number = 0
+        try:
+            with self._input as source:
+                lines = iter(source)
+                try:
+                    for _ in range(self.skip):
+                        next(lines)
+                        number += 1
+                except StopIteration:
+                    raise self.error(
+                        f"has only {number} lines, fewer than the {self.skip} already done",
+                        hint="the input changed since the interrupted run; start again without --resume",
+                    ) from None
+                for number, data in enumerate(lines, number + 1):
+                    self.lines_read = number
+                    yield self.parse(data, number)
+        except PhraseScorerError:
+            raise
+        except (EOFError, OSError, ValueError) as exc:  # zlib.error and BadGzipFile are among these
+            reason = read_gzip_error(exc) or str(exc)
+            raise self.error(f"cannot read after line {number}: {reason}") from None
+        if number == 0 and not self.allow_empty:
+            raise self.error("the file is empty", hint="expected a Moses phrase table")
+
+    def parse(self, data: bytes, number: int) -> TableLine:
+        if data.endswith(b"\n"):
+            raw, eol = data[:-1], b"\n"
+        else:
+            raw, eol = data, b""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.error(
+                f"invalid UTF-8 at byte {exc.start + 1}", number, "phrase tables must be UTF-8 text"
+            ) from None
+        if number == 1 and text.startswith(BOM):
+            raise self.error(
+                "starts with a UTF-8 byte-order mark, which Moses would read as part of the first word",
+                number,
+                "remove the first three bytes of the file",
+            )
+        fields = text.split(FIELD_SEPARATOR)
+        if len(fields) < self.min_fields:
+            raise self.error(
+                f"expected at least {self.min_fields} fields separated by '|||', found {len(fields)}",
+                number,
+            )
+        source_words = split_words(fields[0])
+        if not source_words:
+            raise self.error("empty source phrase", number)
+        target_words = split_words(fields[1])
+        if not target_words:
+            raise self.error("empty target phrase", number)
+        if self.check_scores and len(fields) > 2:
+            self._check_scores(fields[2], number)
+        return TableLine(number, raw, eol, fields, source_words, target_words)
+
+    def _check_scores(self, field: str, number: int) -> None:
+        scores = field.split()
+        for token in scores:
+            if not _NUMBER.fullmatch(token):
+                raise self.error(f"score {token!r} is not a number", number)
+            value = float(token)
+            if not (0.0 <= value < math.inf):
+                raise self.error(
+                    f"score {token!r} is not a finite non-negative number",
+                    number,
+                    "Moses takes the log of every score: a negative value silently disables the table",
+                )
+        if self.num_scores is None:
+            self.num_scores = len(scores)
+        elif len(scores) != self.num_scores:
+            raise self.error(
+                f"found {len(scores)} scores where the first line has {self.num_scores}",
+                number,
+                "every line of a phrase table needs the same number of scores",
+            )
+
+
+def read_phrase_table(path: PathLike, **options) -> PhraseTableReader:
+    """A validating iterator over ``path``'s lines; see :class:`PhraseTableReader`."""
+    return PhraseTableReader(path, **options)

@@ -1,0 +1,247 @@
+"""The RNN Encoder-Decoder of Cho et al. (2014), appendix A.
+
+Notation follows the appendix: a source phrase x_1..x_N, a target phrase y_1..y_M, embeddings
+e(.), encoder state h, decoder state h'. Tensors are batch-first; B = batch, S = source length,
+T = target steps (M + 1: the words, then ``</s>``), E = embedding size, H = hidden units,
+M = maxout units, P = maxout pieces, R = output rank, V = target vocabulary.
+
+    encoder   h_t  = GRU(h_{t-1}, e(x_t)),  h_0 = 0          (reset gate on U h, eq. A.1)
+              c    = tanh(V h_N),  m_x = mean_t e(x_t)
+    decoder   h'_0 = tanh(V' c)
+              h'_t = z' * h'_{t-1} + (1 - z') * tanh(W' e(y_{t-1}) + r' * (U' h'_{t-1} + C c))
+              z', r' = sigmoid(W'_{z,r} e(y_{t-1}) + U'_{z,r} h'_{t-1} + C_{z,r} c),  e(y_0) = 0
+    readout   s_t  = O_h h'_t + O_y e(y_{t-1}) + O_c c + O_w m_x,  maxout over pairs -> M units
+              p(y_t | y_<t, x) = softmax(G_l G_r s_t)           (G_l: V x R, G_r: R x M)
+
+log p(y|x) sums log p(y_t | ...) over the M words and the final ``</s>``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from phrase_scorer.config import ModelConfig
+from phrase_scorer.vocab import EOS_ID, PAD_ID
+
+# The softmax covers target ids 1.. (</s>, <unk>, words); <pad> (id 0) is never predicted.
+FIRST_OUTPUT_ID = 1
+
+
+class Encoder(nn.Module):
+    """Reads the source phrase; returns its summary c and the mean source embedding m_x.
+
+    PyTorch's GRU applies the reset gate to (U h + b) after the product, which is exactly the
+    encoder unit of appendix A.1, so the encoder is a plain ``nn.GRU``.
+    """
+
+    def __init__(self, config: ModelConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, config.embedding_dim, padding_idx=PAD_ID)
+        self.gru = nn.GRU(config.embedding_dim, config.hidden_dim, batch_first=True)
+        self.to_context = nn.Linear(config.hidden_dim, config.hidden_dim)  # V
+
+    def forward(self, src: Tensor, src_len: Tensor) -> Tuple[Tensor, Tensor]:
+        """src: (B, S) ids padded with <pad>; src_len: (B,). Returns c (B, H), m_x (B, E)."""
+        emb = self.embed(src)  # (B, S, E)
+        states, _ = self.gru(emb)  # (B, S, H); state t depends on x_1..x_t only
+        last = (src_len - 1).clamp(min=0)
+        h_last = states[torch.arange(src.size(0), device=src.device), last]  # (B, H)
+        return self.summarize(h_last), mean_embedding(emb, src_len)
+
+    def summarize(self, h_last: Tensor) -> Tensor:
+        """c = tanh(V h_N)."""
+        return torch.tanh(self.to_context(h_last))
+
+    def step(self, emb: Tensor, h: Tensor) -> Tensor:
+        """One GRU step for a batch of prefixes: emb (N, E), h (N, H) -> (N, H)."""
+        gru = self.gru
+        return torch.gru_cell(emb, h, gru.weight_ih_l0, gru.weight_hh_l0, gru.bias_ih_l0, gru.bias_hh_l0)
+
+
+class Decoder(nn.Module):
+    """The decoder GRU of appendix A.1.1, with c fed to the update gate, reset gate and candidate.
+
+    The three gates are stacked in the order (r, z, n) in every 3H-wide matrix, as in PyTorch.
+    """
+
+    def __init__(self, config: ModelConfig, vocab_size: int) -> None:
+        super().__init__()
+        E, H = config.embedding_dim, config.hidden_dim
+        self.hidden_dim = H
+        self.embed = nn.Embedding(vocab_size, E, padding_idx=PAD_ID)
+        self.init_state = nn.Linear(H, H)  # V'
+        self.input_proj = nn.Linear(E, 3 * H)  # W'_r, W'_z, W'
+        self.recurrent = nn.Linear(H, 3 * H, bias=False)  # U'_r, U'_z, U'
+        self.context_proj = nn.Linear(H, 3 * H, bias=False)  # C_r, C_z, C
+
+    def start(self, c: Tensor) -> Tuple[Tensor, Tensor]:
+        """Per-source terms: h'_0 = tanh(V' c) (B, H) and the context gate inputs C c (B, 3H)."""
+        return torch.tanh(self.init_state(c)), self.context_proj(c)
+
+    def step(self, x_proj: Tensor, h: Tensor, ctx: Tensor) -> Tensor:
+        """x_proj = W' e(y_{t-1}) (N, 3H), h = h'_{t-1} (N, H), ctx = C c (N, 3H) -> h'_t (N, H)."""
+        H = self.hidden_dim
+        rec = self.recurrent(h)  # (N, 3H)
+        gates = torch.sigmoid(x_proj[:, : 2 * H] + rec[:, : 2 * H] + ctx[:, : 2 * H])  # (N, 2H)
+        r, z = gates[:, :H], gates[:, H:]
+        candidate = torch.tanh(x_proj[:, 2 * H :] + r * (rec[:, 2 * H :] + ctx[:, 2 * H :]))  # (N, H)
+        return candidate + z * (h - candidate)  # z h + (1 - z) candidate
+
+    def forward(self, c: Tensor, prev_emb: Tensor) -> Tensor:
+        """c: (B, H); prev_emb: e(y_0..y_{T-1}) (B, T, E). Returns h'_1..h'_T (B, T, H)."""
+        h, ctx = self.start(c)
+        x_proj = self.input_proj(prev_emb)  # (B, T, 3H)
+        states = []
+        for t in range(prev_emb.size(1)):
+            h = self.step(x_proj[:, t], h, ctx)
+            states.append(h)
+        return torch.stack(states, 1)  # (B, T, H)
+
+
+class Readout(nn.Module):
+    """The deep output of appendix A: maxout layer, then a rank-R factored softmax."""
+
+    def __init__(self, config: ModelConfig, vocab_size: int) -> None:
+        super().__init__()
+        E, H, R = config.embedding_dim, config.hidden_dim, config.output_rank
+        self.units, self.pieces = config.maxout_units, config.maxout_pieces
+        width = self.units * self.pieces
+        self.hidden = nn.Linear(H, width)  # O_h
+        self.prev_word = nn.Linear(E, width, bias=False)  # O_y
+        self.context = nn.Linear(H, width, bias=False)  # O_c
+        self.mean_source = nn.Linear(E, width, bias=False)  # O_w
+        self.rank = nn.Linear(self.units, R, bias=False)  # G_r
+        self.output = nn.Linear(R, vocab_size - FIRST_OUTPUT_ID)  # G_l (+ bias)
+
+    def source_term(self, c: Tensor, mean_emb: Tensor) -> Tensor:
+        """O_c c + O_w m_x, constant over the target: (B, H), (B, E) -> (B, P*M)."""
+        return self.context(c) + self.mean_source(mean_emb)
+
+    def features(self, h: Tensor, prev_emb: Tensor, source_term: Tensor) -> Tensor:
+        """G_r maxout(s_t): h (..., H), prev_emb (..., E), source_term (..., P*M) -> (..., R)."""
+        s = self.hidden(h) + self.prev_word(prev_emb) + source_term  # (..., P*M)
+        s = s.unflatten(-1, (self.units, self.pieces)).amax(-1)  # (..., M): max of s_{2i-1}, s_{2i}
+        return self.rank(s)
+
+    def logits(self, features: Tensor) -> Tensor:
+        """(N, R) -> (N, V - 1); column k is target id k + FIRST_OUTPUT_ID."""
+        return self.output(features)
+
+    def token_log_probs(self, features: Tensor, token_ids: Tensor, chunk_rows: Optional[int] = None) -> Tensor:
+        """log p of ``token_ids`` (N,) under the distributions of ``features`` (N, R), in fp32.
+
+        With ``chunk_rows`` the N x V logits are formed ``chunk_rows`` rows at a time, so a large
+        batch never holds them all.
+        """
+        classes = token_ids - FIRST_OUTPUT_ID
+        n = features.size(0)
+        step = n if not chunk_rows else chunk_rows
+        parts = []
+        for start in range(0, n, max(step, 1)):
+            logits = at_least_fp32(self.logits(features[start : start + step]))  # (n', V - 1)
+            parts.append(-F.cross_entropy(logits, classes[start : start + step], reduction="none"))
+        return torch.cat(parts) if len(parts) != 1 else parts[0]
+
+
+class RNNEncoderDecoder(nn.Module):
+    """p(target phrase | source phrase), appendix A of Cho et al. (2014)."""
+
+    def __init__(self, config: ModelConfig, source_vocab_size: int, target_vocab_size: int) -> None:
+        super().__init__()
+        self.config = config
+        self.source_vocab_size = source_vocab_size
+        self.target_vocab_size = target_vocab_size
+        self.encoder = Encoder(config, source_vocab_size)
+        self.decoder = Decoder(config, target_vocab_size)
+        self.readout = Readout(config, target_vocab_size)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Section 4.1.1: N(0, std^2) weights, zero biases; recurrent matrices orthogonal * scale."""
+        cfg = self.config
+        recurrent = {id(self.encoder.gru.weight_hh_l0), id(self.decoder.recurrent.weight)}
+        for name, param in self.named_parameters():
+            with torch.no_grad():
+                if id(param) in recurrent:
+                    for block in param.chunk(3, 0):  # one H x H matrix per gate
+                        block.copy_(orthogonal_like(block) * cfg.recurrent_init_scale)
+                elif name.endswith("bias") or "bias_" in name:
+                    param.zero_()
+                else:
+                    param.normal_(0.0, cfg.init_std)
+        with torch.no_grad():
+            self.encoder.embed.weight[PAD_ID].zero_()
+            self.decoder.embed.weight[PAD_ID].zero_()
+
+    def forward(self, src: Tensor, src_len: Tensor, tgt: Tensor, tgt_len: Tensor) -> Tensor:
+        """log p(y|x) for each pair, teacher-forced.
+
+        src: (B, S), tgt: (B, T) ids padded with <pad>; src_len, tgt_len: (B,) word counts.
+        Returns (B,) fp32 natural-log probabilities, </s> included.
+        """
+        B, T = tgt.shape
+        c, mean_emb = self.encoder(src, src_len)  # (B, H), (B, E)
+        steps = torch.arange(T + 1, device=tgt.device)
+        labels = torch.cat([tgt, tgt.new_full((B, 1), PAD_ID)], 1)  # (B, T+1)
+        labels = labels.masked_fill(steps == tgt_len.unsqueeze(1), EOS_ID)  # </s> after y_M
+        valid = steps <= tgt_len.unsqueeze(1)  # (B, T+1)
+
+        tgt_emb = self.decoder.embed(tgt)  # (B, T, E)
+        prev_emb = torch.cat([tgt_emb.new_zeros((B, 1, tgt_emb.size(2))), tgt_emb], 1)  # (B, T+1, E); e(y_0) = 0
+        states = self.decoder(c, prev_emb)  # (B, T+1, H)
+        source_term = self.readout.source_term(c, mean_emb).unsqueeze(1)  # (B, 1, P*M)
+        features = self.readout.features(states, prev_emb, source_term)  # (B, T+1, R)
+        token_lp = self.readout.token_log_probs(features[valid], labels[valid])  # (n_valid,)
+        out = token_lp.new_zeros((B, T + 1))
+        out[valid] = token_lp
+        return out.sum(1)  # (B,)
+
+
+def at_least_fp32(x: Tensor) -> Tensor:
+    """Half-precision values (autocast on GPU) in fp32; fp32 and fp64 as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def mean_embedding(emb: Tensor, lengths: Tensor) -> Tensor:
+    """m_x: the mean of the first ``lengths`` rows of each (B, L, E) sequence -> (B, E)."""
+    mask = torch.arange(emb.size(1), device=emb.device) < lengths.unsqueeze(1)  # (B, L)
+    return (emb * mask.unsqueeze(2).to(emb.dtype)).sum(1) / lengths.unsqueeze(1).to(emb.dtype)
+
+
+def orthogonal_like(block: Tensor) -> Tensor:
+    """Left singular vectors of a white Gaussian matrix of ``block``'s shape."""
+    u, _, _ = torch.linalg.svd(torch.randn(block.shape, dtype=torch.float64), full_matrices=False)
+    return u.to(block.dtype)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def forward_flops(config: ModelConfig, target_vocab_size: int, source_length: float, target_length: float) -> Dict[str, float]:
+    """Analytic multiply-add FLOPs (2 per MAC) of scoring one pair the naive way.
+
+    ``target_length`` counts words; the decoder runs one more step for </s>. Parts:
+    ``encoder`` (per source word and c = tanh(V h)), ``per_source`` (V', C, O_c, O_w: once per
+    source), ``decoder`` (GRU, readout and softmax per target step). Elementwise work is left out.
+    """
+    E, H = config.embedding_dim, config.hidden_dim
+    W, R, V = config.maxout_units * config.maxout_pieces, config.output_rank, target_vocab_size - FIRST_OUTPUT_ID
+    encoder_step = 2 * (E * 3 * H + H * 3 * H)
+    encoder = source_length * encoder_step + 2 * H * H
+    per_source = 2 * (H * H + H * 3 * H + H * W + E * W)
+    decoder_step = 2 * (E * 3 * H + H * 3 * H + H * W + E * W + config.maxout_units * R + R * V)
+    decoder = (target_length + 1) * decoder_step
+    return {
+        "encoder": encoder,
+        "per_source": per_source,
+        "decoder": decoder,
+        "encoder_step": encoder_step,
+        "decoder_step": decoder_step,
+        "total": encoder + per_source + decoder,
+    }

@@ -1,0 +1,201 @@
+"""The model directory: fixed file names, safe loading.
+
+    MODEL_DIR/
+      config.json          model sizes, training settings, vocabulary sizes, package version
+      vocab.source.json    source shortlist
+      vocab.target.json    target shortlist
+      model.pt             best weights so far (lowest validation NLL): used for scoring
+      checkpoint.pt        last state: weights, optimiser, data position (for --resume)
+      train.log.jsonl      one JSON record per validation
+      cache/               the memory-mapped pair cache (can be deleted once trained)
+
+Weights are read with ``torch.load(..., weights_only=True)``, which refuses pickled code, and
+checked against the config and vocabularies before a model is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+from phrase_scorer import __version__
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import PathLike, write_text_atomically
+from phrase_scorer.model import ModelConfig, RNNEncoderDecoder
+from phrase_scorer.vocab import Vocabulary
+
+CONFIG = "config.json"
+SOURCE_VOCAB = "vocab.source.json"
+TARGET_VOCAB = "vocab.target.json"
+BEST_WEIGHTS = "model.pt"
+CHECKPOINT = "checkpoint.pt"
+TRAIN_LOG = "train.log.jsonl"
+CACHE = "cache"
+MODEL_FORMAT = "phrase-scorer-model"
+MODEL_FILES = (CONFIG, SOURCE_VOCAB, TARGET_VOCAB, BEST_WEIGHTS, CHECKPOINT, TRAIN_LOG)
+
+
+def file_sha256(path: PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def safe_torch_load(path: PathLike, map_location: Any = "cpu") -> Any:
+    """``torch.load`` with ``weights_only=True``: tensors and plain containers only, never code."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise PhraseScorerError("file is missing", path=path) from None
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsupported content"
+        raise PhraseScorerError(
+            f"refused to load: the file holds more than weights ({first})",
+            path=path,
+            hint="model files must contain tensors only; never load model files from an untrusted source",
+        ) from None
+    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+        raise PhraseScorerError(f"not a readable PyTorch weights file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})", path=path) from None
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to score, with everything that describes it."""
+
+    model: RNNEncoderDecoder
+    source_vocab: Vocabulary
+    target_vocab: Vocabulary
+    config: ModelConfig
+    directory: Path
+    weights_path: Path
+    weights_sha256: str
+
+
+class ModelDirectory:
+    def __init__(self, path: PathLike) -> None:
+        self.path = Path(path)
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.path / CACHE
+
+    def exists(self) -> bool:
+        return (self.path / CONFIG).is_file()
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def write_config(self, data: Dict[str, Any]) -> None:
+        data = {"format": MODEL_FORMAT, "version": 1, "package_version": __version__, **data}
+        write_text_atomically(self.path / CONFIG, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+    def save_weights(self, state: Dict[str, Any], name: str) -> None:
+        """Save a state dict (or checkpoint dict) atomically."""
+        target = self.path / name
+        tmp = target.with_name(target.name + ".part")
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            from phrase_scorer.io.files import describe_os_error
+
+            raise describe_os_error(exc, target) from None
+
+    def append_log(self, record: Dict[str, Any]) -> None:
+        with open(self.path / TRAIN_LOG, "a", encoding="utf-8") as log:
+            log.write(json.dumps(record) + "\n")
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def read_config(self) -> Dict[str, Any]:
+        if not self.path.exists():
+            raise PhraseScorerError("model directory does not exist", path=self.path, hint="train one with 'phrase-scorer train'")
+        if not self.path.is_dir():
+            raise PhraseScorerError("is not a model directory", path=self.path)
+        path = self.path / CONFIG
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise PhraseScorerError(
+                f"not a phrase-scorer model directory (no {CONFIG})", path=self.path,
+                hint="train one with 'phrase-scorer train'",
+            ) from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise PhraseScorerError(f"config is not valid JSON ({exc})", path=path) from None
+        if not isinstance(data, dict) or data.get("format") != MODEL_FORMAT:
+            raise PhraseScorerError("not a phrase-scorer model config", path=path)
+        return data
+
+    def model_config(self, data: Optional[Dict[str, Any]] = None) -> ModelConfig:
+        data = data if data is not None else self.read_config()
+        try:
+            return ModelConfig.from_dict(data["model"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PhraseScorerError(f"config has no valid 'model' section ({exc})", path=self.path / CONFIG) from None
+
+    def load(self, device: Any = "cpu", weights: str = BEST_WEIGHTS) -> LoadedModel:
+        """Build the model from its directory, checking that every part agrees with the others."""
+        data = self.read_config()
+        config = self.model_config(data)
+        source_vocab = Vocabulary.load(self.path / SOURCE_VOCAB)
+        target_vocab = Vocabulary.load(self.path / TARGET_VOCAB)
+        weights_path = self.path / weights
+        if not weights_path.exists():
+            hint = "training has not reached its first validation yet" if (self.path / CHECKPOINT).exists() else "train the model first"
+            raise PhraseScorerError("the model has no trained weights", path=weights_path, hint=hint)
+        state = safe_torch_load(weights_path)
+        if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+            state = state["model"]  # a training checkpoint
+        if not isinstance(state, dict):
+            raise PhraseScorerError("weights file does not hold a state dict", path=weights_path)
+        model = RNNEncoderDecoder(config, len(source_vocab), len(target_vocab))
+        check_state_matches(model, state, weights_path)
+        model.load_state_dict(state)
+        model.to(device)
+        model.eval()
+        return LoadedModel(
+            model=model,
+            source_vocab=source_vocab,
+            target_vocab=target_vocab,
+            config=config,
+            directory=self.path,
+            weights_path=weights_path,
+            weights_sha256=file_sha256(weights_path),
+        )
+
+
+def check_state_matches(model: torch.nn.Module, state: Dict[str, Any], path: PathLike) -> None:
+    """Refuse weights whose names or shapes disagree with the config and vocabularies."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise PhraseScorerError(f"weights do not belong to this model ({detail})", path=path)
+    for name, tensor in expected.items():
+        value = state[name]
+        if not isinstance(value, torch.Tensor) or value.shape != tensor.shape:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise PhraseScorerError(
+                f"weight {name} has shape {shape}, but config.json and the vocabularies call for {tuple(tensor.shape)}",
+                path=path,
+                hint="the config, vocabularies and weights come from different models",
+            )
+        if not torch.isfinite(value).all():
+            raise PhraseScorerError(f"weight {name} holds NaN or infinite values", path=path)
+
+
+def load_model(path: PathLike, device: Any = "cpu") -> LoadedModel:
+    return ModelDirectory(path).load(device)

@@ -1,0 +1,298 @@
+"""BatchScorer: log p(y|x) for many phrase pairs at once, doing each piece of work once.
+
+Every command that needs a model score (``score``, ``annotate``, ``sample``, ``compare``) asks
+this scorer; nothing else computes one. Given a window of pairs it
+
+1. groups the pairs by source and sorts the distinct sources, so that sources sharing a prefix
+   (``a man``, ``a man in``, ``a man in a``: a phrase table lists every sub-phrase) sit together;
+2. cuts the window into batches of about ``batch_tokens`` target tokens, keeping a source's
+   targets together;
+3. encodes each distinct source of a batch once, walking the *trie* of the sources depth by
+   depth, so a shared prefix is run through the encoder GRU once;
+4. computes the per-source decoder terms (h'_0, C c, O_c c + O_w m_x) once per source;
+5. decodes the trie of each source's targets depth by depth: targets sharing a prefix share
+   their decoder steps and their softmax, and no step is spent on padding;
+6. forms the N x V logits in chunks of ``chunk_rows`` rows (log-softmax in fp32), and
+7. returns the scores in the input order.
+
+The result equals the teacher-forced :meth:`RNNEncoderDecoder.forward` pair by pair (the tests
+check it against a step-by-step implementation of the appendix equations). Setting
+``share_source_prefixes`` / ``share_target_prefixes`` to False turns the sharing off, for
+benchmarks; each distinct source is still encoded only once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from phrase_scorer.config import ScoringOptions
+from phrase_scorer.model import FIRST_OUTPUT_ID, RNNEncoderDecoder, at_least_fp32, mean_embedding
+from phrase_scorer.vocab import EOS_ID, PAD_ID, Vocabulary
+
+
+@dataclass
+class ScoringStats:
+    """Work counters, for benchmarks: how much sharing saved."""
+
+    pairs: int = 0
+    distinct_sources: int = 0
+    source_words: int = 0  # what encoding every pair on its own would run
+    encoder_steps: int = 0  # what the scorer ran
+    target_steps: int = 0  # words + </s> over all pairs
+    decoder_steps: int = 0
+
+    def add(self, other: "ScoringStats") -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class PrefixTrie:
+    """The trie of a list of id sequences, stored depth by depth.
+
+    ``keys[d]`` holds the id at depth d of each node of that depth, ``parents[d]`` the index of
+    its parent among the nodes of depth d - 1 (depth 0 nodes have no parent), and
+    ``node_of[d]`` the node at depth d of each sequence long enough to reach it (-1 otherwise).
+    """
+
+    keys: List[np.ndarray] = field(default_factory=list)
+    parents: List[np.ndarray] = field(default_factory=list)
+    node_of: List[np.ndarray] = field(default_factory=list)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(len(k) for k in self.keys)
+
+
+def build_trie(sequences: Sequence[Sequence[int]], share_prefixes: bool = True) -> PrefixTrie:
+    """Trie of ``sequences``; without sharing, every sequence gets nodes of its own."""
+    depth = max((len(s) for s in sequences), default=0)
+    keys: List[List[int]] = [[] for _ in range(depth)]
+    parents: List[List[int]] = [[] for _ in range(depth)]
+    node_of = np.full((depth, len(sequences)), -1, np.int64)
+    order = sorted(range(len(sequences)), key=sequences.__getitem__) if share_prefixes else range(len(sequences))
+    previous: Sequence[int] = ()
+    previous_nodes: List[int] = []
+    for index in order:
+        seq = sequences[index]
+        shared = 0
+        if share_prefixes:
+            limit = min(len(seq), len(previous))
+            while shared < limit and seq[shared] == previous[shared]:
+                shared += 1
+        nodes = previous_nodes[:shared]
+        for d in range(shared, len(seq)):
+            nodes.append(len(keys[d]))
+            keys[d].append(seq[d])
+            parents[d].append(nodes[d - 1] if d else -1)
+        node_of[: len(seq), index] = nodes
+        previous, previous_nodes = seq, nodes
+    return PrefixTrie(
+        keys=[np.asarray(k, np.int64) for k in keys],
+        parents=[np.asarray(p, np.int64) for p in parents],
+        node_of=list(node_of),
+    )
+
+
+def autocast_for(device: torch.device, precision: str):
+    """bf16/fp16 autocast on GPU (log-softmax stays fp32), nothing on CPU or with fp32."""
+    if device.type != "cuda" or precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "auto":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    else:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return torch.autocast(device_type="cuda", dtype=dtype)
+
+
+class BatchScorer:
+    """Scores (source ids, target ids) pairs with ``model``; see the module docstring."""
+
+    def __init__(self, model: RNNEncoderDecoder, options: ScoringOptions = ScoringOptions()) -> None:
+        self.model = model.eval()
+        self.options = options
+        self.device = next(model.parameters()).device
+        self.stats = ScoringStats()
+
+    # --- public --------------------------------------------------------------------------------
+
+    def score(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> np.ndarray:
+        """Natural-log log p(target | source) for each pair, float64, in input order.
+
+        Ids are vocabulary ids (unknown words as ``<unk>``); phrases must not be empty.
+        """
+        if len(sources) != len(targets):
+            raise ValueError("sources and targets differ in length")
+        out = np.zeros(len(sources), np.float64)
+        if not sources:
+            return out
+        with torch.inference_mode(), autocast_for(self.device, self.options.precision):
+            for source_keys, pair_groups in self._batches(sources, targets):
+                batch_sources = [tuple(k) for k in source_keys]
+                pair_index = [p for group in pair_groups for p in group]
+                pair_source = [i for i, group in enumerate(pair_groups) for _ in group]
+                scores = self._score_batch(batch_sources, [targets[p] for p in pair_index], pair_source)
+                out[pair_index] = scores
+        return out
+
+    def score_words(self, source_vocab: Vocabulary, target_vocab: Vocabulary, pairs: Sequence[Tuple[Sequence[str], Sequence[str]]]) -> np.ndarray:
+        return self.score([source_vocab.encode(s) for s, _ in pairs], [target_vocab.encode(t) for _, t in pairs])
+
+    # --- batching ------------------------------------------------------------------------------
+
+    def _batches(self, sources, targets):
+        """Yield (distinct source id tuples, pair indices per source) of about batch_tokens each."""
+        by_source: Dict[Tuple[int, ...], List[int]] = {}
+        for i, src in enumerate(sources):
+            by_source.setdefault(tuple(src), []).append(i)
+        budget = self.options.batch_tokens
+        keys: List[Tuple[int, ...]] = []
+        groups: List[List[int]] = []
+        tokens = 0
+        for key in sorted(by_source):
+            pending = by_source[key]
+            start = 0
+            while start < len(pending):
+                stop = start
+                while stop < len(pending):
+                    cost = len(targets[pending[stop]]) + 1
+                    if tokens and tokens + cost > budget:
+                        break
+                    tokens += cost
+                    stop += 1
+                if stop > start:
+                    keys.append(key)
+                    groups.append(pending[start:stop])
+                    start = stop
+                if start < len(pending):  # the batch is full; the source goes on in the next one
+                    yield keys, groups
+                    keys, groups, tokens = [], [], 0
+        if keys:
+            yield keys, groups
+
+    # --- the model, trie by trie -----------------------------------------------------------------
+
+    def _tensor(self, array) -> Tensor:
+        return torch.as_tensor(array, dtype=torch.long, device=self.device)
+
+    def _encode(self, sources: List[Tuple[int, ...]]) -> Tuple[Tensor, Tensor]:
+        """c (S, H) and m_x (S, E) of distinct sources, running shared prefixes once."""
+        encoder = self.model.encoder
+        trie = build_trie(sources, self.options.share_source_prefixes)
+        lengths = np.fromiter((len(s) for s in sources), np.int64, len(sources))
+        H = encoder.gru.hidden_size
+        h_last = None
+        states = None
+        for d, (keys, parents) in enumerate(zip(trie.keys, trie.parents)):
+            emb = encoder.embed(self._tensor(keys))  # (n_d, E)
+            h_parent = states[self._tensor(parents)] if d else emb.new_zeros((len(keys), H))  # (n_d, H)
+            states = encoder.step(emb, h_parent)  # (n_d, H)
+            if h_last is None:
+                h_last = states.new_zeros((len(sources), H))
+            ending = np.flatnonzero(lengths == d + 1)
+            if len(ending):
+                h_last[self._tensor(ending)] = states[self._tensor(trie.node_of[d][ending])]
+        self.stats.encoder_steps += trie.num_nodes
+        self.stats.source_words += int(lengths.sum())
+
+        # m_x: mean of the source embeddings
+        S, L = len(sources), int(lengths.max())
+        padded = np.zeros((S, L), np.int64)
+        for i, src in enumerate(sources):
+            padded[i, : len(src)] = src
+        mean_emb = mean_embedding(encoder.embed(self._tensor(padded)), self._tensor(lengths))  # (S, E)
+        return encoder.summarize(h_last), mean_emb
+
+    def _score_batch(self, sources: List[Tuple[int, ...]], targets: List[Sequence[int]], pair_source: List[int]) -> np.ndarray:
+        model = self.model
+        decoder, readout = model.decoder, model.readout
+        c, mean_emb = self._encode(sources)  # (S, H), (S, E)
+        h0, ctx = decoder.start(c)  # (S, H), (S, 3H)
+        source_term = readout.source_term(c, mean_emb)  # (S, P*M)
+
+        # the trie of (source, y_1 .. y_M): depth 0 is the source's root (input e(y_0) = 0)
+        sequences = [(s,) + tuple(t) for s, t in zip(pair_source, targets)]
+        trie = build_trie(sequences, self.options.share_target_prefixes)
+        lengths = np.fromiter((len(t) for t in targets), np.int64, len(targets))  # M per pair
+        scores = torch.zeros(len(targets), dtype=torch.float64, device=self.device)
+        states = None
+        node_source = None
+        for d, (keys, parents) in enumerate(zip(trie.keys, trie.parents)):
+            if d == 0:
+                node_source = self._tensor(keys)  # (n_0,) the node's source
+                prev_emb = h0.new_zeros((len(keys), decoder.embed.embedding_dim))  # e(y_0) = 0
+                h_parent = h0[node_source]
+            else:
+                parent_index = self._tensor(parents)
+                node_source = node_source[parent_index]
+                prev_emb = decoder.embed(self._tensor(keys))  # (n_d, E)
+                h_parent = states[parent_index]
+            x_proj = decoder.input_proj(prev_emb)  # (n_d, 3H)
+            states = decoder.step(x_proj, h_parent, ctx[node_source])  # (n_d, H)
+            features = readout.features(states, prev_emb, source_term[node_source])  # (n_d, R)
+
+            # one edge per pair reaching this depth: the next word, or </s> after the last one
+            reaching = np.flatnonzero(lengths >= d)
+            labels = np.fromiter(
+                (targets[p][d] if lengths[p] > d else EOS_ID for p in reaching), np.int64, len(reaching)
+            )
+            edge_nodes = trie.node_of[d][reaching]
+            scores[self._tensor(reaching)] += self._edge_log_probs(features, edge_nodes, labels)
+        self.stats.pairs += len(targets)
+        self.stats.distinct_sources += len(sources)
+        self.stats.target_steps += int(lengths.sum()) + len(targets)
+        self.stats.decoder_steps += trie.num_nodes
+        return scores.cpu().numpy()
+
+    def _edge_log_probs(self, features: Tensor, edge_nodes: np.ndarray, labels: np.ndarray) -> Tensor:
+        """log p(label | node) for each edge; logits formed ``chunk_rows`` nodes at a time.
+
+        ``edge_nodes`` is sorted (pairs are visited in trie order), so each chunk of nodes owns a
+        contiguous run of edges.
+        """
+        readout = self.model.readout
+        out = torch.empty(len(edge_nodes), dtype=torch.float64, device=self.device)
+        rows = max(1, self.options.chunk_rows)
+        order = np.argsort(edge_nodes, kind="stable")
+        sorted_nodes = edge_nodes[order]
+        classes = self._tensor(labels[order] - FIRST_OUTPUT_ID)
+        n = features.size(0)
+        for start in range(0, n, rows):
+            lo, hi = np.searchsorted(sorted_nodes, [start, start + rows])
+            if lo == hi:
+                continue
+            logits = at_least_fp32(readout.logits(features[start : start + rows]))  # (rows, V - 1)
+            lse = torch.logsumexp(logits, -1)  # (rows,)
+            local = self._tensor(sorted_nodes[lo:hi] - start)
+            picked = logits[local, classes[lo:hi]] - lse[local]
+            out[self._tensor(order[lo:hi])] = picked.double()
+        return out
+
+
+def log_probs_by_forward(model: RNNEncoderDecoder, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], batch_size: int = 64) -> np.ndarray:
+    """Reference scores from the teacher-forced forward pass, ``batch_size`` pairs at a time, in
+    input order, each pair encoded on its own (the naive way; used by tests and benchmarks)."""
+    device = next(model.parameters()).device
+    out = np.zeros(len(sources), np.float64)
+    with torch.inference_mode():
+        for start in range(0, len(sources), batch_size):
+            src_b, tgt_b = sources[start : start + batch_size], targets[start : start + batch_size]
+            src, src_len = pad(src_b, device)
+            tgt, tgt_len = pad(tgt_b, device)
+            out[start : start + len(src_b)] = model(src, src_len, tgt, tgt_len).double().cpu().numpy()
+    return out
+
+
+def pad(sequences: Sequence[Sequence[int]], device) -> Tuple[Tensor, Tensor]:
+    """(B, L) id matrix padded with <pad>, and the (B,) lengths."""
+    lengths = [len(s) for s in sequences]
+    matrix = torch.full((len(sequences), max(max(lengths), 1)), PAD_ID, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        matrix[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+    return matrix.to(device), torch.as_tensor(lengths, dtype=torch.long, device=device)

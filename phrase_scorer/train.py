@@ -1,0 +1,468 @@
+"""Training: Adadelta on uniformly drawn unique phrase pairs, as in section 4.1.1 of the paper.
+
+:func:`train` builds (or reuses) the vocabularies and the pair cache, then runs Adadelta
+(rho 0.95, eps 1e-6) on batches of 64 pairs, maximising the mean log p(y|x) per pair. Every
+``valid_every`` steps it measures the validation NLL (per pair and per target token), the
+perplexity and the margin between true and shuffled pairs, keeps the best weights
+(``model.pt``), saves a resumable checkpoint (``checkpoint.pt``) and logs a JSON line. Training
+stops at ``max_steps`` / ``max_epochs`` / ``max_time`` or after ``patience`` validations without
+improvement. Ctrl-C saves a checkpoint first. The same seed gives the same model on the same
+machine, and ``resume`` continues exactly where the checkpoint left off.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional, Set, Tuple
+
+import numpy as np
+import torch
+
+from phrase_scorer import __version__
+from phrase_scorer.data import BatchSampler, PairSet, build_cache, count_words
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.config import PRESETS, ModelConfig, TrainConfig
+from phrase_scorer.model import RNNEncoderDecoder, count_parameters, forward_flops
+from phrase_scorer.model_dir import (
+    BEST_WEIGHTS,
+    CHECKPOINT,
+    MODEL_FILES,
+    SOURCE_VOCAB,
+    TARGET_VOCAB,
+    ModelDirectory,
+    check_state_matches,
+    safe_torch_load,
+)
+from phrase_scorer.progress import step_bar
+from phrase_scorer.scoring import autocast_for
+from phrase_scorer.vocab import Vocabulary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    pairs_seen: int = 0
+    best_valid_nll: float = math.inf
+    best_step: int = 0
+    bad_validations: int = 0
+    train_seconds: float = 0.0
+    finished: bool = False
+    stop_reason: str = ""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PhraseScorerError("--device cuda was asked for, but PyTorch sees no CUDA device", hint="use --device cpu")
+    return torch.device(name)
+
+
+# --- preparing the model directory ------------------------------------------------------------
+
+
+def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) -> bool:
+    """Check what ``directory`` holds against the flags; returns True when resuming."""
+    path = directory.path
+    if resume:
+        if not (path / CHECKPOINT).exists():
+            raise PhraseScorerError("nothing to resume: no checkpoint.pt", path=path, hint="start without --resume")
+        return True
+    if path.exists() and any(path.iterdir()):
+        if not directory.exists() and not overwrite:
+            raise PhraseScorerError(
+                "output folder is not empty and holds no phrase-scorer model", path=path, hint="choose another folder"
+            )
+        if not overwrite:
+            raise PhraseScorerError(
+                "already holds a model", path=path,
+                hint="continue it with --resume, start again with --overwrite, or choose another folder",
+            )
+        for name in MODEL_FILES:
+            (path / name).unlink(missing_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return False
+
+
+def check_resume_settings(saved: TrainConfig, asked: TrainConfig, explicit: Set[str]) -> TrainConfig:
+    """The saved settings, updated with those given again that --resume may change.
+
+    ``explicit`` names the settings the user gave; a differing one that --resume cannot change
+    (the model, the data, the optimiser) is an error rather than a silent surprise.
+    """
+    differing = [
+        f"--{name.replace('_', '-')} {getattr(asked, name)} (saved: {getattr(saved, name)})"
+        for name in sorted(explicit)
+        if name not in TrainConfig.RESUMABLE and getattr(saved, name) != getattr(asked, name)
+    ]
+    if differing:
+        raise PhraseScorerError(
+            "--resume with settings that differ from the interrupted run: " + ", ".join(differing),
+            hint="leave them out (the saved ones are used) or start a new run",
+        )
+    return replace(saved, **{name: getattr(asked, name) for name in TrainConfig.RESUMABLE if name in explicit})
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def derangement(n: int, seed: int) -> np.ndarray:
+    """A fixed permutation of range(n) that moves every element (for n > 1)."""
+    if n < 2:
+        return np.arange(n)
+    perm = np.random.default_rng(seed).permutation(n)
+    return np.roll(perm, 1)[np.argsort(perm)]
+
+
+@torch.no_grad()
+def validate(model: RNNEncoderDecoder, pairs: PairSet, device: torch.device, precision: str, batch_size: int = 256) -> Dict[str, float]:
+    """NLL per pair and per target token (</s> included), perplexity, and the mean margin in
+    nats between each held-out pair and the same source with another pair's target."""
+    n = len(pairs)
+    if n == 0:
+        return {}
+    was_training = model.training
+    model.eval()
+    order = np.lexsort((pairs.lengths[:, 0], pairs.lengths[:, 1]))
+    shuffled = derangement(n, 12345)
+    true_lp = np.zeros(n)
+    false_lp = np.zeros(n)
+    with autocast_for(device, precision):
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            true_lp[idx] = _log_probs(model, pairs, idx, idx, device)
+            false_lp[idx] = _log_probs(model, pairs, idx, shuffled[idx], device)
+    model.train(was_training)
+    tokens = float(pairs.lengths[:, 1].astype(np.int64).sum() + n)
+    nll_token = -true_lp.sum() / tokens
+    return {
+        "valid_nll_pair": float(-true_lp.mean()),
+        "valid_nll_token": float(nll_token),
+        "valid_ppl": float(math.exp(min(nll_token, 700.0))),
+        "valid_margin_pair": float((true_lp - false_lp).mean()),
+        "valid_true_beats_shuffled": float((true_lp > false_lp).mean()),
+    }
+
+
+def _log_probs(model, pairs: PairSet, source_idx: np.ndarray, target_idx: np.ndarray, device) -> np.ndarray:
+    src, src_len, _, _ = pairs.batch_arrays(source_idx)
+    _, _, tgt, tgt_len = pairs.batch_arrays(target_idx)
+    tensors = [torch.as_tensor(a, device=device) for a in (src, src_len, tgt, tgt_len)]
+    return model(*tensors).double().cpu().numpy()
+
+
+# --- the loop -------------------------------------------------------------------------------------
+
+
+def train(table: os.PathLike | str, output: os.PathLike | str, config: TrainConfig = TrainConfig(), *,
+          resume: bool = False, overwrite: bool = False, model_config: Optional[ModelConfig] = None,
+          explicit: Optional[Set[str]] = None) -> TrainState:
+    """Train a model on ``table`` into the directory ``output``; returns the final state.
+
+    With ``resume``, the settings saved with the run are used, except those named in
+    ``explicit`` (default: those of ``config`` that differ from the defaults), which must be
+    among the ones a resumed run may change (stopping criteria, device).
+    """
+    if explicit is None:
+        default = TrainConfig()
+        explicit = {f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(default, f.name)}
+    directory = ModelDirectory(output)
+    resuming = prepare_directory(directory, resume, overwrite)
+    if resuming:
+        saved = directory.read_config()
+        config = check_resume_settings(TrainConfig.from_dict(saved.get("training", {})), config, explicit)
+        model_config = directory.model_config(saved)
+        source_vocab = Vocabulary.load(directory.file(SOURCE_VOCAB))
+        target_vocab = Vocabulary.load(directory.file(TARGET_VOCAB))
+        table_info = saved.get("table", {})
+    else:
+        if config.preset not in PRESETS:
+            raise PhraseScorerError(f"unknown preset {config.preset!r}; choose one of {', '.join(PRESETS)}")
+        model_config = model_config or PRESETS[config.preset]
+        log.info("counting words over the unique phrase pairs of %s", table)
+        source_counts, target_counts, num_pairs = count_words(table)
+        source_vocab = Vocabulary.from_counts(source_counts, model_config.source_shortlist)
+        target_vocab = Vocabulary.from_counts(target_counts, model_config.target_shortlist)
+        source_vocab.save(directory.file(SOURCE_VOCAB))
+        target_vocab.save(directory.file(TARGET_VOCAB))
+        table_info = {
+            "path": os.path.abspath(table),
+            "unique_pairs": num_pairs,
+            "source_words": len(source_counts),
+            "target_words": len(target_counts),
+            "source_coverage": coverage(source_counts, source_vocab),
+            "target_coverage": coverage(target_counts, target_vocab),
+        }
+        log.info(
+            "%d unique pairs; shortlists keep %d of %d source words (%.1f%% of tokens) and %d of %d target words (%.1f%%)",
+            num_pairs, len(source_vocab) - 3, len(source_counts), 100 * table_info["source_coverage"],
+            len(target_vocab) - 3, len(target_counts), 100 * table_info["target_coverage"],
+        )
+        directory.write_config({
+            "preset": config.preset,
+            "model": model_config.to_dict(),
+            "source_vocab_size": len(source_vocab),
+            "target_vocab_size": len(target_vocab),
+            "training": config.to_dict(),
+            "table": table_info,
+        })
+
+    num_pairs = table_info.get("unique_pairs") or 1
+    valid_fraction = min(1.0, config.valid_pairs / num_pairs)
+    meta = build_cache(table, directory.cache_dir, source_vocab, target_vocab, valid_fraction=valid_fraction, seed=config.seed)
+    train_pairs = PairSet(directory.cache_dir, "train")
+    valid_pairs = PairSet(directory.cache_dir, "valid")
+    if len(train_pairs) == 0:
+        raise PhraseScorerError("no phrase pairs left for training after holding out the validation set", path=table,
+                                hint="lower --valid-pairs")
+    log.info("pair cache: %d training pairs, %d validation pairs (held out by source phrase)", len(train_pairs), len(valid_pairs))
+
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)
+    model = RNNEncoderDecoder(model_config, len(source_vocab), len(target_vocab)).to(device)
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=config.adadelta_rho, eps=config.adadelta_eps)
+    scaler = make_grad_scaler(device, config.precision)
+    state = TrainState()
+    if resuming:
+        state = load_checkpoint(directory, model, optimizer, scaler)
+        if state.finished:
+            log.info("training had finished (%s); raise a stopping limit to continue", state.stop_reason)
+        log.info("resuming at step %d (epoch %d, batch %d)", state.step, state.epoch, state.batch_in_epoch)
+    log.info("model: preset %s, %s parameters, device %s", config.preset, f"{count_parameters(model):,}", device)
+
+    sampler = BatchSampler(train_pairs, config.batch_size, config.seed)
+    loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device)
+    loop.run()
+    return loop.state
+
+
+def coverage(counts, vocab: Vocabulary) -> float:
+    total = sum(counts.values())
+    return sum(c for w, c in counts.items() if w in vocab) / total if total else 0.0
+
+
+def make_grad_scaler(device: torch.device, precision: str):
+    use_fp16 = device.type == "cuda" and (precision == "fp16" or (precision == "auto" and not torch.cuda.is_bf16_supported()))
+    return torch.amp.GradScaler("cuda", enabled=use_fp16)
+
+
+def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> TrainState:
+    path = directory.file(CHECKPOINT)
+    checkpoint = safe_torch_load(path)
+    try:
+        check_state_matches(model, checkpoint["model"], path)
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        if checkpoint.get("scaler"):
+            scaler.load_state_dict(checkpoint["scaler"])
+        return TrainState(**checkpoint["state"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PhraseScorerError(f"checkpoint is damaged ({exc})", path=path, hint="start again with --overwrite") from None
+
+
+class TrainingLoop:
+    LOG_EVERY_SECONDS = 60.0
+    ESTIMATE_AFTER_STEPS = 20
+
+    def __init__(self, model, optimizer, scaler, directory: ModelDirectory, config: TrainConfig, state: TrainState,
+                 sampler: BatchSampler, train_pairs: PairSet, valid_pairs: PairSet, device: torch.device) -> None:
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.directory, self.config, self.state = directory, config, state
+        self.sampler, self.train_pairs, self.valid_pairs = sampler, train_pairs, valid_pairs
+        self.device = device
+        self.interval_loss = 0.0
+        self.interval_tokens = 0
+        self.interval_pairs = 0
+        self.interval_start = time.monotonic()
+
+    # stopping ------------------------------------------------------------------------------------
+
+    def stop_reason(self) -> str:
+        cfg, st = self.config, self.state
+        if cfg.max_steps is not None and st.step >= cfg.max_steps:
+            return f"reached --max-steps {cfg.max_steps}"
+        if cfg.max_epochs is not None and st.epoch + st.batch_in_epoch / max(self.sampler.batches_per_epoch, 1) >= cfg.max_epochs:
+            return f"reached --max-epochs {cfg.max_epochs:g}"
+        if cfg.max_time is not None and st.train_seconds >= cfg.max_time:
+            return f"reached --max-time {cfg.max_time:g}s"
+        if st.bad_validations >= cfg.patience:
+            return f"early stopping: no improvement in {cfg.patience} validations"
+        return ""
+
+    # the loop ------------------------------------------------------------------------------------
+
+    def batches(self) -> Iterator[np.ndarray]:
+        while True:
+            for batch in self.sampler.epoch(self.state.epoch, self.state.batch_in_epoch):
+                yield batch
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+
+    def run(self) -> None:
+        st, cfg = self.state, self.config
+        reason = self.stop_reason()
+        if reason:
+            st.finished, st.stop_reason = True, reason
+            return
+        self.model.train()
+        bar = step_bar("training", cfg.max_steps, initial=st.step)
+        last_tick = time.monotonic()
+        with StopRequests() as stop_requests:
+            try:
+                for batch in self.batches():
+                    loss_value, tokens = self.train_step(batch)
+                    st.step += 1
+                    st.batch_in_epoch += 1
+                    st.pairs_seen += len(batch)
+                    self.interval_loss += loss_value * len(batch)
+                    self.interval_pairs += len(batch)
+                    self.interval_tokens += tokens
+                    bar.update(1)
+                    if st.step % 10 == 0:
+                        bar.set_postfix(loss=f"{self.interval_loss / max(self.interval_pairs, 1):.2f}", epoch=st.epoch)
+                    now = time.monotonic()
+                    st.train_seconds += now - last_tick
+                    last_tick = now
+                    if st.step == self.ESTIMATE_AFTER_STEPS:
+                        self.report_speed()
+                    if st.step % cfg.valid_every == 0:
+                        self.validate_and_checkpoint()
+                    if stop_requests.requested:
+                        # the step is complete, so the checkpoint resumes exactly here
+                        self.save_checkpoint()
+                        raise TrainingInterrupted(st.step)
+                    reason = self.stop_reason()
+                    if reason:
+                        if st.step % cfg.valid_every:
+                            self.validate_and_checkpoint()
+                        st.finished, st.stop_reason = True, reason
+                        self.save_checkpoint()
+                        log.info("training stopped: %s; best validation NLL %.4f per token at step %d",
+                                 reason, st.best_valid_nll, st.best_step)
+                        break
+            finally:
+                bar.close()
+
+    def train_step(self, batch: np.ndarray) -> Tuple[float, int]:
+        src, src_len, tgt, tgt_len = self.train_pairs.batch_arrays(batch)
+        tensors = [torch.as_tensor(a, device=self.device) for a in (src, src_len, tgt, tgt_len)]
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast_for(self.device, self.config.precision):
+            log_probs = self.model(*tensors)  # (B,)
+        loss = -log_probs.mean()  # mean NLL per pair, as the paper maximises mean log-likelihood
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return float(loss.detach()), int(tgt_len.sum() + len(batch))
+
+    def report_speed(self) -> None:
+        st, cfg = self.state, self.config
+        pairs_per_second = st.pairs_seen / max(st.train_seconds, 1e-9) if st.pairs_seen else 0.0
+        if not pairs_per_second:
+            return
+        epoch_hours = len(self.train_pairs) / pairs_per_second / 3600
+        log.info("speed: %.0f pairs/s, about %.1f h per epoch of %d pairs", pairs_per_second, epoch_hours, len(self.train_pairs))
+        if self.device.type == "cpu" and cfg.preset == "paper":
+            log.warning(
+                "the paper preset on CPU trains at %.0f pairs/s: about %.1f hours per epoch. "
+                "For a quick model on CPU use --preset small.", pairs_per_second, epoch_hours,
+            )
+
+    def validate_and_checkpoint(self) -> None:
+        st = self.state
+        metrics = validate(self.model, self.valid_pairs, self.device, self.config.precision)
+        elapsed = time.monotonic() - self.interval_start
+        record = {
+            "step": st.step,
+            "epoch": st.epoch,
+            "pairs_seen": st.pairs_seen,
+            "train_seconds": round(st.train_seconds, 1),
+            "train_nll_pair": self.interval_loss / max(self.interval_pairs, 1),
+            "train_nll_token": self.interval_loss / max(self.interval_tokens, 1),
+            "pairs_per_second": self.interval_pairs / max(elapsed, 1e-9),
+            **metrics,
+        }
+        nll = metrics.get("valid_nll_token", record["train_nll_token"])
+        if nll < st.best_valid_nll - 1e-6:
+            st.best_valid_nll, st.best_step, st.bad_validations = nll, st.step, 0
+            self.directory.save_weights(self.model.state_dict(), BEST_WEIGHTS)
+            record["best"] = True
+        else:
+            st.bad_validations += 1
+        self.directory.append_log(record)
+        log.info(
+            "step %d epoch %d: train NLL %.3f/pair, valid NLL %.3f/pair %.3f/token (ppl %.1f), true-vs-shuffled margin %.2f nats, %.0f pairs/s%s",
+            st.step, st.epoch, record["train_nll_pair"], metrics.get("valid_nll_pair", float("nan")), nll,
+            metrics.get("valid_ppl", float("nan")), metrics.get("valid_margin_pair", float("nan")),
+            record["pairs_per_second"], " (best)" if record.get("best") else "",
+        )
+        self.interval_loss, self.interval_pairs, self.interval_tokens = 0.0, 0, 0
+        self.interval_start = time.monotonic()
+        self.save_checkpoint()
+
+    def save_checkpoint(self) -> None:
+        self.directory.save_weights(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
+                "state": asdict(self.state),
+                "package_version": __version__,
+            },
+            CHECKPOINT,
+        )
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped on request after step ``step``, with a checkpoint saved there."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+class StopRequests:
+    """Turns the first Ctrl-C (or SIGTERM) into a request to stop after the current step; a
+    second one interrupts at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("stopping after this step; press Ctrl-C again to stop at once (without a checkpoint)")
+
+    def __enter__(self) -> "StopRequests":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def training_flops_per_pair(model_config: ModelConfig, target_vocab_size: int, source_length: float, target_length: float) -> float:
+    """Forward plus backward: about three times the forward FLOPs."""
+    return 3.0 * forward_flops(model_config, target_vocab_size, source_length, target_length)["total"]

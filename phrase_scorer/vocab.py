@@ -1,0 +1,86 @@
+"""Source and target shortlists.
+
+As in the paper (section 4.1), each side keeps its most frequent words (15,000 by default),
+counted over the table's unique phrase pairs; every other word maps to ``<unk>``. Words are used
+exactly as the table writes them, Moses escapes included (``&apos;``, ``&amp;``, ...).
+
+Ids 0, 1 and 2 are reserved: ``<pad>`` (padding, and the all-zero "previous word" at the first
+decoder step), ``</s>`` (end of phrase, predicted after the last target word) and ``<unk>``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Dict, Iterable, List, Sequence
+
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import PathLike, write_text_atomically
+
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
+SPECIALS = (PAD, EOS, UNK)
+FORMAT = "phrase-scorer-vocabulary"
+
+
+class Vocabulary:
+    """A shortlist: word <-> id, with ``<pad>``, ``</s>`` and ``<unk>`` at ids 0, 1, 2."""
+
+    def __init__(self, words: Sequence[str]) -> None:
+        self.tokens: List[str] = list(SPECIALS) + [w for w in words if w not in SPECIALS]
+        self.index: Dict[str, int] = {w: i for i, w in enumerate(self.tokens)}
+
+    @classmethod
+    def from_counts(cls, counts: Counter, max_words: int) -> "Vocabulary":
+        """The ``max_words`` most frequent words; ties broken alphabetically, for reproducibility."""
+        ranked = sorted((w for w in counts if w not in SPECIALS), key=lambda w: (-counts[w], w))
+        return cls(ranked[:max_words])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __contains__(self, word: str) -> bool:
+        return word in self.index
+
+    def encode(self, words: Iterable[str]) -> List[int]:
+        get = self.index.get
+        return [get(w, UNK_ID) for w in words]
+
+    def decode(self, ids: Iterable[int]) -> List[str]:
+        return [self.tokens[i] for i in ids]
+
+    def count_unknown(self, words: Iterable[str]) -> int:
+        index = self.index
+        return sum(1 for w in words if w not in index)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "version": 1, "tokens": self.tokens}, ensure_ascii=False, indent=0)
+
+    def save(self, path: PathLike) -> None:
+        write_text_atomically(path, self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: PathLike) -> "Vocabulary":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise PhraseScorerError("vocabulary file is missing", path=path) from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise PhraseScorerError(f"vocabulary file is not valid JSON ({exc})", path=path) from None
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != FORMAT
+            or not isinstance(tokens, list)
+            or tuple(tokens[: len(SPECIALS)]) != SPECIALS
+            or not all(isinstance(t, str) and t for t in tokens)
+        ):
+            raise PhraseScorerError(
+                "not a phrase-scorer vocabulary (expected a 'tokens' list starting with <pad>, </s>, <unk>)",
+                path=path,
+            )
+        if len(set(tokens)) != len(tokens):
+            raise PhraseScorerError("vocabulary lists a word twice", path=path)
+        return cls(tokens[len(SPECIALS):])

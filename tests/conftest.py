@@ -1,0 +1,60 @@
+"""Shared fixtures: real data files and small real models trained once per session."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+EXAMPLE_TABLE = ROOT / "examples" / "phrase-table.sample.gz"
+# A contiguous, sorted slice of the real Multi30k table: every pair whose source starts with
+# "a man in a ", plus the pairs of "a", "a man" and "man" (many targets per source).
+A_MAN_TABLE = DATA / "phrase-table.a-man.gz"
+SHARED = ROOT.parent / "shared" / "data"
+SHARED_SYSTEM = SHARED / "moses-multi30k-en-fr"
+SHARED_TABLE = SHARED_SYSTEM / "phrase-table.gz"
+
+
+def require_shared():
+    if not SHARED_TABLE.exists():
+        pytest.skip(f"needs the Multi30k Moses system in {SHARED_SYSTEM}")
+
+
+def head_lines(path: Path, n: int) -> list:
+    out = []
+    with gzip.open(path, "rb") as f:
+        for i, line in enumerate(f):
+            if i == n:
+                break
+            out.append(line)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny model trained for a few hundred steps on the bundled example table."""
+    from phrase_scorer.config import TrainConfig
+    from phrase_scorer.train import train
+
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    train(EXAMPLE_TABLE, out, TrainConfig(preset="tiny", max_steps=400, valid_every=200, valid_pairs=300, seed=3))
+    return out
+
+
+@pytest.fixture(scope="session")
+def loaded_tiny(tiny_model):
+    from phrase_scorer.model_dir import load_model
+
+    return load_model(tiny_model)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_progress(monkeypatch):
+    from phrase_scorer import progress
+
+    monkeypatch.setattr(progress, "show_bars", False)
+    monkeypatch.setenv("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED", "0"))

@@ -1,0 +1,103 @@
+"""BatchScorer: the shared, batched scorer agrees with the teacher-forced model pair by pair."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import A_MAN_TABLE
+from phrase_scorer.config import ModelConfig, ScoringOptions
+from phrase_scorer.io.phrase_table import read_phrase_table
+from phrase_scorer.model import RNNEncoderDecoder
+from phrase_scorer.scoring import BatchScorer, build_trie, log_probs_by_forward
+from phrase_scorer.vocab import Vocabulary
+
+CONFIG = ModelConfig(embedding_dim=8, hidden_dim=12, maxout_units=6, output_rank=4, source_shortlist=150, target_shortlist=150)
+
+
+@pytest.fixture(scope="module")
+def real_pairs():
+    """Id pairs from the real slice, with shortlists small enough to have unknown words."""
+    lines = list(read_phrase_table(A_MAN_TABLE))
+    from collections import Counter
+
+    src_vocab = Vocabulary.from_counts(Counter(w for l in lines for w in l.source_words), 150)
+    tgt_vocab = Vocabulary.from_counts(Counter(w for l in lines for w in l.target_words), 150)
+    return [src_vocab.encode(l.source_words) for l in lines], [tgt_vocab.encode(l.target_words) for l in lines], len(src_vocab), len(tgt_vocab)
+
+
+def make_model(real_pairs, dtype=torch.float64):
+    torch.manual_seed(1)
+    model = RNNEncoderDecoder(CONFIG, real_pairs[2], real_pairs[3]).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.4)
+    return model.eval()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ScoringOptions(),
+        ScoringOptions(batch_tokens=7, chunk_rows=3),  # sources split over batches, many chunks
+        ScoringOptions(share_source_prefixes=False, share_target_prefixes=False),
+        ScoringOptions(share_source_prefixes=True, share_target_prefixes=False, batch_tokens=100),
+    ],
+)
+def test_scores_equal_teacher_forcing_in_input_order(real_pairs, options):
+    sources, targets = real_pairs[0][:600], real_pairs[1][:600]
+    model = make_model(real_pairs)
+    want = log_probs_by_forward(model, sources, targets)
+    got = BatchScorer(model, options).score(sources, targets)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+
+
+def test_shuffled_input_gives_the_same_scores_per_pair(real_pairs):
+    sources, targets = real_pairs[0][:400], real_pairs[1][:400]
+    model = make_model(real_pairs)
+    scorer = BatchScorer(model)
+    base = scorer.score(sources, targets)
+    order = np.random.default_rng(0).permutation(len(sources))
+    shuffled = scorer.score([sources[i] for i in order], [targets[i] for i in order])
+    np.testing.assert_allclose(shuffled, base[order], atol=1e-9)
+
+
+def test_fp32_matches_fp64_closely(real_pairs):
+    sources, targets = real_pairs[0], real_pairs[1]
+    model = make_model(real_pairs, torch.float64)
+    exact = BatchScorer(model).score(sources, targets)
+    fast = BatchScorer(model.float()).score(sources, targets)
+    np.testing.assert_allclose(fast, exact, rtol=1e-5)
+
+
+def test_sharing_saves_steps_on_a_real_table(real_pairs):
+    sources, targets = real_pairs[0], real_pairs[1]
+    model = make_model(real_pairs, torch.float32)
+    shared = BatchScorer(model)
+    shared.score(sources, targets)
+    alone = BatchScorer(model, ScoringOptions(share_source_prefixes=False, share_target_prefixes=False))
+    alone.score(sources, targets)
+    s, a = shared.stats, alone.stats
+    assert s.pairs == a.pairs == len(sources)
+    assert s.distinct_sources < len(sources)  # each distinct source is encoded once, either way
+    assert a.encoder_steps == a.source_words  # no sharing: one encoder step per source word
+    assert s.encoder_steps < 0.5 * a.encoder_steps  # "a man in a ..." shares long prefixes
+    assert a.decoder_steps == a.target_steps
+    assert s.decoder_steps < a.decoder_steps
+
+
+def test_trie_counts_nodes_once_per_prefix():
+    trie = build_trie([(1, 2, 3), (1, 2), (1, 4), (5,), (1, 2, 3)])
+    assert [len(k) for k in trie.keys] == [2, 2, 1]  # {1,5}, {12,14}, {123}
+    # every sequence is found at its own nodes
+    assert trie.node_of[2][0] == trie.node_of[2][4]
+    assert trie.node_of[1][0] == trie.node_of[1][1] != trie.node_of[1][2]
+    assert trie.node_of[1][3] == -1
+    unshared = build_trie([(1, 2, 3), (1, 2)], share_prefixes=False)
+    assert unshared.num_nodes == 5
+
+
+def test_empty_input():
+    model = RNNEncoderDecoder(CONFIG, 10, 10)
+    assert BatchScorer(model).score([], []).shape == (0,)
