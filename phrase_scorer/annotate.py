@@ -239,6 +239,7 @@ def annotate(
         "gzip": compress,
         "package_version": __version__,
     }
+    settings = json.loads(json.dumps(settings))  # as the resume record will hold it (tuples -> lists)
     started = time.monotonic()
     with OutputLock(output):
         done_lines, done_bytes = 0, 0

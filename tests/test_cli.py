@@ -1,0 +1,91 @@
+"""The command line: bad input gives one line naming the file and the line, and a non-zero status."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import EXAMPLE_TABLE
+from phrase_scorer.cli import cli
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def one_error_line(result) -> str:
+    """The error is the last line of stderr, alone (log lines may come before it), no traceback."""
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    errors = [l for l in lines if l.startswith("phrase-scorer: error: ")]
+    assert errors == [lines[-1]], result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[-1]
+
+
+def gz(tmp_path, name, content: bytes):
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(content))
+    return path
+
+
+@pytest.mark.parametrize(
+    "content, expect",
+    [
+        (b"a ||| b ||| 0.5\nc ||| d\n", "line 2: expected at least 3 fields"),
+        (b"a ||| b ||| 0.5\nc ||| d ||| 0.5 0.1\n", "line 2: found 2 scores where the first line has 1"),
+        (b"a ||| b ||| 0.5\n\xff\xfe ||| d ||| 0.5\n", "line 2: invalid UTF-8"),
+        (b"", "the file is empty"),
+    ],
+)
+def test_train_reports_bad_tables_in_one_line(tmp_path, content, expect):
+    table = gz(tmp_path, "pt.gz", content)
+    line = one_error_line(run("train", table, "-o", tmp_path / "m", "--preset", "tiny"))
+    assert f"{table}" in line and expect in line
+
+
+def test_truncated_gzip(tmp_path):
+    data = EXAMPLE_TABLE.read_bytes()
+    table = tmp_path / "cut.gz"
+    table.write_bytes(data[: len(data) // 3])
+    line = one_error_line(run("train", table, "-o", tmp_path / "m", "--preset", "tiny"))
+    assert str(table) in line and "truncated" in line and "after line" in line
+
+
+def test_missing_model_directory(tmp_path):
+    line = one_error_line(run("score", "-m", tmp_path / "nope", EXAMPLE_TABLE))
+    assert f"{tmp_path / 'nope'}: model directory does not exist" in line
+
+
+def test_not_a_model_directory(tmp_path):
+    line = one_error_line(run("score", "-m", tmp_path, EXAMPLE_TABLE))
+    assert "not a phrase-scorer model directory" in line
+
+
+def test_score_prints_one_number_per_line(tmp_path, tiny_model):
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("a man ||| un homme\na man ||| une femme\nthe dog ||| le chien\n")
+    result = run("score", "-m", tiny_model, pairs)
+    assert result.exit_code == 0, result.output
+    values = [float(v) for v in result.stdout.split()]
+    assert len(values) == 3 and all(v < 0 for v in values)
+
+
+def test_score_input_errors_name_the_line(tmp_path, tiny_model):
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("a man ||| un homme\nonly a source\n")
+    line = one_error_line(run("score", "-m", tiny_model, pairs))
+    assert f"{pairs} line 2: expected at least 2 fields" in line
+
+
+def test_help_and_version_start_without_torch():
+    import subprocess
+    import sys
+
+    code = "import sys; from phrase_scorer.cli import main; sys.argv=['phrase-scorer','--help']; \n" \
+           "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
+    assert run("--version").output.startswith("phrase-scorer, version ")
