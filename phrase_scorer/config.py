@@ -92,7 +92,7 @@ class ScoringOptions:
     """How the scorer batches its work; none of these change the scores."""
 
     batch_tokens: int = 8192  # target tokens (words + </s>) per decoder batch
-    chunk_rows: int = 1024  # rows of the N x V logits formed at once
+    chunk_rows: int = 128  # rows of the N x V logits formed at once (small: they stay in cache)
     share_source_prefixes: bool = True
     share_target_prefixes: bool = True
     precision: str = "auto"  # fp32 on CPU; on GPU "auto" = bf16 where supported, else fp16

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -119,6 +119,7 @@ class BatchScorer:
         self.options = options
         self.device = next(model.parameters()).device
         self.stats = ScoringStats()
+        self._softmax: Optional[OutputSoftmax] = None
 
     # --- public --------------------------------------------------------------------------------
 
@@ -256,23 +257,65 @@ class BatchScorer:
         ``edge_nodes`` is sorted (pairs are visited in trie order), so each chunk of nodes owns a
         contiguous run of edges.
         """
-        readout = self.model.readout
         out = torch.empty(len(edge_nodes), dtype=torch.float64, device=self.device)
         rows = max(1, self.options.chunk_rows)
         order = np.argsort(edge_nodes, kind="stable")
         sorted_nodes = edge_nodes[order]
         classes = self._tensor(labels[order] - FIRST_OUTPUT_ID)
-        n = features.size(0)
-        for start in range(0, n, rows):
+        for start in range(0, features.size(0), rows):
             lo, hi = np.searchsorted(sorted_nodes, [start, start + rows])
             if lo == hi:
                 continue
-            logits = at_least_fp32(readout.logits(features[start : start + rows]))  # (rows, V - 1)
-            lse = torch.logsumexp(logits, -1)  # (rows,)
             local = self._tensor(sorted_nodes[lo:hi] - start)
-            picked = logits[local, classes[lo:hi]] - lse[local]
+            picked = self.softmax.log_probs(features[start : start + rows], local, classes[lo:hi])
             out[self._tensor(order[lo:hi])] = picked.double()
         return out
+
+    @property
+    def softmax(self) -> "OutputSoftmax":
+        if self._softmax is None:
+            self._softmax = OutputSoftmax(self.model.readout)
+        return self._softmax
+
+
+class OutputSoftmax:
+    """log softmax(G_l f + b) at a few labels per row, with two passes over the logits, not six.
+
+    Each row's logits are shifted by an upper bound of their maximum, U = ||(f, 1)|| * max_j
+    ||(g_j, b_j)|| (Cauchy-Schwarz), folded into the product itself: with f' = (f, 1, -U) and
+    g'_j = (g_j, b_j, 1), one matrix product gives logits - U <= 0, which are exponentiated in
+    place and summed. This saves the bias copy, the max pass and the subtraction of
+    ``torch.logsumexp``. A row whose bound is too loose for fp32 (the sum underflows) is
+    recomputed exactly. On GPU (half precision) the exact log-sum-exp is used throughout.
+    """
+
+    MIN_LOG_SUM = -60.0  # exp of shifted logits stays far above fp32's smallest normal number
+
+    def __init__(self, readout) -> None:
+        self.readout = readout
+        weight, bias = readout.output.weight, readout.output.bias  # (V', R), (V',)
+        with torch.no_grad():
+            rows = torch.cat([weight, bias.unsqueeze(1)], 1)  # (V', R+1)
+            self.max_norm = torch.linalg.vector_norm(rows, dim=1).max()
+            self.weight_t = torch.cat([rows, torch.ones_like(bias).unsqueeze(1)], 1).t().contiguous()  # (R+2, V')
+
+    def exact(self, features: Tensor) -> Tensor:
+        return torch.logsumexp(at_least_fp32(self.readout.logits(features)), -1)
+
+    def log_probs(self, features: Tensor, rows: Tensor, classes: Tensor) -> Tensor:
+        """log p(classes[i] | features[rows[i]]): features (n, R); rows, classes (k,) -> (k,)."""
+        if features.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled():
+            logits = at_least_fp32(self.readout.logits(features))  # (n, V')
+            return logits[rows, classes] - torch.logsumexp(logits, -1)[rows]
+        ones = features.new_ones((features.size(0), 1))
+        bound = torch.sqrt((features * features).sum(1, keepdim=True) + 1) * self.max_norm  # (n, 1)
+        shifted = torch.cat([features, ones, -bound], 1) @ self.weight_t  # (n, V') = logits - U
+        picked = shifted[rows, classes]  # (k,)
+        log_sum = shifted.exp_().sum(1).log_()  # (n,) = logsumexp - U
+        loose = ~(log_sum > self.MIN_LOG_SUM)
+        if loose.any():
+            log_sum[loose] = self.exact(features[loose]) - bound[loose, 0]
+        return picked - log_sum[rows]
 
 
 def log_probs_by_forward(model: RNNEncoderDecoder, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], batch_size: int = 64) -> np.ndarray:

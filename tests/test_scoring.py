@@ -101,3 +101,22 @@ def test_trie_counts_nodes_once_per_prefix():
 def test_empty_input():
     model = RNNEncoderDecoder(CONFIG, 10, 10)
     assert BatchScorer(model).score([], []).shape == (0,)
+
+
+def test_loose_softmax_bound_falls_back_to_the_exact_sum(real_pairs):
+    """One huge output row makes the Cauchy-Schwarz shift far too large for fp32; the rows it
+    affects are recomputed exactly, so scores still equal teacher forcing."""
+    from phrase_scorer.scoring import OutputSoftmax
+
+    sources, targets = real_pairs[0][:300], real_pairs[1][:300]
+    model = make_model(real_pairs, torch.float64)
+    with torch.no_grad():
+        model.readout.output.weight[5] *= 400.0
+    model = model.float()
+    softmax = OutputSoftmax(model.readout)
+    features = torch.randn(4, model.config.output_rank)
+    shifted_log_sum = softmax.log_probs(features, torch.arange(4), torch.zeros(4, dtype=torch.long))
+    assert torch.isfinite(shifted_log_sum).all()
+    want = log_probs_by_forward(model, sources, targets)
+    got = BatchScorer(model).score(sources, targets)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
