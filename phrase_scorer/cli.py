@@ -288,6 +288,50 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
     )
 
 
+# --- moses-ini -----------------------------------------------------------------------------------
+
+
+@cli.command("moses-ini")
+@click.argument("moses_ini", type=click.Path(exists=True, dir_okay=False))
+@click.option("--phrase-table", required=True, type=click.Path(),
+              help="The new table, written into the feature's path= (the binary table with --binarize-from).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="The patched moses.ini to write ('-' for stdout).")
+@click.option("--add-features", type=click.IntRange(min=0), default=2, help="Score columns added to the table.")
+@click.option("--initial-weight", type=float, default=0.2, help="Weight of each new column until tuning.")
+@click.option("--feature-name", default=None,
+              help="The phrase-table feature's name= (e.g. TranslationModel0) [default: the first phrase table].")
+@click.option("--absolute-paths/--no-absolute-paths", default=False,
+              help="Also make every relative path= absolute (against the ini's folder), so Moses runs from anywhere.")
+@click.option("--check-table/--no-check-table", default=True,
+              help="Check that the text table's score count on its first lines matches the new num-features.")
+@click.option("--binarize-from", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Build the binary table (Compact, ProbingPT, OnDisk) at --phrase-table from this text table.")
+@click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
+              help="Moses folder whose bin/ holds the binarisers [default: $MOSES_HOME].")
+def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_weight, feature_name,
+                      absolute_paths, check_table, binarize_from, moses_home):
+    """Patch MOSES_INI for a phrase table with more score columns; then re-tune.
+
+    Points the phrase-table feature at the new table, raises its num-features and appends the
+    new columns' weights. Every other line is copied unchanged.
+    """
+    from phrase_scorer.io.moses_ini import patch_moses_ini
+
+    result = patch_moses_ini(moses_ini, output, phrase_table=phrase_table, add_features=add_features,
+                             initial_weight=initial_weight, feature_name=feature_name,
+                             absolute_paths=absolute_paths, check_table=check_table,
+                             binarize_from=binarize_from, moses_home=moses_home)
+    if result.binarize_command:
+        click.echo(f"binarised: {' '.join(result.binarize_command)}", err=True)
+    click.echo(f"{result.feature_name} ({result.feature_type}): num-features {result.old_num_features} -> "
+               f"{result.new_num_features}; {len(result.changes)} line(s) changed:", err=True)
+    for change in result.changes:
+        click.echo(f"  line {change.number}:\n    - {change.before}\n    + {change.after}", err=True)
+    if output != "-":
+        click.echo(f"wrote {output}; re-tune it with a fresh mert-moses.pl --working-dir", err=True)
+
+
 def main() -> None:
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `phrase-scorer score ... | head` ends quietly

@@ -1,0 +1,223 @@
+"""Read and write Moses n-best lists.
+
+A line of an n-best list is::
+
+    id ||| hypothesis ||| Name= v ... Name2= v v ||| total [||| segmentation] [||| alignment]
+
+Moses 1 may add the segmentation (``-include-segmentation-in-n-best``) and word-alignment
+(``-print-alignment-info-in-n-best``) fields; Moses2 writes only the first four. Feature labels end
+in ``=``; a label with ``_`` in its name is a sparse feature (``TranslationModel0_x= 1``).
+
+Every field is kept as read, so an entry written back unchanged gives the same bytes (Moses
+puts two spaces before the ``|||`` after the hypothesis). Fields whose parsed values were changed
+are written the way Moses writes them.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import re
+from dataclasses import dataclass, field
+from typing import IO, Iterable, Iterator, List, Optional, Tuple, Union
+
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import AtomicOutput, PathLike, gzip_member, is_gzip_name, open_input, read_gzip_error
+
+SEPARATOR = "|||"
+
+# What Moses prints for a float: digits, exponents, inf and nan.
+_NUMBER = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)", re.IGNORECASE)
+_ID = re.compile(r"\d+")
+
+Features = List[Tuple[str, List[float]]]
+
+
+@dataclass
+class _Origin:
+    """The fields of an entry as read, to write back the unchanged ones byte for byte."""
+
+    fields: Tuple[str, str, str, str]  # id, hypothesis, features, total
+    sentence_id: int
+    features: Tuple[Tuple[str, Tuple[float, ...]], ...]
+    total: float
+
+
+@dataclass
+class NBestEntry:
+    """One hypothesis of an n-best list.
+
+    ``hypothesis`` is the raw field, spaces included (``" le chat  "``); :attr:`text` gives the
+    words. ``features`` are (label, values) pairs in the order of the line, sparse ones included.
+    ``extra`` holds the raw fields after the total (segmentation, alignment), ``eol`` the newline.
+    """
+
+    sentence_id: int
+    hypothesis: str
+    features: Features
+    total: float
+    extra: List[str] = field(default_factory=list)
+    eol: str = "\n"
+    line_number: Optional[int] = field(default=None, compare=False)
+    _origin: Optional[_Origin] = field(default=None, repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        """The hypothesis words joined by single spaces."""
+        return " ".join(self.hypothesis.split())
+
+    def feature(self, name: str) -> List[float]:
+        """The values of the feature labelled ``name`` (without ``=``)."""
+        for label, values in self.features:
+            if label == name:
+                return values
+        raise KeyError(name)
+
+    def to_line(self) -> str:
+        """The entry as an n-best line, newline included."""
+        origin = self._origin
+        if origin is not None and origin.sentence_id == self.sentence_id:
+            id_field = origin.fields[0]
+        else:
+            id_field = f"{self.sentence_id} "
+        if origin is not None and origin.features == _freeze(self.features):
+            feature_field = origin.fields[2]
+        else:
+            feature_field = format_features(self.features)
+        if origin is not None and _same(origin.total, self.total):
+            total_field = origin.fields[3]
+        else:
+            total_field = f" {format_value(self.total)}" + (" " if self.extra else "")
+        return SEPARATOR.join([id_field, self.hypothesis, feature_field, total_field, *self.extra]) + self.eol
+
+
+def _freeze(features: Features) -> Tuple[Tuple[str, Tuple[float, ...]], ...]:
+    return tuple((name, tuple(values)) for name, values in features)
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)  # nan equals nan here
+
+
+def format_value(value: float) -> str:
+    """A number as Moses prints it (6 significant digits), with more digits only where needed."""
+    text = f"{value:g}"
+    return text if _same(float(text), value) else repr(float(value))
+
+
+def format_features(features: Features) -> str:
+    """The features field as Moses writes it: `` Name= v v Name2= v ``."""
+    return "".join(f" {name}=" + "".join(" " + format_value(v) for v in values) for name, values in features) + " "
+
+
+def dense_feature_vector(entry: NBestEntry) -> List[float]:
+    """The values of the dense features (labels without ``_``), in label order, as one list."""
+    return [v for name, values in entry.features if "_" not in name for v in values]
+
+
+def group_by_sentence(entries: Iterable[NBestEntry]) -> Iterator[Tuple[int, List[NBestEntry]]]:
+    """(sentence id, its entries) for each run of consecutive entries with the same id."""
+    for sentence_id, group in itertools.groupby(entries, key=lambda e: e.sentence_id):
+        yield sentence_id, list(group)
+
+
+def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = None) -> NBestEntry:
+    """One n-best line (without its newline); errors name ``path`` and ``number``."""
+
+    def error(message: str, hint: Optional[str] = None) -> PhraseScorerError:
+        return PhraseScorerError(message, path=path, line=number, hint=hint)
+
+    fields = text.split(SEPARATOR)
+    if len(fields) < 4:
+        raise error(f"expected at least 4 fields separated by '|||', found {len(fields)}",
+                    "an n-best line is 'id ||| hypothesis ||| features ||| total'")
+    id_field, hypothesis, feature_field, total_field, *extra = fields
+    if not _ID.fullmatch(id_field.strip()):
+        raise error(f"sentence id {id_field.strip()!r} is not a whole number")
+    sentence_id = int(id_field)
+    features: Features = []
+    for token in feature_field.split():
+        if token.endswith("="):
+            if len(token) == 1:
+                raise error("a feature label '=' without a name")
+            if features and not features[-1][1]:
+                raise error(f"feature {features[-1][0]}= has no values")
+            features.append((token[:-1], []))
+        elif "=" in token:
+            raise error(f"{token!r} is not 'Name= value'", "a label ends with '=' and a space follows it")
+        elif not features:
+            raise error(f"feature value {token!r} comes before any 'Name=' label")
+        elif not _NUMBER.fullmatch(token):
+            raise error(f"feature value {token!r} of {features[-1][0]} is not a number")
+        else:
+            features[-1][1].append(float(token))
+    if features and not features[-1][1]:
+        raise error(f"feature {features[-1][0]}= has no values")
+    total_text = total_field.strip()
+    if not _NUMBER.fullmatch(total_text):
+        raise error(f"total score {total_text!r} is not a number")
+    total = float(total_text)
+    origin = _Origin((id_field, hypothesis, feature_field, total_field), sentence_id, _freeze(features), total)
+    return NBestEntry(sentence_id, hypothesis, features, total, extra, "\n", number, origin)
+
+
+def read_nbest(path: PathLike) -> Iterator[NBestEntry]:
+    """Stream the entries of a plain or gzipped n-best list (``-`` for stdin).
+
+    Malformed lines raise :class:`PhraseScorerError` with the file and line number.
+    """
+    number = 0
+    try:
+        with open_input(path) as source:
+            for number, data in enumerate(source, 1):
+                if data.endswith(b"\n"):
+                    raw, eol = data[:-1], "\n"
+                else:
+                    raw, eol = data, ""
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
+                                            hint="n-best lists must be UTF-8 text") from None
+                entry = parse_nbest_line(text, path, number)
+                entry.eol = eol
+                yield entry
+    except PhraseScorerError:
+        raise
+    except (EOFError, OSError, ValueError) as exc:
+        reason = read_gzip_error(exc) or str(exc)
+        raise PhraseScorerError(f"cannot read after line {number}: {reason}", path=path) from None
+
+
+def write_nbest(entries: Iterable[NBestEntry], path_or_stream: Union[PathLike, IO]) -> int:
+    """Write ``entries`` and return how many were written.
+
+    A path is written atomically, gzipped when it ends in ``.gz``; ``-`` is stdout. A stream may
+    be binary or text.
+    """
+    if not isinstance(path_or_stream, (str, bytes, os.PathLike)):
+        stream = path_or_stream
+        count = 0
+        binary = not isinstance(stream, io.TextIOBase)
+        for count, entry in enumerate(entries, 1):
+            line = entry.to_line()
+            stream.write(line.encode("utf-8") if binary else line)
+        return count
+    path = os.fspath(path_or_stream)
+    packed = is_gzip_name(path)
+    count = 0
+    with AtomicOutput(path) as out:
+        chunk: List[bytes] = []
+        size = 0
+        for count, entry in enumerate(entries, 1):
+            data = entry.to_line().encode("utf-8")
+            chunk.append(data)
+            size += len(data)
+            if size >= 1 << 20:
+                out.write(gzip_member(b"".join(chunk)) if packed else b"".join(chunk))
+                chunk, size = [], 0
+        if chunk or (packed and count == 0):
+            out.write(gzip_member(b"".join(chunk)) if packed else b"".join(chunk))
+        out.commit()
+    return count
