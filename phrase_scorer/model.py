@@ -227,13 +227,15 @@ def forward_flops(config: ModelConfig, target_vocab_size: int, source_length: fl
     """Analytic multiply-add FLOPs (2 per MAC) of scoring one pair the naive way.
 
     ``target_length`` counts words; the decoder runs one more step for </s>. Parts:
-    ``encoder`` (per source word and c = tanh(V h)), ``per_source`` (V', C, O_c, O_w: once per
-    source), ``decoder`` (GRU, readout and softmax per target step). Elementwise work is left out.
+    ``encoder`` (``encoder_step`` per source word, plus ``context`` for c = tanh(V h)),
+    ``per_source`` (V', C, O_c, O_w: once per source), ``decoder`` (``decoder_step`` per target
+    step: GRU, readout and softmax). Elementwise work is left out.
     """
     E, H = config.embedding_dim, config.hidden_dim
     W, R, V = config.maxout_units * config.maxout_pieces, config.output_rank, target_vocab_size - FIRST_OUTPUT_ID
     encoder_step = 2 * (E * 3 * H + H * 3 * H)
-    encoder = source_length * encoder_step + 2 * H * H
+    context = 2 * H * H  # c = tanh(V h_N)
+    encoder = source_length * encoder_step + context
     per_source = 2 * (H * H + H * 3 * H + H * W + E * W)
     decoder_step = 2 * (E * 3 * H + H * 3 * H + H * W + E * W + config.maxout_units * R + R * V)
     decoder = (target_length + 1) * decoder_step
@@ -242,6 +244,7 @@ def forward_flops(config: ModelConfig, target_vocab_size: int, source_length: fl
         "per_source": per_source,
         "decoder": decoder,
         "encoder_step": encoder_step,
+        "context": context,
         "decoder_step": decoder_step,
         "total": encoder + per_source + decoder,
     }

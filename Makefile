@@ -1,0 +1,45 @@
+# Two commands set everything up on a fresh machine:
+#   make example   install into .venv, then train a small model on the bundled table, annotate it, sample
+#   make test      install into .venv (with the test tools), then run the test suite
+# Others: make test-slow | test-moses (needs MOSES_HOME) | test-fuzz | bench
+
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of PyTorch; set TORCH=torch (or a CUDA wheel spec) to choose another.
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST := $(BIN)/python -m pytest
+
+.PHONY: install example test test-slow test-moses test-fuzz bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[dev,plots]"
+	touch $(STAMP)
+
+example: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/run.sh
+
+test: $(STAMP)
+	$(PYTEST)
+
+test-slow: $(STAMP)
+	$(PYTEST) -m slow
+
+test-moses: $(STAMP)
+	$(PYTEST) -m moses
+
+test-fuzz: $(STAMP)
+	$(PYTEST) -m fuzz
+
+bench: $(STAMP)
+	$(BIN)/python tools/bench_annotate.py --write
+	$(BIN)/python tools/bench_train.py --write
+
+clean:
+	rm -rf $(VENV) runs

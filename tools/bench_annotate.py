@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Benchmark the scorer behind `phrase-scorer annotate`, and the memory of annotating.
+
+Speed (default): on the first --lines lines of a phrase table, for each preset, the pairs/s and
+peak memory of
+  * scorer      -- BatchScorer as annotate uses it (sources encoded once, shared prefixes,
+                   token-budget batches, cache-sized softmax chunks);
+  * no-sharing  -- BatchScorer with prefix sharing off (each distinct source still encoded once);
+  * sorted-512  -- the teacher-forced forward on length-sorted batches of 512, every pair
+                   encoded on its own (paper preset only);
+  * naive       -- pairs in file order, fixed chunks of 64, every pair encoded on its own;
+  * annotate    -- the whole command (read, score, write gzip) on the same lines.
+Each runs in its own process, right after measuring that process's fp32 matmul rate. The
+effective rate is (naive FLOPs per pair) x (pairs/s); its share of the matmul rate can pass 1 only
+by doing less work than the naive scorer, which the "work done" column measures.
+
+Memory (--memory): peak RSS of `phrase-scorer annotate` on the table and on the table repeated
+ten times.
+
+Models are untrained (the paper's initialisation) with shortlists counted on the whole table, so
+every network has the size it would have after training on that table; speed does not depend
+on the weights. Results go to docs/benchmarks.md (--write) and stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import itertools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import benchlib  # noqa: E402
+
+HERE = Path(__file__).resolve()
+
+
+# --- model directories -------------------------------------------------------------------------
+
+
+def make_model_dir(directory: Path, preset: str, table: Path, counts_cache: Path) -> Path:
+    """An untrained model of ``preset`` whose shortlists are counted on ``table``."""
+    import torch
+
+    from phrase_scorer.config import PRESETS
+    from phrase_scorer.data import count_words
+    from phrase_scorer.model import RNNEncoderDecoder
+    from phrase_scorer.model_dir import BEST_WEIGHTS, SOURCE_VOCAB, TARGET_VOCAB, ModelDirectory
+    from phrase_scorer.vocab import Vocabulary
+    from collections import Counter
+
+    if counts_cache.exists():
+        data = json.loads(counts_cache.read_text())
+        source_counts, target_counts = Counter(data["source"]), Counter(data["target"])
+    else:
+        source_counts, target_counts, _ = count_words(table)
+        counts_cache.write_text(json.dumps({"source": source_counts, "target": target_counts}))
+    config = PRESETS[preset]
+    source_vocab = Vocabulary.from_counts(source_counts, config.source_shortlist)
+    target_vocab = Vocabulary.from_counts(target_counts, config.target_shortlist)
+    directory.mkdir(parents=True, exist_ok=True)
+    model_dir = ModelDirectory(directory)
+    source_vocab.save(directory / SOURCE_VOCAB)
+    target_vocab.save(directory / TARGET_VOCAB)
+    model_dir.write_config({"preset": preset, "model": config.to_dict(), "source_vocab_size": len(source_vocab),
+                            "target_vocab_size": len(target_vocab), "note": "untrained, for benchmarks"})
+    torch.manual_seed(0)
+    model_dir.save_weights(RNNEncoderDecoder(config, len(source_vocab), len(target_vocab)).state_dict(), BEST_WEIGHTS)
+    return directory
+
+
+def write_slice(table: Path, lines: int, out: Path) -> None:
+    with gzip.open(table, "rb") as src, gzip.open(out, "wb", compresslevel=1) as dst:
+        for line in itertools.islice(src, lines):
+            dst.write(line)
+
+
+# --- one measurement per process ---------------------------------------------------------------------
+
+
+def worker(args) -> None:
+    import numpy as np
+    import torch
+
+    from phrase_scorer.config import AnnotateOptions, ScoringOptions
+    from phrase_scorer.io.phrase_table import read_phrase_table
+    from phrase_scorer.model import forward_flops
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.scoring import BatchScorer, log_probs_by_forward
+
+    torch.set_num_threads(args.threads or os.cpu_count())
+    loaded = load_model(args.model_dir)
+    model = loaded.model
+    lines = list(read_phrase_table(args.pairs))
+    sources = [loaded.source_vocab.encode(l.source_words) for l in lines]
+    targets = [loaded.target_vocab.encode(l.target_words) for l in lines]
+    V = len(loaded.target_vocab)
+    parts = [forward_flops(model.config, V, len(s), len(t)) for s, t in zip(sources, targets)]
+    naive_flops = float(np.mean([p["total"] for p in parts]))
+    rate = benchlib.matmul_rate()
+
+    stats = None
+    if args.strategy in ("scorer", "no-sharing"):
+        share = args.strategy == "scorer"
+        options = ScoringOptions(share_source_prefixes=share, share_target_prefixes=share)
+        BatchScorer(model, options).score(sources[:300], targets[:300])  # warm-up
+        scorer = BatchScorer(model, options)
+        start = time.perf_counter()
+        scorer.score(sources, targets)
+        seconds = time.perf_counter() - start
+        stats = scorer.stats
+    elif args.strategy in ("naive", "sorted-512"):
+        log_probs_by_forward(model, sources[:128], targets[:128], 64)  # warm-up
+        order = list(range(len(sources)))
+        batch = 64
+        if args.strategy == "sorted-512":
+            order.sort(key=lambda i: (len(targets[i]), len(sources[i])))
+            batch = 512
+        start = time.perf_counter()
+        log_probs_by_forward(model, [sources[i] for i in order], [targets[i] for i in order], batch)
+        seconds = time.perf_counter() - start
+    elif args.strategy == "annotate":
+        from phrase_scorer.annotate import annotate
+
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            annotate(args.pairs, Path(tmp) / "out.gz", loaded, AnnotateOptions())
+            seconds = time.perf_counter() - start
+    else:
+        raise SystemExit(f"unknown strategy {args.strategy}")
+
+    pairs_per_second = len(lines) / seconds
+    result = {
+        "pairs": len(lines),
+        "seconds": seconds,
+        "pairs_per_second": pairs_per_second,
+        "matmul_gflops": rate / 1e9,
+        "naive_mflops_per_pair": naive_flops / 1e6,
+        "share_of_matmul": naive_flops * pairs_per_second / rate,
+        "peak_rss_mb": benchlib.peak_rss_mb(),
+        "target_vocab": V,
+    }
+    if stats is not None:
+        unit = parts[0]
+        done = (stats.encoder_steps * unit["encoder_step"] + stats.distinct_sources * (unit["context"] + unit["per_source"])
+                + stats.decoder_steps * unit["decoder_step"])
+        result.update({
+            "work_done_share": done / (naive_flops * len(lines)),
+            "distinct_sources": stats.distinct_sources,
+            "encoder_steps_saved": 1 - stats.encoder_steps / stats.source_words,
+            "decoder_steps_saved": 1 - stats.decoder_steps / stats.target_steps,
+        })
+    print(json.dumps(result))
+
+
+# --- the report ----------------------------------------------------------------------------------------
+
+
+def speed(args, work: Path) -> str:
+    table = Path(args.table)
+    pairs = work / "slice.gz"
+    write_slice(table, args.lines, pairs)
+    rows = []
+    results = {}
+    for preset in args.presets.split(","):
+        model_dir = make_model_dir(work / preset, preset, table, work / "counts.json")
+        strategies = ["scorer", "no-sharing", "naive", "annotate"]
+        if preset == "paper":
+            strategies.insert(2, "sorted-512")
+        for strategy in strategies:
+            out, _, _, _ = benchlib.run_measured(benchlib.python_command(
+                HERE, "worker", "--model-dir", model_dir, "--pairs", pairs, "--strategy", strategy,
+                *(["--threads", args.threads] if args.threads else [])))
+            r = json.loads(out.strip().splitlines()[-1])
+            results[(preset, strategy)] = r
+            print(f"{preset:6s} {strategy:11s} {r['pairs_per_second']:9.0f} pairs/s  share {r['share_of_matmul']:.2f}"
+                  f"  matmul {r['matmul_gflops']:.0f} GFLOP/s  peak {r['peak_rss_mb']:.0f} MB", flush=True)
+    for (preset, strategy), r in results.items():
+        naive = results[(preset, "naive")]["pairs_per_second"]
+        rows.append([
+            preset, strategy, f"{r['pairs_per_second']:,.0f}", f"{r['pairs_per_second'] / naive:.2f}x",
+            f"{r['naive_mflops_per_pair']:.1f}", f"{r['matmul_gflops']:.0f}", f"**{r['share_of_matmul']:.2f}**",
+            f"{r['work_done_share']:.2f}" if "work_done_share" in r else "1.00",
+            f"{r['peak_rss_mb']:,.0f}",
+        ])
+    info = benchlib.machine()
+    scorer = results.get(("paper", "scorer"))
+    sharing = ""
+    if scorer:
+        sharing = (
+            f"\nOn these lines: {scorer['pairs'] / scorer['distinct_sources']:.2f} pairs per distinct source; "
+            f"sharing source prefixes saves {100 * scorer['encoder_steps_saved']:.0f}% of the encoder steps of "
+            f"encoding each distinct source on its own, and sharing target prefixes "
+            f"{100 * scorer['decoder_steps_saved']:.0f}% of the decoder steps.\n"
+        )
+    return (
+        f"## Annotate: scoring speed (`tools/bench_annotate.py`)\n\n"
+        f"Command: `python tools/bench_annotate.py --lines {args.lines} --write` "
+        f"on the first {args.lines:,} lines of `{table.name}` ({info['cpu']}, {info['cores']} cores, "
+        f"torch {info['torch']}, fp32, {args.threads or info['cores']} threads).\n\n"
+        "*share* = naive FLOPs per pair x pairs/s / fp32 matmul rate measured in the same process just before; "
+        "*work* = FLOPs the strategy actually runs / naive FLOPs; *vs naive* = speed-up over the naive scorer "
+        "(pairs in file order, chunks of 64, every pair encoded on its own). `annotate` is the whole command "
+        "(read, score, gzip, write).\n\n"
+        + benchlib.markdown_table(
+            ["preset", "strategy", "pairs/s", "vs naive", "naive MFLOP/pair", "matmul GFLOP/s", "share", "work", "peak RSS MB"],
+            rows)
+        + "\n" + sharing
+    )
+
+
+def memory(args, work: Path) -> str:
+    table = Path(args.table)
+    big = work / "table-x10.gz"
+    if not big.exists():
+        with gzip.open(big, "wb", compresslevel=1) as dst:
+            for _ in range(10):
+                with gzip.open(table, "rb") as src:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+    model_dir = make_model_dir(work / "tiny", "tiny", table, work / "counts.json")
+    rows = []
+    peaks = {}
+    for name, path in (("table", table), ("table x 10", big)):
+        out = work / "annotated.gz"
+        _, _, seconds, peak = benchlib.run_measured(
+            [sys.executable, "-m", "phrase_scorer", "-q", "annotate", str(path), "-m", str(model_dir), "-o", str(out)])
+        lines = json.loads(Path(str(out) + ".json").read_text())["lines"]
+        peaks[name] = peak
+        rows.append([name, f"{lines:,}", f"{os.path.getsize(path) / 1e6:,.0f}", f"{seconds:,.0f}", f"{peak:,.0f}"])
+        print(f"{name}: {lines} lines, {seconds:.0f}s, peak RSS {peak:.0f} MB", flush=True)
+        out.unlink()
+    ratio = peaks["table x 10"] / peaks["table"]
+    return (
+        "## Annotate: memory (`tools/bench_annotate.py --memory`)\n\n"
+        f"Peak RSS of `phrase-scorer annotate` (tiny preset: the pipeline's own memory) on `{table.name}` and on the "
+        f"same table repeated ten times. The larger table takes {ratio:.2f}x the memory.\n\n"
+        + benchlib.markdown_table(["input", "lines", "gzip MB", "seconds", "peak RSS MB"], rows) + "\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    w = sub.add_parser("worker")
+    w.add_argument("--model-dir", required=True)
+    w.add_argument("--pairs", required=True)
+    w.add_argument("--strategy", required=True)
+    w.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--table", default=str(benchlib.DEFAULT_TABLE))
+    parser.add_argument("--lines", type=int, default=8000)
+    parser.add_argument("--presets", default="tiny,small,paper")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--memory", action="store_true", help="measure peak memory on the table and on 10 copies")
+    parser.add_argument("--work-dir", default=None, help="keep models and generated tables here")
+    parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    args = parser.parse_args()
+    if args.command == "worker":
+        worker(args)
+        return
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="bench-annotate-"))
+    work.mkdir(parents=True, exist_ok=True)
+    section, text = ("bench_annotate_memory", memory(args, work)) if args.memory else ("bench_annotate", speed(args, work))
+    print(text)
+    if args.write:
+        benchlib.update_section(section, text)
+    if not args.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Helpers shared by the benchmark scripts: machine description, matmul rate, peak memory of a
+child process, and updating one section of docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
+DEFAULT_TABLE = ROOT.parent / "shared" / "data" / "moses-multi30k-en-fr" / "phrase-table.gz"
+
+
+def machine() -> Dict[str, str]:
+    import torch
+
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "torch": torch.__version__,
+        "threads": str(torch.get_num_threads()),
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def matmul_rate(device: str = "cpu", n: int = 2048, seconds: float = 1.0) -> float:
+    """Measured fp32 matrix-product rate in FLOP/s (n x n by n x n, best of a few timings)."""
+    import torch
+
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    for _ in range(3):
+        a @ b
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        if device != "cpu":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(3):
+            a @ b
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = max(best, 3 * 2 * n**3 / (time.perf_counter() - start))
+        if time.perf_counter() > deadline:
+            return best
+
+
+def run_measured(args: Sequence[str], env=None) -> Tuple[str, str, float, float]:
+    """Run a command and return (stdout, stderr, seconds, peak RSS in MB) using wait4."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    stdout_chunks: List[bytes] = []
+    stderr_chunks: List[bytes] = []
+
+    def drain(stream, sink):
+        for block in iter(lambda: stream.read(65536), b""):
+            sink.append(block)
+
+    threads = [threading.Thread(target=drain, args=(proc.stdout, stdout_chunks)),
+               threading.Thread(target=drain, args=(proc.stderr, stderr_chunks))]
+    for t in threads:
+        t.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    for t in threads:
+        t.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - start
+    out, err = b"".join(stdout_chunks).decode(), b"".join(stderr_chunks).decode()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, args))} failed ({proc.returncode}):\n{err[-3000:]}")
+    return out, err, seconds, usage.ru_maxrss / 1024.0
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def update_section(name: str, markdown: str, path: Path = BENCHMARKS_MD) -> None:
+    """Replace (or append) the section between ``<!-- name:start -->`` and ``<!-- name:end -->``."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{markdown.rstrip()}\n{end}"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def python_command(script: Path, *args: object) -> List[str]:
+    return [sys.executable, str(script), *map(str, args)]
+
+
+def dump(obj) -> str:
+    return json.dumps(obj)
