@@ -2,8 +2,8 @@
 
 The table is read twice, streaming: once to count words (:func:`count_words`), once to write the
 pairs as word ids (:func:`build_cache`). The cache holds, for each split (``train``, ``valid``),
-flat id arrays with offsets and a length array; it is memory-mapped, so memory does not grow with
-the table.
+flat id arrays with offsets and a length array on disk; batches are read from it with positioned
+reads, so memory does not grow with the table.
 
 Unique pairs: a Moses table lists each pair once, sorted, so duplicates can only be adjacent; a
 repeated pair within a run of lines with the same source is dropped. Every unique pair is drawn
@@ -225,7 +225,11 @@ def build_cache(
 
 
 class PairSet:
-    """One split of the cache, memory-mapped: ``pair(i)`` gives its two id arrays."""
+    """One split of the cache, read with positioned reads (``pread``).
+
+    Nothing is memory-mapped: a mapping's touched pages count as the process's memory and would
+    grow with the table over an epoch of random access; reads go through the page cache instead.
+    """
 
     def __init__(self, cache_dir: PathLike, split: str) -> None:
         cache_dir = Path(cache_dir)
@@ -233,43 +237,63 @@ class PairSet:
         if meta is None:
             raise PhraseScorerError("pair cache is missing or damaged", path=cache_dir, hint="train again to rebuild it")
         self.size = meta.num_pairs[split]
-        dtype = np.dtype(meta.id_dtype)
-
-        def load(name: str, kind, count: Optional[int] = None):
+        self.id_dtype = np.dtype(meta.id_dtype)
+        self._fds = {}
+        for name in ("src.ids", "tgt.ids", "src.offsets", "tgt.offsets", "lengths"):
             path = cache_dir / f"{split}.{name}"
-            if path.stat().st_size == 0:
-                return np.zeros(0, kind)
-            return np.memmap(path, dtype=kind, mode="r")
-
-        self.src_ids = load("src.ids", dtype)
-        self.tgt_ids = load("tgt.ids", dtype)
-        self.src_offsets = load("src.offsets", np.int64)
-        self.tgt_offsets = load("tgt.offsets", np.int64)
-        lengths = load("lengths", np.uint16)
-        self.lengths = lengths.reshape(-1, 2) if lengths.size else np.zeros((0, 2), np.uint16)
-        if len(self.lengths) != self.size or len(self.src_offsets) != self.size + 1:
-            raise PhraseScorerError("pair cache is damaged (array sizes disagree)", path=cache_dir, hint="train again with --overwrite")
+            try:
+                self._fds[name] = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise PhraseScorerError("pair cache is damaged (a file is missing)", path=path,
+                                        hint="train again with --overwrite") from None
+        expected = {"lengths": 4 * self.size, "src.offsets": 8 * (self.size + 1), "tgt.offsets": 8 * (self.size + 1)}
+        for name, size in expected.items():
+            if os.fstat(self._fds[name]).st_size != size:
+                raise PhraseScorerError("pair cache is damaged (array sizes disagree)", path=cache_dir,
+                                        hint="train again with --overwrite")
 
     def __len__(self) -> int:
         return self.size
 
+    def __del__(self) -> None:
+        for fd in getattr(self, "_fds", {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _read(self, name: str, dtype, start: int, count: int) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        data = os.pread(self._fds[name], count * dtype.itemsize, start * dtype.itemsize)
+        return np.frombuffer(data, dtype)
+
+    def lengths_of(self, indices: np.ndarray) -> np.ndarray:
+        """(source words, target words) of each pair in ``indices``: (n, 2)."""
+        out = np.empty((len(indices), 2), np.uint16)
+        for row, i in enumerate(np.asarray(indices, np.int64)):
+            out[row] = self._read("lengths", np.uint16, 2 * int(i), 2)
+        return out
+
+    def all_lengths(self) -> np.ndarray:
+        """Every pair's lengths, (N, 2): for small splits (validation)."""
+        return self._read("lengths", np.uint16, 0, 2 * self.size).reshape(-1, 2)
+
     def pair(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
-        return (
-            self.src_ids[self.src_offsets[i] : self.src_offsets[i + 1]],
-            self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]],
-        )
+        s0, s1 = self._read("src.offsets", np.int64, i, 2)
+        t0, t1 = self._read("tgt.offsets", np.int64, i, 2)
+        return self._read("src.ids", self.id_dtype, int(s0), int(s1 - s0)), self._read("tgt.ids", self.id_dtype, int(t0), int(t1 - t0))
 
     def batch_arrays(self, indices: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Padded id matrices and lengths for ``indices``: src (B, S), src_len, tgt (B, T), tgt_len."""
-        lengths = self.lengths[indices].astype(np.int64)  # (B, 2)
-        B = len(indices)
-        src = np.zeros((B, max(int(lengths[:, 0].max()), 1)), np.int64)
-        tgt = np.zeros((B, max(int(lengths[:, 1].max()), 1)), np.int64)
-        for row, i in enumerate(indices):
-            s, t = self.pair(int(i))
+        pairs = [self.pair(int(i)) for i in indices]
+        src_len = np.fromiter((len(s) for s, _ in pairs), np.int64, len(pairs))
+        tgt_len = np.fromiter((len(t) for _, t in pairs), np.int64, len(pairs))
+        src = np.zeros((len(pairs), max(int(src_len.max()), 1)), np.int64)
+        tgt = np.zeros((len(pairs), max(int(tgt_len.max()), 1)), np.int64)
+        for row, (s, t) in enumerate(pairs):
             src[row, : len(s)] = s
             tgt[row, : len(t)] = t
-        return src, lengths[:, 0], tgt, lengths[:, 1]
+        return src, src_len, tgt, tgt_len
 
 
 # --- a permutation of [0, n) that needs no memory: a keyed Feistel network with cycle walking ---
@@ -339,7 +363,7 @@ class BatchSampler:
         start = window * self.window
         positions = np.arange(start, min(start + self.window, n))
         indices = KeyedPermutation(n, hash_key(self.seed, epoch))(positions)
-        lengths = self.pairs.lengths[indices]
+        lengths = self.pairs.lengths_of(indices)
         order = np.lexsort((lengths[:, 0], lengths[:, 1]))
         indices = indices[order]
         batches = [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]

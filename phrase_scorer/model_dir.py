@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -57,9 +58,12 @@ def safe_torch_load(path: PathLike, map_location: Any = "cpu") -> Any:
     except FileNotFoundError:
         raise PhraseScorerError("file is missing", path=path) from None
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsupported content"
+        code = re.search(r"unsupported GLOBAL \S+|Unsupported global: \S+", str(exc), re.IGNORECASE)
+        if code is None:
+            raise PhraseScorerError("not a readable PyTorch weights file (damaged, or not saved by torch.save)",
+                                    path=path, hint="model files must contain tensors only") from None
         raise PhraseScorerError(
-            f"refused to load: the file holds more than weights ({first})",
+            f"refused to load: the file holds more than weights ({code.group(0)})",
             path=path,
             hint="model files must contain tensors only; never load model files from an untrusted source",
         ) from None
@@ -112,6 +116,20 @@ class ModelDirectory:
             from phrase_scorer.io.files import describe_os_error
 
             raise describe_os_error(exc, target) from None
+
+    def truncate_log(self, last_step: int) -> None:
+        """Drop training-log records after ``last_step`` (a resumed run writes them again)."""
+        path = self.path / TRAIN_LOG
+        if not path.exists():
+            return
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= last_step:
+                    kept.append(line)
+            except ValueError:
+                continue  # a line cut short by a kill
+        write_text_atomically(path, "".join(l + "\n" for l in kept))
 
     def append_log(self, record: Dict[str, Any]) -> None:
         with open(self.path / TRAIN_LOG, "a", encoding="utf-8") as log:

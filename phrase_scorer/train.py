@@ -28,10 +28,12 @@ import torch
 from phrase_scorer import __version__
 from phrase_scorer.data import BatchSampler, PairSet, build_cache, count_words
 from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import OutputLock
 from phrase_scorer.config import PRESETS, ModelConfig, TrainConfig
 from phrase_scorer.model import RNNEncoderDecoder, count_parameters, forward_flops
 from phrase_scorer.model_dir import (
     BEST_WEIGHTS,
+    CACHE,
     CHECKPOINT,
     MODEL_FILES,
     SOURCE_VOCAB,
@@ -78,15 +80,19 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
     """Check what ``directory`` holds against the flags; returns True when resuming."""
     path = directory.path
     if resume:
-        if not (path / CHECKPOINT).exists():
-            raise PhraseScorerError("nothing to resume: no checkpoint.pt", path=path, hint="start without --resume")
+        if not directory.exists():
+            raise PhraseScorerError("nothing to resume: no model here", path=path, hint="start without --resume")
         return True
     if path.exists() and any(path.iterdir()):
-        if not directory.exists() and not overwrite:
-            raise PhraseScorerError(
-                "output folder is not empty and holds no phrase-scorer model", path=path, hint="choose another folder"
-            )
-        if not overwrite:
+        if not directory.exists():
+            # files of a run killed before it wrote config.json may be replaced; anything else may not
+            ours = {*MODEL_FILES, CACHE, CACHE + ".part"}
+            leftovers = all(p.name in ours or p.name.endswith(".part") for p in path.iterdir())
+            if not (leftovers or overwrite):
+                raise PhraseScorerError(
+                    "output folder is not empty and holds no phrase-scorer model", path=path, hint="choose another folder"
+                )
+        elif not overwrite:
             raise PhraseScorerError(
                 "already holds a model", path=path,
                 hint="continue it with --resume, start again with --overwrite, or choose another folder",
@@ -136,7 +142,8 @@ def validate(model: RNNEncoderDecoder, pairs: PairSet, device: torch.device, pre
         return {}
     was_training = model.training
     model.eval()
-    order = np.lexsort((pairs.lengths[:, 0], pairs.lengths[:, 1]))
+    lengths = pairs.all_lengths()  # the validation split is small
+    order = np.lexsort((lengths[:, 0], lengths[:, 1]))
     shuffled = derangement(n, 12345)
     true_lp = np.zeros(n)
     false_lp = np.zeros(n)
@@ -146,7 +153,7 @@ def validate(model: RNNEncoderDecoder, pairs: PairSet, device: torch.device, pre
             true_lp[idx] = _log_probs(model, pairs, idx, idx, device)
             false_lp[idx] = _log_probs(model, pairs, idx, shuffled[idx], device)
     model.train(was_training)
-    tokens = float(pairs.lengths[:, 1].astype(np.int64).sum() + n)
+    tokens = float(lengths[:, 1].astype(np.int64).sum() + n)
     nll_token = -true_lp.sum() / tokens
     return {
         "valid_nll_pair": float(-true_lp.mean()),
@@ -179,6 +186,14 @@ def train(table: os.PathLike | str, output: os.PathLike | str, config: TrainConf
     if explicit is None:
         default = TrainConfig()
         explicit = {f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(default, f.name)}
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with OutputLock(output.resolve()):  # a second run aimed at the same directory is refused
+        return _train(table, output, config, resume, overwrite, model_config, explicit)
+
+
+def _train(table, output: Path, config: TrainConfig, resume: bool, overwrite: bool,
+           model_config: Optional[ModelConfig], explicit: Set[str]) -> TrainState:
     directory = ModelDirectory(output)
     resuming = prepare_directory(directory, resume, overwrite)
     if resuming:
@@ -222,7 +237,7 @@ def train(table: os.PathLike | str, output: os.PathLike | str, config: TrainConf
 
     num_pairs = table_info.get("unique_pairs") or 1
     valid_fraction = min(1.0, config.valid_pairs / num_pairs)
-    meta = build_cache(table, directory.cache_dir, source_vocab, target_vocab, valid_fraction=valid_fraction, seed=config.seed)
+    build_cache(table, directory.cache_dir, source_vocab, target_vocab, valid_fraction=valid_fraction, seed=config.seed)
     train_pairs = PairSet(directory.cache_dir, "train")
     valid_pairs = PairSet(directory.cache_dir, "valid")
     if len(train_pairs) == 0:
@@ -236,11 +251,14 @@ def train(table: os.PathLike | str, output: os.PathLike | str, config: TrainConf
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=config.adadelta_rho, eps=config.adadelta_eps)
     scaler = make_grad_scaler(device, config.precision)
     state = TrainState()
-    if resuming:
+    if resuming and directory.file(CHECKPOINT).exists():
         state = load_checkpoint(directory, model, optimizer, scaler)
         if state.finished:
             log.info("training had finished (%s); raise a stopping limit to continue", state.stop_reason)
         log.info("resuming at step %d (epoch %d, batch %d)", state.step, state.epoch, state.batch_in_epoch)
+        directory.truncate_log(state.step)  # records of steps the checkpoint does not include are redone
+    elif resuming:
+        log.info("no checkpoint yet: starting from step 0 with the saved settings")
     log.info("model: preset %s, %s parameters, device %s", config.preset, f"{count_parameters(model):,}", device)
 
     sampler = BatchSampler(train_pairs, config.batch_size, config.seed)

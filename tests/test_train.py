@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -132,7 +131,7 @@ def test_a_trained_model_is_not_overwritten(tmp_path):
     (other / "mine.txt").write_text("x")
     with pytest.raises(PhraseScorerError, match="not empty and holds no phrase-scorer model"):
         train(EXAMPLE_TABLE, other, TrainConfig(max_steps=5, **QUICK))
-    with pytest.raises(PhraseScorerError, match="nothing to resume"):
+    with pytest.raises(PhraseScorerError, match="nothing to resume: no model here"):
         train(EXAMPLE_TABLE, tmp_path / "fresh", TrainConfig(max_steps=5, **QUICK), resume=True)
 
 
