@@ -18,7 +18,9 @@ from typing import Optional
 import click
 
 from phrase_scorer import __version__, progress
-from phrase_scorer.config import COLUMNS, PRESETS, UNK_SIDES, AnnotateOptions, ScoringOptions, TrainConfig
+from phrase_scorer.config import (
+    COLUMNS, PRESETS, UNK_SIDES, AnnotateOptions, ExperimentOptions, SampleOptions, ScoringOptions, TrainConfig, TuneOptions,
+)
 from phrase_scorer.errors import PhraseScorerError
 
 log = logging.getLogger("phrase_scorer")
@@ -43,6 +45,10 @@ class Group(click.Group):
             raise UserError(str(exc)) from None
         except KeyboardInterrupt:
             raise UserError("interrupted", exit_code=130) from None
+        except OSError as exc:  # an I/O failure the library did not anticipate: still one line
+            from phrase_scorer.io.files import describe_os_error
+
+            raise UserError(str(describe_os_error(exc, exc.filename or "output"))) from None
 
 
 class Duration(click.ParamType):
@@ -256,7 +262,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
                               ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume)
     except KeyboardInterrupt:
         raise UserError(
-            f"interrupted; the finished part is kept. Resume with the same command and --resume", exit_code=130
+            "interrupted; the finished part is kept. Resume with the same command and --resume", exit_code=130
         ) from None
     click.echo(
         f"annotated {result.lines:,} lines in {result.seconds:.0f}s ({result.lines / max(result.seconds, 1e-9):,.0f} lines/s)"
@@ -330,6 +336,277 @@ def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_wei
         click.echo(f"  line {change.number}:\n    - {change.before}\n    + {change.after}", err=True)
     if output != "-":
         click.echo(f"wrote {output}; re-tune it with a fresh mert-moses.pl --working-dir", err=True)
+
+
+# --- sample --------------------------------------------------------------------------------------
+
+
+@cli.command()
+@model_option
+@click.argument("phrases", nargs=-1)
+@click.option("-i", "--input", "input_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="Read source phrases from this file, one per line ('-': stdin).")
+@click.option("-n", "--samples", type=click.IntRange(min=1), default=SampleOptions.samples, help="Ancestral samples per source.")
+@click.option("--top", type=click.IntRange(min=1), default=SampleOptions.top, help="Candidates shown per source.")
+@click.option("--beam", type=click.IntRange(min=1), default=None, help="Beam search of this width instead of sampling.")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=SampleOptions.temperature)
+@click.option("--max-length", type=click.IntRange(min=1), default=SampleOptions.max_length, help="Most target words.")
+@click.option("--seed", type=int, default=SampleOptions.seed)
+@click.option("--lang", default="en", help="Language of the source phrases, for the tokenizer.")
+@click.option("--tokenize/--no-tokenize", default=True,
+              help="Tokenize and escape raw text as Moses does (--no-tokenize: phrases are already in table form).")
+@click.option("--lowercase/--no-lowercase", default=None,
+              help="Lowercase the input [default: when the model's source words have no capitals].")
+@click.option("--allow-unk/--no-allow-unk", default=SampleOptions.allow_unk, help="May <unk> be generated?")
+@click.option("--lm", "lm_path", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Target language model (ARPA or KenLM binary): adds its log-probability.")
+@click.option("--rank-by", type=click.Choice(["model", "model+lm"]), default=SampleOptions.rank_by)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@device_option
+@threads_option
+def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_length, seed, lang, tokenize, lowercase,
+           allow_unk, lm_path, rank_by, as_json, device, threads):
+    """Propose target phrases for source PHRASES (raw text), ranked by log p(y|x) (paper, Table 3)."""
+    set_threads(threads)
+    import json
+
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.sampling import SourcePreparer, TargetLanguageModel, display, propose
+    from phrase_scorer.train import resolve_device
+
+    sources = list(phrases)
+    if input_file:
+        with click.open_file(input_file, encoding="utf-8") as f:
+            sources += [line.rstrip("\n") for line in f if line.strip()]
+    if not sources:
+        raise PhraseScorerError("no source phrase given", hint='e.g. phrase-scorer sample -m MODEL "a man in a blue shirt"')
+    loaded = load_model(model_dir, resolve_device(device))
+    options = SampleOptions(samples=samples, top=top, beam=beam, temperature=temperature, max_length=max_length,
+                            seed=seed, allow_unk=allow_unk, rank_by=rank_by)
+    lm = TargetLanguageModel(lm_path) if lm_path else None
+    preparer = SourcePreparer(loaded.source_vocab, lang=lang, tokenize=tokenize, lowercase=lowercase)
+    results = propose(loaded, sources, options, preparer=preparer, language_model=lm)
+    if as_json:
+        click.echo(json.dumps([{
+            "source": r.source, "words": r.words, "unknown_words": r.unknown_words,
+            "candidates": [{"target": c.text, "display": display(c.words), "log_prob": c.log_prob, "count": c.count,
+                            "complete": c.complete, **({"lm_log_prob": c.lm_log_prob} if lm else {})}
+                           for c in r.candidates],
+        } for r in results], ensure_ascii=False, indent=1))
+        return
+    for r in results:
+        how = f"beam {beam}" if beam else f"{samples} samples"
+        click.echo(f"{display(r.words)}    [{how}" + (f"; unknown: {' '.join(r.unknown_words)}" if r.unknown_words else "") + "]")
+        for c in r.candidates:
+            extra = f"  lm {c.lm_log_prob:8.3f}" if lm else ""
+            seen = "" if beam else f"  x{c.count}"
+            cut = "" if c.complete else "  (length limit)"
+            click.echo(f"  {c.log_prob:8.3f}{extra}  {display(c.words)}{seen}{cut}")
+        click.echo("")
+
+
+# --- compare and plot ----------------------------------------------------------------------------
+
+
+@cli.command()
+@model_option
+@click.argument("table", type=click.Path(dir_okay=False, exists=True))
+@click.option("--frequent", type=click.IntRange(min=0), default=5, help="Long sources with the largest counts.")
+@click.option("--rare", type=click.IntRange(min=0), default=5, help="Long sources with the smallest counts.")
+@click.option("--source", "sources", multiple=True, help="Show this source phrase (as the table writes it); repeatable.")
+@click.option("--top", type=click.IntRange(min=1), default=3, help="Targets shown per source and side.")
+@click.option("--min-words", type=click.IntRange(min=1), default=4, help="Shortest source considered.")
+@click.option("--min-targets", type=click.IntRange(min=1), default=3, help="Fewest targets a source must have.")
+@click.option("--table-column", type=click.IntRange(min=0), default=2,
+              help="Score column of the table to rank by (2: p(e|f), the direct translation probability).")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of Markdown.")
+@device_option
+@threads_option
+def compare(model_dir, table, frequent, rare, sources, top, min_words, min_targets, table_column, as_json, device, threads):
+    """Top targets of long source phrases by the table and by the model (paper, Table 2)."""
+    set_threads(threads)
+    from phrase_scorer.analysis.compare import CompareOptions, compare as run_compare, to_json, to_markdown
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.sampling import display
+    from phrase_scorer.train import resolve_device
+
+    loaded = load_model(model_dir, resolve_device(device))
+    options = CompareOptions(min_words=min_words, min_targets=min_targets, top=top, frequent=frequent, rare=rare,
+                             table_column=table_column)
+    result = run_compare(table, loaded, options, sources)
+    click.echo(to_json(result) if as_json else to_markdown(result, display=lambda s: display(s.split())))
+
+
+@cli.group()
+def plot():
+    """Figures: model against table scores (Fig. 3), maps of representations (Figs. 4-5)."""
+
+
+@plot.command("scores")
+@click.argument("table", type=click.Path(dir_okay=False, exists=True))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
+@click.option("--table-column", type=click.IntRange(min=0), default=0, help="Table score on the x axis (0: p(f|e)).")
+@click.option("--model-column", type=click.IntRange(min=0), default=None,
+              help="The model's p(y|x) column [default: from the table's signature, else the second last].")
+@click.option("--max-points", type=click.IntRange(min=2), default=2_000_000, help="Plot a uniform sample of this many pairs.")
+@click.option("--seed", type=int, default=1)
+def plot_scores(table, output, table_column, model_column, max_points, seed):
+    """Density of model log p(y|x) against a table score for an annotated TABLE."""
+    from phrase_scorer.analysis.plots import plot_scores as run
+
+    names = {0: "log p(f|e)", 1: "log lex(f|e)", 2: "log p(e|f)", 3: "log lex(e|f)"}
+    stats = run(table, output, table_column=table_column, model_column=model_column, max_points=max_points, seed=seed,
+                table_label=f"{names.get(table_column, f'log column {table_column}')}, phrase table")
+    click.echo(f"{output}: {stats.points:,} of {stats.lines:,} pairs; correlation of model and table scores: "
+               f"Pearson {stats.pearson:.3f}, Spearman {stats.spearman:.3f}")
+
+
+@plot.command("embeddings")
+@model_option
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
+@click.option("--html", "html_output", type=click.Path(dir_okay=False), default=None,
+              help="Also write an interactive page (hover to read labels).")
+@click.option("--kind", type=click.Choice(["words", "phrases"]), default="words",
+              help="Word embeddings e(x) (Fig. 4) or phrase representations c (Fig. 5).")
+@click.option("--table", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Phrase table to take source phrases from (for --kind phrases).")
+@click.option("--words", type=click.IntRange(min=5), default=1000, help="Most frequent source words to map.")
+@click.option("--phrases", type=click.IntRange(min=5), default=2000, help="Source phrases to map.")
+@click.option("--min-words", type=click.IntRange(min=1), default=4, help="Shortest phrase mapped.")
+@click.option("--method", type=click.Choice(["auto", "tsne", "umap"]), default="auto",
+              help="auto: UMAP where installed, else t-SNE.")
+@click.option("--labels", type=click.IntRange(min=0), default=60, help="Points labelled in the PNG.")
+@click.option("--seed", type=int, default=1)
+@device_option
+def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases, min_words, method, labels, seed, device):
+    """A 2-D map of the model's word or phrase representations."""
+    from phrase_scorer.analysis.plots import plot_embeddings as run
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.train import resolve_device
+
+    loaded = load_model(model_dir, resolve_device(device))
+    result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,
+                 method=method, seed=seed, labels=labels, html_output=html_output)
+    click.echo(f"{output}: {result.method} map of {result.points:,} {kind}" + (f"; {html_output}" if html_output else ""))
+
+
+# --- Moses: tune, evaluate, experiment -------------------------------------------------------------
+
+
+moses_home_option = click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
+                                 help="Moses installation (bin/, scripts/) [default: $MOSES_HOME].")
+
+
+def tune_options(function):
+    """The mert-moses.pl options shared by 'tune' and 'experiment'."""
+    options = [
+        click.option("--method", type=click.Choice(["mert", "mira"]), default=TuneOptions.method,
+                     help="MERT or batch MIRA (PRO is left out: mert-moses.pl downloads it at run time)."),
+        click.option("--max-iterations", type=click.IntRange(min=1), default=TuneOptions.max_iterations),
+        click.option("--return-best-dev/--return-last", default=TuneOptions.return_best_dev,
+                     help="Keep the iteration with the best dev BLEU, or the last one."),
+        click.option("--threads", type=click.IntRange(min=1), default=None, help="Decoder threads [default: all cores]."),
+        click.option("--decoder-flags", default=TuneOptions.decoder_flags,
+                     help="More decoder options, e.g. '-v 0 -search-algorithm 1 -s 400'."),
+        click.option("--nbest", type=click.IntRange(min=1), default=TuneOptions.nbest),
+        click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def make_tune_options(method, max_iterations, return_best_dev, threads, decoder_flags, nbest, decoder, seed=1):
+    return TuneOptions(method=method, max_iterations=max_iterations, return_best_dev=return_best_dev, seed=seed,
+                       threads=threads, decoder_flags=decoder_flags, nbest=nbest, decoder=decoder)
+
+
+@cli.command()
+@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
+@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Dev source and reference (tokenised as the system's training data; plain or gzip).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the tuned moses.ini.")
+@click.option("--working-dir", type=click.Path(file_okay=False), default=None,
+              help="mert-moses.pl's working directory, made fresh [default: OUTPUT.work].")
+@click.option("--seed", type=int, default=TuneOptions.seed, help="Seed of the optimiser's random restarts.")
+@tune_options
+@moses_home_option
+def tune(moses_ini, dev, output, working_dir, seed, moses_home, **options):
+    """Re-tune MOSES_INI's weights with the user's mert-moses.pl."""
+    from phrase_scorer.moses.installation import MosesInstallation
+    from phrase_scorer.moses.tune import tune as run_tune
+
+    result = run_tune(moses_ini, dev[0], dev[1], output, moses=MosesInstallation.find(moses_home),
+                      options=make_tune_options(seed=seed, **options), working_dir=working_dir)
+    history = ", ".join(f"{it}: {bleu:.2f}" for it, bleu in result.iterations)
+    click.echo(f"tuned config: {output} (dev BLEU by iteration: {history}; "
+               f"kept: {'?' if result.dev_bleu is None else f'{result.dev_bleu:.2f}'})", err=True)
+
+
+@cli.command()
+@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
+@click.option("--test", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Test source (tokenised as for the system) and reference (tokenised or raw).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Where to keep the decoder output [default: MOSES_INI's name + .test.hyp].")
+@click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=ExperimentOptions.references,
+              help="Tokenised references are compared as they are (--tokenize none); raw ones after detokenising "
+                   "the output with sacremoses. auto: tokenised if they carry Moses escapes.")
+@click.option("--lang", default=ExperimentOptions.lang, help="Target language (for detokenising).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Decoder threads [default: all cores].")
+@click.option("--decoder-flags", default="", help="More decoder options.")
+@click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@moses_home_option
+def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, decoder, as_json, moses_home):
+    """Decode a test set with MOSES_INI and report sacrebleu BLEU and chrF with their signatures."""
+    import json
+
+    from phrase_scorer.moses.evaluate import evaluate as run_evaluate
+    from phrase_scorer.moses.installation import MosesInstallation
+
+    result = run_evaluate(moses_ini, test[0], test[1], output or f"{moses_ini}.test.hyp",
+                          moses=MosesInstallation.find(moses_home), threads=threads, decoder_flags=decoder_flags,
+                          decoder=decoder, kind=references, lang=lang)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=1))
+    else:
+        click.echo(f"BLEU {result.bleu:.2f}  ({result.bleu_signature})")
+        click.echo(f"chrF {result.chrf:.2f}  ({result.chrf_signature})")
+        click.echo(f"{result.sentences} sentences, {result.references} references; output in {result.hypotheses_path}")
+
+
+@cli.command()
+@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
+@click.option("-m", "--model", "model_dir", type=click.Path(file_okay=False), default=None,
+              help="Model to annotate the system's phrase table with.")
+@click.option("--annotated", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Or: the system's phrase table already annotated (both columns).")
+@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True), help="Dev source and reference.")
+@click.option("--test", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True), help="Test source and reference.")
+@click.option("-o", "--output", "work_dir", required=True, type=click.Path(file_okay=False),
+              help="Working directory (resumable: finished tuning runs are kept).")
+@click.option("--runs", type=click.IntRange(min=1), default=ExperimentOptions.runs, help="Tuning runs per system.")
+@click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=ExperimentOptions.references)
+@click.option("--lang", default=ExperimentOptions.lang, help="Target language.")
+@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown report here.")
+@tune_options
+@moses_home_option
+def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, references, lang, report, moses_home, **options):
+    """The paper's Table 1: baseline, + p(y|x), + p(y|x) + unknown words, each tuned --runs times."""
+    from phrase_scorer.moses.experiment import run_experiment
+    from phrase_scorer.moses.installation import MosesInstallation
+
+    if (model_dir is None) == (annotated is None):
+        raise PhraseScorerError("give exactly one of --model and --annotated")
+    result = run_experiment(moses_ini, dev, test, work_dir, moses=MosesInstallation.find(moses_home),
+                            model_dir=model_dir, annotated=annotated, tune_options=make_tune_options(**options),
+                            options=ExperimentOptions(runs=runs, references=references, lang=lang))
+    if report:
+        from phrase_scorer.io.files import write_text_atomically
+
+        write_text_atomically(report, result.markdown)
+    click.echo(result.markdown)
 
 
 def main() -> None:

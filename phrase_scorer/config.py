@@ -120,3 +120,39 @@ class AnnotateOptions:
             raise PhraseScorerError(f"--unk-side takes one of {', '.join(UNK_SIDES)}")
 
 
+@dataclass(frozen=True)
+class SampleOptions:
+    """How candidates are generated and ranked."""
+
+    samples: int = 50  # ancestral samples per source
+    top: int = 5  # candidates shown per source
+    beam: Optional[int] = None  # beam search with this width instead of sampling
+    temperature: float = 1.0
+    max_length: int = 10  # target words; a sample reaching it stops without </s>
+    seed: int = 1
+    allow_unk: bool = True  # may <unk> be generated?
+    rank_by: str = "model"  # model | model+lm
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """How ``tune`` runs mert-moses.pl."""
+
+    method: str = "mert"  # mert | mira (batch MIRA)
+    max_iterations: int = 10
+    return_best_dev: bool = True  # keep the iteration with the best dev BLEU, not the last
+    seed: int = 1  # for the optimiser's random restarts
+    threads: Optional[int] = None  # decoder threads (default: all cores)
+    decoder_flags: str = "-v 0"  # more decoder options, e.g. "-search-algorithm 1 -s 400"
+    nbest: int = 100
+    decoder: str = "moses"  # program in MOSES_HOME/bin
+
+
+@dataclass(frozen=True)
+class ExperimentOptions:
+    """The paper's Table 1 comparison: how many tuning runs, and how to score."""
+
+    runs: int = 3  # tuning runs per system, seeds 1..runs
+    references: str = "auto"  # auto | tokenized | raw
+    lang: str = "fr"  # target language, for detokenising raw references
+    bootstrap_samples: int = 1000

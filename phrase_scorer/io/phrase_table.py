@@ -78,6 +78,18 @@ class TableLine:
         return self.raw[:end] + b" " + values + self.raw[end:] + self.eol
 
 
+    def without_last_scores(self, count: int) -> bytes:
+        """The line with its last ``count`` scores removed (the inverse of appending them)."""
+        parts = self.raw.split(b"|||", 3)
+        kept = parts[2].rstrip()
+        trailing = parts[2][len(kept):]
+        pieces = kept.rsplit(None, count)
+        if len(pieces) <= count:
+            raise ValueError(f"line {self.line_number} has fewer than {count + 1} scores")
+        parts[2] = pieces[0] + trailing
+        return b"|||".join(parts) + self.eol
+
+
 class PhraseTableReader:
     """Iterate over the lines of a plain or gzipped phrase table, validating each one.
 

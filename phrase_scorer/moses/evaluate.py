@@ -1,0 +1,107 @@
+"""Decoding a test set with Moses and scoring it with sacrebleu.
+
+The decoder runs in the directory of the moses.ini, so configs with paths relative to their own
+folder work as they do for the user. Scores are sacrebleu's BLEU and chrF, each with its
+signature. When the references are tokenised, Moses-escaped text (as a Moses pipeline makes it),
+the hypotheses are scored as they are with ``--tokenize none``; when they are raw text, the
+hypotheses are first de-escaped and detokenised with sacremoses and scored with sacrebleu's
+default tokeniser. Scores computed one way are comparable only with scores computed the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import PathLike
+from phrase_scorer.moses.installation import MosesInstallation, read_lines, run_logged, write_lines
+
+log = logging.getLogger(__name__)
+
+_ESCAPES = re.compile(r"&(apos|quot|amp|lt|gt|#124|#91|#93);")
+
+
+@dataclass
+class Evaluation:
+    bleu: float
+    chrf: float
+    bleu_signature: str
+    chrf_signature: str
+    sentences: int
+    references: str  # "tokenized" or "raw"
+    hypotheses_path: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def references_kind(references: Sequence[str], kind: str = "auto") -> str:
+    """'tokenized' if the references carry Moses escapes (or kind says so), else 'raw'."""
+    if kind != "auto":
+        return kind
+    return "tokenized" if any(_ESCAPES.search(line) for line in references) else "raw"
+
+
+def decode(ini: PathLike, source: PathLike, output: PathLike, *, moses: MosesInstallation, threads: Optional[int] = None,
+           decoder_flags: str = "", decoder: str = "moses", log_path: Optional[PathLike] = None) -> List[str]:
+    """Translate ``source`` (plain or gzip) with ``ini``; returns the hypotheses, also written to ``output``."""
+    ini = Path(ini).resolve()
+    lines = read_lines(source)
+    output = Path(output)
+    plain = output.with_name(output.name + ".input")
+    write_lines(plain, lines)
+    threads = threads or os.cpu_count() or 1
+    args = [moses.decoder(decoder), "-f", ini, "-threads", str(threads), *decoder_flags.split()]
+    log.info("decoding %d sentences with %s", len(lines), ini)
+    part = output.with_name(output.name + ".part")
+    with open(plain, "r", encoding="utf-8") as stdin, open(part, "w", encoding="utf-8") as stdout:
+        run_logged(args, log_path or output.with_name(output.name + ".log"), cwd=ini.parent, stdin=stdin, stdout=stdout)
+    hypotheses = read_lines(part)
+    if len(hypotheses) != len(lines):
+        raise PhraseScorerError(f"the decoder wrote {len(hypotheses)} lines for {len(lines)} sentences", path=part)
+    os.replace(part, output)
+    plain.unlink()
+    return hypotheses
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str], *, kind: str = "auto", lang: str = "fr",
+          hypotheses_path: str = "") -> Evaluation:
+    """sacrebleu BLEU and chrF of tokenised Moses output against ``references``."""
+    import sacrebleu
+    from sacremoses import MosesDetokenizer
+
+    if len(hypotheses) != len(references):
+        raise PhraseScorerError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    kind = references_kind(references, kind)
+    if kind == "raw":
+        detokenizer = MosesDetokenizer(lang=lang)
+        hypotheses = [detokenizer.detokenize(h.split()) for h in hypotheses]
+        bleu = sacrebleu.BLEU()
+    else:
+        bleu = sacrebleu.BLEU(tokenize="none")
+    chrf = sacrebleu.CHRF()
+    bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
+    chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
+    return Evaluation(
+        bleu=bleu_score.score, chrf=chrf_score.score,
+        bleu_signature=str(bleu.get_signature()), chrf_signature=str(chrf.get_signature()),
+        sentences=len(hypotheses), references=kind, hypotheses_path=hypotheses_path,
+    )
+
+
+def evaluate(ini: PathLike, source: PathLike, reference: PathLike, output: PathLike, *, moses: MosesInstallation,
+             threads: Optional[int] = None, decoder_flags: str = "", decoder: str = "moses", kind: str = "auto",
+             lang: str = "fr") -> Evaluation:
+    """Decode ``source`` with ``ini`` into ``output`` and score it against ``reference``."""
+    references = read_lines(reference)
+    sources = read_lines(source)
+    if len(sources) != len(references):
+        raise PhraseScorerError(f"the test source has {len(sources)} lines but the reference has {len(references)}",
+                                path=reference)
+    hypotheses = decode(ini, source, output, moses=moses, threads=threads, decoder_flags=decoder_flags, decoder=decoder)
+    return score(hypotheses, references, kind=kind, lang=lang, hypotheses_path=os.fspath(output))

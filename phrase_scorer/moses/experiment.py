@@ -1,0 +1,261 @@
+"""The paper's Table 1 on the user's own Moses system.
+
+Three systems share everything but their phrase table:
+
+    Baseline   the table as it is                          (num-features=4)
+    RNN        + log p(y|x) from the model                 (num-features=5)
+    RNN + WP   + log p(y|x) and the unknown-word count     (num-features=6)
+
+Each is tuned ``runs`` times with different optimiser seeds (MERT is noisy: one run proves
+little), each tuned config decodes the test set, and the report gives the mean and standard
+deviation of dev and test BLEU per system, test chrF, and paired bootstrap tests (sacrebleu)
+of each run against the baseline run with the same seed. Every finished tuning run is recorded
+in its own folder, so an interrupted experiment resumes without redoing it.
+
+Layout of the working directory::
+
+    tables/phrase-table.rnn+wp.gz     the annotated table (both columns)
+    tables/phrase-table.rnn.gz        the same without the unknown-word column
+    <system>/system.ini               the system's untuned config (absolute paths)
+    <system>/run-<seed>/              mert-moses.pl's work, tuned.ini, test.hyp, result.json
+    results.json, report.md
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from phrase_scorer import __version__
+from phrase_scorer.config import ExperimentOptions, TuneOptions
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import AtomicOutput, PathLike, write_text_atomically
+from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
+from phrase_scorer.io.phrase_table import PhraseTableReader
+from phrase_scorer.moses.evaluate import decode, references_kind, score
+from phrase_scorer.moses.installation import MosesInstallation, read_lines
+from phrase_scorer.moses.tune import tune, with_absolute_paths
+from phrase_scorer.progress import progress_bar
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class System:
+    name: str  # as in the report
+    folder: str
+    added_columns: int  # model columns kept from the annotated table
+
+
+SYSTEMS = (System("Baseline", "baseline", 0), System("RNN", "rnn", 1), System("RNN + WP", "rnn+wp", 2))
+
+
+@dataclass
+class RunResult:
+    system: str
+    seed: int
+    dev_bleu: Optional[float]
+    test_bleu: float
+    test_chrf: float
+    iterations: int
+    tuned_ini: str
+    hypotheses: str
+    bleu_signature: str
+    chrf_signature: str
+
+
+@dataclass
+class ExperimentReport:
+    runs: List[RunResult] = field(default_factory=list)
+    significance: Dict[str, List[float]] = field(default_factory=dict)  # system -> p per seed
+    markdown: str = ""
+
+
+def drop_last_columns(table: PathLike, output: PathLike, count: int) -> int:
+    """Copy an annotated table without its last ``count`` scores (gzip output, atomic)."""
+    from phrase_scorer.io.files import gzip_member
+
+    reader = PhraseTableReader(table)
+    lines = 0
+    with AtomicOutput(output) as out, progress_bar("dropping columns", reader) as bar:
+        chunk: List[bytes] = []
+        for line in reader:
+            chunk.append(line.without_last_scores(count))
+            bar.advance()
+            if len(chunk) == 20000:
+                out.write(gzip_member(b"".join(chunk)))
+                lines += len(chunk)
+                chunk = []
+        if chunk:
+            out.write(gzip_member(b"".join(chunk)))
+            lines += len(chunk)
+        out.commit()
+    return lines
+
+
+def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathLike], annotated: Optional[PathLike]) -> Dict[str, str]:
+    """The phrase table of each system: the original, and the annotated table with 1 or 2 columns."""
+    ini = MosesIni.read(moses_ini)
+    feature = ini.find_phrase_table()
+    original = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(moses_ini)), feature.get("path")))
+    tables = work / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+    both = tables / "phrase-table.rnn+wp.gz"
+    if annotated is not None:
+        both = Path(annotated).resolve()
+    elif not (both.exists() and Path(str(both) + ".json").exists()):
+        if model_dir is None:
+            raise PhraseScorerError("give a model (--model DIR) or an annotated table (--annotated TABLE)")
+        from phrase_scorer.annotate import annotate
+        from phrase_scorer.model_dir import load_model
+
+        log.info("annotating %s with the model in %s", original, model_dir)
+        annotate(original, both, load_model(model_dir), resume=Path(str(both) + ".part.json").exists())
+    prob_only = tables / "phrase-table.rnn.gz"
+    if not prob_only.exists():
+        log.info("writing the table without the unknown-word column")
+        drop_last_columns(both, prob_only, 1)
+    return {"baseline": original, "rnn": os.fspath(prob_only), "rnn+wp": os.fspath(both)}
+
+
+def system_ini(moses_ini: PathLike, system: System, table: str, out: Path) -> Path:
+    path = out / "system.ini"
+    if system.added_columns == 0:
+        with_absolute_paths(moses_ini, path)
+    else:
+        patch_moses_ini(moses_ini, path, phrase_table=table, add_features=system.added_columns, absolute_paths=True,
+                        check_table=True)
+    return path
+
+
+def mean_sd(values: Sequence[float]) -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike], work_dir: PathLike, *,
+                   moses: MosesInstallation, model_dir: Optional[PathLike] = None, annotated: Optional[PathLike] = None,
+                   tune_options: TuneOptions = TuneOptions(), options: ExperimentOptions = ExperimentOptions(),
+                   systems: Sequence[System] = SYSTEMS) -> ExperimentReport:
+    """Run (or resume) the comparison; returns the results and a Markdown report."""
+    work = Path(work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    tables = prepare_tables(moses_ini, work, model_dir=model_dir, annotated=annotated)
+    test_references = read_lines(test[1])
+    report = ExperimentReport()
+    from dataclasses import replace
+
+    for system in systems:
+        folder = work / system.folder
+        folder.mkdir(exist_ok=True)
+        ini = system_ini(moses_ini, system, tables[system.folder], folder)
+        for seed in range(1, options.runs + 1):
+            run_dir = folder / f"run-{seed}"
+            done = run_dir / "result.json"
+            if done.exists():
+                report.runs.append(RunResult(**json.loads(done.read_text())))
+                log.info("%s, seed %d: already done (test BLEU %.2f)", system.name, seed, report.runs[-1].test_bleu)
+                continue
+            log.info("%s, seed %d: tuning", system.name, seed)
+            run_dir.mkdir(exist_ok=True)
+            tuned = run_dir / "tuned.ini"
+            result = tune(ini, dev[0], dev[1], tuned, moses=moses, options=replace(tune_options, seed=seed),
+                          working_dir=run_dir / "tune")
+            hypotheses = decode(tuned, test[0], run_dir / "test.hyp", moses=moses, threads=tune_options.threads,
+                                decoder=tune_options.decoder)
+            evaluation = score(hypotheses, test_references, kind=options.references, lang=options.lang,
+                               hypotheses_path=os.fspath(run_dir / "test.hyp"))
+            run = RunResult(system=system.name, seed=seed, dev_bleu=result.dev_bleu, test_bleu=evaluation.bleu,
+                            test_chrf=evaluation.chrf, iterations=len(result.iterations), tuned_ini=os.fspath(tuned),
+                            hypotheses=os.fspath(run_dir / "test.hyp"), bleu_signature=evaluation.bleu_signature,
+                            chrf_signature=evaluation.chrf_signature)
+            write_text_atomically(done, json.dumps(asdict(run), indent=1) + "\n")
+            report.runs.append(run)
+            log.info("%s, seed %d: dev BLEU %s, test BLEU %.2f", system.name, seed,
+                     "?" if run.dev_bleu is None else f"{run.dev_bleu:.2f}", run.test_bleu)
+
+    report.significance = significance(report.runs, test_references, options)
+    report.markdown = markdown(report, moses_ini, dev, test, tables, model_dir, tune_options, options)
+    write_text_atomically(work / "report.md", report.markdown)
+    write_text_atomically(work / "results.json", json.dumps(
+        {"runs": [asdict(r) for r in report.runs], "significance": report.significance}, indent=1) + "\n")
+    return report
+
+
+def significance(runs: Sequence[RunResult], references: Sequence[str], options: ExperimentOptions) -> Dict[str, List[float]]:
+    """Paired bootstrap p-values of each system's run against the baseline run with the same seed."""
+    import sacrebleu
+    from sacrebleu.significance import PairedTest
+
+    baseline = {r.seed: r for r in runs if r.system == SYSTEMS[0].name}
+    kind = references_kind(references, options.references)
+    out: Dict[str, List[float]] = {}
+    for run in runs:
+        if run.system == SYSTEMS[0].name or run.seed not in baseline:
+            continue
+        hyps = [read_lines(baseline[run.seed].hypotheses), read_lines(run.hypotheses)]
+        if kind == "raw":
+            from sacremoses import MosesDetokenizer
+
+            detok = MosesDetokenizer(lang=options.lang)
+            hyps = [[detok.detokenize(h.split()) for h in side] for side in hyps]
+        metric = sacrebleu.BLEU(tokenize="none" if kind == "tokenized" else "13a")
+        test = PairedTest([("baseline", hyps[0]), (run.system, hyps[1])], {"BLEU": metric}, [list(references)],
+                          test_type="bs", n_samples=options.bootstrap_samples)
+        _, scores = test()
+        out.setdefault(run.system, []).append(float(scores["BLEU"][1].p_value))
+    return out
+
+
+def markdown(report: ExperimentReport, moses_ini, dev, test, tables, model_dir, tune_options: TuneOptions,
+             options: ExperimentOptions) -> str:
+    by_system: Dict[str, List[RunResult]] = {}
+    for run in report.runs:
+        by_system.setdefault(run.system, []).append(run)
+    rows = []
+    for name, runs in by_system.items():
+        p_values = report.significance.get(name)
+        p_text = "–" if not p_values else " / ".join(f"{p:.3f}" for p in p_values)
+        rows.append(f"| {name} | {mean_sd([r.dev_bleu for r in runs if r.dev_bleu is not None])} | "
+                    f"{mean_sd([r.test_bleu for r in runs])} | {mean_sd([r.test_chrf for r in runs])} | {p_text} |")
+    per_run = [f"| {r.system} | {r.seed} | {r.iterations} | "
+               f"{'–' if r.dev_bleu is None else f'{r.dev_bleu:.2f}'} | {r.test_bleu:.2f} | {r.test_chrf:.2f} |"
+               for r in report.runs]
+    signature = next((r.bleu_signature for r in report.runs), "")
+    chrf_signature = next((r.chrf_signature for r in report.runs), "")
+    annotate_signature = {}
+    sig_path = Path(str(tables["rnn+wp"]) + ".json")
+    if sig_path.exists():
+        annotate_signature = json.loads(sig_path.read_text())
+    model_line = ""
+    if annotate_signature:
+        model = annotate_signature.get("model", {})
+        model_line = (f"- model: `{model.get('directory', model_dir)}`, weights sha256 `{model.get('weights_sha256', '?')[:16]}…`, "
+                      f"network {json.dumps(model.get('config', {}))}\n")
+    return (
+        "| Models | BLEU dev | BLEU test | chrF test | p vs baseline (test, per seed) |\n"
+        "|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
+        f"Mean ± standard deviation over {options.runs} tuning runs per system (optimiser seeds 1–{options.runs}). "
+        "Dev BLEU is mert-moses.pl's own score of the chosen iteration; test BLEU and chrF are sacrebleu's. "
+        "p: paired bootstrap resampling (sacrebleu, "
+        f"{options.bootstrap_samples} samples) of each run against the baseline run with the same seed.\n\n"
+        "Per run:\n\n| System | seed | iterations | BLEU dev | BLEU test | chrF test |\n|---|---|---|---|---|---|\n"
+        + "\n".join(per_run) + "\n\n"
+        "Settings:\n\n"
+        f"- Moses config: `{moses_ini}`; dev: `{dev[0]}` / `{dev[1]}`; test: `{test[0]}` / `{test[1]}`\n"
+        + model_line +
+        f"- tuning: mert-moses.pl, {tune_options.method}, at most {tune_options.max_iterations} iterations, "
+        f"{tune_options.nbest}-best, return-best-dev {tune_options.return_best_dev}, decoder flags "
+        f"`-threads {tune_options.threads or os.cpu_count()} {tune_options.decoder_flags}`\n"
+        f"- sacrebleu signatures: BLEU `{signature}`, chrF `{chrf_signature}`\n"
+        f"- phrase-scorer {__version__}, report written {datetime.now(timezone.utc).isoformat(timespec='seconds')}\n"
+    )

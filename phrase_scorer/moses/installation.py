@@ -1,0 +1,165 @@
+"""Finding a Moses installation and running its programs.
+
+A Moses installation is a folder with ``bin/`` (the decoder, and mert's ``extractor``, ``mert``,
+``kbmira``, ``pro`` and ``evaluator``) and ``scripts/`` (``training/mert-moses.pl``), given by
+``--moses-home`` or the ``MOSES_HOME`` environment variable. Programs are started with argument
+lists (never through a shell), their output goes to a log file, and a failure is reported with
+the end of that log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, IO, List, Optional, Sequence
+
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import PathLike
+
+log = logging.getLogger(__name__)
+
+MERT_PROGRAMS = ("extractor", "mert", "kbmira", "pro", "evaluator")
+
+
+@dataclass(frozen=True)
+class MosesInstallation:
+    home: Path
+
+    @classmethod
+    def find(cls, home: Optional[PathLike] = None) -> "MosesInstallation":
+        value = home or os.environ.get("MOSES_HOME")
+        if not value:
+            raise PhraseScorerError(
+                "no Moses installation given",
+                hint="pass --moses-home DIR or set MOSES_HOME to a folder with bin/moses and scripts/",
+            )
+        installation = cls(Path(value).resolve())
+        if not installation.home.is_dir():
+            raise PhraseScorerError("Moses home is not a folder", path=value, hint="check --moses-home / MOSES_HOME")
+        return installation
+
+    @property
+    def bin(self) -> Path:
+        return self.home / "bin"
+
+    def program(self, name: str) -> Path:
+        path = self.bin / name
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise PhraseScorerError(f"Moses program {name} is missing", path=path,
+                                    hint="build Moses with its bjam, or point --moses-home elsewhere")
+        return path
+
+    def decoder(self, name: str = "moses") -> Path:
+        return self.program(name)
+
+    def script(self, relative: str) -> Path:
+        path = self.home / "scripts" / relative
+        if not path.is_file():
+            raise PhraseScorerError(f"Moses script {relative} is missing", path=path,
+                                    hint="MOSES_HOME/scripts must be Moses' scripts/ folder")
+        return path
+
+    def check_mert(self) -> None:
+        """mert-moses.pl dies unless all of mert's programs are there; say so first."""
+        for name in MERT_PROGRAMS:
+            self.program(name)
+
+
+def tail(path: PathLike, lines: int = 20) -> str:
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            return "".join(deque(f, maxlen=lines)).rstrip()
+    except OSError:
+        return ""
+
+
+def run_logged(
+    args: Sequence[PathLike],
+    log_path: PathLike,
+    *,
+    cwd: Optional[PathLike] = None,
+    stdin: Optional[IO] = None,
+    stdout: Optional[IO] = None,
+    on_line: Optional[Callable[[str], None]] = None,
+    env: Optional[Dict[str, str]] = None,
+) -> None:
+    """Run ``args`` (a list, no shell), appending its output to ``log_path``.
+
+    With ``stdout`` given, the program's standard output goes there and only stderr to the log.
+    ``on_line`` sees each logged line as it comes (for progress). A non-zero exit raises a
+    PhraseScorerError that quotes the end of the log.
+    """
+    argv = [os.fspath(a) for a in args]
+    log.debug("running %s", " ".join(argv))
+    with open(log_path, "a", encoding="utf-8") as log_file:
+        log_file.write(f"$ {' '.join(argv)}\n")
+        log_file.flush()
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=cwd, stdin=stdin, stdout=stdout if stdout is not None else subprocess.PIPE,
+                stderr=subprocess.STDOUT if stdout is None else subprocess.PIPE, text=True, errors="replace", env=env,
+            )
+        except OSError as exc:
+            raise PhraseScorerError(f"cannot start {argv[0]}: {exc.strerror}", path=argv[0]) from None
+        stream = proc.stdout if stdout is None else proc.stderr
+        try:
+            for line in stream:
+                log_file.write(line)
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
+            code = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if code != 0:
+        raise PhraseScorerError(
+            f"{Path(argv[0]).name} failed with exit status {code}; the end of its log:\n{tail(log_path)}",
+            path=log_path,
+        )
+
+
+_BLEU_AT = re.compile(r"^\((\d+)\) BEST at \d+: .* => ([-\d.]+) at")
+_RUN_START = re.compile(r"^run (\d+) start at")
+
+
+def parse_mert_progress(line: str) -> Optional[Dict[str, float]]:
+    """mert-moses.pl's own progress lines: an iteration starting, or its dev BLEU."""
+    match = _BLEU_AT.match(line)
+    if match:
+        return {"iteration": int(match.group(1)), "bleu": float(match.group(2))}
+    match = _RUN_START.match(line)
+    if match:
+        return {"iteration": int(match.group(1))}
+    return None
+
+
+def read_lines(path: PathLike) -> List[str]:
+    """Lines of a plain or gzip text file, without their newlines."""
+    import gzip
+
+    try:
+        with open(path, "rb") as raw:
+            data = raw.read()
+    except FileNotFoundError:
+        raise PhraseScorerError("no such file", path=path) from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise PhraseScorerError(f"cannot gunzip ({exc})", path=path) from None
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise PhraseScorerError(f"not UTF-8 text at byte {exc.start + 1}", path=path) from None
+
+
+def write_lines(path: PathLike, lines: Sequence[str]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line + "\n")

@@ -1,0 +1,118 @@
+"""The real Moses decoder on annotated tables and patched configs (marker `moses`).
+
+Run with `make test-moses`, MOSES_HOME pointing to a Moses build (bin/moses, bin/ mert tools,
+scripts/), and ../shared beside the repository for the Multi30k system.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import SHARED, SHARED_SYSTEM, SHARED_TABLE, require_shared
+
+pytestmark = pytest.mark.moses
+
+TEST_EN = SHARED / "multi30k-en-fr" / "test_2016_flickr.tok.en.gz"
+TEST_FR = SHARED / "multi30k-en-fr" / "test_2016_flickr.tok.fr.gz"
+VAL_EN = SHARED / "multi30k-en-fr" / "val.tok.en.gz"
+VAL_FR = SHARED / "multi30k-en-fr" / "val.tok.fr.gz"
+
+
+@pytest.fixture(scope="module")
+def moses():
+    home = os.environ.get("MOSES_HOME")
+    if not home:
+        pytest.skip("set MOSES_HOME to a Moses build (bin/moses, the mert tools, scripts/) to run Moses tests")
+    require_shared()
+    from phrase_scorer.moses.installation import MosesInstallation
+
+    return MosesInstallation.find(home)
+
+
+@pytest.fixture(scope="module")
+def annotated_table(tmp_path_factory, loaded_tiny):
+    """The whole Multi30k phrase table with the tiny model's two columns."""
+    from phrase_scorer.annotate import annotate
+
+    out = tmp_path_factory.mktemp("annotated") / "phrase-table.rnn.gz"
+    annotate(SHARED_TABLE, out, loaded_tiny)
+    return out
+
+
+def first_lines(path: Path, n: int, out: Path) -> Path:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        lines = [next(f) for _ in range(n)]
+    out.write_text("".join(lines), encoding="utf-8")
+    return out
+
+
+def decode(moses, ini: Path, source: Path, *extra: str) -> list:
+    with open(source, "rb") as stdin:
+        result = subprocess.run([str(moses.decoder()), "-f", str(ini), "-threads", "2", "-v", "0", *extra],
+                                stdin=stdin, capture_output=True, cwd=ini.parent, check=True)
+    return result.stdout.decode("utf-8").splitlines()
+
+
+def test_annotated_table_loads_and_translates(moses, annotated_table, tmp_path):
+    from phrase_scorer.io.moses_ini import patch_moses_ini
+    from phrase_scorer.moses.tune import with_absolute_paths
+
+    source = first_lines(TEST_EN, 60, tmp_path / "test.en")
+    baseline_ini = tmp_path / "baseline.ini"
+    with_absolute_paths(SHARED_SYSTEM / "moses.tuned.ini", baseline_ini)
+    zero_ini = tmp_path / "rnn-zero.ini"
+    result = patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", zero_ini, phrase_table=annotated_table,
+                             add_features=2, initial_weight=0.0, absolute_paths=True)
+    assert result.new_num_features == 6
+    baseline = decode(moses, baseline_ini, source)
+    with_zero_weights = decode(moses, zero_ini, source)
+    # the table is used (not passed through), and with zero weights the new columns change nothing
+    sources = source.read_text().splitlines()
+    assert sum(h.split() != s.split() for h, s in zip(baseline, sources)) >= 55
+    assert with_zero_weights == baseline
+
+    weighted_ini = tmp_path / "rnn.ini"
+    patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", weighted_ini, phrase_table=annotated_table, add_features=2,
+                    initial_weight=0.1, absolute_paths=True)
+    nbest = tmp_path / "nbest.txt"
+    decode(moses, weighted_ini, source, "-n-best-list", str(nbest), "5")
+    from phrase_scorer.io.nbest import read_nbest
+
+    entries = list(read_nbest(nbest))
+    assert {e.sentence_id for e in entries} == set(range(60))
+    for entry in entries:
+        tm = entry.feature("TranslationModel0")
+        assert len(tm) == 6
+        assert tm[4] < 0  # sum over the phrases used of log p(y|x)
+        assert tm[5] >= 0 and abs(tm[5] - round(tm[5])) < 1e-3  # the unknown-word count
+
+
+def test_patch_tune_and_evaluate(moses, annotated_table, tmp_path):
+    from phrase_scorer.config import TuneOptions
+    from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
+    from phrase_scorer.moses.evaluate import evaluate
+    from phrase_scorer.moses.tune import tune
+
+    ini = tmp_path / "rnn.ini"
+    patch_moses_ini(SHARED_SYSTEM / "moses.ini", ini, phrase_table=annotated_table, absolute_paths=True)
+    dev_src = first_lines(VAL_EN, 25, tmp_path / "dev.en")
+    dev_ref = first_lines(VAL_FR, 25, tmp_path / "dev.fr")
+    tuned = tmp_path / "tuned.ini"
+    result = tune(ini, dev_src, dev_ref, tuned, moses=moses,
+                  options=TuneOptions(max_iterations=1, decoder_flags="-v 0 -s 100", nbest=20))
+    assert [it for it, _ in result.iterations] == [1]
+    assert 10 < result.dev_bleu < 100
+    weights = MosesIni.read(tuned).weight_line("TranslationModel0").weights
+    assert len(weights) == 6
+    test_src = first_lines(TEST_EN, 40, tmp_path / "test.en")
+    test_ref = first_lines(TEST_FR, 40, tmp_path / "test.fr")
+    evaluation = evaluate(tuned, test_src, test_ref, tmp_path / "test.hyp", moses=moses)
+    assert evaluation.references == "tokenized"
+    assert 20 < evaluation.bleu < 100 and 30 < evaluation.chrf < 100
+    assert "tok:none" in evaluation.bleu_signature
+    assert len((tmp_path / "test.hyp").read_text().splitlines()) == 40
