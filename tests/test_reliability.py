@@ -1,0 +1,444 @@
+"""Hostile input, interruptions, untrusted model files and concurrent runs.
+
+The fuzz properties run here with a bounded number of examples; `make test-fuzz` (marker `fuzz`)
+runs the same properties much longer. With PHRASE_SCORER_RELIABILITY_LOG set, every test
+records what it tried in that file (tools/reliability_report.py turns it into
+docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+import pickle
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import EXAMPLE_TABLE
+from phrase_scorer.cli import cli
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.moses_ini import MosesIni
+from phrase_scorer.io.nbest import read_nbest
+from phrase_scorer.io.phrase_table import read_phrase_table
+
+LOG = os.environ.get("PHRASE_SCORER_RELIABILITY_LOG")
+QUICK = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+LONG = settings(max_examples=5000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+
+
+def record(kind: str, **fields) -> None:
+    if LOG:
+        with open(LOG, "a") as f:
+            f.write(json.dumps({"kind": kind, **fields}) + "\n")
+
+
+# --- generated input -------------------------------------------------------------------------------
+
+PIECES = [b"a", b"le chat", b"", b" ", b"  ", b"\t", b"|||", b"||", b"x|||y", b"\xff\xfe", b"\xc3\xa9", b"\xc3",
+          b"\xef\xbb\xbf", b"nan", b"inf", b"-inf", b"-1", b"1e-400", b"1e400", b"0.5", b"1 2 3", b"0.1 0.2 0.3 0.4",
+          b"1_0", b"0x10", b"\r", b"\x00", b"{{k v}}", b"0-0 1-1", b"&apos;", b"[X]"]
+field = st.one_of(st.sampled_from(PIECES), st.binary(max_size=12))
+line = st.lists(field, min_size=0, max_size=8).flatmap(
+    lambda fields: st.sampled_from([b" ||| ", b"|||", b" |||", b"||| "]).map(lambda sep: sep.join(fields)))
+table_bytes = st.one_of(
+    st.lists(line, max_size=12).flatmap(
+        lambda lines: st.tuples(st.sampled_from([b"\n", b"\r\n"]), st.booleans()).map(
+            lambda end: end[0].join(lines) + (end[0] if end[1] and lines else b""))),
+    st.binary(max_size=600),
+)
+
+
+def check_phrase_table(tmp_path, data: bytes, compress: bool) -> str:
+    path = tmp_path / ("t.gz" if compress else "t.txt")
+    path.write_bytes(gzip.compress(data) if compress else data)
+    try:
+        lines = list(read_phrase_table(path, allow_empty=True))
+    except PhraseScorerError as exc:
+        text = str(exc)
+        assert text.startswith(str(path)) and "\n" not in text
+        return "error"
+    # what parses is exactly the input, line for line, and valid by Moses' rules
+    assert b"".join(l.raw + l.eol for l in lines) == data
+    counts = set()
+    for l in lines:
+        assert len(l.fields) >= 3 and l.source_words and l.target_words
+        scores = l.scores
+        assert all(0 <= s < float("inf") for s in scores)
+        counts.add(len(scores))
+    assert len(counts) <= 1
+    return "parsed"
+
+
+def fuzz_phrase_table(tmp_path, data, compress):
+    outcome = check_phrase_table(tmp_path, data, compress)
+    record("fuzz", reader="phrase-table", outcome=outcome)
+
+
+def fuzz_moses_ini(tmp_path, data):
+    path = tmp_path / "moses.ini"
+    path.write_bytes(data)
+    try:
+        ini = MosesIni.read(path)
+    except PhraseScorerError as exc:
+        assert str(exc).startswith(str(path)) and "\n" not in str(exc)
+        record("fuzz", reader="moses.ini", outcome="error")
+        return
+    assert ini.text().encode("utf-8") == data  # unchanged, it writes back byte for byte
+    try:
+        ini.find_phrase_table()
+        outcome = "parsed"
+    except PhraseScorerError as exc:
+        assert "\n" not in str(exc)
+        outcome = "error"
+    record("fuzz", reader="moses.ini", outcome=outcome)
+
+
+def fuzz_nbest(tmp_path, data):
+    path = tmp_path / "nbest.txt"
+    path.write_bytes(data)
+    try:
+        entries = list(read_nbest(path))
+    except PhraseScorerError as exc:
+        assert str(exc).startswith(str(path)) and "\n" not in str(exc)
+        record("fuzz", reader="n-best", outcome="error")
+        return
+    assert "".join(e.to_line() for e in entries).encode("utf-8") == data
+    record("fuzz", reader="n-best", outcome="parsed")
+
+
+ini_bytes = st.one_of(
+    st.lists(st.sampled_from([b"[feature]", b"[weight]", b"[mapping]", b"0 T 0", b"# comment", b"",
+                              b"PhraseDictionaryMemory name=TranslationModel0 num-features=4 path=pt.gz",
+                              b"TranslationModel0= 0.2 0.2 0.2 0.2", b"TranslationModel0=0.2", b"KENLM name=LM0 path=lm",
+                              b"LM0= 0.5", b"x=", b"=y", b"\xff", b"[weight", b"\t[feature] # x"]) | st.binary(max_size=30),
+             max_size=15).map(lambda ls: b"\n".join(ls)),
+    st.binary(max_size=400),
+)
+nbest_bytes = st.one_of(
+    st.lists(st.sampled_from([
+        b"0 ||| le chat  ||| LM0= -3.5 TranslationModel0= -1 -2 -3 -4 ||| -1.25",
+        b"0 ||| a  ||| LM0= -3.5 ||| -1 ||| 0-0", b"x ||| a ||| LM0= 1 ||| 2", b"1 ||| a ||| 1 2 ||| 3",
+        b"1 ||| a ||| LM0= nan ||| 3", b"2 ||| a", b"", b"\xff ||| a ||| b= 1 ||| 1", b"3 ||| a ||| sp_x= 1 ||| 0.5",
+    ]) | st.binary(max_size=40), max_size=10).map(lambda ls: b"\n".join(ls)),
+    st.binary(max_size=300),
+)
+
+
+@QUICK
+@given(data=table_bytes, compress=st.booleans())
+def test_fuzz_phrase_table(tmp_path_factory, data, compress):
+    fuzz_phrase_table(tmp_path_factory.mktemp("f"), data, compress)
+
+
+@QUICK
+@given(data=ini_bytes)
+def test_fuzz_moses_ini(tmp_path_factory, data):
+    fuzz_moses_ini(tmp_path_factory.mktemp("f"), data)
+
+
+@QUICK
+@given(data=nbest_bytes)
+def test_fuzz_nbest(tmp_path_factory, data):
+    fuzz_nbest(tmp_path_factory.mktemp("f"), data)
+
+
+@pytest.mark.fuzz
+@LONG
+@given(data=table_bytes, compress=st.booleans())
+def test_fuzz_phrase_table_long(tmp_path_factory, data, compress):
+    fuzz_phrase_table(tmp_path_factory.mktemp("f"), data, compress)
+
+
+@pytest.mark.fuzz
+@LONG
+@given(data=ini_bytes)
+def test_fuzz_moses_ini_long(tmp_path_factory, data):
+    fuzz_moses_ini(tmp_path_factory.mktemp("f"), data)
+
+
+@pytest.mark.fuzz
+@LONG
+@given(data=nbest_bytes)
+def test_fuzz_nbest_long(tmp_path_factory, data):
+    fuzz_nbest(tmp_path_factory.mktemp("f"), data)
+
+
+@pytest.mark.parametrize("case, data", [
+    ("1 MB line", b"a ||| " + b"b " * 500_000 + b"||| 0.5\n"),
+    ("1 MB field without spaces", b"a ||| b ||| 0.5 ||| " + b"x" * 1_000_000 + b"\n"),
+    ("BOM", b"\xef\xbb\xbfa ||| b ||| 1\n"),
+    ("CRLF", b"a ||| b ||| 1\r\nc ||| d ||| 1\r\n"),
+    ("empty", b""),
+    ("only newlines", b"\n\n\n"),
+    ("||| inside a phrase", b"a|||b ||| c ||| 1\n"),
+])
+def test_edge_cases(tmp_path, case, data):
+    outcome = check_phrase_table(tmp_path, data, compress=False)
+    record("edge", reader="phrase-table", case=case, outcome=outcome)
+
+
+def test_truncated_gzip_at_every_cut(tmp_path):
+    data = gzip.compress(b"".join(b"a%d ||| b ||| 0.5\n" % i for i in range(3000)))
+    cuts = sorted(random.Random(0).sample(range(1, len(data) - 1), 40))
+    path = tmp_path / "cut.gz"
+    for cut in cuts:
+        path.write_bytes(data[:cut])
+        with pytest.raises(PhraseScorerError) as info:
+            list(read_phrase_table(path))
+        assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+    record("edge", reader="phrase-table", case=f"gzip cut at {len(cuts)} random offsets", outcome="error", count=len(cuts))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=table_bytes)
+def test_cli_never_shows_a_traceback(tmp_path_factory, tiny_model, data):
+    path = tmp_path_factory.mktemp("c") / "t.txt"
+    path.write_bytes(data)
+    for args in (["score", "-m", str(tiny_model), str(path)],
+                 ["annotate", str(path), "-m", str(tiny_model), "-o", str(path) + ".out"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code in (0, 1), (result.exit_code, result.output, result.exception)
+        if result.exit_code == 1:
+            assert result.stderr.strip().splitlines()[-1].startswith("phrase-scorer: error: ")
+        assert "Traceback" not in result.output
+        record("fuzz", reader=f"cli {args[0]}", outcome="error" if result.exit_code else "ok")
+
+
+# --- interruptions -----------------------------------------------------------------------------------
+
+
+def phrase_scorer(*args) -> list:
+    return [sys.executable, "-m", "phrase_scorer", *map(str, args)]
+
+
+def wait_for(predicate, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_annotate_killed_at_random_points_resumes_to_the_same_bytes(tmp_path, tiny_model):
+    args = ["annotate", EXAMPLE_TABLE, "-m", tiny_model, "--window-lines", 250, "--threads", 1]
+    reference = tmp_path / "ref.gz"
+    subprocess.run(phrase_scorer(*args, "-o", reference), check=True, capture_output=True)
+    rng = random.Random(7)
+    out = tmp_path / "out.gz"
+    record_path = Path(str(out) + ".part.json")
+    kills = 0
+    first = True
+    while True:
+        proc = subprocess.Popen(phrase_scorer(*args, "-o", out, *([] if first else ["--resume"])),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        first = False
+        time.sleep(rng.uniform(0.3, 2.0))
+        if proc.poll() is not None:
+            break  # finished before this kill
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        if out.exists():
+            break  # the kill came just after the run had finished its table
+        if not record_path.exists():
+            first = True  # killed before the first chunk: nothing to resume, start again
+    assert proc.returncode in (0, -signal.SIGKILL)
+    assert out.read_bytes() == reference.read_bytes()
+    record("kill", command="annotate", kills=kills, lost="nothing" if out.read_bytes() == reference.read_bytes() else "bytes")
+
+
+def test_annotate_ctrl_c_keeps_the_part_and_says_how_to_resume(tmp_path, tiny_model):
+    out = tmp_path / "out.gz"
+    proc = subprocess.Popen(phrase_scorer("annotate", EXAMPLE_TABLE, "-m", tiny_model, "-o", out, "--window-lines", 200,
+                                          "--threads", 1), stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: Path(str(out) + ".part.json").exists())
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("phrase-scorer: error: interrupted") and "--resume" in last
+    assert not out.exists() and Path(str(out) + ".part").exists()
+    record("kill", command="annotate", kills=1, signal="SIGINT", lost="nothing")
+
+
+def checkpoint(directory: Path) -> dict:
+    return torch.load(directory / "checkpoint.pt", weights_only=True)
+
+
+def test_train_killed_at_random_points_resumes_to_the_same_state(tmp_path):
+    args = ["train", EXAMPLE_TABLE, "--preset", "tiny", "--valid-pairs", 200, "--valid-every", 15, "--batch-size", 16,
+            "--max-steps", 240, "--seed", 4, "--threads", 1]
+    subprocess.run(phrase_scorer(*args, "-o", tmp_path / "whole"), check=True, capture_output=True)
+    rng = random.Random(3)
+    out = tmp_path / "cut"
+    kills = 0
+    resume = []
+    while True:
+        proc = subprocess.Popen(phrase_scorer(*args, "-o", out, *resume), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(1.0, 4.0))
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        resume = ["--resume"] if (out / "config.json").exists() else []
+    assert proc.returncode == 0, proc.stderr.read()
+    a, b = checkpoint(tmp_path / "whole"), checkpoint(out)
+    assert a["state"]["step"] == b["state"]["step"] == 240
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    steps = [json.loads(l)["step"] for l in (out / "train.log.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps))  # the log has no repeated or lost validations
+    record("kill", command="train", kills=kills, lost="nothing")
+
+
+# --- disk full -----------------------------------------------------------------------------------------
+
+
+def small_tmpfs(path: Path, size: str = "600k"):
+    """A tiny tmpfs at ``path`` if this process may mount one (root on Linux), else None."""
+    path.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return None
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    return path if done.returncode == 0 else None
+
+
+def test_disk_full_while_annotating(tmp_path, tiny_model, monkeypatch):
+    disk = small_tmpfs(tmp_path / "disk")
+    out = tmp_path / "disk" / "out.gz"
+    try:
+        if disk is None:  # simulate: the file's writes fail with ENOSPC after some output
+            from phrase_scorer.io import files
+
+            class FullDisk:
+                def __init__(self, file):
+                    self.file, self.written = file, 0
+
+                def write(self, data):
+                    self.written += len(data)
+                    if self.written > 300_000:
+                        raise OSError(errno.ENOSPC, "No space left on device")
+                    return self.file.write(data)
+
+                def __getattr__(self, name):
+                    return getattr(self.file, name)
+
+            original_init = files.AtomicOutput.__init__
+
+            def init(self, *args, **kwargs):
+                original_init(self, *args, **kwargs)
+                self.file = FullDisk(self.file)
+
+            monkeypatch.setattr(files.AtomicOutput, "__init__", init)
+        out.write_bytes(b"the previous table")
+        result = CliRunner().invoke(cli, ["annotate", str(EXAMPLE_TABLE), "-m", str(tiny_model), "-o", str(out)])
+        assert result.exit_code == 1
+        assert "no space left on the device" in result.stderr.strip().splitlines()[-1]
+        assert out.read_bytes() == b"the previous table"
+        record("fault", fault="disk full while annotating", how="tmpfs" if disk else "simulated ENOSPC", lost="nothing")
+    finally:
+        if disk is not None:
+            subprocess.run(["umount", str(disk)])
+
+
+def test_disk_full_while_saving_a_checkpoint(tmp_path, monkeypatch):
+    import phrase_scorer.model_dir as model_dir
+
+    calls = {"n": 0}
+    real_save = torch.save
+
+    def failing_save(obj, f, *a, **k):
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(model_dir.torch, "save", failing_save)
+    out = tmp_path / "m"
+    result = CliRunner().invoke(cli, ["train", str(EXAMPLE_TABLE), "-o", str(out), "--preset", "tiny", "--valid-pairs", "100",
+                                      "--valid-every", "5", "--max-steps", "30", "--batch-size", "8"])
+    assert result.exit_code == 1
+    assert "no space left on the device" in result.stderr.strip().splitlines()[-1]
+    # the last good checkpoint is intact and resumable
+    assert checkpoint(out)["state"]["step"] == 5
+    assert not list(out.glob("*.part"))
+    record("fault", fault="disk full while saving a checkpoint", how="simulated ENOSPC", lost="nothing")
+
+
+# --- untrusted model files -----------------------------------------------------------------------------
+
+
+class Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("container", ["torch-zip", "raw-pickle"])
+def test_a_model_file_carrying_code_is_refused(tmp_path, tiny_model, container):
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model, model, ignore=shutil.ignore_patterns("cache"))
+    marker = tmp_path / "pwned"
+    state = torch.load(model / "model.pt", weights_only=True)
+    state["readout.output.bias"] = Payload(marker)
+    if container == "torch-zip":
+        torch.save(state, model / "model.pt")
+    else:
+        with open(model / "model.pt", "wb") as f:
+            pickle.dump(state, f, protocol=2)  # the protocol torch.load expects, so the payload is reached
+    result = CliRunner().invoke(cli, ["score", "-m", str(model), str(EXAMPLE_TABLE)])
+    assert result.exit_code == 1
+    assert "refused to load" in result.stderr.strip().splitlines()[-1]
+    assert not marker.exists()
+    record("untrusted", container=container, outcome="refused, payload not run")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "vocab.target.json").write_text('{"format": "phrase-scorer-vocabulary", "tokens": ["<pad>", "</s>", "<unk>", "a"]}'),
+     "call for"),
+    (lambda d: (d / "config.json").write_text("{not json"), "config is not valid JSON"),
+    (lambda d: (d / "model.pt").write_bytes(b"garbage"), "not a readable PyTorch weights file"),
+    (lambda d: (d / "vocab.source.json").unlink(), "vocabulary file is missing"),
+])
+def test_damaged_model_directories_give_clear_errors(tmp_path, tiny_model, damage, message):
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model, model, ignore=shutil.ignore_patterns("cache"))
+    damage(model)
+    result = CliRunner().invoke(cli, ["score", "-m", str(model), str(EXAMPLE_TABLE)])
+    assert result.exit_code == 1 and message in result.stderr.strip().splitlines()[-1], result.stderr
+    record("untrusted", container="damaged directory", outcome="clear error")
+
+
+# --- concurrent runs -----------------------------------------------------------------------------------
+
+
+def test_two_trainings_of_one_directory(tmp_path):
+    out = tmp_path / "m"
+    proc = subprocess.Popen(phrase_scorer("train", EXAMPLE_TABLE, "-o", out, "--preset", "tiny", "--max-steps", 100000,
+                                          "--threads", 1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: Path(str(out) + ".lock").exists())
+        result = CliRunner().invoke(cli, ["train", str(EXAMPLE_TABLE), "-o", str(out), "--preset", "tiny", "--resume"])
+        assert result.exit_code == 1
+        assert "another phrase-scorer run is writing this output" in result.stderr
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    record("lock", command="train", outcome="second run refused")
