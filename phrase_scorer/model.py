@@ -18,7 +18,6 @@ log p(y|x) sums log p(y_t | ...) over the M words and the final ``</s>``.
 
 from __future__ import annotations
 
-import math
 from typing import Dict, Optional, Tuple
 
 import torch

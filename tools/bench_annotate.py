@@ -219,12 +219,7 @@ def speed(args, work: Path) -> str:
 
 def memory(args, work: Path) -> str:
     table = Path(args.table)
-    big = work / "table-x10.gz"
-    if not big.exists():
-        with gzip.open(big, "wb", compresslevel=1) as dst:
-            for _ in range(10):
-                with gzip.open(table, "rb") as src:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+    big = benchlib.repeated_table(table, work / "table-x10.gz", times=10)
     model_dir = make_model_dir(work / "tiny", "tiny", table, work / "counts.json")
     rows = []
     peaks = {}

@@ -91,6 +91,19 @@ def run_measured(args: Sequence[str], env=None) -> Tuple[str, str, float, float]
     return out, err, seconds, usage.ru_maxrss / 1024.0
 
 
+def repeated_table(table: Path, out: Path, times: int = 10) -> Path:
+    """``table`` written ``times`` times over into ``out`` (gzip), unless ``out`` exists."""
+    import gzip
+    import shutil
+
+    if not out.exists():
+        with gzip.open(out, "wb", compresslevel=1) as dst:
+            for _ in range(times):
+                with gzip.open(table, "rb") as src:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+    return out
+
+
 def peak_rss_mb() -> float:
     import resource
 

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Benchmark `phrase-scorer train`: throughput, what a short CPU run learns, and memory.
+
+--throughput  for each preset, training pairs/s on the table (after a warm-up), the analytic
+              training FLOPs per pair (forward + backward = 3 x forward) and their share of the
+              fp32 matmul rate measured in the same process.
+--learning    trains the `small` preset on the whole table for --minutes (default 30) and reports
+              the held-out validation NLL per pair and per token, the perplexity and the margin
+              between true held-out pairs and the same sources with shuffled targets.
+--memory      peak RSS of `phrase-scorer train` (word counts, pair cache, 200 steps) on the table
+              and on the table repeated ten times.
+
+Results go to docs/benchmarks.md with --write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import benchlib  # noqa: E402
+
+HERE = Path(__file__).resolve()
+STEPS = {"tiny": 300, "small": 150, "paper": 12}
+
+
+def worker(args) -> None:
+    """Time training steps of one preset (a separate process per preset)."""
+    import numpy as np
+    import torch
+
+    from phrase_scorer.config import TrainConfig
+    from phrase_scorer.data import PairSet
+    from phrase_scorer.model import forward_flops
+    from phrase_scorer.train import train
+    from phrase_scorer.model_dir import ModelDirectory
+
+    torch.set_num_threads(args.threads or os.cpu_count())
+    out = Path(args.out)
+    # builds vocabularies and the pair cache, then a few warm-up steps
+    train(args.table, out, TrainConfig(preset=args.preset, max_steps=3, valid_pairs=1000, valid_every=10**6), overwrite=True)
+    from phrase_scorer.data import BatchSampler
+
+    loaded = ModelDirectory(out).load(weights="checkpoint.pt")
+    model = loaded.model.train()
+    pairs = PairSet(out / "cache", "train")
+    sampler = BatchSampler(pairs, 64, seed=1)
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=0.95, eps=1e-6)
+    batches = sampler.epoch(0)
+    lengths = []
+
+    def step():
+        batch = next(batches)
+        src, src_len, tgt, tgt_len = pairs.batch_arrays(batch)
+        lengths.append((src_len.mean(), tgt_len.mean()))
+        loss = -model(*[torch.as_tensor(a) for a in (src, src_len, tgt, tgt_len)]).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    for _ in range(3):
+        step()
+    lengths.clear()
+    rate = benchlib.matmul_rate()
+    steps = STEPS[args.preset]
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    seconds = time.perf_counter() - start
+    src_len, tgt_len = np.mean(lengths, axis=0)
+    flops = 3 * forward_flops(model.config, len(loaded.target_vocab), src_len, tgt_len)["total"]
+    pairs_per_second = steps * 64 / seconds
+    print(json.dumps({
+        "preset": args.preset, "pairs_per_second": pairs_per_second, "train_pairs": len(pairs),
+        "train_mflops_per_pair": flops / 1e6, "matmul_gflops": rate / 1e9,
+        "share_of_matmul": flops * pairs_per_second / rate,
+        "epoch_hours": len(pairs) / pairs_per_second / 3600,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }))
+
+
+def throughput(args, work: Path) -> str:
+    rows = []
+    for preset in args.presets.split(","):
+        out, _, _, _ = benchlib.run_measured(benchlib.python_command(
+            HERE, "worker", "--table", args.table, "--preset", preset, "--out", work / preset,
+            *(["--threads", args.threads] if args.threads else [])))
+        r = json.loads(out.strip().splitlines()[-1])
+        print(json.dumps(r), flush=True)
+        rows.append([preset, f"{r['parameters']:,}", f"{r['pairs_per_second']:,.0f}", f"{r['train_mflops_per_pair']:.3g}",
+                     f"{r['matmul_gflops']:.0f}", f"{r['share_of_matmul']:.2f}", f"{r['epoch_hours']:.2f}"])
+    info = benchlib.machine()
+    return (
+        "## Train: throughput (`tools/bench_train.py --throughput`)\n\n"
+        f"Training steps of 64 pairs on `{Path(args.table).name}`, CPU ({info['cpu']}, {info['cores']} cores, "
+        f"torch {info['torch']}, fp32). FLOPs per pair: 3 x the analytic forward FLOPs at the batches' mean "
+        "lengths; *share*: of the fp32 matmul rate measured in the same process.\n\n"
+        + benchlib.markdown_table(["preset", "parameters", "pairs/s", "train MFLOP/pair", "matmul GFLOP/s", "share",
+                                   "hours per epoch"], rows) + "\n"
+    )
+
+
+def learning(args, work: Path) -> str:
+    out = Path(args.model_out) if args.model_out else work / "small"
+    command = [sys.executable, "-m", "phrase_scorer", "-q", "train", args.table, "-o", str(out), "--preset", "small",
+               "--max-time", f"{args.minutes}m", "--overwrite"]
+    _, _, seconds, peak = benchlib.run_measured(command)
+    records = [json.loads(l) for l in (out / "train.log.jsonl").read_text().splitlines()]
+    best = min(records, key=lambda r: r["valid_nll_token"])
+    first = records[0]
+    pairs_per_second = best["pairs_seen"] / max(records[-1]["train_seconds"], 1e-9) if records else 0
+    last = records[-1]
+    rows = [[r["step"], f"{r['pairs_seen']:,}", f"{r['train_seconds'] / 60:.1f}", f"{r['valid_nll_pair']:.2f}",
+             f"{r['valid_nll_token']:.3f}", f"{r['valid_ppl']:.1f}", f"{r['valid_margin_pair']:.2f}",
+             f"{100 * r['valid_true_beats_shuffled']:.1f}%"]
+            for r in records if r is first or r is best or r is last or r["step"] % (5 * records[0]["step"]) == 0]
+    config = json.loads((out / "config.json").read_text())
+    return (
+        f"## Train: what {args.minutes} CPU minutes learn (`tools/bench_train.py --learning`)\n\n"
+        f"`{' '.join(['phrase-scorer', 'train', Path(args.table).name, '-o', 'MODEL', '--preset', 'small', '--max-time', f'{args.minutes}m'])}` "
+        f"on this machine ({benchlib.machine()['cpu']}, {os.cpu_count()} cores): "
+        f"{config['table']['unique_pairs']:,} unique pairs, shortlists of {config['source_vocab_size'] - 3:,} source and "
+        f"{config['target_vocab_size'] - 3:,} target words. Validation: about 5,000 pairs whose sources never occur "
+        f"in training. *margin*: mean log p(true target | source) - log p(another validation pair's target | source), "
+        "in nats per pair; *true wins*: share of pairs where the true target scores higher.\n\n"
+        + benchlib.markdown_table(["step", "pairs seen", "minutes", "valid NLL/pair", "valid NLL/token", "perplexity",
+                                   "margin (nats)", "true wins"], rows)
+        + f"\n\nBest: validation NLL {best['valid_nll_token']:.3f} per token (perplexity {best['valid_ppl']:.1f}), "
+        f"true-vs-shuffled margin {best['valid_margin_pair']:.2f} nats per pair, at {pairs_per_second:,.0f} training pairs/s "
+        f"({seconds / 60:.0f} minutes in all, peak RSS {peak:,.0f} MB).\n"
+    )
+
+
+def memory(args, work: Path) -> str:
+    table = Path(args.table)
+    big = benchlib.repeated_table(table, work / "table-x10.gz", times=10)
+    rows, peaks = [], {}
+    for name, path in (("table", table), ("table x 10", big)):
+        out = work / f"model-{len(peaks)}"
+        _, _, seconds, peak = benchlib.run_measured([
+            sys.executable, "-m", "phrase_scorer", "-q", "train", str(path), "-o", str(out), "--preset", "tiny",
+            "--max-steps", "200", "--valid-every", "100", "--overwrite"])
+        config = json.loads((out / "config.json").read_text())
+        cache = sum(f.stat().st_size for f in (out / "cache").iterdir())
+        peaks[name] = peak
+        rows.append([name, f"{config['table']['unique_pairs']:,}", f"{cache / 1e6:,.0f}", f"{seconds:,.0f}", f"{peak:,.0f}"])
+        print(rows[-1], flush=True)
+        shutil.rmtree(out)
+    return (
+        "## Train: memory (`tools/bench_train.py --memory`)\n\n"
+        f"Peak RSS of `phrase-scorer train --preset tiny --max-steps 200` (counting words, writing the pair cache, "
+        f"training, validating) on `{table.name}` and on the table repeated ten times (its copies are not adjacent, "
+        f"so all of them enter the cache). The larger table takes {peaks['table x 10'] / peaks['table']:.2f}x the memory.\n\n"
+        + benchlib.markdown_table(["input", "pairs in cache", "cache MB", "seconds", "peak RSS MB"], rows) + "\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    w = sub.add_parser("worker")
+    w.add_argument("--table", required=True)
+    w.add_argument("--preset", required=True)
+    w.add_argument("--out", required=True)
+    w.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--table", default=str(benchlib.DEFAULT_TABLE))
+    parser.add_argument("--presets", default="tiny,small,paper")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--throughput", action="store_true")
+    parser.add_argument("--learning", action="store_true")
+    parser.add_argument("--minutes", type=int, default=30)
+    parser.add_argument("--model-out", default=None, help="where --learning keeps its model")
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--work-dir", default=None)
+    parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    args = parser.parse_args()
+    if args.command == "worker":
+        worker(args)
+        return
+    if not (args.throughput or args.learning or args.memory):
+        args.throughput = args.learning = args.memory = True
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="bench-train-"))
+    work.mkdir(parents=True, exist_ok=True)
+    for enabled, name, function in ((args.throughput, "bench_train_throughput", throughput),
+                                    (args.learning, "bench_train_learning", learning),
+                                    (args.memory, "bench_train_memory", memory)):
+        if enabled:
+            text = function(args, work)
+            print(text, flush=True)
+            if args.write:
+                benchlib.update_section(name, text)
+    if not args.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
