@@ -279,8 +279,10 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
         from phrase_scorer.io.moses_ini import patch_moses_ini
 
         target = ini_output or f"{output}.moses.ini"
-        patch_moses_ini(moses_ini, target, phrase_table=os.path.abspath(output), add_features=added)
-        click.echo(f"patched moses.ini written to {target}", err=True)
+        result = patch_moses_ini(moses_ini, target, phrase_table=os.path.abspath(output), add_features=added,
+                                 absolute_paths=True)
+        click.echo(f"patched moses.ini written to {target}: {result.feature_name} num-features="
+                   f"{result.new_num_features}, {added} more weights of 0.2; re-tune before use", err=True)
         return
     click.echo(
         "\nFor Moses, the phrase table now has {after} scores per line (was {before}). In moses.ini:\n"

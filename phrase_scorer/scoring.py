@@ -33,7 +33,7 @@ from torch import Tensor
 
 from phrase_scorer.config import ScoringOptions
 from phrase_scorer.model import FIRST_OUTPUT_ID, RNNEncoderDecoder, at_least_fp32, mean_embedding
-from phrase_scorer.vocab import EOS_ID, PAD_ID, Vocabulary
+from phrase_scorer.vocab import EOS_ID, PAD_ID
 
 
 @dataclass
@@ -141,9 +141,6 @@ class BatchScorer:
                 scores = self._score_batch(batch_sources, [targets[p] for p in pair_index], pair_source)
                 out[pair_index] = scores
         return out
-
-    def score_words(self, source_vocab: Vocabulary, target_vocab: Vocabulary, pairs: Sequence[Tuple[Sequence[str], Sequence[str]]]) -> np.ndarray:
-        return self.score([source_vocab.encode(s) for s, _ in pairs], [target_vocab.encode(t) for _, t in pairs])
 
     # --- batching ------------------------------------------------------------------------------
 

@@ -225,3 +225,22 @@ def test_whole_multi30k_table(tmp_path, tiny_model):
     out = tmp_path / "pt.rnn.gz"
     assert run("annotate", SHARED_TABLE, "-m", tiny_model, "-o", out).exit_code == 0
     check_annotation(SHARED_TABLE, out, tiny_model, scores_by_cli(tiny_model, SHARED_TABLE))
+
+
+def test_ini_option_writes_the_patched_config(tmp_path, tiny_model):
+    import shutil
+
+    from conftest import DATA
+    from phrase_scorer.io.moses_ini import MosesIni
+
+    system = tmp_path / "system"
+    system.mkdir()
+    shutil.copy(DATA / "moses.ini", system / "moses.ini")
+    out = tmp_path / "pt.rnn.gz"
+    result = run("annotate", A_MAN_TABLE, "-m", tiny_model, "-o", out, "--ini", system / "moses.ini")
+    assert result.exit_code == 0, result.output
+    patched = MosesIni.read(str(out) + ".moses.ini")
+    feature = patched.find_phrase_table()
+    assert feature.get("num-features") == "6" and feature.get("path") == str(out)
+    assert len(patched.weight_line("TranslationModel0").weights) == 6
+    assert f"path={system}/lm.arpa.gz" in patched.text()  # other paths made absolute

@@ -116,3 +116,31 @@ def test_patch_tune_and_evaluate(moses, annotated_table, tmp_path):
     assert 20 < evaluation.bleu < 100 and 30 < evaluation.chrf < 100
     assert "tok:none" in evaluation.bleu_signature
     assert len((tmp_path / "test.hyp").read_text().splitlines()) == 40
+
+
+def test_experiment_end_to_end_and_resume(moses, annotated_table, tmp_path):
+    """The Table 1 comparison on slices: three systems, one tuning run each, a report; a second
+    call reuses every finished run."""
+    from phrase_scorer.config import ExperimentOptions, TuneOptions
+    from phrase_scorer.moses.experiment import run_experiment
+
+    dev = (first_lines(VAL_EN, 20, tmp_path / "dev.en"), first_lines(VAL_FR, 20, tmp_path / "dev.fr"))
+    test = (first_lines(TEST_EN, 30, tmp_path / "test.en"), first_lines(TEST_FR, 30, tmp_path / "test.fr"))
+    options = dict(tune_options=TuneOptions(max_iterations=1, decoder_flags="-v 0 -s 100", nbest=20),
+                   options=ExperimentOptions(runs=1, bootstrap_samples=100))
+    report = run_experiment(SHARED_SYSTEM / "moses.ini", dev, test, tmp_path / "work", moses=moses,
+                            annotated=annotated_table, **options)
+    assert [r.system for r in report.runs] == ["Baseline", "RNN", "RNN + WP"]
+    assert all(0 < r.test_bleu < 100 for r in report.runs)
+    assert set(report.significance) == {"RNN", "RNN + WP"}
+    assert all(0 <= p <= 1 for ps in report.significance.values() for p in ps)
+    for row in ("| Baseline |", "| RNN |", "| RNN + WP |", "weight of log p(y\\|x)", "sacrebleu signatures"):
+        assert row in report.markdown
+    five = tmp_path / "work" / "tables" / "phrase-table.rnn.gz"
+    with gzip.open(five, "rt") as f:
+        assert len(f.readline().split("|||")[2].split()) == 5
+    mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "work").glob("*/run-1/result.json")}
+    again = run_experiment(SHARED_SYSTEM / "moses.ini", dev, test, tmp_path / "work", moses=moses,
+                           annotated=annotated_table, **options)
+    assert [r.test_bleu for r in again.runs] == [r.test_bleu for r in report.runs]
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes  # nothing was tuned again

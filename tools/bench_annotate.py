@@ -188,7 +188,7 @@ def speed(args, work: Path) -> str:
         rows.append([
             preset, strategy, f"{r['pairs_per_second']:,.0f}", f"{r['pairs_per_second'] / naive:.2f}x",
             f"{r['naive_mflops_per_pair']:.1f}", f"{r['matmul_gflops']:.0f}", f"**{r['share_of_matmul']:.2f}**",
-            f"{r['work_done_share']:.2f}" if "work_done_share" in r else "1.00",
+            f"{r['work_done_share']:.2f}" if "work_done_share" in r else ("1.00" if strategy in ("naive", "sorted-512") else "as scorer"),
             f"{r['peak_rss_mb']:,.0f}",
         ])
     info = benchlib.machine()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -37,6 +38,7 @@ from phrase_scorer.config import ExperimentOptions, TuneOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import AtomicOutput, PathLike, write_text_atomically
 from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
+from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.moses.evaluate import decode, references_kind, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
@@ -216,6 +218,43 @@ def significance(runs: Sequence[RunResult], references: Sequence[str], options: 
     return out
 
 
+_BEST_ITERATION = re.compile(r"copying weights from best iteration \((\d+),")
+
+
+def chosen_nbest(run_dir: Path) -> Optional[Path]:
+    """The dev n-best list decoded with the weights the tuning run kept."""
+    mert = run_dir / "tune" / "mert"
+    log_text = (run_dir / "tune" / "tune.log").read_text(errors="replace") if (run_dir / "tune" / "tune.log").exists() else ""
+    match = _BEST_ITERATION.search(log_text)
+    lists = sorted(mert.glob("run*.best*.out.gz"), key=lambda p: int(re.match(r"run(\d+)", p.name).group(1)))
+    if match:
+        lists = [p for p in lists if p.name.startswith(f"run{match.group(1)}.")] or lists
+    return lists[-1] if lists else None
+
+
+def new_column_usage(run: RunResult, added: int) -> Optional[Dict[str, float]]:
+    """From the kept dev n-best list: per 1-best hypothesis, the mean of the model's columns as
+    Moses summed them (log p over the phrases used; unknown words), and their tuned weights."""
+    if added == 0:
+        return None
+    run_dir = Path(run.tuned_ini).parent
+    nbest = chosen_nbest(run_dir)
+    if nbest is None:
+        return None
+    sums = [0.0] * added
+    sentences = 0
+    for _, entries in group_by_sentence(read_nbest(nbest)):
+        values = entries[0].feature("TranslationModel0")
+        for k in range(added):
+            sums[k] += values[4 + k]
+        sentences += 1
+    weights = MosesIni.read(run.tuned_ini).weight_line("TranslationModel0").weights
+    usage = {"log_p": sums[0] / max(sentences, 1), "weight_log_p": weights[4]}
+    if added > 1:
+        usage.update({"unknown": sums[1] / max(sentences, 1), "weight_unknown": weights[5]})
+    return usage
+
+
 def markdown(report: ExperimentReport, moses_ini, dev, test, tables, model_dir, tune_options: TuneOptions,
              options: ExperimentOptions) -> str:
     by_system: Dict[str, List[RunResult]] = {}
@@ -230,6 +269,23 @@ def markdown(report: ExperimentReport, moses_ini, dev, test, tables, model_dir, 
     per_run = [f"| {r.system} | {r.seed} | {r.iterations} | "
                f"{'–' if r.dev_bleu is None else f'{r.dev_bleu:.2f}'} | {r.test_bleu:.2f} | {r.test_chrf:.2f} |"
                for r in report.runs]
+    usage_rows = []
+    for system in SYSTEMS[1:]:
+        usages = [u for u in (new_column_usage(r, system.added_columns) for r in by_system.get(system.name, [])) if u]
+        if not usages:
+            continue
+        cell = lambda key: mean_sd([u[key] for u in usages]) if key in usages[0] else "–"  # noqa: E731
+        usage_rows.append(f"| {system.name} | {cell('weight_log_p')} | {cell('log_p')} | {cell('weight_unknown')} | "
+                          f"{cell('unknown')} |")
+    usage = ""
+    if usage_rows:
+        usage = (
+            "What tuning made of the new columns (mean ± sd over runs): their tuned weights, and per dev 1-best "
+            "hypothesis of the kept iteration's n-best list, the sum over its phrases of log p(y|x) and of unknown "
+            "words, as Moses computed them:\n\n| System | weight of log p(y\\|x) | log p(y\\|x) per sentence | "
+            "weight of unknown words | unknown words per sentence |\n|---|---|---|---|---|\n"
+            + "\n".join(usage_rows) + "\n\n"
+        )
     signature = next((r.bleu_signature for r in report.runs), "")
     chrf_signature = next((r.chrf_signature for r in report.runs), "")
     annotate_signature = {}
@@ -249,7 +305,7 @@ def markdown(report: ExperimentReport, moses_ini, dev, test, tables, model_dir, 
         "p: paired bootstrap resampling (sacrebleu, "
         f"{options.bootstrap_samples} samples) of each run against the baseline run with the same seed.\n\n"
         "Per run:\n\n| System | seed | iterations | BLEU dev | BLEU test | chrF test |\n|---|---|---|---|---|---|\n"
-        + "\n".join(per_run) + "\n\n"
+        + "\n".join(per_run) + "\n\n" + usage +
         "Settings:\n\n"
         f"- Moses config: `{moses_ini}`; dev: `{dev[0]}` / `{dev[1]}`; test: `{test[0]}` / `{test[1]}`\n"
         + model_line +
