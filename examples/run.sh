@@ -21,7 +21,7 @@ echo
 echo "== 2. annotate: append p(y|x) and e^(unknown words) to every line =="
 phrase-scorer annotate "$TABLE" -m "$OUT/model" -o "$OUT/phrase-table.rnn.gz"
 echo "first lines:"
-gzip -dc "$OUT/phrase-table.rnn.gz" | head -n 3
+gzip -dc "$OUT/phrase-table.rnn.gz" | sed -n 1,3p  # sed reads to the end: no SIGPIPE under pipefail
 
 echo
 echo "== 3. score a few pairs (natural-log log p(target | source)) =="

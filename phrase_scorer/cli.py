@@ -85,9 +85,17 @@ def setup_logging(verbosity: int) -> None:
 
 
 def set_threads(threads: Optional[int]) -> None:
+    """All cores by default (the same count every run, so results repeat exactly). On a busy
+    machine PyTorch's threads wait on each other and run far slower: say so."""
     import torch
 
-    torch.set_num_threads(threads or os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
+    if threads is None and hasattr(os, "getloadavg"):
+        load = os.getloadavg()[0]
+        if load > 0.75 * cores:
+            log.warning("this machine is busy (load %.1f on %d cores); if this runs slowly, give it fewer threads "
+                        "with --threads %d", load, cores, max(1, round(cores - load)) if load < cores else 1)
+    torch.set_num_threads(threads or cores)
 
 
 def explicit_options(ctx: click.Context, names) -> dict:

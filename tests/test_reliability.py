@@ -233,6 +233,30 @@ def wait_for(predicate, timeout=120.0):
     return False
 
 
+def kill_and_resume(command, resumable, progress, kill_points, rng: random.Random, jitter: float, finished=lambda: False):
+    """Start ``command(resume)``; at each of ``kill_points`` (a value of ``progress()``, so that
+    every run makes progress) wait a random moment more and SIGKILL it; then run it to the end.
+    Returns (the final process, the number of kills)."""
+    kills = 0
+    points = list(kill_points)
+    while True:
+        proc = subprocess.Popen(command(resumable()), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if not points:
+            break
+        target = points.pop(0)
+        wait_for(lambda: progress() >= target or proc.poll() is not None, timeout=300)
+        time.sleep(rng.uniform(0.0, jitter))
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        if finished():
+            break  # the kill came just after the run had finished
+    proc.wait(timeout=600)
+    return proc, kills
+
+
 def lines_done(record: Path) -> int:
     try:
         return json.loads(record.read_text()).get("lines_done", 0)
@@ -249,26 +273,10 @@ def test_annotate_killed_at_random_points_resumes_to_the_same_bytes(tmp_path, ti
     rng = random.Random(7)
     out = tmp_path / "out.gz"
     record_path = Path(str(out) + ".part.json")
-    kill_after = sorted(rng.sample(range(250, 30000, 250), 4))
-    kills = 0
-    while True:
-        resume = ["--resume"] if record_path.exists() else []
-        proc = subprocess.Popen(phrase_scorer(*args, "-o", out, *resume), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        if not kill_after:
-            break
-        target = kill_after.pop(0)
-        # progress is guaranteed between kills: wait for the chosen number of finished lines
-        wait_for(lambda: lines_done(record_path) >= target or proc.poll() is not None, timeout=300)
-        time.sleep(rng.uniform(0.0, 0.3))
-        if proc.poll() is not None:
-            break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        kills += 1
-        if out.exists():
-            break  # the kill came just after the run had finished its table
-    proc.wait(timeout=600)
+    proc, kills = kill_and_resume(
+        lambda resume: phrase_scorer(*args, "-o", out, *(["--resume"] if resume else [])),
+        resumable=record_path.exists, progress=lambda: lines_done(record_path),
+        kill_points=sorted(rng.sample(range(250, 30000, 250), 4)), rng=rng, jitter=0.3, finished=out.exists)
     assert proc.returncode in (0, -signal.SIGKILL)
     assert out.read_bytes() == reference.read_bytes()
     record("kill", command="annotate", kills=kills, lost="nothing")
@@ -307,22 +315,10 @@ def test_train_killed_at_random_points_resumes_to_the_same_state(tmp_path):
     subprocess.run(phrase_scorer(*args, "-o", tmp_path / "whole"), check=True, capture_output=True)
     rng = random.Random(3)
     out = tmp_path / "cut"
-    kill_after = sorted(rng.sample(range(1, 15), 3))  # validations logged (16 in all)
-    kills = 0
-    while True:
-        resume = ["--resume"] if (out / "config.json").exists() else []
-        proc = subprocess.Popen(phrase_scorer(*args, "-o", out, *resume), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if not kill_after:
-            break
-        target = kill_after.pop(0)
-        wait_for(lambda: validations_logged(out) >= target or proc.poll() is not None, timeout=300)
-        time.sleep(rng.uniform(0.0, 0.5))
-        if proc.poll() is not None:
-            break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        kills += 1
-    proc.wait(timeout=600)
+    proc, kills = kill_and_resume(
+        lambda resume: phrase_scorer(*args, "-o", out, *(["--resume"] if resume else [])),
+        resumable=(out / "config.json").exists, progress=lambda: validations_logged(out),
+        kill_points=sorted(rng.sample(range(1, 15), 3)), rng=rng, jitter=0.5)  # of 16 validations
     assert proc.returncode == 0, proc.stderr.read()
     a, b = checkpoint(tmp_path / "whole"), checkpoint(out)
     assert a["state"]["step"] == b["state"]["step"] == 240

@@ -51,13 +51,14 @@ def main() -> None:
     beam_args = ["sample", "-m", model, *SOURCES[:3], "--beam", "5", "--no-allow-unk"]
     compare_args = ["compare", "-m", model, args.annotated, "--frequent", "4", "--rare", "4", "--top", "3"]
     scores_args = ["plot", "scores", args.annotated, "-o", "docs/images/scores.png"]
+    direct_args = ["plot", "scores", args.annotated, "--table-column", "2", "-o", "docs/images/scores-direct.png"]
     words_args = ["plot", "embeddings", "-m", model, "-o", "docs/images/words.png", "--html", "docs/images/words.html",
                   "--words", "1000"]
     phrases_args = ["plot", "embeddings", "-m", model, "--kind", "phrases", "--table", args.table, "--phrases", "2000",
                     "-o", "docs/images/phrases.png", "--html", "docs/images/phrases.html"]
     (DOCS / "images").mkdir(parents=True, exist_ok=True)
     outputs = {name: run(*a) for name, a in (("sample", sample_args), ("beam", beam_args), ("compare", compare_args),
-                                            ("scores", scores_args), ("words", words_args), ("phrases", phrases_args))}
+                                            ("scores", scores_args), ("direct", direct_args), ("words", words_args), ("phrases", phrases_args))}
     text = f"""# Examples: what the model proposes and prefers
 
 Real output of the commands below; regenerate with
@@ -93,6 +94,12 @@ targets by p(e|f), the model by log p(y|x) (read from the annotated column).
 `{shown(*scores_args).replace(args.annotated, 'phrase-table.rnn.gz')}`: {outputs['scores'].split(': ', 1)[1]}
 
 ![model log p(y|x) against table log p(f|e)](images/scores.png)
+
+The same against the direct translation probability p(e|f), the table's estimate of the
+model's own quantity: `{shown(*direct_args).replace(args.annotated, 'phrase-table.rnn.gz')}`:
+{outputs['direct'].split(': ', 1)[1]}
+
+![model log p(y|x) against table log p(e|f)](images/scores-direct.png)
 
 ## Word and phrase representations (paper, Figs. 4-5)
 
