@@ -188,8 +188,13 @@ def build_cache(
     *,
     valid_fraction: float,
     seed: int,
+    keep_existing: bool = False,
 ) -> CacheMeta:
-    """Write (or reuse) the pair cache of ``table`` in ``cache_dir``; returns its description."""
+    """Write (or reuse) the pair cache of ``table`` in ``cache_dir``; returns its description.
+
+    With ``keep_existing`` (a resumed run), a complete cache made from another table or with
+    other settings is an error rather than silently rebuilt: the run would go on with other data.
+    """
     cache_dir = Path(cache_dir)
     meta = expected_meta(table, source_vocab, target_vocab, valid_fraction, seed)
     existing = read_meta(cache_dir)
@@ -199,6 +204,12 @@ def build_cache(
         if existing == meta:
             existing.num_pairs = existing_num
             return existing
+        if keep_existing:
+            changed = [k for k, v in asdict(meta).items() if k != "num_pairs" and asdict(existing).get(k) != v]
+            raise PhraseScorerError(
+                f"the training data differ from the interrupted run's ({', '.join(changed)} changed)", path=table,
+                hint="resume with the same table, unchanged, or start a new run",
+            )
     tmp = cache_dir.with_name(cache_dir.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

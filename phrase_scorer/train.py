@@ -237,7 +237,8 @@ def _train(table, output: Path, config: TrainConfig, resume: bool, overwrite: bo
 
     num_pairs = table_info.get("unique_pairs") or 1
     valid_fraction = min(1.0, config.valid_pairs / num_pairs)
-    build_cache(table, directory.cache_dir, source_vocab, target_vocab, valid_fraction=valid_fraction, seed=config.seed)
+    build_cache(table, directory.cache_dir, source_vocab, target_vocab, valid_fraction=valid_fraction, seed=config.seed,
+                keep_existing=resuming)
     train_pairs = PairSet(directory.cache_dir, "train")
     valid_pairs = PairSet(directory.cache_dir, "valid")
     if len(train_pairs) == 0:
@@ -292,7 +293,6 @@ def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> Trai
 
 
 class TrainingLoop:
-    LOG_EVERY_SECONDS = 60.0
     ESTIMATE_AFTER_STEPS = 20
 
     def __init__(self, model, optimizer, scaler, directory: ModelDirectory, config: TrainConfig, state: TrainState,

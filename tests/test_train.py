@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import EXAMPLE_TABLE
+from conftest import A_MAN_TABLE, EXAMPLE_TABLE
 from phrase_scorer.config import TrainConfig
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.model_dir import ModelDirectory, load_model
@@ -131,6 +131,8 @@ def test_a_trained_model_is_not_overwritten(tmp_path):
     (other / "mine.txt").write_text("x")
     with pytest.raises(PhraseScorerError, match="not empty and holds no phrase-scorer model"):
         train(EXAMPLE_TABLE, other, TrainConfig(max_steps=5, **QUICK))
+    with pytest.raises(PhraseScorerError, match="training data differ from the interrupted run's \\(table, table_size"):
+        train(A_MAN_TABLE, out, TrainConfig(max_steps=10, **QUICK), resume=True, explicit={"max_steps"})
     with pytest.raises(PhraseScorerError, match="nothing to resume: no model here"):
         train(EXAMPLE_TABLE, tmp_path / "fresh", TrainConfig(max_steps=5, **QUICK), resume=True)
 
