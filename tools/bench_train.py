@@ -137,7 +137,8 @@ def learning(args, work: Path) -> str:
                                    "margin (nats)", "true wins"], rows)
         + f"\n\nBest: validation NLL {best['valid_nll_token']:.3f} per token (perplexity {best['valid_ppl']:.1f}), "
         f"true-vs-shuffled margin {best['valid_margin_pair']:.2f} nats per pair, at {pairs_per_second:,.0f} training pairs/s "
-        f"({seconds / 60:.0f} minutes in all, peak RSS {peak:,.0f} MB).\n"
+        f"({seconds / 60:.0f} minutes of wall time in all, counting words and writing the pair cache included; "
+        f"peak RSS {peak:,.0f} MB).\n"
     )
 
 
