@@ -144,3 +144,118 @@ def test_experiment_end_to_end_and_resume(moses, annotated_table, tmp_path):
                            annotated=annotated_table, **options)
     assert [r.test_bleu for r in again.runs] == [r.test_bleu for r in report.runs]
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes  # nothing was tuned again
+
+
+# --- binarised tables and Moses2 -------------------------------------------------------------------
+
+BINARY_SENTENCES = 15
+
+
+TABLE_LIMIT = 20  # Moses' default table-limit
+
+
+def table_for_sentences(table: Path, sentences: list, out: Path) -> Path:
+    """The lines of ``table`` whose source phrase occurs in ``sentences``, in table order (what
+    filter-model-given-input.pl keeps), so that binarising takes seconds.
+
+    At most TABLE_LIMIT targets are kept per source, so that no table type prunes any: a text
+    table keeps the best ``table-limit`` targets by their weighted score, an OnDisk table the
+    first ones in the order CreateOnDiskPt sorted them (by p(e|f)), and the two would otherwise
+    decode differently whatever the new columns hold.
+    """
+    phrases = {" ".join(words[i:j]) for words in (s.split() for s in sentences)
+               for i in range(len(words)) for j in range(i + 1, min(len(words), i + 7) + 1)}
+    kept, previous, targets = 0, None, 0
+    with gzip.open(table, "rb") as f, gzip.open(out, "wb") as o:
+        for line in f:
+            source = line.split(b" ||| ", 1)[0]
+            targets = targets + 1 if source == previous else 1
+            previous = source
+            if targets <= TABLE_LIMIT and source.decode("utf-8") in phrases:
+                o.write(line)
+                kept += 1
+    assert kept > 1000
+    return out
+
+
+@pytest.fixture(scope="module")
+def binary_case(moses, annotated_table, tmp_path_factory):
+    """A slice of the annotated table for the first test sentences, and the text table's n-best list."""
+    from phrase_scorer.io.moses_ini import patch_moses_ini
+    from phrase_scorer.moses.tune import with_absolute_paths
+
+    work = tmp_path_factory.mktemp("binary")
+    source = first_lines(TEST_EN, BINARY_SENTENCES, work / "test.en")
+    table = table_for_sentences(annotated_table, source.read_text().splitlines(), work / "pt.rnn.gz")
+    # the tuned system with absolute paths, its phrase table declared as each type in turn
+    with_absolute_paths(SHARED_SYSTEM / "moses.tuned.ini", work / "system.ini")
+    memory_ini = work / "memory.ini"
+    patch_moses_ini(work / "system.ini", memory_ini, phrase_table=table, add_features=2, initial_weight=0.1)
+    nbest = work / "memory.nbest"
+    decode(moses, memory_ini, source, "-n-best-list", str(nbest), "10")
+    return {"work": work, "source": source, "table": table, "system": work / "system.ini", "nbest": nbest}
+
+
+def nbest_by_sentence(path: Path) -> dict:
+    from phrase_scorer.io.nbest import dense_feature_vector, group_by_sentence, read_nbest
+
+    return {sid: [(e.text, dense_feature_vector(e)) for e in entries]
+            for sid, entries in group_by_sentence(read_nbest(path))}
+
+
+@pytest.mark.parametrize("table_type", ["PhraseDictionaryCompact", "ProbingPT", "PhraseDictionaryOnDisk"])
+def test_binarised_tables_decode_like_the_text_table(moses, binary_case, table_type):
+    """moses-ini --binarize-from builds each binary table with six scores, and Moses decoding with
+    it gives the text table's n-best lists: the same hypotheses with the same feature values."""
+    from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
+
+    work = binary_case["work"]
+    declared = work / f"{table_type}.ini"
+    declared.write_text(binary_case["system"].read_text().replace("PhraseDictionaryMemory ", f"{table_type} "))
+    patched = work / f"{table_type}.rnn.ini"
+    suffix = ".minphr" if table_type == "PhraseDictionaryCompact" else ""
+    result = patch_moses_ini(declared, patched, phrase_table=work / f"pt.{table_type}{suffix}", add_features=2,
+                             initial_weight=0.1, binarize_from=binary_case["table"], moses_home=moses.home)
+    assert result.binarize_command and result.new_num_features == 6
+    assert MosesIni.read(patched).find_phrase_table().type == table_type
+    nbest = work / f"{table_type}.nbest"
+    decode(moses, patched, binary_case["source"], "-n-best-list", str(nbest), "10")
+
+    expected, got = nbest_by_sentence(binary_case["nbest"]), nbest_by_sentence(nbest)
+    assert set(got) == set(range(BINARY_SENTENCES))
+    for sid, entries in expected.items():
+        # the best hypothesis and its features agree (scores stored as 32-bit floats)
+        (text, features), (got_text, got_features) = entries[0], got[sid][0]
+        assert got_text == text, sid
+        assert got_features == pytest.approx(features, rel=1e-4, abs=1e-4), sid
+
+
+def test_moses2_reads_the_annotated_table(moses, binary_case):
+    """Moses2 decodes with the patched config (text table and ProbingPT) and sees the six columns."""
+    from phrase_scorer.io.moses_ini import patch_moses_ini
+
+    moses2 = moses.home / "bin" / "moses2"
+    if not moses2.exists():
+        pytest.skip(f"this Moses build has no {moses2}")
+    work = binary_case["work"]
+    outputs = {}
+    for table_type in ("PhraseDictionaryMemory", "ProbingPT"):
+        declared = work / f"moses2-{table_type}.ini"
+        declared.write_text(binary_case["system"].read_text().replace("PhraseDictionaryMemory ", f"{table_type} "))
+        patched = work / f"moses2-{table_type}.rnn.ini"
+        if table_type == "ProbingPT":
+            patch_moses_ini(declared, patched, phrase_table=work / "pt.moses2.probing", add_features=2,
+                            initial_weight=0.1, binarize_from=binary_case["table"], moses_home=moses.home)
+        else:
+            patch_moses_ini(declared, patched, phrase_table=binary_case["table"], add_features=2, initial_weight=0.1)
+        nbest = work / f"moses2-{table_type}.nbest"
+        outputs[table_type] = decode(moses, patched, binary_case["source"], "-n-best-list", str(nbest), "5")
+        sentences = nbest_by_sentence(nbest)
+        assert set(sentences) == set(range(BINARY_SENTENCES))
+        from phrase_scorer.io.nbest import read_nbest
+
+        for entry in read_nbest(nbest):
+            tm = entry.feature("TranslationModel0")
+            assert len(tm) == 6 and tm[4] < 0 and tm[5] >= 0
+    assert outputs["ProbingPT"] == outputs["PhraseDictionaryMemory"]
+    assert len(outputs["ProbingPT"]) == BINARY_SENTENCES
