@@ -520,15 +520,18 @@ def tune_options(function):
                      help="More decoder options, e.g. '-v 0 -search-algorithm 1 -s 400'."),
         click.option("--nbest", type=click.IntRange(min=1), default=TuneOptions.nbest),
         click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin."),
+        click.option("--mertdir", type=click.Path(file_okay=False, exists=True), default=None,
+                     help="Folder of mert's programs (extractor, mert, kbmira, pro, evaluator) [default: MOSES_HOME/bin]."),
     ]
     for option in reversed(options):
         function = option(function)
     return function
 
 
-def make_tune_options(method, max_iterations, return_best_dev, threads, decoder_flags, nbest, decoder, seed=1):
+def make_tune_options(method, max_iterations, return_best_dev, threads, decoder_flags, nbest, decoder, mertdir,
+                      seed=1):
     return TuneOptions(method=method, max_iterations=max_iterations, return_best_dev=return_best_dev, seed=seed,
-                       threads=threads, decoder_flags=decoder_flags, nbest=nbest, decoder=decoder)
+                       threads=threads, decoder_flags=decoder_flags, nbest=nbest, decoder=decoder, mertdir=mertdir)
 
 
 @cli.command()

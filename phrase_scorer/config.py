@@ -146,6 +146,7 @@ class TuneOptions:
     decoder_flags: str = "-v 0"  # more decoder options, e.g. "-search-algorithm 1 -s 400"
     nbest: int = 100
     decoder: str = "moses"  # program in MOSES_HOME/bin
+    mertdir: Optional[str] = None  # folder of mert's programs (default: MOSES_HOME/bin)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ class ScoringStats:
     encoder_steps: int = 0  # what the scorer ran
     target_steps: int = 0  # words + </s> over all pairs
     decoder_steps: int = 0
+    exact_softmax_rows: int = 0  # decoder steps whose normaliser was recomputed exactly
 
     def add(self, other: "ScoringStats") -> None:
         for name in self.__dataclass_fields__:
@@ -266,6 +267,7 @@ class BatchScorer:
             local = self._tensor(sorted_nodes[lo:hi] - start)
             picked = self.softmax.log_probs(features[start : start + rows], local, classes[lo:hi])
             out[self._tensor(order[lo:hi])] = picked.double()
+        self.stats.exact_softmax_rows = self.softmax.exact_rows
         return out
 
     @property
@@ -278,22 +280,30 @@ class BatchScorer:
 class OutputSoftmax:
     """log softmax(G_l f + b) at a few labels per row, with two passes over the logits, not six.
 
-    Each row's logits are shifted by an upper bound of their maximum, U = ||(f, 1)|| * max_j
-    ||(g_j, b_j)|| (Cauchy-Schwarz), folded into the product itself: with f' = (f, 1, -U) and
-    g'_j = (g_j, b_j, 1), one matrix product gives logits - U <= 0, which are exponentiated in
-    place and summed. This saves the bias copy, the max pass and the subtraction of
-    ``torch.logsumexp``. A row whose bound is too loose for fp32 (the sum underflows) is
-    recomputed exactly. On GPU (half precision) the exact log-sum-exp is used throughout.
+    Each row's logits are shifted by a reference value U folded into the product itself: with
+    f' = (f, 1, -U) and g'_j = (g_j, b_j, 1), one matrix product gives logits - U, which are
+    exponentiated in place and summed. This saves the bias copy, the max pass and the
+    subtraction of ``torch.logsumexp``.
+
+    U is the row's largest logit among the first ``PROBE_COLUMNS`` outputs (``</s>``, ``<unk>``
+    and the most frequent words, which hold the largest logit of almost every row), from a
+    product about a hundredth the size of the full one. It is a lower bound of the row's
+    maximum, so the shifted sum is at least 1 and never underflows, and it stays close to the
+    maximum whatever the weights (a bound from the norms of the weights, tight for an untrained
+    network, is tens of nats too high for a trained one). A row whose largest logit exceeds U by
+    so much that exp overflows in fp32 (more than about 88 nats) is recomputed exactly. On GPU
+    (half precision) the exact log-sum-exp is used throughout.
     """
 
-    MIN_LOG_SUM = -60.0  # exp of shifted logits stays far above fp32's smallest normal number
+    PROBE_COLUMNS = 64
 
     def __init__(self, readout) -> None:
         self.readout = readout
+        self.exact_rows = 0  # rows recomputed exactly (for benchmarks)
         weight, bias = readout.output.weight, readout.output.bias  # (V', R), (V',)
         with torch.no_grad():
             rows = torch.cat([weight, bias.unsqueeze(1)], 1)  # (V', R+1)
-            self.max_norm = torch.linalg.vector_norm(rows, dim=1).max()
+            self.probe_t = rows[: self.PROBE_COLUMNS].t().contiguous()  # (R+1, K)
             self.weight_t = torch.cat([rows, torch.ones_like(bias).unsqueeze(1)], 1).t().contiguous()  # (R+2, V')
 
     def exact(self, features: Tensor) -> Tensor:
@@ -304,14 +314,15 @@ class OutputSoftmax:
         if features.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled():
             logits = at_least_fp32(self.readout.logits(features))  # (n, V')
             return logits[rows, classes] - torch.logsumexp(logits, -1)[rows]
-        ones = features.new_ones((features.size(0), 1))
-        bound = torch.sqrt((features * features).sum(1, keepdim=True) + 1) * self.max_norm  # (n, 1)
-        shifted = torch.cat([features, ones, -bound], 1) @ self.weight_t  # (n, V') = logits - U
+        with_bias = torch.cat([features, features.new_ones((features.size(0), 1))], 1)  # (n, R+1)
+        shift = (with_bias @ self.probe_t).amax(1, keepdim=True)  # (n, 1) = U
+        shifted = torch.cat([with_bias, -shift], 1) @ self.weight_t  # (n, V') = logits - U
         picked = shifted[rows, classes]  # (k,)
-        log_sum = shifted.exp_().sum(1).log_()  # (n,) = logsumexp - U
-        loose = ~(log_sum > self.MIN_LOG_SUM)
-        if loose.any():
-            log_sum[loose] = self.exact(features[loose]) - bound[loose, 0]
+        log_sum = shifted.exp_().sum(1).log_()  # (n,) = logsumexp - U, >= 0 unless it overflowed
+        overflowed = ~torch.isfinite(log_sum)
+        if overflowed.any():
+            self.exact_rows += int(overflowed.sum())
+            log_sum[overflowed] = self.exact(features[overflowed]) - shift[overflowed, 0]
         return picked - log_sum[rows]
 
 

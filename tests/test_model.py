@@ -163,6 +163,11 @@ def test_analytic_flops_match_counted_flops():
     counted = counter.get_total_flops()
     analytic = forward_flops(model.config, model.target_vocab_size, len(source), len(target))
     # The scorer embeds words by lookup (not counted) and runs the same products, except that its
-    # output product carries two extra columns (bias and shift) per row: 2 * 2 * V per step.
-    extra = (len(target) + 1) * 2 * 2 * (model.target_vocab_size - 1)
+    # output product carries two extra columns (bias and shift) per row, 2 * 2 * V per step, and
+    # the shift comes from a product with the first K output rows, 2 * (R + 1) * K per step.
+    from phrase_scorer.scoring import OutputSoftmax
+
+    outputs = model.target_vocab_size - 1
+    probe = min(OutputSoftmax.PROBE_COLUMNS, outputs) * 2 * (model.config.output_rank + 1)
+    extra = (len(target) + 1) * (2 * 2 * outputs + probe)
     assert counted == analytic["total"] + extra

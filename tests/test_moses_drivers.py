@@ -25,8 +25,18 @@ def test_finding_moses(tmp_path, monkeypatch):
         MosesInstallation.find()
     (tmp_path / "bin").mkdir()
     moses = MosesInstallation.find(tmp_path)
-    with pytest.raises(PhraseScorerError, match="Moses program extractor is missing"):
+    with pytest.raises(PhraseScorerError, match="mert program extractor is missing"):
         moses.check_mert()
+    mertdir = tmp_path / "mert"
+    mertdir.mkdir()
+    for name in ("extractor", "mert", "kbmira", "pro"):
+        (mertdir / name).write_text("#!/bin/sh\n")
+        (mertdir / name).chmod(0o755)
+    with pytest.raises(PhraseScorerError, match="mert program evaluator is missing.*--mertdir"):
+        moses.check_mert(mertdir)
+    (mertdir / "evaluator").write_text("#!/bin/sh\n")
+    (mertdir / "evaluator").chmod(0o755)
+    assert moses.check_mert(mertdir) == mertdir.resolve()
     with pytest.raises(PhraseScorerError, match="training/mert-moses.pl is missing"):
         moses.script("training/mert-moses.pl")
 

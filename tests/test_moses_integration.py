@@ -103,9 +103,14 @@ def test_patch_tune_and_evaluate(moses, annotated_table, tmp_path):
     dev_src = first_lines(VAL_EN, 25, tmp_path / "dev.en")
     dev_ref = first_lines(VAL_FR, 25, tmp_path / "dev.fr")
     tuned = tmp_path / "tuned.ini"
+    mertdir = tmp_path / "mert-programs"  # mert's programs in a folder of their own (--mertdir)
+    mertdir.mkdir()
+    for name in ("extractor", "mert", "kbmira", "pro", "evaluator"):
+        (mertdir / name).symlink_to(moses.bin / name)
     result = tune(ini, dev_src, dev_ref, tuned, moses=moses,
-                  options=TuneOptions(max_iterations=1, decoder_flags="-v 0 -s 100", nbest=20))
+                  options=TuneOptions(max_iterations=1, decoder_flags="-v 0 -s 100", nbest=20, mertdir=str(mertdir)))
     assert [it for it, _ in result.iterations] == [1]
+    assert f"--mertdir {mertdir}" in (Path(result.working_dir) / "tune.log").read_text()
     assert 10 < result.dev_bleu < 100
     weights = MosesIni.read(tuned).weight_line("TranslationModel0").weights
     assert len(weights) == 6

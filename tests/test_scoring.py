@@ -103,20 +103,34 @@ def test_empty_input():
     assert BatchScorer(model).score([], []).shape == (0,)
 
 
-def test_loose_softmax_bound_falls_back_to_the_exact_sum(real_pairs):
-    """One huge output row makes the Cauchy-Schwarz shift far too large for fp32; the rows it
-    affects are recomputed exactly, so scores still equal teacher forcing."""
+def test_softmax_shift_needs_no_exact_pass_with_large_weights(real_pairs):
+    """With weights far from their small initial values (as after training), the shift from the
+    frequent outputs keeps every row in fp32's range: no row is recomputed."""
+    sources, targets = real_pairs[0], real_pairs[1]
+    model = make_model(real_pairs, torch.float32)
+    with torch.no_grad():
+        model.readout.output.weight.mul_(5.0)
+    scorer = BatchScorer(model)
+    got = scorer.score(sources, targets)
+    assert scorer.stats.exact_softmax_rows == 0
+    want = log_probs_by_forward(model, sources, targets)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+def test_softmax_overflow_falls_back_to_the_exact_sum(real_pairs):
+    """A rare output whose logit dwarfs every frequent one (by more than fp32's exp can hold)
+    overflows the shifted sum; those rows are recomputed exactly, so scores still equal
+    teacher forcing."""
     from phrase_scorer.scoring import OutputSoftmax
 
     sources, targets = real_pairs[0][:300], real_pairs[1][:300]
     model = make_model(real_pairs, torch.float64)
+    rare = OutputSoftmax.PROBE_COLUMNS + 20  # an output column outside the probe
     with torch.no_grad():
-        model.readout.output.weight[5] *= 400.0
-    model = model.float()
-    softmax = OutputSoftmax(model.readout)
-    features = torch.randn(4, model.config.output_rank)
-    shifted_log_sum = softmax.log_probs(features, torch.arange(4), torch.zeros(4, dtype=torch.long))
-    assert torch.isfinite(shifted_log_sum).all()
+        model.readout.output.bias[rare] += 150.0
     want = log_probs_by_forward(model, sources, targets)
-    got = BatchScorer(model).score(sources, targets)
+    scorer = BatchScorer(model.float())
+    got = scorer.score(sources, targets)
+    assert scorer.stats.exact_softmax_rows > 0
+    assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=1e-5)

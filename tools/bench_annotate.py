@@ -18,8 +18,10 @@ Memory (--memory): peak RSS of `phrase-scorer annotate` on the table and on the 
 ten times.
 
 Models are untrained (the paper's initialisation) with shortlists counted on the whole table, so
-every network has the size it would have after training on that table; speed does not depend
-on the weights. Results go to docs/benchmarks.md (--write) and stdout.
+every network has the size it would have after training on that table, unless `--trained
+PRESET=DIR` names a trained model for a preset. Weights can matter to speed: the scorer's
+softmax recomputes a row exactly when its shifted sum overflows, and the *exact* column counts
+those rows. Results go to docs/benchmarks.md (--write) and stdout.
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ def worker(args) -> None:
             "distinct_sources": stats.distinct_sources,
             "encoder_steps_saved": 1 - stats.encoder_steps / stats.source_words,
             "decoder_steps_saved": 1 - stats.decoder_steps / stats.target_steps,
+            "exact_softmax_share": stats.exact_softmax_rows / max(stats.decoder_steps, 1),
         })
     print(json.dumps(result))
 
@@ -170,8 +173,16 @@ def speed(args, work: Path) -> str:
     write_slice(table, args.lines, pairs)
     rows = []
     results = {}
+    trained = dict(item.split("=", 1) for item in args.trained)
     for preset in args.presets.split(","):
-        model_dir = make_model_dir(work / preset, preset, table, work / "counts.json")
+        if preset in trained:
+            model_dir = Path(trained[preset])
+            config = json.loads((model_dir / "config.json").read_text())
+            if config["preset"] != preset:
+                raise SystemExit(f"--trained {preset}={model_dir}: that model is a {config['preset']} model")
+        else:
+            model_dir = make_model_dir(work / preset, preset, table, work / "counts.json")
+        weights = "trained" if preset in trained else "initial"
         strategies = ["scorer", "no-sharing", "naive", "annotate"]
         if preset == "paper":
             strategies.insert(2, "sorted-512")
@@ -180,15 +191,17 @@ def speed(args, work: Path) -> str:
                 HERE, "worker", "--model-dir", model_dir, "--pairs", pairs, "--strategy", strategy,
                 *(["--threads", args.threads] if args.threads else [])))
             r = json.loads(out.strip().splitlines()[-1])
+            r["weights"] = weights
             results[(preset, strategy)] = r
             print(f"{preset:6s} {strategy:11s} {r['pairs_per_second']:9.0f} pairs/s  share {r['share_of_matmul']:.2f}"
                   f"  matmul {r['matmul_gflops']:.0f} GFLOP/s  peak {r['peak_rss_mb']:.0f} MB", flush=True)
     for (preset, strategy), r in results.items():
         naive = results[(preset, "naive")]["pairs_per_second"]
         rows.append([
-            preset, strategy, f"{r['pairs_per_second']:,.0f}", f"{r['pairs_per_second'] / naive:.2f}x",
+            preset, r["weights"], strategy, f"{r['pairs_per_second']:,.0f}", f"{r['pairs_per_second'] / naive:.2f}x",
             f"{r['naive_mflops_per_pair']:.1f}", f"{r['matmul_gflops']:.0f}", f"**{r['share_of_matmul']:.2f}**",
             f"{r['work_done_share']:.2f}" if "work_done_share" in r else ("1.00" if strategy in ("naive", "sorted-512") else "as scorer"),
+            f"{100 * r['exact_softmax_share']:.1f}%" if "exact_softmax_share" in r else "",
             f"{r['peak_rss_mb']:,.0f}",
         ])
     info = benchlib.machine()
@@ -203,15 +216,19 @@ def speed(args, work: Path) -> str:
         )
     return (
         f"## Annotate: scoring speed (`tools/bench_annotate.py`)\n\n"
-        f"Command: `python tools/bench_annotate.py --lines {args.lines} --write` "
+        f"Command: `python tools/bench_annotate.py --lines {args.lines}"
+        + "".join(f" --trained {t.split('=', 1)[0]}=MODEL" for t in args.trained) + " --write` "
         f"on the first {args.lines:,} lines of `{table.name}` ({info['cpu']}, {info['cores']} cores, "
         f"torch {info['torch']}, fp32, {args.threads or info['cores']} threads).\n\n"
+        "*weights*: `trained` (a model trained on the table) or `initial` (the paper's initialisation); "
         "*share* = naive FLOPs per pair x pairs/s / fp32 matmul rate measured in the same process just before; "
         "*work* = FLOPs the strategy actually runs / naive FLOPs; *vs naive* = speed-up over the naive scorer "
-        "(pairs in file order, chunks of 64, every pair encoded on its own). `annotate` is the whole command "
+        "(pairs in file order, chunks of 64, every pair encoded on its own); *exact* = share of decoder steps whose "
+        "softmax normaliser had to be recomputed exactly. `annotate` is the whole command "
         "(read, score, gzip, write).\n\n"
         + benchlib.markdown_table(
-            ["preset", "strategy", "pairs/s", "vs naive", "naive MFLOP/pair", "matmul GFLOP/s", "share", "work", "peak RSS MB"],
+            ["preset", "weights", "strategy", "pairs/s", "vs naive", "naive MFLOP/pair", "matmul GFLOP/s", "share", "work",
+             "exact", "peak RSS MB"],
             rows)
         + "\n" + sharing
     )
@@ -253,6 +270,8 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=8000)
     parser.add_argument("--presets", default="tiny,small,paper")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--trained", action="append", default=[], metavar="PRESET=DIR",
+                        help="use this trained model for PRESET instead of an untrained one (repeatable)")
     parser.add_argument("--memory", action="store_true", help="measure peak memory on the table and on 10 copies")
     parser.add_argument("--work-dir", default=None, help="keep models and generated tables here")
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")

@@ -64,10 +64,16 @@ class MosesInstallation:
                                     hint="MOSES_HOME/scripts must be Moses' scripts/ folder")
         return path
 
-    def check_mert(self) -> None:
-        """mert-moses.pl dies unless all of mert's programs are there; say so first."""
+    def check_mert(self, mertdir: Optional[PathLike] = None) -> Path:
+        """mert-moses.pl dies unless all of mert's programs are in its ``--mertdir`` (by default
+        ``bin/``); say so first. Returns that folder."""
+        folder = Path(mertdir).resolve() if mertdir else self.bin
         for name in MERT_PROGRAMS:
-            self.program(name)
+            path = folder / name
+            if not (path.is_file() and os.access(path, os.X_OK)):
+                raise PhraseScorerError(f"mert program {name} is missing", path=path,
+                                        hint="build Moses' mert programs, or point --mertdir or --moses-home elsewhere")
+        return folder
 
 
 def tail(path: PathLike, lines: int = 20) -> str:

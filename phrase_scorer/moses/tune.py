@@ -72,7 +72,7 @@ def tune(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, output_in
     """Tune ``ini``'s weights on the dev set; the tuned config is written to ``output_ini``."""
     if options.method not in ("mert", "mira"):
         raise PhraseScorerError("--method takes mert or mira (PRO downloads its optimiser at run time)")
-    moses.check_mert()
+    mertdir = moses.check_mert(options.mertdir)
     decoder = moses.decoder(options.decoder)
     script = moses.script("training/mert-moses.pl")
     work = fresh_directory(Path(working_dir) if working_dir else Path(str(output_ini) + ".work"))
@@ -93,7 +93,7 @@ def tune(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, output_in
         raise PhraseScorerError("--decoder-flags may not set -config/-f, nor -t/-tt/-report-segmentation "
                                 "(their markers would enter BLEU)")
     args = ["perl", script, work / "dev.src", work / "dev.ref", decoder, work / "start.ini",
-            "--working-dir", work / "mert", "--mertdir", moses.bin, "--decoder-flags", flags,
+            "--working-dir", work / "mert", "--mertdir", mertdir, "--decoder-flags", flags,
             "--maximum-iterations", str(options.max_iterations), "--nbest", str(options.nbest)]
     if options.return_best_dev:
         args.append("--return-best-dev")
