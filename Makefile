@@ -39,6 +39,7 @@ test-fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_annotate.py --write
+	$(BIN)/python tools/bench_annotate.py --memory --write
 	$(BIN)/python tools/bench_train.py --write
 
 clean:

@@ -17,6 +17,9 @@ by doing less work than the naive scorer, which the "work done" column measures.
 Memory (--memory): peak RSS of `phrase-scorer annotate` on the table and on the table repeated
 ten times.
 
+Whole table (--whole-table): the time and peak RSS of `phrase-scorer annotate` on the whole table
+with each model given by --trained.
+
 Models are untrained (the paper's initialisation) with shortlists counted on the whole table, so
 every network has the size it would have after training on that table, unless `--trained
 PRESET=DIR` names a trained model for a preset. Weights can matter to speed: the scorer's
@@ -258,6 +261,29 @@ def memory(args, work: Path) -> str:
     )
 
 
+def whole_table(args, work: Path) -> str:
+    table = Path(args.table)
+    if not args.trained:
+        raise SystemExit("--whole-table needs at least one --trained PRESET=DIR")
+    rows = []
+    for item in args.trained:
+        preset, model_dir = item.split("=", 1)
+        out = work / "annotated.gz"
+        _, _, seconds, peak = benchlib.run_measured(
+            [sys.executable, "-m", "phrase_scorer", "-q", "annotate", str(table), "-m", model_dir, "-o", str(out)])
+        lines = json.loads(Path(str(out) + ".json").read_text())["lines"]
+        rows.append([preset, f"{lines:,}", f"{seconds:,.0f}", f"{lines / seconds:,.0f}", f"{peak:,.0f}"])
+        print(rows[-1], flush=True)
+        out.unlink()
+    info = benchlib.machine()
+    return (
+        "## Annotate: a whole table with a trained model (`tools/bench_annotate.py --whole-table`)\n\n"
+        f"`phrase-scorer annotate {table.name} -m MODEL -o OUT.gz`, read, scored, gzipped and written, on this machine "
+        f"({info['cpu']}, {info['cores']} cores, torch {info['torch']}, fp32); MODEL trained on that table.\n\n"
+        + benchlib.markdown_table(["preset", "lines", "seconds", "lines/s", "peak RSS MB"], rows) + "\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command")
@@ -273,6 +299,7 @@ def main() -> None:
     parser.add_argument("--trained", action="append", default=[], metavar="PRESET=DIR",
                         help="use this trained model for PRESET instead of an untrained one (repeatable)")
     parser.add_argument("--memory", action="store_true", help="measure peak memory on the table and on 10 copies")
+    parser.add_argument("--whole-table", action="store_true", help="annotate the whole table with each --trained model")
     parser.add_argument("--work-dir", default=None, help="keep models and generated tables here")
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args()
@@ -281,7 +308,12 @@ def main() -> None:
         return
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="bench-annotate-"))
     work.mkdir(parents=True, exist_ok=True)
-    section, text = ("bench_annotate_memory", memory(args, work)) if args.memory else ("bench_annotate", speed(args, work))
+    if args.memory:
+        section, text = "bench_annotate_memory", memory(args, work)
+    elif args.whole_table:
+        section, text = "bench_annotate_whole", whole_table(args, work)
+    else:
+        section, text = "bench_annotate", speed(args, work)
     print(text)
     if args.write:
         benchlib.update_section(section, text)
