@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import sys
+import time
 from dataclasses import fields
 from typing import Optional
 
@@ -84,17 +85,39 @@ def setup_logging(verbosity: int) -> None:
     root.propagate = False
 
 
+def other_running_tasks(samples: int = 5, interval: float = 0.01) -> Optional[float]:
+    """How many threads of other programs are running or waiting for a core right now.
+
+    Read from the kernel's count of runnable tasks (``/proc/loadavg``, this process excluded),
+    the least of a few samples; ``None`` where the kernel does not say. Unlike the one-minute
+    load average, it does not count a command that has just finished.
+    """
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg", encoding="ascii") as f:
+                running = int(f.read().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        counts.append(running - 1)
+        if counts[-1] <= 0:
+            break
+        if i + 1 < samples:
+            time.sleep(interval)
+    return float(min(counts))
+
+
 def set_threads(threads: Optional[int]) -> None:
     """All cores by default (the same count every run, so results repeat exactly). On a busy
     machine PyTorch's threads wait on each other and run far slower: say so."""
     import torch
 
     cores = os.cpu_count() or 1
-    if threads is None and hasattr(os, "getloadavg"):
-        load = os.getloadavg()[0]
-        if load > 0.75 * cores:
-            log.warning("this machine is busy (load %.1f on %d cores); if this runs slowly, give it fewer threads "
-                        "with --threads %d", load, cores, max(1, round(cores - load)) if load < cores else 1)
+    if threads is None:
+        busy = other_running_tasks()
+        if busy is not None and busy > 0.75 * cores:
+            log.warning("this machine is busy (%d other tasks running on %d cores); if this runs slowly, give it fewer "
+                        "threads with --threads %d", busy, cores, max(1, round(cores - busy)) if busy < cores else 1)
     torch.set_num_threads(threads or cores)
 
 

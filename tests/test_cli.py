@@ -89,3 +89,25 @@ def test_help_and_version_start_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
     assert run("--version").output.startswith("phrase-scorer, version ")
+
+
+def test_other_running_tasks_sees_busy_cores():
+    """The busy-machine warning counts programs running now, not the one-minute load average."""
+    import os
+    import subprocess
+    import sys
+
+    from phrase_scorer.cli import other_running_tasks
+
+    if not os.path.exists("/proc/loadavg"):
+        pytest.skip("needs Linux's /proc/loadavg")
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        import time
+
+        time.sleep(0.3)
+        assert other_running_tasks() >= 2
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
