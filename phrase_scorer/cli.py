@@ -85,7 +85,7 @@ def setup_logging(verbosity: int) -> None:
     root.propagate = False
 
 
-def other_running_tasks(samples: int = 5, interval: float = 0.01) -> Optional[float]:
+def other_running_tasks(samples: int = 5, interval: float = 0.01) -> Optional[int]:
     """How many threads of other programs are running or waiting for a core right now.
 
     Read from the kernel's count of runnable tasks (``/proc/loadavg``, this process excluded),
@@ -104,7 +104,7 @@ def other_running_tasks(samples: int = 5, interval: float = 0.01) -> Optional[fl
             break
         if i + 1 < samples:
             time.sleep(interval)
-    return float(min(counts))
+    return min(counts)
 
 
 def set_threads(threads: Optional[int]) -> None:

@@ -265,9 +265,9 @@ class BatchScorer:
             if lo == hi:
                 continue
             local = self._tensor(sorted_nodes[lo:hi] - start)
-            picked = self.softmax.log_probs(features[start : start + rows], local, classes[lo:hi])
+            picked, exact_rows = self.softmax.log_probs(features[start : start + rows], local, classes[lo:hi])
             out[self._tensor(order[lo:hi])] = picked.double()
-        self.stats.exact_softmax_rows = self.softmax.exact_rows
+            self.stats.exact_softmax_rows += exact_rows
         return out
 
     @property
@@ -299,7 +299,6 @@ class OutputSoftmax:
 
     def __init__(self, readout) -> None:
         self.readout = readout
-        self.exact_rows = 0  # rows recomputed exactly (for benchmarks)
         weight, bias = readout.output.weight, readout.output.bias  # (V', R), (V',)
         with torch.no_grad():
             rows = torch.cat([weight, bias.unsqueeze(1)], 1)  # (V', R+1)
@@ -309,21 +308,22 @@ class OutputSoftmax:
     def exact(self, features: Tensor) -> Tensor:
         return torch.logsumexp(at_least_fp32(self.readout.logits(features)), -1)
 
-    def log_probs(self, features: Tensor, rows: Tensor, classes: Tensor) -> Tensor:
-        """log p(classes[i] | features[rows[i]]): features (n, R); rows, classes (k,) -> (k,)."""
+    def log_probs(self, features: Tensor, rows: Tensor, classes: Tensor) -> Tuple[Tensor, int]:
+        """log p(classes[i] | features[rows[i]]): features (n, R); rows, classes (k,) -> (k,);
+        and the number of rows whose normaliser was recomputed exactly."""
         if features.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled():
             logits = at_least_fp32(self.readout.logits(features))  # (n, V')
-            return logits[rows, classes] - torch.logsumexp(logits, -1)[rows]
+            return logits[rows, classes] - torch.logsumexp(logits, -1)[rows], 0
         with_bias = torch.cat([features, features.new_ones((features.size(0), 1))], 1)  # (n, R+1)
         shift = (with_bias @ self.probe_t).amax(1, keepdim=True)  # (n, 1) = U
         shifted = torch.cat([with_bias, -shift], 1) @ self.weight_t  # (n, V') = logits - U
         picked = shifted[rows, classes]  # (k,)
         log_sum = shifted.exp_().sum(1).log_()  # (n,) = logsumexp - U, >= 0 unless it overflowed
         overflowed = ~torch.isfinite(log_sum)
-        if overflowed.any():
-            self.exact_rows += int(overflowed.sum())
+        exact_rows = int(overflowed.sum())
+        if exact_rows:
             log_sum[overflowed] = self.exact(features[overflowed]) - shift[overflowed, 0]
-        return picked - log_sum[rows]
+        return picked - log_sum[rows], exact_rows
 
 
 def log_probs_by_forward(model: RNNEncoderDecoder, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], batch_size: int = 64) -> np.ndarray:

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -170,13 +171,24 @@ def worker(args) -> None:
 # --- the report ----------------------------------------------------------------------------------------
 
 
+def trained_models(args) -> Dict[str, str]:
+    """--trained PRESET=DIR options as {preset: model directory}."""
+    models = {}
+    for item in args.trained:
+        preset, _, directory = item.partition("=")
+        if not directory:
+            raise SystemExit(f"--trained takes PRESET=DIR, got {item!r}")
+        models[preset] = directory
+    return models
+
+
 def speed(args, work: Path) -> str:
     table = Path(args.table)
     pairs = work / "slice.gz"
     write_slice(table, args.lines, pairs)
     rows = []
     results = {}
-    trained = dict(item.split("=", 1) for item in args.trained)
+    trained = trained_models(args)
     for preset in args.presets.split(","):
         if preset in trained:
             model_dir = Path(trained[preset])
@@ -220,7 +232,7 @@ def speed(args, work: Path) -> str:
     return (
         f"## Annotate: scoring speed (`tools/bench_annotate.py`)\n\n"
         f"Command: `python tools/bench_annotate.py --lines {args.lines}"
-        + "".join(f" --trained {t.split('=', 1)[0]}=MODEL" for t in args.trained) + " --write` "
+        + "".join(f" --trained {preset}=MODEL" for preset in trained) + " --write` "
         f"on the first {args.lines:,} lines of `{table.name}` ({info['cpu']}, {info['cores']} cores, "
         f"torch {info['torch']}, fp32, {args.threads or info['cores']} threads).\n\n"
         "*weights*: `trained` (a model trained on the table) or `initial` (the paper's initialisation); "
@@ -263,11 +275,11 @@ def memory(args, work: Path) -> str:
 
 def whole_table(args, work: Path) -> str:
     table = Path(args.table)
-    if not args.trained:
+    trained = trained_models(args)
+    if not trained:
         raise SystemExit("--whole-table needs at least one --trained PRESET=DIR")
     rows = []
-    for item in args.trained:
-        preset, model_dir = item.split("=", 1)
+    for preset, model_dir in trained.items():
         out = work / "annotated.gz"
         _, _, seconds, peak = benchlib.run_measured(
             [sys.executable, "-m", "phrase_scorer", "-q", "annotate", str(table), "-m", model_dir, "-o", str(out)])
