@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -81,9 +85,6 @@ def test_score_input_errors_name_the_line(tmp_path, tiny_model):
 
 
 def test_help_and_version_start_without_torch():
-    import subprocess
-    import sys
-
     code = "import sys; from phrase_scorer.cli import main; sys.argv=['phrase-scorer','--help']; \n" \
            "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -93,18 +94,12 @@ def test_help_and_version_start_without_torch():
 
 def test_other_running_tasks_sees_busy_cores():
     """The busy-machine warning counts programs running now, not the one-minute load average."""
-    import os
-    import subprocess
-    import sys
-
     from phrase_scorer.cli import other_running_tasks
 
     if not os.path.exists("/proc/loadavg"):
         pytest.skip("needs Linux's /proc/loadavg")
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
     try:
-        import time
-
         time.sleep(0.3)
         assert other_running_tasks() >= 2
     finally:

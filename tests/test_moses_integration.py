@@ -154,8 +154,6 @@ def test_experiment_end_to_end_and_resume(moses, annotated_table, tmp_path):
 # --- binarised tables and Moses2 -------------------------------------------------------------------
 
 BINARY_SENTENCES = 15
-
-
 TABLE_LIMIT = 20  # Moses' default table-limit
 
 
@@ -186,7 +184,6 @@ def table_for_sentences(table: Path, sentences: list, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def binary_case(moses, annotated_table, tmp_path_factory):
     """A slice of the annotated table for the first test sentences, and the text table's n-best list."""
-    from phrase_scorer.io.moses_ini import patch_moses_ini
     from phrase_scorer.moses.tune import with_absolute_paths
 
     work = tmp_path_factory.mktemp("binary")
@@ -194,11 +191,32 @@ def binary_case(moses, annotated_table, tmp_path_factory):
     table = table_for_sentences(annotated_table, source.read_text().splitlines(), work / "pt.rnn.gz")
     # the tuned system with absolute paths, its phrase table declared as each type in turn
     with_absolute_paths(SHARED_SYSTEM / "moses.tuned.ini", work / "system.ini")
-    memory_ini = work / "memory.ini"
-    patch_moses_ini(work / "system.ini", memory_ini, phrase_table=table, add_features=2, initial_weight=0.1)
-    nbest = work / "memory.nbest"
-    decode(moses, memory_ini, source, "-n-best-list", str(nbest), "10")
-    return {"work": work, "source": source, "table": table, "system": work / "system.ini", "nbest": nbest}
+    case = {"work": work, "source": source, "table": table, "system": work / "system.ini"}
+    case["nbest"] = work / "memory.nbest"
+    decode(moses, patched_system(moses, case, "PhraseDictionaryMemory", "memory"), source,
+           "-n-best-list", str(case["nbest"]), "10")
+    return case
+
+
+def patched_system(moses, case: dict, table_type: str, name: str) -> Path:
+    """The system with its phrase table declared as ``table_type`` and patched by
+    ``patch_moses_ini`` for the slice's six scores (binarised into ``pt.NAME`` for binary types)."""
+    from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
+
+    work = case["work"]
+    declared = work / f"{name}.ini"
+    declared.write_text(case["system"].read_text().replace("PhraseDictionaryMemory ", f"{table_type} "))
+    patched = work / f"{name}.rnn.ini"
+    if table_type == "PhraseDictionaryMemory":
+        result = patch_moses_ini(declared, patched, phrase_table=case["table"], add_features=2, initial_weight=0.1)
+    else:
+        suffix = ".minphr" if table_type == "PhraseDictionaryCompact" else ""
+        result = patch_moses_ini(declared, patched, phrase_table=work / f"pt.{name}{suffix}", add_features=2,
+                                 initial_weight=0.1, binarize_from=case["table"], moses_home=moses.home)
+        assert result.binarize_command
+    assert result.new_num_features == 6
+    assert MosesIni.read(patched).find_phrase_table().type == table_type
+    return patched
 
 
 def nbest_by_sentence(path: Path) -> dict:
@@ -212,18 +230,8 @@ def nbest_by_sentence(path: Path) -> dict:
 def test_binarised_tables_decode_like_the_text_table(moses, binary_case, table_type):
     """moses-ini --binarize-from builds each binary table with six scores, and Moses decoding with
     it gives the text table's n-best lists: the same hypotheses with the same feature values."""
-    from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
-
-    work = binary_case["work"]
-    declared = work / f"{table_type}.ini"
-    declared.write_text(binary_case["system"].read_text().replace("PhraseDictionaryMemory ", f"{table_type} "))
-    patched = work / f"{table_type}.rnn.ini"
-    suffix = ".minphr" if table_type == "PhraseDictionaryCompact" else ""
-    result = patch_moses_ini(declared, patched, phrase_table=work / f"pt.{table_type}{suffix}", add_features=2,
-                             initial_weight=0.1, binarize_from=binary_case["table"], moses_home=moses.home)
-    assert result.binarize_command and result.new_num_features == 6
-    assert MosesIni.read(patched).find_phrase_table().type == table_type
-    nbest = work / f"{table_type}.nbest"
+    patched = patched_system(moses, binary_case, table_type, table_type)
+    nbest = binary_case["work"] / f"{table_type}.nbest"
     decode(moses, patched, binary_case["source"], "-n-best-list", str(nbest), "10")
 
     expected, got = nbest_by_sentence(binary_case["nbest"]), nbest_by_sentence(nbest)
@@ -237,28 +245,17 @@ def test_binarised_tables_decode_like_the_text_table(moses, binary_case, table_t
 
 def test_moses2_reads_the_annotated_table(moses, binary_case):
     """Moses2 decodes with the patched config (text table and ProbingPT) and sees the six columns."""
-    from phrase_scorer.io.moses_ini import patch_moses_ini
+    from phrase_scorer.io.nbest import read_nbest
 
     moses2 = moses.home / "bin" / "moses2"
     if not moses2.exists():
         pytest.skip(f"this Moses build has no {moses2}")
-    work = binary_case["work"]
     outputs = {}
     for table_type in ("PhraseDictionaryMemory", "ProbingPT"):
-        declared = work / f"moses2-{table_type}.ini"
-        declared.write_text(binary_case["system"].read_text().replace("PhraseDictionaryMemory ", f"{table_type} "))
-        patched = work / f"moses2-{table_type}.rnn.ini"
-        if table_type == "ProbingPT":
-            patch_moses_ini(declared, patched, phrase_table=work / "pt.moses2.probing", add_features=2,
-                            initial_weight=0.1, binarize_from=binary_case["table"], moses_home=moses.home)
-        else:
-            patch_moses_ini(declared, patched, phrase_table=binary_case["table"], add_features=2, initial_weight=0.1)
-        nbest = work / f"moses2-{table_type}.nbest"
+        patched = patched_system(moses, binary_case, table_type, f"moses2-{table_type}")
+        nbest = binary_case["work"] / f"moses2-{table_type}.nbest"
         outputs[table_type] = decode(moses, patched, binary_case["source"], "-n-best-list", str(nbest), "5")
-        sentences = nbest_by_sentence(nbest)
-        assert set(sentences) == set(range(BINARY_SENTENCES))
-        from phrase_scorer.io.nbest import read_nbest
-
+        assert set(nbest_by_sentence(nbest)) == set(range(BINARY_SENTENCES))
         for entry in read_nbest(nbest):
             tm = entry.feature("TranslationModel0")
             assert len(tm) == 6 and tm[4] < 0 and tm[5] >= 0

@@ -48,11 +48,8 @@ class MosesInstallation:
         return self.home / "bin"
 
     def program(self, name: str) -> Path:
-        path = self.bin / name
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise PhraseScorerError(f"Moses program {name} is missing", path=path,
-                                    hint="build Moses with its bjam, or point --moses-home elsewhere")
-        return path
+        return require_program(self.bin / name, f"Moses program {name}",
+                               "build Moses with its bjam, or point --moses-home elsewhere")
 
     def decoder(self, name: str = "moses") -> Path:
         return self.program(name)
@@ -69,11 +66,16 @@ class MosesInstallation:
         ``bin/``); say so first. Returns that folder."""
         folder = Path(mertdir).resolve() if mertdir else self.bin
         for name in MERT_PROGRAMS:
-            path = folder / name
-            if not (path.is_file() and os.access(path, os.X_OK)):
-                raise PhraseScorerError(f"mert program {name} is missing", path=path,
-                                        hint="build Moses' mert programs, or point --mertdir or --moses-home elsewhere")
+            require_program(folder / name, f"mert program {name}",
+                            "build Moses' mert programs, or point --mertdir or --moses-home elsewhere")
         return folder
+
+
+def require_program(path: Path, what: str, hint: str) -> Path:
+    """``path`` if it is an executable file, else an error saying ``what`` is missing."""
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise PhraseScorerError(f"{what} is missing", path=path, hint=hint)
+    return path
 
 
 def tail(path: PathLike, lines: int = 20) -> str:
