@@ -254,6 +254,17 @@ def parse_columns(ctx, param, value: str):
     return tuple(c.strip() for c in value.split(",") if c.strip())
 
 
+def parse_weights(ctx, param, value):
+    """``0.2,-0.2`` -> (0.2, -0.2); one number -> that number (for every new column)."""
+    if value is None:
+        return None
+    try:
+        weights = tuple(float(w) for w in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers") from None
+    return weights[0] if len(weights) == 1 else weights
+
+
 @cli.command()
 @click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
 @model_option
@@ -304,24 +315,33 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
 
 
 def report_moses_change(result, output, moses_ini, ini_output) -> None:
+    from phrase_scorer.config import COLUMNS, start_weights
+    from phrase_scorer.io.moses_ini import format_weight
+
     before, after = result.num_scores_before, result.num_scores_after
     added = after - before
+    columns = tuple(result.signature["columns"])
+    weights = [format_weight(w) for w in start_weights(columns)]
+    described = ", ".join(f"{c} {w}" for c, w in zip(columns, weights))
     if moses_ini:
         from phrase_scorer.io.moses_ini import patch_moses_ini
 
         target = ini_output or f"{output}.moses.ini"
         result = patch_moses_ini(moses_ini, target, phrase_table=os.path.abspath(output), add_features=added,
-                                 absolute_paths=True)
+                                 initial_weights=start_weights(columns), absolute_paths=True)
         click.echo(f"patched moses.ini written to {target}: {result.feature_name} num-features="
-                   f"{result.new_num_features}, {added} more weights of 0.2; re-tune before use", err=True)
+                   f"{result.new_num_features}, start weights of the new columns: {described}; re-tune before use",
+                   err=True)
         return
+    options = "" if columns == COLUMNS else f" --add-features {added} --initial-weights {','.join(weights)}"
     click.echo(
         "\nFor Moses, the phrase table now has {after} scores per line (was {before}). In moses.ini:\n"
         "  [feature]  PhraseDictionaryMemory ... num-features={after} path={path}\n"
-        "  [weight]   TranslationModel0= <the {before} current weights>{extra}\n"
-        "then re-tune. 'phrase-scorer moses-ini MOSES_INI --phrase-table {path} -o NEW_INI' makes this change.".format(
+        "  [weight]   TranslationModel0= <the {before} current weights> {extra}\n"
+        "({described}: the unknown-word feature starts as a penalty), then re-tune.\n"
+        "'phrase-scorer moses-ini MOSES_INI --phrase-table {path}{options} -o NEW_INI' makes this change.".format(
             after=after, before=before, path=os.path.abspath(output) if output != "-" else "TABLE",
-            extra=" 0.2" * added,
+            extra=" ".join(weights), described=described, options=options,
         ),
         err=True,
     )
@@ -337,7 +357,9 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
               help="The patched moses.ini to write ('-' for stdout).")
 @click.option("--add-features", type=click.IntRange(min=0), default=2, help="Score columns added to the table.")
-@click.option("--initial-weight", type=float, default=0.2, help="Weight of each new column until tuning.")
+@click.option("--initial-weights", "--initial-weight", "initial_weights", callback=parse_weights, default=None,
+              help="Start weights of the new columns until tuning, comma-separated, or one for all "
+                   "[default: annotate's columns in order, prob 0.2, unk -0.2: the unknown-word count is a penalty].")
 @click.option("--feature-name", default=None,
               help="The phrase-table feature's name= (e.g. TranslationModel0) [default: the first phrase table].")
 @click.option("--absolute-paths/--no-absolute-paths", default=False,
@@ -348,7 +370,7 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
               help="Build the binary table (Compact, ProbingPT, OnDisk) at --phrase-table from this text table.")
 @click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
               help="Moses folder whose bin/ holds the binarisers [default: $MOSES_HOME].")
-def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_weight, feature_name,
+def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_weights, feature_name,
                       absolute_paths, check_table, binarize_from, moses_home):
     """Patch MOSES_INI for a phrase table with more score columns; then re-tune.
 
@@ -358,7 +380,7 @@ def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_wei
     from phrase_scorer.io.moses_ini import patch_moses_ini
 
     result = patch_moses_ini(moses_ini, output, phrase_table=phrase_table, add_features=add_features,
-                             initial_weight=initial_weight, feature_name=feature_name,
+                             initial_weights=initial_weights, feature_name=feature_name,
                              absolute_paths=absolute_paths, check_table=check_table,
                              binarize_from=binarize_from, moses_home=moses_home)
     if result.binarize_command:

@@ -101,6 +101,18 @@ class ScoringOptions:
 COLUMNS = ("prob", "unk")
 UNK_SIDES = ("target", "source", "both")
 
+# The weight each annotate column starts with in moses.ini, until tuning sets it. Moses sees the
+# log of a column: log p(y|x) <= 0 for "prob" and n_unk >= 0 (the number of unknown words) for
+# "unk". A positive weight on log p prefers the pairs the model finds likely; the unknown-word
+# feature is a penalty (Cho et al. 2014 count the words outside the shortlist to penalise them),
+# so its weight starts negative: a positive start would reward unknown words until tuning.
+START_WEIGHTS = {"prob": 0.2, "unk": -0.2}
+
+
+def start_weights(columns: Tuple[str, ...] = COLUMNS) -> Tuple[float, ...]:
+    """The moses.ini start weights of ``columns`` (annotate's column names), in that order."""
+    return tuple(START_WEIGHTS[c] for c in columns)
+
 
 @dataclass(frozen=True)
 class AnnotateOptions:

@@ -67,7 +67,7 @@ def test_annotated_table_loads_and_translates(moses, annotated_table, tmp_path):
     with_absolute_paths(SHARED_SYSTEM / "moses.tuned.ini", baseline_ini)
     zero_ini = tmp_path / "rnn-zero.ini"
     result = patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", zero_ini, phrase_table=annotated_table,
-                             add_features=2, initial_weight=0.0, absolute_paths=True)
+                             add_features=2, initial_weights=0.0, absolute_paths=True)
     assert result.new_num_features == 6
     baseline = decode(moses, baseline_ini, source)
     with_zero_weights = decode(moses, zero_ini, source)
@@ -78,7 +78,7 @@ def test_annotated_table_loads_and_translates(moses, annotated_table, tmp_path):
 
     weighted_ini = tmp_path / "rnn.ini"
     patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", weighted_ini, phrase_table=annotated_table, add_features=2,
-                    initial_weight=0.1, absolute_paths=True)
+                    initial_weights=0.1, absolute_paths=True)
     nbest = tmp_path / "nbest.txt"
     decode(moses, weighted_ini, source, "-n-best-list", str(nbest), "5")
     from phrase_scorer.io.nbest import read_nbest
@@ -208,11 +208,11 @@ def patched_system(moses, case: dict, table_type: str, name: str) -> Path:
     declared.write_text(case["system"].read_text().replace("PhraseDictionaryMemory ", f"{table_type} "))
     patched = work / f"{name}.rnn.ini"
     if table_type == "PhraseDictionaryMemory":
-        result = patch_moses_ini(declared, patched, phrase_table=case["table"], add_features=2, initial_weight=0.1)
+        result = patch_moses_ini(declared, patched, phrase_table=case["table"], add_features=2, initial_weights=0.1)
     else:
         suffix = ".minphr" if table_type == "PhraseDictionaryCompact" else ""
         result = patch_moses_ini(declared, patched, phrase_table=work / f"pt.{name}{suffix}", add_features=2,
-                                 initial_weight=0.1, binarize_from=case["table"], moses_home=moses.home)
+                                 initial_weights=0.1, binarize_from=case["table"], moses_home=moses.home)
         assert result.binarize_command
     assert result.new_num_features == 6
     assert MosesIni.read(patched).find_phrase_table().type == table_type

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from phrase_scorer import __version__
-from phrase_scorer.config import ExperimentOptions, TuneOptions
+from phrase_scorer.config import COLUMNS, ExperimentOptions, TuneOptions, start_weights
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import AtomicOutput, PathLike, write_text_atomically
 from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
@@ -131,7 +131,8 @@ def system_ini(moses_ini: PathLike, system: System, table: str, out: Path) -> Pa
     if system.added_columns == 0:
         with_absolute_paths(moses_ini, path)
     else:
-        patch_moses_ini(moses_ini, path, phrase_table=table, add_features=system.added_columns, absolute_paths=True,
+        patch_moses_ini(moses_ini, path, phrase_table=table, add_features=system.added_columns,
+                        initial_weights=start_weights(COLUMNS[: system.added_columns]), absolute_paths=True,
                         check_table=True)
     return path
 
