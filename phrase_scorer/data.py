@@ -1,4 +1,4 @@
-"""Training data at any scale: a memory-mapped cache of the table's unique phrase pairs.
+"""Training data at any scale: an on-disk cache of the table's unique phrase pairs, read with pread.
 
 The table is read twice, streaming: once to count words (:func:`count_words`), once to write the
 pairs as word ids (:func:`build_cache`). The cache holds, for each split (``train``, ``valid``),

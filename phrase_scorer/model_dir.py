@@ -7,7 +7,7 @@
       model.pt             best weights so far (lowest validation NLL): used for scoring
       checkpoint.pt        last state: weights, optimiser, data position (for --resume)
       train.log.jsonl      one JSON record per validation
-      cache/               the memory-mapped pair cache (can be deleted once trained)
+      cache/               the pair cache, word ids read with pread (can be deleted once trained)
 
 Weights are read with ``torch.load(..., weights_only=True)``, which refuses pickled code, and
 checked against the config and vocabularies before a model is built.
