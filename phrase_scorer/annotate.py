@@ -265,12 +265,21 @@ def annotate(
                 window.log_probs = scorer.score(window.source_ids, window.target_ids)
                 return window
 
-            with progress_bar("annotating", reader) as progress:
-                Pipeline().run(
-                    lambda put: read_windows(reader, loaded, options.window_lines, options.unk_side, put, progress),
-                    work,
-                    writer.write,
-                )
+            try:
+                with progress_bar("annotating", reader) as progress:
+                    Pipeline().run(
+                        lambda put: read_windows(reader, loaded, options.window_lines, options.unk_side, put, progress),
+                        work,
+                        writer.write,
+                    )
+            except PhraseScorerError as exc:
+                if to_stdout:
+                    raise
+                raise keep_or_remove_partial(exc, out, progress_path, settings["input"]["path"]) from None
+            except KeyboardInterrupt:
+                if progress_path is not None and not progress_path.exists():
+                    out.keep_on_failure = False  # not one chunk finished: nothing to resume from
+                raise
             total_lines = writer.lines_done
             if total_lines == 0:
                 raise PhraseScorerError("the phrase table is empty", path=table)
@@ -297,6 +306,29 @@ def annotate(
         signature=signature,
         seconds=time.monotonic() - started,
     )
+
+
+def keep_or_remove_partial(exc: PhraseScorerError, out: AtomicOutput, progress_path: Path,
+                           input_path: str) -> PhraseScorerError:
+    """Decide whether the partial output of a failed run is kept, and say so in the error.
+
+    It is kept when ``--resume`` can continue it: some chunks are finished (their record exists)
+    and the failure does not come from the input. An input that must be changed (a truncated gzip
+    file, a malformed line) fails ``--resume``'s input check anyway, so its partial output is removed.
+    """
+    part = out.tmp_path
+    from_input = exc.path is not None and input_path in (exc.path, os.path.abspath(exc.path))
+    resumable = progress_path.exists() and not from_input
+    out.keep_on_failure = resumable
+    if resumable:
+        done = json.loads(progress_path.read_text())["lines_done"]
+        note = f"{part} is kept with the first {done:,} lines done: run the same command with --resume"
+    else:
+        progress_path.unlink(missing_ok=True)
+        reason = "the input must change first" if from_input else "no chunk was finished"
+        note = f"{part} is removed: nothing can be resumed from it ({reason})"
+    hint = f"{exc.hint}; {note}" if exc.hint else note
+    return PhraseScorerError(exc.message, path=exc.path, line=exc.line, hint=hint)
 
 
 def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Tuple[int, int]:

@@ -303,9 +303,13 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
         result = run_annotate(table, output, loaded, options,
                               ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume)
     except KeyboardInterrupt:
-        raise UserError(
-            "interrupted; the finished part is kept. Resume with the same command and --resume", exit_code=130
-        ) from None
+        from phrase_scorer.io.files import part_path
+
+        if output != "-" and os.path.exists(f"{part_path(output)}.json"):
+            message = "interrupted; the finished part is kept. Resume with the same command and --resume"
+        else:
+            message = "interrupted before the first chunk was finished; nothing kept, run the command again"
+        raise UserError(message, exit_code=130) from None
     click.echo(
         f"annotated {result.lines:,} lines in {result.seconds:.0f}s ({result.lines / max(result.seconds, 1e-9):,.0f} lines/s)"
         + ("" if output == "-" else f": {output}, signature {output}.json"),

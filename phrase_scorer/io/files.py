@@ -115,6 +115,15 @@ def part_path(path: PathLike) -> Path:
     return path.with_name(path.name + ".part")
 
 
+def require_output_folder(path: PathLike) -> None:
+    """Fail, naming the folder, when the folder ``path`` is to be written in does not exist."""
+    folder = Path(os.path.abspath(path)).parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise PhraseScorerError(f"the output folder {what}", path=folder,
+                                hint=f"create it first (mkdir -p {folder}) or write elsewhere")
+
+
 def fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -157,9 +166,7 @@ class AtomicOutput:
             self.file: BinaryIO = sys.stdout.buffer
         else:
             self.tmp_path = part_path(self.path)
-            parent = self.tmp_path.parent
-            if not parent.is_dir():
-                raise PhraseScorerError("the output folder does not exist", path=parent)
+            require_output_folder(self.tmp_path)
             try:
                 self.file = open(self.tmp_path, "ab" if append else "wb")
             except OSError as exc:
@@ -242,6 +249,7 @@ class OutputLock:
     def acquire(self) -> None:
         if self.path == STDIO:
             return
+        require_output_folder(self.path)
         while True:
             try:
                 fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
