@@ -10,6 +10,9 @@ repeated pair within a run of lines with the same source is dropped. Every uniqu
 with the same probability, whatever its count in the corpus: that is the paper's choice
 (section 3.1), which keeps the model from simply learning phrase frequencies.
 
+The same cache format holds sentence pairs (:mod:`phrase_scorer.corpus`): both kinds of data are
+written with :func:`write_cache` and checked against the interrupted run's with :func:`reuse_cache`.
+
 The validation split is held out *by source phrase*: a source goes to validation when a keyed hash
 of its text falls under a threshold, so no validation source is ever seen in training.
 

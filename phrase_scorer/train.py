@@ -1,13 +1,16 @@
-"""Training: Adadelta on uniformly drawn unique phrase pairs, as in section 4.1.1 of the paper.
+"""Training: Adadelta on phrase or sentence pairs, as in section 4.1.1 of the paper.
 
-:func:`train` builds (or reuses) the vocabularies and the pair cache, then runs Adadelta
-(rho 0.95, eps 1e-6) on batches of 64 pairs, maximising the mean log p(y|x) per pair. Every
-``valid_every`` steps it measures the validation NLL (per pair and per target token), the
-perplexity and the margin between true and shuffled pairs, keeps the best weights
-(``model.pt``), saves a resumable checkpoint (``checkpoint.pt``) and logs a JSON line. Training
-stops at ``max_steps`` / ``max_epochs`` / ``max_time`` or after ``patience`` validations without
-improvement. Ctrl-C saves a checkpoint first. The same seed gives the same model on the same
-machine, and ``resume`` continues exactly where the checkpoint left off.
+:func:`train` reads a data source: the unique pairs of a phrase table
+(:class:`~phrase_scorer.data.PhraseTableData`) or sentence pairs
+(:class:`~phrase_scorer.corpus.SentenceCorpus`). It builds (or reuses) the vocabularies and the
+pair cache, then runs Adadelta (rho 0.95, eps 1e-6) on batches of 64 pairs (``batch_size``),
+maximising the mean log p(y|x) per pair. Every ``valid_every`` steps it measures the validation
+NLL (per pair and per target token), the perplexity and the margin between true and shuffled
+pairs, keeps the best weights (``model.pt``), saves a resumable checkpoint (``checkpoint.pt``)
+and logs a JSON line. Training stops at ``max_steps`` / ``max_epochs`` / ``max_time`` or after
+``patience`` validations without improvement. Ctrl-C saves a checkpoint first. The same seed
+gives the same model on the same machine, and ``resume`` continues exactly where the checkpoint
+left off.
 """
 
 from __future__ import annotations
