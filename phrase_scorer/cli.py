@@ -162,7 +162,13 @@ model_option = click.option("-m", "--model", "model_dir", required=True, type=cl
 
 
 @cli.command()
-@click.argument("table", type=click.Path(dir_okay=False))
+@click.argument("table", type=click.Path(dir_okay=False), required=False)
+@click.option("--corpus", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
+              help="Train on the sentence pairs of two aligned files (plain or gzip, tokenised) instead of a TABLE.")
+@click.option("--dev", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
+              help="With --corpus: validate on these sentence pairs [default: hold out about --valid-pairs training pairs].")
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="With --corpus: leave out training pairs with a side longer than this many words (paper: 30 or 50) [default: no limit].")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Model directory to create.")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=TrainConfig.preset,
               help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests.")
@@ -187,11 +193,18 @@ model_option = click.option("-m", "--model", "model_dir", required=True, type=cl
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace a model already in the output folder.")
 @click.pass_context
-def train(ctx, table, output, source_shortlist, target_shortlist, threads, resume, overwrite, **settings):
-    """Train the RNN Encoder-Decoder on the unique phrase pairs of TABLE (plain or gzip)."""
+def train(ctx, table, corpus, dev, output, source_shortlist, target_shortlist, threads, resume, overwrite, **settings):
+    """Train the RNN Encoder-Decoder on the unique phrase pairs of TABLE (plain or gzip), or on the
+    sentence pairs of --corpus SRC TGT."""
+    if (table is None) == (not corpus):
+        raise UserError("give either a phrase TABLE or --corpus SRC TGT (not both)" if table else
+                        "give a phrase TABLE or --corpus SRC TGT to train on")
+    if dev and not corpus:
+        raise UserError("--dev goes with --corpus (a phrase table's validation pairs are held out from it)")
     set_threads(threads)
     from dataclasses import replace
 
+    from phrase_scorer.corpus import SentenceCorpus
     from phrase_scorer.train import train as run_training
 
     names = [f.name for f in fields(TrainConfig)]
@@ -204,11 +217,16 @@ def train(ctx, table, output, source_shortlist, target_shortlist, threads, resum
         base = PRESETS[config.preset]
         model_config = replace(base, source_shortlist=source_shortlist or base.source_shortlist,
                                target_shortlist=target_shortlist or base.target_shortlist)
+    data = table
+    data_args = table
+    if corpus:
+        data = SentenceCorpus(*corpus, *(dev or (None, None)))
+        data_args = f"--corpus {' '.join(corpus)}" + (f" --dev {' '.join(dev)}" if dev else "")
     from phrase_scorer.train import TrainingInterrupted
 
-    resume_command = f"phrase-scorer train {table} -o {output} --resume"
+    resume_command = f"phrase-scorer train {data_args} -o {output} --resume"
     try:
-        state = run_training(table, output, config, resume=resume, overwrite=overwrite,
+        state = run_training(data, output, config, resume=resume, overwrite=overwrite,
                              model_config=model_config, explicit=set(explicit))
     except TrainingInterrupted as stop:
         raise UserError(f"stopped at step {stop.step}, checkpoint saved; resume with: {resume_command}",

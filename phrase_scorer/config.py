@@ -74,6 +74,7 @@ class TrainConfig:
     seed: int = 1
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "auto"  # on GPU: auto (bf16 where supported, else fp16) | bf16 | fp16 | fp32
+    max_length: Optional[int] = None  # sentence corpora: training pairs with a longer side are left out
 
     # Settings that --resume may change; all others must match the saved run.
     RESUMABLE = ("valid_every", "patience", "max_steps", "max_epochs", "max_time", "device", "precision")

@@ -1,13 +1,16 @@
-"""Training: Adadelta on uniformly drawn unique phrase pairs, as in section 4.1.1 of the paper.
+"""Training: Adadelta on phrase or sentence pairs, as in section 4.1.1 of the paper.
 
-:func:`train` builds (or reuses) the vocabularies and the pair cache, then runs Adadelta
-(rho 0.95, eps 1e-6) on batches of 64 pairs, maximising the mean log p(y|x) per pair. Every
-``valid_every`` steps it measures the validation NLL (per pair and per target token), the
-perplexity and the margin between true and shuffled pairs, keeps the best weights
-(``model.pt``), saves a resumable checkpoint (``checkpoint.pt``) and logs a JSON line. Training
-stops at ``max_steps`` / ``max_epochs`` / ``max_time`` or after ``patience`` validations without
-improvement. Ctrl-C saves a checkpoint first. The same seed gives the same model on the same
-machine, and ``resume`` continues exactly where the checkpoint left off.
+:func:`train` reads a data source: the unique pairs of a phrase table
+(:class:`~phrase_scorer.data.PhraseTableData`) or sentence pairs
+(:class:`~phrase_scorer.corpus.SentenceCorpus`). It builds (or reuses) the vocabularies and the
+pair cache, then runs Adadelta (rho 0.95, eps 1e-6) on batches of 64 pairs (``batch_size``),
+maximising the mean log p(y|x) per pair. Every ``valid_every`` steps it measures the validation
+NLL (per pair and per target token), the perplexity and the margin between true and shuffled
+pairs, keeps the best weights (``model.pt``), saves a resumable checkpoint (``checkpoint.pt``)
+and logs a JSON line. Training stops at ``max_steps`` / ``max_epochs`` / ``max_time`` or after
+``patience`` validations without improvement. Ctrl-C saves a checkpoint first. The same seed
+gives the same model on the same machine, and ``resume`` continues exactly where the checkpoint
+left off.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import numpy as np
 import torch
 
 from phrase_scorer import __version__
-from phrase_scorer.data import BatchSampler, PairSet, build_cache, count_words
+from phrase_scorer.corpus import SentenceCorpus
+from phrase_scorer.data import BatchSampler, PairSet, PhraseTableData
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock
 from phrase_scorer.config import PRESETS, ModelConfig, TrainConfig
@@ -174,25 +178,32 @@ def _log_probs(model, pairs: PairSet, source_idx: np.ndarray, target_idx: np.nda
 # --- the loop -------------------------------------------------------------------------------------
 
 
-def train(table: os.PathLike | str, output: os.PathLike | str, config: TrainConfig = TrainConfig(), *,
+TrainingData = PhraseTableData | SentenceCorpus  # the data sources training reads
+
+
+def train(data: TrainingData | os.PathLike | str, output: os.PathLike | str, config: TrainConfig = TrainConfig(), *,
           resume: bool = False, overwrite: bool = False, model_config: Optional[ModelConfig] = None,
           explicit: Optional[Set[str]] = None) -> TrainState:
-    """Train a model on ``table`` into the directory ``output``; returns the final state.
+    """Train a model on ``data`` (a phrase table's path, or a data source such as a
+    :class:`~phrase_scorer.corpus.SentenceCorpus`) into the directory ``output``; returns the
+    final state.
 
     With ``resume``, the settings saved with the run are used, except those named in
     ``explicit`` (default: those of ``config`` that differ from the defaults), which must be
     among the ones a resumed run may change (stopping criteria, device).
     """
+    if not isinstance(data, (PhraseTableData, SentenceCorpus)):
+        data = PhraseTableData(os.fspath(data))
     if explicit is None:
         default = TrainConfig()
         explicit = {f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(default, f.name)}
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with OutputLock(output.resolve()):  # a second run aimed at the same directory is refused
-        return _train(table, output, config, resume, overwrite, model_config, explicit)
+        return _train(data, output, config, resume, overwrite, model_config, explicit)
 
 
-def _train(table, output: Path, config: TrainConfig, resume: bool, overwrite: bool,
+def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, overwrite: bool,
            model_config: Optional[ModelConfig], explicit: Set[str]) -> TrainState:
     directory = ModelDirectory(output)
     resuming = prepare_directory(directory, resume, overwrite)
@@ -202,29 +213,30 @@ def _train(table, output: Path, config: TrainConfig, resume: bool, overwrite: bo
         model_config = directory.model_config(saved)
         source_vocab = Vocabulary.load(directory.file(SOURCE_VOCAB))
         target_vocab = Vocabulary.load(directory.file(TARGET_VOCAB))
-        table_info = saved.get("table", {})
+        if data.kind not in saved:
+            trained_on = "a sentence corpus (--corpus)" if "corpus" in saved else "a phrase table"
+            raise PhraseScorerError(f"the interrupted run trained on {trained_on}", path=output,
+                                    hint="resume with the same training data, or start a new run")
+        data_info = saved[data.kind]
     else:
         if config.preset not in PRESETS:
             raise PhraseScorerError(f"unknown preset {config.preset!r}; choose one of {', '.join(PRESETS)}")
         model_config = model_config or PRESETS[config.preset]
-        log.info("counting words over the unique phrase pairs of %s", table)
-        source_counts, target_counts, num_pairs = count_words(table)
+        source_counts, target_counts, data_info = data.count_words(config)
         source_vocab = Vocabulary.from_counts(source_counts, model_config.source_shortlist)
         target_vocab = Vocabulary.from_counts(target_counts, model_config.target_shortlist)
         source_vocab.save(directory.file(SOURCE_VOCAB))
         target_vocab.save(directory.file(TARGET_VOCAB))
-        table_info = {
-            "path": os.path.abspath(table),
-            "unique_pairs": num_pairs,
+        data_info.update({
             "source_words": len(source_counts),
             "target_words": len(target_counts),
             "source_coverage": coverage(source_counts, source_vocab),
             "target_coverage": coverage(target_counts, target_vocab),
-        }
+        })
         log.info(
-            "%d unique pairs; shortlists keep %d of %d source words (%.1f%% of tokens) and %d of %d target words (%.1f%%)",
-            num_pairs, len(source_vocab) - 3, len(source_counts), 100 * table_info["source_coverage"],
-            len(target_vocab) - 3, len(target_counts), 100 * table_info["target_coverage"],
+            "shortlists keep %d of %d source words (%.1f%% of tokens) and %d of %d target words (%.1f%%)",
+            len(source_vocab) - 3, len(source_counts), 100 * data_info["source_coverage"],
+            len(target_vocab) - 3, len(target_counts), 100 * data_info["target_coverage"],
         )
         directory.write_config({
             "preset": config.preset,
@@ -232,19 +244,16 @@ def _train(table, output: Path, config: TrainConfig, resume: bool, overwrite: bo
             "source_vocab_size": len(source_vocab),
             "target_vocab_size": len(target_vocab),
             "training": config.to_dict(),
-            "table": table_info,
+            data.kind: data_info,
         })
 
-    num_pairs = table_info.get("unique_pairs") or 1
-    valid_fraction = min(1.0, config.valid_pairs / num_pairs)
-    build_cache(table, directory.cache_dir, source_vocab, target_vocab, valid_fraction=valid_fraction, seed=config.seed,
-                keep_existing=resuming)
+    data.build_cache(directory.cache_dir, source_vocab, target_vocab, data_info, config, keep_existing=resuming)
     train_pairs = PairSet(directory.cache_dir, "train")
     valid_pairs = PairSet(directory.cache_dir, "valid")
     if len(train_pairs) == 0:
-        raise PhraseScorerError("no phrase pairs left for training after holding out the validation set", path=table,
+        raise PhraseScorerError("no pairs left for training after holding out the validation set", path=data.path,
                                 hint="lower --valid-pairs")
-    log.info("pair cache: %d training pairs, %d validation pairs (held out by source phrase)", len(train_pairs), len(valid_pairs))
+    log.info("pair cache: %d training pairs, %d validation pairs", len(train_pairs), len(valid_pairs))
 
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)
@@ -262,7 +271,7 @@ def _train(table, output: Path, config: TrainConfig, resume: bool, overwrite: bo
         log.info("no checkpoint yet: starting from step 0 with the saved settings")
     log.info("model: preset %s, %s parameters, device %s", config.preset, f"{count_parameters(model):,}", device)
 
-    sampler = BatchSampler(train_pairs, config.batch_size, config.seed)
+    sampler = BatchSampler(train_pairs, config.batch_size, config.seed, window_batches=data.window_batches)
     loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device)
     loop.run()
     return loop.state
