@@ -81,8 +81,14 @@ class NBestEntry:
             id_field = origin.fields[0]
         else:
             id_field = f"{self.sentence_id} "
-        if origin is not None and origin.features == _freeze(self.features):
+        frozen = _freeze(self.features)
+        kept = len(origin.features) if origin is not None else 0
+        if origin is not None and frozen[:kept] == origin.features:
+            # the features as read, byte for byte, then any appended ones as Moses writes them
             feature_field = origin.fields[2]
+            if kept < len(frozen):
+                added = format_features(self.features[kept:])
+                feature_field += added[1:] if feature_field.endswith(" ") else added
         else:
             feature_field = format_features(self.features)
         if origin is not None and _same(origin.total, self.total):
@@ -104,6 +110,11 @@ def format_value(value: float) -> str:
     """A number as Moses prints it (6 significant digits), with more digits only where needed."""
     text = f"{value:g}"
     return text if _same(float(text), value) else repr(float(value))
+
+
+def moses_rounded(value: float) -> float:
+    """``value`` rounded to the 6 significant digits Moses prints its feature values with."""
+    return float(f"{value:g}")
 
 
 def format_features(features: Features) -> str:
@@ -162,32 +173,58 @@ def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = No
     return NBestEntry(sentence_id, hypothesis, features, total, extra, "\n", number, origin)
 
 
-def read_nbest(path: PathLike) -> Iterator[NBestEntry]:
-    """Stream the entries of a plain or gzipped n-best list (``-`` for stdin).
+class NBestReader:
+    """Streams the entries of a plain or gzipped n-best list (``-`` for stdin).
 
-    Malformed lines raise :class:`PhraseScorerError` with the file and line number.
+    The first ``skip`` lines are passed over unparsed (resuming). ``bytes_read`` and ``size``
+    tell a progress bar how far the reading has got. Malformed lines raise
+    :class:`PhraseScorerError` with the file and line number.
     """
-    number = 0
-    try:
-        with open_input(path) as source:
-            for number, data in enumerate(source, 1):
-                if data.endswith(b"\n"):
-                    raw, eol = data[:-1], "\n"
-                else:
-                    raw, eol = data, ""
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
-                                            hint="n-best lists must be UTF-8 text") from None
-                entry = parse_nbest_line(text, path, number)
-                entry.eol = eol
-                yield entry
-    except PhraseScorerError:
-        raise
-    except (EOFError, OSError, ValueError) as exc:
-        reason = read_gzip_error(exc) or str(exc)
-        raise PhraseScorerError(f"cannot read after line {number}: {reason}", path=path) from None
+
+    def __init__(self, path: PathLike, skip: int = 0) -> None:
+        self.path = path
+        self.skip = skip
+        self._input = None
+
+    @property
+    def size(self) -> Optional[int]:
+        return self._input.size if self._input is not None else None
+
+    @property
+    def bytes_read(self) -> int:
+        return self._input.bytes_read if self._input is not None else 0
+
+    def __iter__(self) -> Iterator[NBestEntry]:
+        path = self.path
+        number = 0
+        try:
+            with open_input(path) as source:
+                self._input = source
+                for number, data in enumerate(source, 1):
+                    if number <= self.skip:
+                        continue
+                    if data.endswith(b"\n"):
+                        raw, eol = data[:-1], "\n"
+                    else:
+                        raw, eol = data, ""
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
+                                                hint="n-best lists must be UTF-8 text") from None
+                    entry = parse_nbest_line(text, path, number)
+                    entry.eol = eol
+                    yield entry
+        except PhraseScorerError:
+            raise
+        except (EOFError, OSError, ValueError) as exc:
+            reason = read_gzip_error(exc) or str(exc)
+            raise PhraseScorerError(f"cannot read after line {number}: {reason}", path=path) from None
+
+
+def read_nbest(path: PathLike) -> Iterator[NBestEntry]:
+    """Stream the entries of a plain or gzipped n-best list (``-`` for stdin); see :class:`NBestReader`."""
+    return iter(NBestReader(path))
 
 
 def write_nbest(entries: Iterable[NBestEntry], path_or_stream: Union[PathLike, IO]) -> int:
