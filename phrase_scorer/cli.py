@@ -20,7 +20,8 @@ import click
 
 from phrase_scorer import __version__, progress
 from phrase_scorer.config import (
-    COLUMNS, PRESETS, UNK_SIDES, AnnotateOptions, ExperimentOptions, SampleOptions, ScoringOptions, TrainConfig, TuneOptions,
+    COLUMNS, PRESETS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RescoreOptions, SampleOptions,
+    ScoringOptions, TrainConfig, TuneOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
 
@@ -325,6 +326,56 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
         ),
         err=True,
     )
+
+
+# --- rescore ------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("nbest", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--source", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="The sentences the n-best list was decoded from, one per line (plain or gzip).")
+@click.option("-m", "--model", "models", multiple=True, type=click.Path(file_okay=False),
+              help="Model scoring log p(hypothesis | source); repeatable, one feature each.")
+@click.option("-r", "--reverse-model", "reverse_models", multiple=True, type=click.Path(file_okay=False),
+              help="Model trained target->source, scoring log p(source | hypothesis); repeatable.")
+@click.option("--name", "names", multiple=True,
+              help="Feature name of each -m model, in order [default: RNN0, RNN1, ...].")
+@click.option("--reverse-name", "reverse_names", multiple=True,
+              help="Feature name of each --reverse-model, in order [default: RNNReverse0, ...].")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Rescored n-best list ('.gz' for gzip, '-' for stdout).")
+@click.option("--normalize/--no-normalize", default=RescoreOptions.normalize,
+              help="Write log p divided by the predicted tokens (words + 1) instead of log p.")
+@click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens, help="Target tokens per scoring batch.")
+@click.option("--window-lines", type=click.IntRange(min=1), default=RescoreOptions.window_lines,
+              help="About this many lines (whole sentences) read, scored and written at a time (also the resume granularity).")
+@device_option
+@click.option("--precision", type=click.Choice(["auto", "bf16", "fp16", "fp32"]), default=ScoringOptions.precision,
+              help="Autocast on GPU; log-softmax stays fp32. CPU scores in fp32.")
+@threads_option
+@click.option("--resume", is_flag=True, help="Continue an interrupted run of the same command.")
+def rescore(nbest, source, models, reverse_models, names, reverse_names, output, normalize, batch_tokens, window_lines,
+            device, precision, threads, resume):
+    """Append the models' log-probabilities to every line of a Moses n-best list NBEST.
+
+    Each model adds one dense feature 'Name= value' (natural log, 6 significant digits);
+    every other byte of the list is kept. '-' reads NBEST from stdin.
+    """
+    set_threads(threads)
+    from phrase_scorer.rescore import feature_models, rescore as run_rescore
+    from phrase_scorer.train import resolve_device
+
+    loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device))
+    try:
+        result = run_rescore(nbest, source, output, loaded, RescoreOptions(normalize=normalize, window_lines=window_lines),
+                             ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume)
+    except KeyboardInterrupt:
+        raise UserError(
+            "interrupted; the finished part is kept. Resume with the same command and --resume", exit_code=130
+        ) from None
+    click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"
+               + ("" if output == "-" else f": {output}, signature {output}.json"), err=True)
 
 
 # --- moses-ini -----------------------------------------------------------------------------------

@@ -121,6 +121,19 @@ class AnnotateOptions:
 
 
 @dataclass(frozen=True)
+class RescoreOptions:
+    """What ``rescore`` writes. Changing any of these changes the output."""
+
+    normalize: bool = False  # log p / (words + 1), per predicted token, instead of log p
+    window_lines: int = 20000  # about this many n-best lines (whole sentences) per window and resume chunk
+    compress_level: int = 6
+
+
+FORWARD_FEATURE_PREFIX = "RNN"  # default feature names: RNN0, RNN1, ... for -m models
+REVERSE_FEATURE_PREFIX = "RNNReverse"  # and RNNReverse0, ... for --reverse-model models
+
+
+@dataclass(frozen=True)
 class SampleOptions:
     """How candidates are generated and ranked."""
 
