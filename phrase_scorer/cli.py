@@ -20,7 +20,7 @@ import click
 
 from phrase_scorer import __version__, progress
 from phrase_scorer.config import (
-    COLUMNS, PRESETS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RescoreOptions, SampleOptions,
+    COLUMNS, PRESETS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions, RescoreOptions, SampleOptions,
     ScoringOptions, TrainConfig, TuneOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
@@ -628,6 +628,48 @@ def tune(moses_ini, dev, output, working_dir, seed, moses_home, **options):
     history = ", ".join(f"{it}: {bleu:.2f}" for it, bleu in result.iterations)
     click.echo(f"tuned config: {output} (dev BLEU by iteration: {history}; "
                f"kept: {'?' if result.dev_bleu is None else f'{result.dev_bleu:.2f}'})", err=True)
+
+
+@cli.command()
+@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Dev n-best list (rescored; plain or gzip) and its references (tokenised like the output).")
+@click.option("--test", "test_nbest", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Test n-best list with the same features, to rerank.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the test set's new 1-best, one line per sentence; the weights go to OUTPUT.json.")
+@click.option("--ini", "start_ini", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The decoder's moses.ini: its [weight] section gives the starting weights "
+                   "[default: fitted to the dev list's totals].")
+@click.option("--method", type=click.Choice(["mert", "mira"]), default=RerankOptions.method,
+              help="Moses' mert or kbmira (batch MIRA).")
+@click.option("--seed", "seeds", type=int, multiple=True, default=RerankOptions.seeds,
+              help="One optimiser run per seed (repeatable); the run best on dev is kept.")
+@click.option("--restarts", type=click.IntRange(min=0), default=RerankOptions.restarts,
+              help="mert's random starting points per run.")
+@click.option("--iterations", "mira_iterations", type=click.IntRange(min=1), default=RerankOptions.mira_iterations,
+              help="kbmira's epochs per run.")
+@click.option("--threads", type=click.IntRange(min=1), default=RerankOptions.threads, help="mert's threads.")
+@click.option("--working-dir", type=click.Path(file_okay=False), default=None,
+              help="For the extractor's files and the optimiser runs, made fresh [default: OUTPUT.work].")
+@click.option("--mertdir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Folder of extractor, mert and kbmira [default: MOSES_HOME/bin].")
+@moses_home_option
+def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads, working_dir, mertdir,
+           moses_home):
+    """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
+    then write the best hypothesis of each sentence of the test n-best list."""
+    from phrase_scorer.moses.installation import MosesInstallation
+    from phrase_scorer.moses.rerank import rerank as run_rerank
+
+    moses = MosesInstallation.find(moses_home) if moses_home or not mertdir else None
+    options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
+                            threads=threads, mertdir=mertdir)
+    result = run_rerank(dev[0], dev[1], test_nbest, output, moses=moses, options=options, start_ini=start_ini,
+                        working_dir=working_dir)
+    runs = ", ".join(f"seed {r.seed}: {r.dev_bleu:.2f}" for r in result.runs)
+    click.echo(f"dev BLEU {result.start_dev_bleu:.2f} with the starting weights; after {method}: {runs}; "
+               f"kept seed {result.best_seed}", err=True)
+    click.echo(f"test 1-best: {output} ({result.sentences} sentences); weights in {output}.json", err=True)
 
 
 @cli.command()
