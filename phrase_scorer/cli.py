@@ -76,6 +76,10 @@ class Duration(click.ParamType):
         return total
 
 
+def interrupted_resumable() -> UserError:
+    return UserError("interrupted; the finished part is kept. Resume with the same command and --resume", exit_code=130)
+
+
 def setup_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
@@ -155,6 +159,12 @@ device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda
                              help="Where to run the model.")
 threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
                               help="CPU threads for the model [default: all cores].")
+batch_tokens_option = click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
+                                   help="Target tokens per scoring batch.")
+precision_option = click.option("--precision", type=click.Choice(["auto", "bf16", "fp16", "fp32"]),
+                                default=ScoringOptions.precision,
+                                help="Autocast on GPU; log-softmax stays fp32. CPU scores in fp32.")
+resume_option = click.option("--resume", is_flag=True, help="Continue an interrupted run of the same command.")
 model_option = click.option("-m", "--model", "model_dir", required=True, type=click.Path(file_okay=False),
                             help="Model directory made by 'phrase-scorer train'.")
 
@@ -231,7 +241,7 @@ def train(ctx, table, output, source_shortlist, target_shortlist, threads, resum
 @model_option
 @click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", help="Where to write the scores.")
-@click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens, help="Target tokens per scoring batch.")
+@batch_tokens_option
 @device_option
 @threads_option
 def score(model_dir, input, output, batch_tokens, device, threads):
@@ -266,14 +276,13 @@ def parse_columns(ctx, param, value: str):
               help="Whose words outside the model's shortlists the unk column counts.")
 @click.option("--length-normalize/--no-length-normalize", default=AnnotateOptions.length_normalize,
               help="Write exp(log p / (target words + 1)), p per target token, instead of p(y|x).")
-@click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens, help="Target tokens per scoring batch.")
+@batch_tokens_option
 @click.option("--window-lines", type=click.IntRange(min=1), default=AnnotateOptions.window_lines,
               help="Lines read, scored and written at a time (also the resume granularity).")
 @device_option
-@click.option("--precision", type=click.Choice(["auto", "bf16", "fp16", "fp32"]), default=ScoringOptions.precision,
-              help="Autocast on GPU; log-softmax stays fp32. CPU scores in fp32.")
+@precision_option
 @threads_option
-@click.option("--resume", is_flag=True, help="Continue an interrupted run of the same command.")
+@resume_option
 @click.option("--ini", "moses_ini", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Also write this moses.ini, patched for the new table, to --ini-output.")
 @click.option("--ini-output", type=click.Path(dir_okay=False), default=None,
@@ -293,9 +302,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
         result = run_annotate(table, output, loaded, options,
                               ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume)
     except KeyboardInterrupt:
-        raise UserError(
-            "interrupted; the finished part is kept. Resume with the same command and --resume", exit_code=130
-        ) from None
+        raise interrupted_resumable() from None
     click.echo(
         f"annotated {result.lines:,} lines in {result.seconds:.0f}s ({result.lines / max(result.seconds, 1e-9):,.0f} lines/s)"
         + ("" if output == "-" else f": {output}, signature {output}.json"),
@@ -347,14 +354,13 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
               help="Rescored n-best list ('.gz' for gzip, '-' for stdout).")
 @click.option("--normalize/--no-normalize", default=RescoreOptions.normalize,
               help="Write log p divided by the predicted tokens (words + 1) instead of log p.")
-@click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens, help="Target tokens per scoring batch.")
+@batch_tokens_option
 @click.option("--window-lines", type=click.IntRange(min=1), default=RescoreOptions.window_lines,
               help="About this many lines (whole sentences) read, scored and written at a time (also the resume granularity).")
 @device_option
-@click.option("--precision", type=click.Choice(["auto", "bf16", "fp16", "fp32"]), default=ScoringOptions.precision,
-              help="Autocast on GPU; log-softmax stays fp32. CPU scores in fp32.")
+@precision_option
 @threads_option
-@click.option("--resume", is_flag=True, help="Continue an interrupted run of the same command.")
+@resume_option
 def rescore(nbest, source, models, reverse_models, names, reverse_names, output, normalize, batch_tokens, window_lines,
             device, precision, threads, resume):
     """Append the models' log-probabilities to every line of a Moses n-best list NBEST.
@@ -371,9 +377,7 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, output,
         result = run_rescore(nbest, source, output, loaded, RescoreOptions(normalize=normalize, window_lines=window_lines),
                              ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume)
     except KeyboardInterrupt:
-        raise UserError(
-            "interrupted; the finished part is kept. Resume with the same command and --resume", exit_code=130
-        ) from None
+        raise interrupted_resumable() from None
     click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"
                + ("" if output == "-" else f": {output}, signature {output}.json"), err=True)
 

@@ -52,7 +52,7 @@ from phrase_scorer.annotate import (
 from phrase_scorer.config import FORWARD_FEATURE_PREFIX, REVERSE_FEATURE_PREFIX, RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import STDIO, OutputLock, PathLike, is_gzip_name, open_input, read_gzip_error
-from phrase_scorer.io.nbest import NBestEntry, NBestReader, moses_rounded
+from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order, moses_rounded
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.progress import progress_bar
 
@@ -274,7 +274,7 @@ def read_windows(reader: NBestReader, sources: SourceSentences, models: Sequence
     sentence_words: List[List[str]] = []  # per line: the source words (one list per sentence, shared)
     index = 0
     first = first_line + 1
-    last_id: Optional[int] = None
+    last_id = -1
     words: List[str] = []
 
     def flush() -> bool:
@@ -289,10 +289,7 @@ def read_windows(reader: NBestReader, sources: SourceSentences, models: Sequence
 
     for entry in reader:
         if entry.sentence_id != last_id:
-            if last_id is not None and entry.sentence_id < last_id:
-                raise PhraseScorerError(
-                    f"sentence id {entry.sentence_id} comes after {last_id}", path=reader.path, line=entry.line_number,
-                    hint="the n-best list must be grouped by sentence id in increasing order, as Moses writes it")
+            check_sentence_order(entry, last_id, reader.path)
             if len(lines) >= window_lines and not flush():
                 return
             words = sources.words(entry.sentence_id, entry.line_number)
@@ -306,7 +303,7 @@ def read_windows(reader: NBestReader, sources: SourceSentences, models: Sequence
         sentence_words.append(words)
     if lines and not flush():
         return
-    if last_id is not None:
+    if last_id >= 0:
         sources.check_all_read(last_id)
 
 

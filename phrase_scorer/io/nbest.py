@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from typing import IO, Iterable, Iterator, List, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import AtomicOutput, PathLike, gzip_member, is_gzip_name, open_input, read_gzip_error
+from phrase_scorer.io.files import (
+    AtomicOutput, PathLike, ReadProgress, gzip_member, is_gzip_name, open_input, read_gzip_error,
+)
 
 SEPARATOR = "|||"
 
@@ -133,6 +135,14 @@ def group_by_sentence(entries: Iterable[NBestEntry]) -> Iterator[Tuple[int, List
         yield sentence_id, list(group)
 
 
+def check_sentence_order(entry: NBestEntry, last_id: int, path: PathLike) -> None:
+    """Refuse an entry whose sentence id is below ``last_id``, the id of the entry before it
+    (-1 for none): Moses writes a list grouped by sentence id in increasing order."""
+    if entry.sentence_id < last_id:
+        raise PhraseScorerError(f"sentence id {entry.sentence_id} comes after {last_id}", path=path, line=entry.line_number,
+                                hint="the n-best list must be grouped by sentence id in increasing order, as Moses writes it")
+
+
 def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = None) -> NBestEntry:
     """One n-best line (without its newline); errors name ``path`` and ``number``."""
 
@@ -173,7 +183,7 @@ def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = No
     return NBestEntry(sentence_id, hypothesis, features, total, extra, "\n", number, origin)
 
 
-class NBestReader:
+class NBestReader(ReadProgress):
     """Streams the entries of a plain or gzipped n-best list (``-`` for stdin).
 
     The first ``skip`` lines are passed over unparsed (resuming). ``bytes_read`` and ``size``
@@ -185,14 +195,6 @@ class NBestReader:
         self.path = path
         self.skip = skip
         self._input = None
-
-    @property
-    def size(self) -> Optional[int]:
-        return self._input.size if self._input is not None else None
-
-    @property
-    def bytes_read(self) -> int:
-        return self._input.bytes_read if self._input is not None else 0
 
     def __iter__(self) -> Iterator[NBestEntry]:
         path = self.path

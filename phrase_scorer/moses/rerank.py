@@ -41,7 +41,7 @@ from phrase_scorer.config import RerankOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import STDIO, AtomicOutput, PathLike, write_text_atomically
 from phrase_scorer.io.moses_ini import MosesIni
-from phrase_scorer.io.nbest import NBestEntry, dense_feature_vector, group_by_sentence, read_nbest
+from phrase_scorer.io.nbest import NBestEntry, check_sentence_order, dense_feature_vector, group_by_sentence, read_nbest
 from phrase_scorer.moses.installation import MosesInstallation, read_lines, require_program, run_logged, write_lines
 from phrase_scorer.moses.tune import fresh_directory
 
@@ -147,7 +147,7 @@ def copy_checked(nbest: PathLike, copy: Path) -> DevList:
                         f"the dense features are {describe_layout(found)}, not {describe_layout(layout)} as on the "
                         "first line", path=nbest, line=entry.line_number,
                         hint="every line must carry the same features, in the same order")
-                check_order(entry, last_id, nbest)
+                check_sentence_order(entry, last_id, nbest)
                 last_id = entry.sentence_id
                 out.write(entry.to_line().encode("utf-8"))
             features = np.array([dense_feature_vector(e) for e in entries])  # (H, D)
@@ -163,12 +163,6 @@ def copy_checked(nbest: PathLike, copy: Path) -> DevList:
     if count == 0:
         raise PhraseScorerError("the n-best list is empty", path=nbest)
     return DevList(layout, last_id + 1, gram, moment, totals_square, count)
-
-
-def check_order(entry: NBestEntry, last_id: int, path: PathLike) -> None:
-    if entry.sentence_id < last_id:
-        raise PhraseScorerError(f"sentence id {entry.sentence_id} comes after {last_id}", path=path, line=entry.line_number,
-                                hint="the n-best list must be grouped by sentence id in increasing order, as Moses writes it")
 
 
 @dataclass
@@ -416,7 +410,7 @@ def apply_weights(nbest: PathLike, weights: Weights, output: PathLike) -> int:
                     f"the dense features are {describe_layout(found)}, but the weights are for "
                     f"{describe_layout(weights.layout)}", path=nbest, line=entry.line_number,
                     hint="rerank lists made by the same decoder and rescored with the same models")
-            check_order(entry, last_id, nbest)
+            check_sentence_order(entry, last_id, nbest)
             if entry.sentence_id != last_id:
                 if best is not None:
                     yield best
