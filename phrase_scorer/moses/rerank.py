@@ -357,6 +357,7 @@ def learn_weights(dev_nbest: PathLike, dev_reference: PathLike, work: Path, *, m
                   options: RerankOptions = RerankOptions(), start_ini: Optional[PathLike] = None) -> Learned:
     """Weights for every dense feature of ``dev_nbest``, tuned on it against ``dev_reference``."""
     extractor, optimiser = mert_programs(moses, options)
+    work = Path(work).resolve()  # the programs run inside it and get absolute paths
     if not options.seeds:
         raise PhraseScorerError("no optimiser seed given", hint="pass --seed at least once")
     dev = copy_checked(dev_nbest, work / "dev.nbest")
@@ -452,7 +453,7 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
         if os.fspath(path) == STDIO:
             raise PhraseScorerError("rerank reads its n-best lists twice; give them as files, not '-'")
     mert_programs(moses, options)  # before any work
-    work = fresh_directory(Path(working_dir) if working_dir else Path(output + ".work"), verb="rerank")
+    work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="rerank")
     learned = learn_weights(dev_nbest, dev_reference, work, moses=moses, options=options, start_ini=start_ini)
     sentences = apply_weights(test_nbest, learned.weights, output)
     result = RerankResult(
