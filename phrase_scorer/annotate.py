@@ -241,22 +241,8 @@ def annotate(
     settings = json.loads(json.dumps(settings))  # as the resume record will hold it (tuples -> lists)
     started = time.monotonic()
     with OutputLock(output):
-        done_lines, done_bytes = 0, 0
-        progress_path = Path(str(part_path(output)) + ".json") if not to_stdout else None
-        if resume:
-            if to_stdout or os.fspath(table) == STDIO:
-                raise PhraseScorerError("--resume needs named input and output files, not '-'")
-            done_lines, done_bytes = read_resume_record(progress_path, settings)
-            log.info("resuming after %d lines (%d bytes already written)", done_lines, done_bytes)
-        elif progress_path is not None and progress_path.exists():
-            progress_path.unlink()
-        if not to_stdout and os.path.exists(output) and not resume:
-            log.info("%s exists and will be replaced when the new table is complete", output)
-
-        with AtomicOutput(output, append=resume, keep_on_failure=not to_stdout) as out:
-            if resume:
-                out.file.truncate(done_bytes)
-                out.file.seek(done_bytes)
+        done_lines, done_bytes, progress_path = start_resumable(table, output, settings, resume)
+        with resumable_output(output, resume, done_bytes) as out:
             reader = PhraseTableReader(table, min_fields=3, check_scores=True, skip=done_lines)
             scorer = BatchScorer(loaded.model, scoring_options)
             writer = ChunkWriter(out, progress_path, settings, options, compress, done_lines)
@@ -295,9 +281,7 @@ def annotate(
                 "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }
             out.commit()
-        if progress_path is not None:
-            progress_path.unlink(missing_ok=True)
-            write_text_atomically(output + ".json", json.dumps(signature, indent=2) + "\n")
+        finish_resumable(output, progress_path, signature)
     return AnnotateResult(
         output=output,
         lines=total_lines,
@@ -330,6 +314,41 @@ def keep_or_remove_partial(exc: PhraseScorerError, out: AtomicOutput, progress_p
     hint = f"{exc.hint}; {note}" if exc.hint else note
     return PhraseScorerError(exc.message, path=exc.path, line=exc.line, hint=hint)
 
+def start_resumable(source: PathLike, output: str, settings: Dict[str, Any], resume: bool) -> Tuple[int, int, Optional[Path]]:
+    """Before a resumable run writes ``output`` (under its :class:`OutputLock`): the input lines
+    and output bytes already done (0, 0 unless ``resume``), and the resume record's path (None
+    for stdout). A fresh run removes a stale record."""
+    to_stdout = output == STDIO
+    done_lines, done_bytes = 0, 0
+    progress_path = Path(str(part_path(output)) + ".json") if not to_stdout else None
+    if resume:
+        if to_stdout or os.fspath(source) == STDIO:
+            raise PhraseScorerError("--resume needs named input and output files, not '-'")
+        done_lines, done_bytes = read_resume_record(progress_path, settings)
+        log.info("resuming after %d lines (%d bytes already written)", done_lines, done_bytes)
+    elif progress_path is not None and progress_path.exists():
+        progress_path.unlink()
+    if not to_stdout and os.path.exists(output) and not resume:
+        log.info("%s exists and will be replaced when the new output is complete", output)
+    return done_lines, done_bytes, progress_path
+
+
+def resumable_output(output: str, resume: bool, done_bytes: int) -> AtomicOutput:
+    """``output``'s temporary file, kept on failure for a later resume, cut to ``done_bytes``
+    when resuming."""
+    out = AtomicOutput(output, append=resume, keep_on_failure=output != STDIO)
+    if resume:
+        out.file.truncate(done_bytes)
+        out.file.seek(done_bytes)
+    return out
+
+
+def finish_resumable(output: str, progress_path: Optional[Path], signature: Dict[str, Any]) -> None:
+    """After the output is committed: drop the resume record and write the signature, OUT.json."""
+    if progress_path is not None:
+        progress_path.unlink(missing_ok=True)
+        write_text_atomically(output + ".json", json.dumps(signature, indent=2) + "\n")
+
 
 def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Tuple[int, int]:
     part = Path(str(progress_path)[: -len(".json")])
@@ -353,6 +372,20 @@ def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Tuple[i
     return lines, size
 
 
+def check_finite(log_probs: np.ndarray, path: PathLike, first_line: int) -> None:
+    """Refuse a NaN or infinite score; ``first_line`` is the input line of ``log_probs[0]``."""
+    if not np.isfinite(log_probs).all():
+        bad = int(np.flatnonzero(~np.isfinite(log_probs))[0])
+        raise PhraseScorerError("the model gave a non-finite score", path=path, line=first_line + bad,
+                                hint="the model weights are damaged")
+
+
+def per_token(log_probs: np.ndarray, target_ids) -> np.ndarray:
+    """log p divided by the number of predicted tokens, the target words and ``</s>``."""
+    lengths = np.fromiter((len(t) + 1 for t in target_ids), np.float64, len(target_ids))
+    return log_probs / lengths
+
+
 class ChunkWriter:
     """Writer thread body: formats a window, writes it as one chunk, records progress."""
 
@@ -369,13 +402,9 @@ class ChunkWriter:
     def format(self, window: Window) -> bytes:
         opts = self.options
         log_probs = window.log_probs
-        if not np.isfinite(log_probs).all():
-            bad = int(np.flatnonzero(~np.isfinite(log_probs))[0])
-            raise PhraseScorerError("the model gave a non-finite score", path=self.settings["input"]["path"],
-                                    line=window.first_line + bad, hint="the model weights are damaged")
+        check_finite(log_probs, self.settings["input"]["path"], window.first_line)
         if opts.length_normalize:
-            lengths = np.fromiter((len(t) + 1 for t in window.target_ids), np.float64, len(window.target_ids))
-            log_probs = log_probs / lengths
+            log_probs = per_token(log_probs, window.target_ids)
         probs = np.exp(np.maximum(log_probs, LOG_FLOOR))
         counts = np.exp(window.unknown.astype(np.float64))
         parts = []

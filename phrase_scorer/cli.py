@@ -20,7 +20,8 @@ import click
 
 from phrase_scorer import __version__, progress
 from phrase_scorer.config import (
-    COLUMNS, PRESETS, UNK_SIDES, AnnotateOptions, ExperimentOptions, SampleOptions, ScoringOptions, TrainConfig, TuneOptions,
+    COLUMNS, PRESETS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions, RescoreOptions, SampleOptions,
+    ScoringOptions, TrainConfig, TuneOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
 
@@ -73,6 +74,17 @@ class Duration(click.ParamType):
         if not text:
             self.fail("empty duration", param, ctx)
         return total
+
+
+def interrupted_resumable(output: str) -> UserError:
+    """Ctrl-C during a resumable run: say whether a finished part was kept for --resume."""
+    from phrase_scorer.io.files import part_path
+
+    if output != "-" and os.path.exists(f"{part_path(output)}.json"):
+        message = "interrupted; the finished part is kept. Resume with the same command and --resume"
+    else:
+        message = "interrupted before the first chunk was finished; nothing kept, run the command again"
+    return UserError(message, exit_code=130)
 
 
 def setup_logging(verbosity: int) -> None:
@@ -154,6 +166,12 @@ device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda
                              help="Where to run the model.")
 threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
                               help="CPU threads for the model [default: all cores].")
+batch_tokens_option = click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
+                                   help="Target tokens per scoring batch.")
+precision_option = click.option("--precision", type=click.Choice(["auto", "bf16", "fp16", "fp32"]),
+                                default=ScoringOptions.precision,
+                                help="Autocast on GPU; log-softmax stays fp32. CPU scores in fp32.")
+resume_option = click.option("--resume", is_flag=True, help="Continue an interrupted run of the same command.")
 model_option = click.option("-m", "--model", "model_dir", required=True, type=click.Path(file_okay=False),
                             help="Model directory made by 'phrase-scorer train'.")
 
@@ -248,7 +266,7 @@ def train(ctx, table, corpus, dev, output, source_shortlist, target_shortlist, t
 @model_option
 @click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", help="Where to write the scores.")
-@click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens, help="Target tokens per scoring batch.")
+@batch_tokens_option
 @device_option
 @threads_option
 def score(model_dir, input, output, batch_tokens, device, threads):
@@ -294,14 +312,13 @@ def parse_weights(ctx, param, value):
               help="Whose words outside the model's shortlists the unk column counts.")
 @click.option("--length-normalize/--no-length-normalize", default=AnnotateOptions.length_normalize,
               help="Write exp(log p / (target words + 1)), p per target token, instead of p(y|x).")
-@click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens, help="Target tokens per scoring batch.")
+@batch_tokens_option
 @click.option("--window-lines", type=click.IntRange(min=1), default=AnnotateOptions.window_lines,
               help="Lines read, scored and written at a time (also the resume granularity).")
 @device_option
-@click.option("--precision", type=click.Choice(["auto", "bf16", "fp16", "fp32"]), default=ScoringOptions.precision,
-              help="Autocast on GPU; log-softmax stays fp32. CPU scores in fp32.")
+@precision_option
 @threads_option
-@click.option("--resume", is_flag=True, help="Continue an interrupted run of the same command.")
+@resume_option
 @click.option("--ini", "moses_ini", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Also write this moses.ini, patched for the new table, to --ini-output.")
 @click.option("--ini-output", type=click.Path(dir_okay=False), default=None,
@@ -321,13 +338,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
         result = run_annotate(table, output, loaded, options,
                               ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume)
     except KeyboardInterrupt:
-        from phrase_scorer.io.files import part_path
-
-        if output != "-" and os.path.exists(f"{part_path(output)}.json"):
-            message = "interrupted; the finished part is kept. Resume with the same command and --resume"
-        else:
-            message = "interrupted before the first chunk was finished; nothing kept, run the command again"
-        raise UserError(message, exit_code=130) from None
+        raise interrupted_resumable(output) from None
     click.echo(
         f"annotated {result.lines:,} lines in {result.seconds:.0f}s ({result.lines / max(result.seconds, 1e-9):,.0f} lines/s)"
         + ("" if output == "-" else f": {output}, signature {output}.json"),
@@ -367,6 +378,53 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
         ),
         err=True,
     )
+
+
+# --- rescore ------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("nbest", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--source", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="The sentences the n-best list was decoded from, one per line (plain or gzip).")
+@click.option("-m", "--model", "models", multiple=True, type=click.Path(file_okay=False),
+              help="Model scoring log p(hypothesis | source); repeatable, one feature each.")
+@click.option("-r", "--reverse-model", "reverse_models", multiple=True, type=click.Path(file_okay=False),
+              help="Model trained target->source, scoring log p(source | hypothesis); repeatable.")
+@click.option("--name", "names", multiple=True,
+              help="Feature name of each -m model, in order [default: RNN0, RNN1, ...].")
+@click.option("--reverse-name", "reverse_names", multiple=True,
+              help="Feature name of each --reverse-model, in order [default: RNNReverse0, ...].")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Rescored n-best list ('.gz' for gzip, '-' for stdout).")
+@click.option("--normalize/--no-normalize", default=RescoreOptions.normalize,
+              help="Write log p divided by the predicted tokens (words + 1) instead of log p.")
+@batch_tokens_option
+@click.option("--window-lines", type=click.IntRange(min=1), default=RescoreOptions.window_lines,
+              help="About this many lines (whole sentences) read, scored and written at a time (also the resume granularity).")
+@device_option
+@precision_option
+@threads_option
+@resume_option
+def rescore(nbest, source, models, reverse_models, names, reverse_names, output, normalize, batch_tokens, window_lines,
+            device, precision, threads, resume):
+    """Append the models' log-probabilities to every line of a Moses n-best list NBEST.
+
+    Each model adds one dense feature 'Name= value' (natural log, 6 significant digits);
+    every other byte of the list is kept. '-' reads NBEST from stdin.
+    """
+    set_threads(threads)
+    from phrase_scorer.rescore import feature_models, rescore as run_rescore
+    from phrase_scorer.train import resolve_device
+
+    loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device))
+    try:
+        result = run_rescore(nbest, source, output, loaded, RescoreOptions(normalize=normalize, window_lines=window_lines),
+                             ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume)
+    except KeyboardInterrupt:
+        raise interrupted_resumable(output) from None
+    click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"
+               + ("" if output == "-" else f": {output}, signature {output}.json"), err=True)
 
 
 # --- moses-ini -----------------------------------------------------------------------------------
@@ -621,6 +679,48 @@ def tune(moses_ini, dev, output, working_dir, seed, moses_home, **options):
     history = ", ".join(f"{it}: {bleu:.2f}" for it, bleu in result.iterations)
     click.echo(f"tuned config: {output} (dev BLEU by iteration: {history}; "
                f"kept: {'?' if result.dev_bleu is None else f'{result.dev_bleu:.2f}'})", err=True)
+
+
+@cli.command()
+@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Dev n-best list (rescored; plain or gzip) and its references (tokenised like the output).")
+@click.option("--test", "test_nbest", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Test n-best list with the same features, to rerank.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the test set's new 1-best, one line per sentence; the weights go to OUTPUT.json.")
+@click.option("--ini", "start_ini", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The decoder's moses.ini: its [weight] section gives the starting weights "
+                   "[default: fitted to the dev list's totals].")
+@click.option("--method", type=click.Choice(["mert", "mira"]), default=RerankOptions.method,
+              help="Moses' mert or kbmira (batch MIRA).")
+@click.option("--seed", "seeds", type=int, multiple=True, default=RerankOptions.seeds,
+              help="One optimiser run per seed (repeatable); the run best on dev is kept.")
+@click.option("--restarts", type=click.IntRange(min=0), default=RerankOptions.restarts,
+              help="mert's random starting points per run.")
+@click.option("--iterations", "mira_iterations", type=click.IntRange(min=1), default=RerankOptions.mira_iterations,
+              help="kbmira's epochs per run.")
+@click.option("--threads", type=click.IntRange(min=1), default=RerankOptions.threads, help="mert's threads.")
+@click.option("--working-dir", type=click.Path(file_okay=False), default=None,
+              help="For the extractor's files and the optimiser runs, made fresh [default: OUTPUT.work].")
+@click.option("--mertdir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Folder of extractor, mert and kbmira [default: MOSES_HOME/bin].")
+@moses_home_option
+def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads, working_dir, mertdir,
+           moses_home):
+    """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
+    then write the best hypothesis of each sentence of the test n-best list."""
+    from phrase_scorer.moses.installation import MosesInstallation
+    from phrase_scorer.moses.rerank import rerank as run_rerank
+
+    moses = MosesInstallation.find(moses_home) if moses_home or not mertdir else None
+    options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
+                            threads=threads, mertdir=mertdir)
+    result = run_rerank(dev[0], dev[1], test_nbest, output, moses=moses, options=options, start_ini=start_ini,
+                        working_dir=working_dir)
+    runs = ", ".join(f"seed {r.seed}: {r.dev_bleu:.2f}" for r in result.runs)
+    click.echo(f"dev BLEU {result.start_dev_bleu:.2f} with the starting weights; after {method}: {runs}; "
+               f"kept seed {result.best_seed}", err=True)
+    click.echo(f"test 1-best: {output} ({result.sentences} sentences); weights in {output}.json", err=True)
 
 
 @cli.command()

@@ -134,6 +134,31 @@ class AnnotateOptions:
 
 
 @dataclass(frozen=True)
+class RescoreOptions:
+    """What ``rescore`` writes. Changing any of these changes the output."""
+
+    normalize: bool = False  # log p / (words + 1), per predicted token, instead of log p
+    window_lines: int = 20000  # about this many n-best lines (whole sentences) per window and resume chunk
+    compress_level: int = 6
+
+
+FORWARD_FEATURE_PREFIX = "RNN"  # default feature names: RNN0, RNN1, ... for -m models
+REVERSE_FEATURE_PREFIX = "RNNReverse"  # and RNNReverse0, ... for --reverse-model models
+
+
+@dataclass(frozen=True)
+class RerankOptions:
+    """How ``rerank`` runs Moses' optimiser on a fixed n-best list."""
+
+    method: str = "mert"  # mert | mira (kbmira, batch MIRA)
+    seeds: Tuple[int, ...] = (1, 2, 3)  # one optimiser run per seed; the best on dev is kept
+    restarts: int = 20  # mert's random starting points per run (-n), as mert-moses.pl
+    mira_iterations: int = 60  # kbmira's epochs (-J)
+    threads: int = 1  # mert's threads
+    mertdir: Optional[str] = None  # folder of extractor, mert, kbmira (default: MOSES_HOME/bin)
+
+
+@dataclass(frozen=True)
 class SampleOptions:
     """How candidates are generated and ranked."""
 

@@ -100,6 +100,21 @@ class InputFile:
         self.close()
 
 
+class ReadProgress:
+    """How far a reader has got through the :class:`InputFile` it holds open as ``_input``, for
+    progress bars."""
+
+    _input: Optional[InputFile] = None
+
+    @property
+    def size(self) -> Optional[int]:
+        return self._input.size if self._input is not None else None
+
+    @property
+    def bytes_read(self) -> int:
+        return self._input.bytes_read if self._input is not None else 0
+
+
 def open_input(path: PathLike) -> InputFile:
     """Open ``path`` (``-`` for stdin) for binary line reading, gunzipping when needed."""
     return InputFile(path)
