@@ -14,8 +14,34 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
 
+
+class ArchitectureConfig:
+    """What the network configs share: ``arch`` names the architecture (class attribute ARCH),
+    and the config goes to and from config.json's model section."""
+
+    ARCH = ""
+    arch: str
+
+    def __post_init__(self) -> None:
+        if self.arch != self.ARCH:
+            raise ValueError(f"{type(self).__name__} is the {self.ARCH!r} architecture, not {self.arch!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """``cls(**data)``, refusing settings ``cls`` does not have; a dict without ``arch``
+        (written before the field existed) is read as ``cls``'s own architecture."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown model settings: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(ArchitectureConfig):
     """Sizes of the RNN Encoder-Decoder. The defaults are the paper's (Cho et al. 2014, section
     4.1.1 and appendix A)."""
 
@@ -31,31 +57,6 @@ class ModelConfig:
     target_shortlist: int = 15000
     init_std: float = 0.01  # N(0, 0.01^2) for every weight but the recurrent ones
     recurrent_init_scale: float = 0.01  # orthogonal recurrent matrices times this (Saxe et al.)
-
-    def __post_init__(self) -> None:
-        check_arch(self)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
-        return config_from_dict(cls, data)
-
-
-def check_arch(config) -> None:
-    if config.arch != config.ARCH:
-        raise ValueError(f"{type(config).__name__} is the {config.ARCH!r} architecture, not {config.arch!r}")
-
-
-def config_from_dict(cls, data: dict):
-    """``cls(**data)``, refusing settings ``cls`` does not have; a dict without ``arch`` (written
-    before the field existed) is read as ``cls``'s own architecture."""
-    known = {f.name for f in fields(cls)}
-    unknown = set(data) - known
-    if unknown:
-        raise ValueError(f"unknown model settings: {', '.join(sorted(unknown))}")
-    return cls(**data)
 
 
 PRESETS: Dict[str, ModelConfig] = {
@@ -76,7 +77,7 @@ DEFAULT_PRESET = "paper"
 
 
 @dataclass(frozen=True)
-class RNNsearchConfig:
+class RNNsearchConfig(ArchitectureConfig):
     """Sizes of RNNsearch (Bahdanau, Cho and Bengio 2015). The defaults are the paper's
     (appendices A and B: RNNsearch-30/-50 on WMT'14 En-Fr)."""
 
@@ -93,27 +94,17 @@ class RNNsearchConfig:
     init_std: float = 0.01  # N(0, 0.01^2) for every weight but the recurrent and alignment ones
     alignment_init_std: float = 0.001  # N(0, 0.001^2) for W_a and U_a (v_a starts at 0)
 
-    def __post_init__(self) -> None:
-        check_arch(self)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "RNNsearchConfig":
-        return config_from_dict(cls, data)
-
 
 RNNSEARCH_PRESETS: Dict[str, RNNsearchConfig] = {
     # The paper's RNNsearch (620 / 1000 / 1000 / 500, 30k-word shortlists).
     "paper": RNNsearchConfig(),
-    # The encoder-decoder's "small" sizes where they have a counterpart (256 GRU units, one
-    # direction of the encoder as wide as its encoder), so the two compare at a like budget;
-    # n' = n as in the paper, 128 maxout units (the paper's l = n / 2), 8,000-word shortlists
-    # (about 96% of Multi30k's target tokens). See docs/rnnsearch.md for the parameter counts.
+    # The encoder-decoder's "small" width, n = 256 GRU units (each encoder direction as wide as
+    # the encoder-decoder's encoder), with the paper's proportions n' = n, l = n / 2 and
+    # m = n / 2 (the paper: 0.62 n); and the encoder-decoder's 6,000-word shortlists, so that the
+    # two architectures compare on the same words.
     "small": RNNsearchConfig(
         embedding_dim=128, hidden_dim=256, alignment_dim=256, maxout_units=128,
-        source_shortlist=8000, target_shortlist=8000,
+        source_shortlist=6000, target_shortlist=6000,
     ),
     # For tests: trains and scores in seconds.
     "tiny": RNNsearchConfig(

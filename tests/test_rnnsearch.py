@@ -3,8 +3,10 @@ every architecture offers (the encoder-decoder included)."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +32,7 @@ TINY_SEARCH = RNNsearchConfig(embedding_dim=5, hidden_dim=6, alignment_dim=4, ma
 TINY_ENCDEC = ModelConfig(embedding_dim=5, hidden_dim=7, maxout_units=4, output_rank=3,
                           source_shortlist=20, target_shortlist=20)
 SOURCE_VOCAB_SIZE, TARGET_VOCAB_SIZE = 23, 19
+ROOT = Path(__file__).resolve().parent.parent
 PAIRS = [([5], [7]), ([3, 4, 5], [6, 7]), ([9, 2, 9, 10], [3, 3, 2, 8, 18]), ([22], [2]), ([4, 4], [5, 6, 7, 8, 9, 10])]
 
 
@@ -365,3 +368,17 @@ def test_model_directory_builds_the_recorded_architecture(tmp_path, arch):
 
 def test_encdec_is_the_same_class_under_both_names():
     assert ARCHITECTURES["encdec"] is RNNEncoderDecoder
+
+
+def test_docs_tables_follow_the_code():
+    """docs/rnnsearch.md's parameter counts are tools/model_sizes.py's, its presets config.py's."""
+    spec = importlib.util.spec_from_file_location("model_sizes", ROOT / "tools" / "model_sizes.py")
+    model_sizes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model_sizes)
+    doc = (ROOT / "docs" / "rnnsearch.md").read_text(encoding="utf-8")
+    assert f"{model_sizes.BEGIN}\n{model_sizes.sizes_table()}{model_sizes.END}" in doc
+    for name, c in RNNSEARCH_PRESETS.items():
+        assert c.source_shortlist == c.target_shortlist
+        row = (f"| {name} | {c.embedding_dim} | {c.hidden_dim} | {c.alignment_dim} | {c.maxout_units} | "
+               f"{c.source_shortlist:,} |")
+        assert row in doc

@@ -15,7 +15,9 @@ a model only through this interface:
 the readout features of the distribution of the next word. The first step of a target reads
 ``prev = PAD_ID``, whose embedding is taken as 0 (e(y_0) = 0), whatever the embedding row holds.
 ``forward`` runs exactly these steps, teacher-forced, so a score built from start/step/logits
-equals the forward pass.
+equals the forward pass. The state is one tensor whose first dimension is the row (an
+architecture whose state has several parts concatenates them), so a trie or a beam reorders it
+with ``state[index]``.
 
 Optional capabilities, each named by a class attribute:
 
@@ -33,7 +35,7 @@ V target vocabulary (the output layer covers ids 1..V-1: ``</s>``, ``<unk>`` and
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import Tensor, nn
