@@ -188,6 +188,7 @@ def test_alignments_match_the_papers_equations_and_sum_to_one_over_real_words():
         np.testing.assert_allclose(got[:, : len(source)], want, atol=1e-12)
         np.testing.assert_allclose(got[:, : len(source)].sum(1), 1.0, atol=1e-12)
         assert np.all(got[:, len(source):] == 0.0)  # no weight on padding
+        assert np.all(alpha[b, len(target) + 1 :] == 0.0)  # no rows past </s>
         if len(source) > 1:  # the weights are not uniform: the test sees them
             assert got[:, : len(source)].std() > 0.01
 

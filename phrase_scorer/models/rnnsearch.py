@@ -43,6 +43,7 @@ from phrase_scorer.models.base import (
     Memory,
     TranslationModel,
     embed_previous,
+    next_word_labels,
     orthogonal_like,
     previous_words,
 )
@@ -226,11 +227,12 @@ class RNNsearch(TranslationModel):
 
     def alignments(self, src: Tensor, src_len: Tensor, tgt: Tensor, tgt_len: Tensor) -> Tensor:
         """Teacher-forced a_ij: (B, T+1, S); row i is the step that predicts y_i (then </s>).
-        Rows past a target's </s> and columns past its source are padding (columns are 0)."""
+        Rows past a target's </s> and columns past its source are 0."""
         memory = self.encode(src, src_len)
         state = self.start(memory)
         weights = []
         for prev in previous_words(tgt).unbind(1):  # (B,) each
             state, _, alpha = self.step_with_alignment(memory, state, prev)
             weights.append(alpha)
-        return torch.stack(weights, 1)  # (B, T+1, S)
+        _, valid = next_word_labels(tgt, tgt_len)  # (B, T+1)
+        return torch.stack(weights, 1) * valid.unsqueeze(2).to(memory.annotations.dtype)  # (B, T+1, S)
