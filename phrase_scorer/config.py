@@ -1,6 +1,7 @@
 """Every setting of the package, with its default, in one place.
 
-One frozen dataclass per concern: the network (:class:`ModelConfig`, with the presets), training
+One frozen dataclass per concern: the networks (:class:`ModelConfig` for the RNN Encoder-Decoder,
+:class:`RNNsearchConfig` for the attention model, each with its presets), training
 (:class:`TrainConfig`), scoring (:class:`ScoringOptions`) and annotation
 (:class:`AnnotateOptions`). The command line takes its defaults from here, and the model
 directory stores the first two as JSON. This module imports neither torch nor numpy.
@@ -9,14 +10,44 @@ directory stores the first two as JSON. This module imports neither torch nor nu
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """Sizes of the network. The defaults are the paper's (section 4.1.1 and appendix A)."""
 
+class ArchitectureConfig:
+    """What the network configs share: ``arch`` names the architecture (class attribute ARCH),
+    and the config goes to and from config.json's model section."""
+
+    ARCH = ""
+    arch: str
+
+    def __post_init__(self) -> None:
+        if self.arch != self.ARCH:
+            raise ValueError(f"{type(self).__name__} is the {self.ARCH!r} architecture, not {self.arch!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """``cls(**data)``, refusing settings ``cls`` does not have; a dict without ``arch``
+        (written before the field existed) is read as ``cls``'s own architecture."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown model settings: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelConfig(ArchitectureConfig):
+    """Sizes of the RNN Encoder-Decoder. The defaults are the paper's (Cho et al. 2014, section
+    4.1.1 and appendix A)."""
+
+    ARCH = "encdec"  # the value of ``arch`` in config.json
+
+    arch: str = ARCH
     embedding_dim: int = 100
     hidden_dim: int = 1000
     maxout_units: int = 500
@@ -26,17 +57,6 @@ class ModelConfig:
     target_shortlist: int = 15000
     init_std: float = 0.01  # N(0, 0.01^2) for every weight but the recurrent ones
     recurrent_init_scale: float = 0.01  # orthogonal recurrent matrices times this (Saxe et al.)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown model settings: {', '.join(sorted(unknown))}")
-        return cls(**data)
 
 
 PRESETS: Dict[str, ModelConfig] = {
@@ -54,6 +74,59 @@ PRESETS: Dict[str, ModelConfig] = {
     ),
 }
 DEFAULT_PRESET = "paper"
+
+
+@dataclass(frozen=True)
+class RNNsearchConfig(ArchitectureConfig):
+    """Sizes of RNNsearch (Bahdanau, Cho and Bengio 2015). The defaults are the paper's
+    (appendices A and B: RNNsearch-30/-50 on WMT'14 En-Fr)."""
+
+    ARCH = "rnnsearch"
+
+    arch: str = ARCH
+    embedding_dim: int = 620  # m
+    hidden_dim: int = 1000  # n: GRU units per encoder direction, and decoder units
+    alignment_dim: int = 1000  # n': hidden units of the alignment model
+    maxout_units: int = 500  # l: readout units, each the max of maxout_pieces
+    maxout_pieces: int = 2
+    source_shortlist: int = 30000  # K_x
+    target_shortlist: int = 30000  # K_y
+    init_std: float = 0.01  # N(0, 0.01^2) for every weight but the recurrent and alignment ones
+    alignment_init_std: float = 0.001  # N(0, 0.001^2) for W_a and U_a (v_a starts at 0)
+
+
+RNNSEARCH_PRESETS: Dict[str, RNNsearchConfig] = {
+    # The paper's RNNsearch (620 / 1000 / 1000 / 500, 30k-word shortlists).
+    "paper": RNNsearchConfig(),
+    # The encoder-decoder's "small" width, n = 256 GRU units (each encoder direction as wide as
+    # the encoder-decoder's encoder), with the paper's proportions n' = n, l = n / 2 and
+    # m = n / 2 (the paper: 0.62 n); and the encoder-decoder's 6,000-word shortlists, so that the
+    # two architectures compare on the same words.
+    "small": RNNsearchConfig(
+        embedding_dim=128, hidden_dim=256, alignment_dim=256, maxout_units=128,
+        source_shortlist=6000, target_shortlist=6000,
+    ),
+    # For tests: trains and scores in seconds.
+    "tiny": RNNsearchConfig(
+        embedding_dim=16, hidden_dim=24, alignment_dim=20, maxout_units=12,
+        source_shortlist=500, target_shortlist=500,
+    ),
+}
+
+# config.json's model "arch" -> the config class and its presets (no "arch": the encoder-decoder).
+MODEL_CONFIGS = {ModelConfig.ARCH: ModelConfig, RNNsearchConfig.ARCH: RNNsearchConfig}
+ARCH_PRESETS = {ModelConfig.ARCH: PRESETS, RNNsearchConfig.ARCH: RNNSEARCH_PRESETS}
+AnyModelConfig = Union[ModelConfig, RNNsearchConfig]
+
+
+def model_config_from_dict(data: dict) -> AnyModelConfig:
+    """The model section of config.json, as the config of its architecture."""
+    if not isinstance(data, dict):
+        raise TypeError("the model settings are not a JSON object")
+    arch = data.get("arch", ModelConfig.ARCH)
+    if arch not in MODEL_CONFIGS:
+        raise ValueError(f"unknown architecture {arch!r}; this version knows {', '.join(MODEL_CONFIGS)}")
+    return MODEL_CONFIGS[arch].from_dict(data)
 
 
 @dataclass(frozen=True)
