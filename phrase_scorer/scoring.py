@@ -286,8 +286,8 @@ class OutputSoftmax:
     maximum, so the shifted sum is at least 1 and never underflows, and it stays close to the
     maximum whatever the weights (a bound from the norms of the weights, tight for an untrained
     network, is tens of nats too high for a trained one). A row whose largest logit exceeds U by
-    so much that exp overflows in fp32 (more than about 88 nats) is recomputed exactly. On GPU
-    (half precision) the exact log-sum-exp is used throughout.
+    so much that exp overflows in fp32 (more than about 88 nats) is recomputed exactly. In half
+    precision (bf16/fp16 autocast on a GPU) the exact log-sum-exp, in fp32, is used throughout.
     """
 
     PROBE_COLUMNS = 64
