@@ -26,17 +26,22 @@ def test_scoring_defaults_to_fp32_and_a_cpu_always_computes_in_fp32():
         resolve_precision(cpu, "fp8")
 
 
+SETTINGS = ("input", "model", "options", "scoring", "gzip", "package_version")  # what a resume record keeps
+
+
 def interrupted_annotation(tmp_path: Path, loaded) -> tuple:
-    """An annotation stopped by a bad line after three complete chunks: (table, output, record)."""
-    lines = head_lines(EXAMPLE_TABLE, 600) + [b"a broken line\n"]
+    """An annotation interrupted before its first chunk, as a run on this machine would leave it:
+    (table, output, record, the uninterrupted output)."""
     table = tmp_path / "t.txt"
-    table.write_bytes(b"".join(lines))
+    table.write_bytes(b"".join(head_lines(EXAMPLE_TABLE, 600)))
+    whole = tmp_path / "whole.gz"
+    annotate(table, whole, loaded, AnnotateOptions(window_lines=200))
+    signature = json.loads(Path(str(whole) + ".json").read_text())
     out = tmp_path / "o.gz"
-    with pytest.raises(PhraseScorerError, match="line 601"):
-        annotate(table, out, loaded, AnnotateOptions(window_lines=200))
+    Path(str(out) + ".part").write_bytes(b"")
     record = Path(str(out) + ".part.json")
-    assert json.loads(record.read_text())["lines_done"] == 600
-    return table, out, record
+    record.write_text(json.dumps({"lines_done": 0, "bytes_done": 0, "settings": {k: signature[k] for k in SETTINGS}}))
+    return table, out, record, whole
 
 
 def test_signature_names_device_and_precision(tmp_path, loaded_tiny):
@@ -49,12 +54,9 @@ def test_signature_names_device_and_precision(tmp_path, loaded_tiny):
 
 @pytest.mark.parametrize("key, saved", [("precision", "bf16"), ("device", "cuda:NVIDIA H100 80GB HBM3")])
 def test_resume_refuses_chunks_from_another_device_or_precision(tmp_path, loaded_tiny, key, saved):
-    table, out, record = interrupted_annotation(tmp_path, loaded_tiny)
-    # the same run resumes (and meets the bad line again)
-    with pytest.raises(PhraseScorerError, match="line 601"):
-        annotate(table, out, loaded_tiny, AnnotateOptions(window_lines=200), resume=True)
-    # as if the interrupted run had scored on a GPU, or in bf16
+    table, out, record, whole = interrupted_annotation(tmp_path, loaded_tiny)
     data = json.loads(record.read_text())
+    # as if the interrupted run had scored on a GPU, or in bf16
     data["settings"]["scoring"][key] = saved
     record.write_text(json.dumps(data))
     now = {"precision": "fp32", "device": "cpu"}[key]
@@ -63,6 +65,11 @@ def test_resume_refuses_chunks_from_another_device_or_precision(tmp_path, loaded
         annotate(table, out, loaded_tiny, AnnotateOptions(window_lines=200), resume=True)
     assert "\n" not in str(info.value)
     assert not out.exists()
+    # the same record with this machine's device and precision resumes, and gives the same table
+    data["settings"]["scoring"][key] = now
+    record.write_text(json.dumps(data))
+    annotate(table, out, loaded_tiny, AnnotateOptions(window_lines=200), resume=True)
+    assert out.read_bytes() == whole.read_bytes()
 
 
 def test_training_resumed_on_another_device_says_so(tmp_path, caplog):
@@ -74,7 +81,11 @@ def test_training_resumed_on_another_device_says_so(tmp_path, caplog):
     assert (checkpoint["state"]["device"], checkpoint["state"]["precision"]) == ("cpu", "fp32")
     checkpoint["state"].update(device="cuda:NVIDIA H100 80GB HBM3", precision="bf16")
     torch.save(checkpoint, out / "checkpoint.pt")
-    with caplog.at_level(logging.INFO, logger="phrase_scorer"):
+    logger = logging.getLogger("phrase_scorer.train")  # the CLI tests may stop propagation at "phrase_scorer"
+    logger.addHandler(caplog.handler)
+    try:
         state = train(EXAMPLE_TABLE, out, TrainConfig(max_steps=8, **quick), resume=True, explicit={"max_steps"})
+    finally:
+        logger.removeHandler(caplog.handler)
     assert state.step == 8 and (state.device, state.precision) == ("cpu", "fp32")
     assert "the interrupted run trained on cuda:NVIDIA H100 80GB HBM3 in bf16; it goes on on cpu in fp32" in caplog.text
