@@ -20,8 +20,10 @@ Resuming. The output is written to ``OUT.part``; after each chunk the writer rec
 ``OUT.part.json``, how many input lines are done and how many bytes they took. ``--resume``
 truncates ``OUT.part`` to that size, skips those lines and carries on; since each chunk is a
 complete gzip member (or plain text) and chunk boundaries do not depend on where the run
-stopped, the result is byte-identical to an uninterrupted run. At the end ``OUT.part`` is
-renamed to ``OUT`` and a signature, ``OUT.json``, records what made the table.
+stopped, the result is byte-identical to an uninterrupted run. A resumed run must use the same
+input, model, options, device and precision (a chunk scored in bf16 next to one in fp32 would
+differ silently). At the end ``OUT.part`` is renamed to ``OUT`` and a signature, ``OUT.json``,
+records what made the table, the device and precision of the scores included.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from phrase_scorer.io.files import (
 )
 from phrase_scorer.io.phrase_table import PhraseTableReader, TableLine
 from phrase_scorer.progress import progress_bar
+from phrase_scorer.resume import refuse_changed_settings
 
 log = logging.getLogger(__name__)
 
@@ -230,11 +233,13 @@ def annotate(
     if not to_stdout and os.fspath(table) != STDIO and os.path.abspath(table) == os.path.abspath(output):
         raise PhraseScorerError("the output would overwrite the input table", path=output)
     compress = not to_stdout and is_gzip_name(output)
+    scorer = BatchScorer(loaded.model, scoring_options)
     settings = {
         "input": input_identity(table),
         "model": {"directory": os.path.abspath(loaded.directory), "weights_sha256": loaded.weights_sha256,
                   "config": loaded.config.to_dict()},
         "options": asdict(options),
+        "scoring": scorer.describe(),  # device and precision: a resumed run must not mix them
         "gzip": compress,
         "package_version": __version__,
     }
@@ -244,7 +249,6 @@ def annotate(
         done_lines, done_bytes, progress_path = start_resumable(table, output, settings, resume)
         with resumable_output(output, resume, done_bytes) as out:
             reader = PhraseTableReader(table, min_fields=3, check_scores=True, skip=done_lines)
-            scorer = BatchScorer(loaded.model, scoring_options)
             writer = ChunkWriter(out, progress_path, settings, options, compress, done_lines)
 
             def work(window: Window) -> Window:
@@ -360,12 +364,7 @@ def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Tuple[i
         lines, size, saved = int(record["lines_done"]), int(record["bytes_done"]), record["settings"]
     except (ValueError, KeyError, TypeError) as exc:
         raise PhraseScorerError(f"resume record is damaged ({exc})", path=progress_path, hint="run again without --resume") from None
-    if saved != settings:
-        changed = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
-        raise PhraseScorerError(
-            f"cannot resume: {', '.join(changed)} changed since the interrupted run", path=part,
-            hint="run again without --resume",
-        )
+    refuse_changed_settings(saved, settings, path=part, hint="run again without --resume")
     if part.stat().st_size < size:
         raise PhraseScorerError("the partial output is shorter than its resume record says", path=part,
                                 hint="run again without --resume")

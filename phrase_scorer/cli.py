@@ -20,8 +20,8 @@ import click
 
 from phrase_scorer import __version__, progress
 from phrase_scorer.config import (
-    COLUMNS, PRESETS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions, RescoreOptions, SampleOptions,
-    ScoringOptions, TrainConfig, TuneOptions,
+    COLUMNS, PRECISIONS, PRESETS, TRAIN_PRECISIONS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions,
+    RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TuneOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
 
@@ -168,9 +168,11 @@ threads_option = click.option("--threads", type=click.IntRange(min=1), default=N
                               help="CPU threads for the model [default: all cores].")
 batch_tokens_option = click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
                                    help="Target tokens per scoring batch.")
-precision_option = click.option("--precision", type=click.Choice(["auto", "bf16", "fp16", "fp32"]),
-                                default=ScoringOptions.precision,
-                                help="Autocast on GPU; log-softmax stays fp32. CPU scores in fp32.")
+precision_option = click.option(
+    "--precision", type=click.Choice(PRECISIONS), default=ScoringOptions.precision,
+    help="fp32 on every device by default. bf16/fp16 (GPU only): autocast, so the decoder state and "
+         "the output layer run in half precision and log p moves by about 1e-3 (fp16) to 1e-2 (bf16) nats "
+         "(docs/precision.md); only the log-softmax stays fp32. A CPU always scores in fp32.")
 resume_option = click.option("--resume", is_flag=True, help="Continue an interrupted run of the same command.")
 model_option = click.option("-m", "--model", "model_dir", required=True, type=click.Path(file_okay=False),
                             help="Model directory made by 'phrase-scorer train'.")
@@ -205,8 +207,9 @@ model_option = click.option("-m", "--model", "model_dir", required=True, type=cl
 @click.option("--clip-norm", type=click.FloatRange(min=0, min_open=True), default=TrainConfig.clip_norm, help="Gradient-norm clipping threshold.")
 @click.option("--seed", type=int, default=TrainConfig.seed, help="Random seed (initial weights, validation split, data order).")
 @device_option
-@click.option("--precision", type=click.Choice(["auto", "bf16", "fp16", "fp32"]), default=TrainConfig.precision,
-              help="Autocast on GPU (auto: bf16 where supported, else fp16). CPU always trains in fp32.")
+@click.option("--precision", type=click.Choice(TRAIN_PRECISIONS), default=TrainConfig.precision,
+              help="On a GPU: fp32, or bf16/fp16 autocast (products, GRU states and logits in half precision, "
+                   "fp32 weights; auto: bf16 where supported, else fp16). A CPU always trains in fp32.")
 @threads_option
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace a model already in the output folder.")
@@ -277,7 +280,7 @@ def score(model_dir, input, output, batch_tokens, device, threads):
     set_threads(threads)
     from phrase_scorer.annotate import score_file
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.train import resolve_device
+    from phrase_scorer.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
     score_file(input, output, loaded, ScoringOptions(batch_tokens=batch_tokens))
@@ -329,7 +332,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
     set_threads(threads)
     from phrase_scorer.annotate import annotate as run_annotate
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.train import resolve_device
+    from phrase_scorer.device import resolve_device
 
     options = AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
                               window_lines=window_lines)
@@ -415,7 +418,7 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, output,
     """
     set_threads(threads)
     from phrase_scorer.rescore import feature_models, rescore as run_rescore
-    from phrase_scorer.train import resolve_device
+    from phrase_scorer.device import resolve_device
 
     loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device))
     try:
@@ -507,7 +510,7 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.sampling import SourcePreparer, TargetLanguageModel, display, propose
-    from phrase_scorer.train import resolve_device
+    from phrase_scorer.device import resolve_device
 
     sources = list(phrases)
     if input_file:
@@ -563,7 +566,7 @@ def compare(model_dir, table, frequent, rare, sources, top, min_words, min_targe
     from phrase_scorer.analysis.compare import CompareOptions, compare as run_compare, to_json, to_markdown
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.sampling import display
-    from phrase_scorer.train import resolve_device
+    from phrase_scorer.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
     options = CompareOptions(min_words=min_words, min_targets=min_targets, top=top, frequent=frequent, rare=rare,
@@ -617,7 +620,7 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
     """A 2-D map of the model's word or phrase representations."""
     from phrase_scorer.analysis.plots import plot_embeddings as run
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.train import resolve_device
+    from phrase_scorer.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
     result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,

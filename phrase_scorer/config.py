@@ -75,6 +75,11 @@ PRESETS: Dict[str, ModelConfig] = {
 }
 DEFAULT_PRESET = "paper"
 
+# Precisions (what each does: phrase_scorer/device.py; measured effect on scores: docs/precision.md).
+# A CPU always runs in fp32. Training's "auto" is bf16 autocast on a GPU that supports it, else fp16.
+PRECISIONS = ("fp32", "bf16", "fp16")
+TRAIN_PRECISIONS = ("auto", *PRECISIONS)
+
 
 @dataclass(frozen=True)
 class RNNsearchConfig(ArchitectureConfig):
@@ -146,7 +151,7 @@ class TrainConfig:
     max_time: Optional[float] = None  # seconds
     seed: int = 1
     device: str = "auto"  # auto | cpu | cuda
-    precision: str = "auto"  # on GPU: auto (bf16 where supported, else fp16) | bf16 | fp16 | fp32
+    precision: str = "auto"  # on GPU: auto (bf16 where supported, else fp16) | bf16 | fp16 | fp32; weights stay fp32
     max_length: Optional[int] = None  # sentence corpora: training pairs with a longer side are left out
 
     # Settings that --resume may change; all others must match the saved run.
@@ -163,13 +168,16 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ScoringOptions:
-    """How the scorer batches its work; none of these change the scores."""
+    """How the scorer works. The batching settings change the scores only by fp32 rounding (a few
+    units in the 7th significant digit); ``precision`` changes them by more (docs/precision.md)."""
 
     batch_tokens: int = 8192  # target tokens (words + </s>) per decoder batch
     chunk_rows: int = 128  # rows of the N x V logits formed at once (small: they stay in cache)
     share_source_prefixes: bool = True
     share_target_prefixes: bool = True
-    precision: str = "auto"  # fp32 on CPU; on GPU "auto" = bf16 where supported, else fp16
+    # fp32 on every device by default: bf16 moves log p by hundredths of a nat (docs/precision.md).
+    # bf16 | fp16: autocast on a GPU (state and output layer in half precision); a CPU ignores it.
+    precision: str = "fp32"
 
 
 COLUMNS = ("prob", "unk")

@@ -32,7 +32,7 @@ import shutil
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import ClassVar, Iterable, Iterator, List, Optional, Tuple
+from typing import ClassVar, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -41,7 +41,8 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.progress import progress_bar
-from phrase_scorer.vocab import Vocabulary
+from phrase_scorer.resume import refuse_changed_settings
+from phrase_scorer.vocab import PAD_ID, Vocabulary
 
 CACHE_FORMAT = "phrase-scorer-pair-cache"
 CACHE_VERSION = 1
@@ -167,11 +168,7 @@ def reuse_cache(cache_dir: Path, expected: dict, keep_existing: bool, data_path:
     if existing_settings == expected_settings:
         return existing
     if keep_existing:
-        changed = [k for k, v in expected_settings.items() if existing_settings.get(k) != v]
-        raise PhraseScorerError(
-            f"the training data differ from the interrupted run's ({', '.join(changed)} changed)", path=data_path,
-            hint=hint,
-        )
+        refuse_changed_settings(existing_settings, expected_settings, path=data_path, hint=hint)
     return None
 
 
@@ -387,14 +384,19 @@ class PairSet:
     def batch_arrays(self, indices: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Padded id matrices and lengths for ``indices``: src (B, S), src_len, tgt (B, T), tgt_len."""
         pairs = [self.pair(int(i)) for i in indices]
-        src_len = np.fromiter((len(s) for s, _ in pairs), np.int64, len(pairs))
-        tgt_len = np.fromiter((len(t) for _, t in pairs), np.int64, len(pairs))
-        src = np.zeros((len(pairs), max(int(src_len.max()), 1)), np.int64)
-        tgt = np.zeros((len(pairs), max(int(tgt_len.max()), 1)), np.int64)
-        for row, (s, t) in enumerate(pairs):
-            src[row, : len(s)] = s
-            tgt[row, : len(t)] = t
+        src, src_len = pad_ids([s for s, _ in pairs])
+        tgt, tgt_len = pad_ids([t for _, t in pairs])
         return src, src_len, tgt, tgt_len
+
+
+def pad_ids(sequences: Sequence[Sequence[int]]) -> Tuple[np.ndarray, np.ndarray]:
+    """The one padding routine: a (B, L) int64 id matrix padded with ``<pad>`` (L >= 1) and the
+    (B,) int64 lengths."""
+    lengths = np.fromiter((len(s) for s in sequences), np.int64, len(sequences))
+    matrix = np.full((len(sequences), max(int(lengths.max(initial=0)), 1)), PAD_ID, np.int64)
+    for row, ids in enumerate(sequences):
+        matrix[row, : len(ids)] = ids
+    return matrix, lengths
 
 
 # --- a permutation of [0, n) that needs no memory: a keyed Feistel network with cycle walking ---

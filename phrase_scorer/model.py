@@ -88,6 +88,11 @@ class Decoder(nn.Module):
         self.recurrent = nn.Linear(H, 3 * H, bias=False)  # U'_r, U'_z, U'
         self.context_proj = nn.Linear(H, 3 * H, bias=False)  # C_r, C_z, C
 
+    def first_input(self, n: int) -> Tensor:
+        """e(y_0) = 0 (n, E): the previous-word embedding of the first decoder step, for n rows.
+        Every path that runs the decoder (training, scoring, sampling) starts with it."""
+        return self.embed.weight.new_zeros((n, self.embed.embedding_dim))
+
     def start(self, c: Tensor) -> Tuple[Tensor, Tensor]:
         """Per-source terms: h'_0 = tanh(V' c) (B, H) and the context gate inputs C c (B, 3H)."""
         return torch.tanh(self.init_state(c)), self.context_proj(c)
@@ -214,7 +219,7 @@ class RNNEncoderDecoder(TranslationModel):
         valid = steps <= tgt_len.unsqueeze(1)  # (B, T+1)
 
         tgt_emb = self.decoder.embed(tgt)  # (B, T, E)
-        prev_emb = torch.cat([tgt_emb.new_zeros((B, 1, tgt_emb.size(2))), tgt_emb], 1)  # (B, T+1, E); e(y_0) = 0
+        prev_emb = torch.cat([self.decoder.first_input(B).unsqueeze(1), tgt_emb], 1)  # (B, T+1, E)
         states = self.decoder(c, prev_emb)  # (B, T+1, H)
         source_term = self.readout.source_term(c, mean_emb).unsqueeze(1)  # (B, 1, P*M)
         features = self.readout.features(states, prev_emb, source_term)  # (B, T+1, R)

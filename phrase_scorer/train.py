@@ -31,6 +31,7 @@ import torch
 from phrase_scorer import __version__
 from phrase_scorer.corpus import SentenceCorpus
 from phrase_scorer.data import BatchSampler, PairSet, PhraseTableData
+from phrase_scorer.device import device_label, precision_context, resolve_device, resolve_precision
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock
 from phrase_scorer.config import PRESETS, ModelConfig, TrainConfig
@@ -47,7 +48,8 @@ from phrase_scorer.model_dir import (
     safe_torch_load,
 )
 from phrase_scorer.progress import step_bar
-from phrase_scorer.scoring import autocast_for
+from phrase_scorer.scoring import log_probs_by_forward
+from phrase_scorer.resume import refuse_changed_settings
 from phrase_scorer.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -67,14 +69,8 @@ class TrainState:
     train_seconds: float = 0.0
     finished: bool = False
     stop_reason: str = ""
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise PhraseScorerError("--device cuda was asked for, but PyTorch sees no CUDA device", hint="use --device cpu")
-    return torch.device(name)
+    device: str = ""  # where the last steps ran (cpu, cuda:<GPU name>); a resumed run may move
+    precision: str = ""  # and in which precision (fp32, bf16, fp16)
 
 
 # --- preparing the model directory ------------------------------------------------------------
@@ -113,16 +109,12 @@ def check_resume_settings(saved: TrainConfig, asked: TrainConfig, explicit: Set[
     ``explicit`` names the settings the user gave; a differing one that --resume cannot change
     (the model, the data, the optimiser) is an error rather than a silent surprise.
     """
-    differing = [
-        f"--{name.replace('_', '-')} {getattr(asked, name)} (saved: {getattr(saved, name)})"
-        for name in sorted(explicit)
-        if name not in TrainConfig.RESUMABLE and getattr(saved, name) != getattr(asked, name)
-    ]
-    if differing:
-        raise PhraseScorerError(
-            "--resume with settings that differ from the interrupted run: " + ", ".join(differing),
-            hint="leave them out (the saved ones are used) or start a new run",
-        )
+    fixed = sorted(name for name in explicit if name not in TrainConfig.RESUMABLE)
+    refuse_changed_settings(
+        {name: getattr(saved, name) for name in fixed}, {name: getattr(asked, name) for name in fixed},
+        label=lambda name: "--" + name.replace("_", "-"),
+        hint="leave them out (the saved ones are used) or start a new run",
+    )
     return replace(saved, **{name: getattr(asked, name) for name in TrainConfig.RESUMABLE if name in explicit})
 
 
@@ -140,7 +132,8 @@ def derangement(n: int, seed: int) -> np.ndarray:
 @torch.no_grad()
 def validate(model: RNNEncoderDecoder, pairs: PairSet, device: torch.device, precision: str, batch_size: int = 256) -> Dict[str, float]:
     """NLL per pair and per target token (</s> included), perplexity, and the mean margin in
-    nats between each held-out pair and the same source with another pair's target."""
+    nats between each held-out pair and the same source with another pair's target, computed in
+    the resolved ``precision`` of training."""
     n = len(pairs)
     if n == 0:
         return {}
@@ -151,11 +144,11 @@ def validate(model: RNNEncoderDecoder, pairs: PairSet, device: torch.device, pre
     shuffled = derangement(n, 12345)
     true_lp = np.zeros(n)
     false_lp = np.zeros(n)
-    with autocast_for(device, precision):
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
-            true_lp[idx] = _log_probs(model, pairs, idx, idx, device)
-            false_lp[idx] = _log_probs(model, pairs, idx, shuffled[idx], device)
+    phrases = [pairs.pair(int(i)) for i in range(n)]  # the validation split is small
+    sources = [phrases[i][0] for i in order]
+    with precision_context(device, precision):
+        true_lp[order] = log_probs_by_forward(model, sources, [phrases[i][1] for i in order], batch_size)
+        false_lp[order] = log_probs_by_forward(model, sources, [phrases[i][1] for i in shuffled[order]], batch_size)
     model.train(was_training)
     tokens = float(lengths[:, 1].astype(np.int64).sum() + n)
     nll_token = -true_lp.sum() / tokens
@@ -166,13 +159,6 @@ def validate(model: RNNEncoderDecoder, pairs: PairSet, device: torch.device, pre
         "valid_margin_pair": float((true_lp - false_lp).mean()),
         "valid_true_beats_shuffled": float((true_lp > false_lp).mean()),
     }
-
-
-def _log_probs(model, pairs: PairSet, source_idx: np.ndarray, target_idx: np.ndarray, device) -> np.ndarray:
-    src, src_len, _, _ = pairs.batch_arrays(source_idx)
-    _, _, tgt, tgt_len = pairs.batch_arrays(target_idx)
-    tensors = [torch.as_tensor(a, device=device) for a in (src, src_len, tgt, tgt_len)]
-    return model(*tensors).double().cpu().numpy()
 
 
 # --- the loop -------------------------------------------------------------------------------------
@@ -256,23 +242,31 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     log.info("pair cache: %d training pairs, %d validation pairs", len(train_pairs), len(valid_pairs))
 
     device = resolve_device(config.device)
+    precision = resolve_precision(device, config.precision)
     torch.manual_seed(config.seed)
     model = RNNEncoderDecoder(model_config, len(source_vocab), len(target_vocab)).to(device)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=config.adadelta_rho, eps=config.adadelta_eps)
-    scaler = make_grad_scaler(device, config.precision)
+    scaler = make_grad_scaler(precision)
     state = TrainState()
     if resuming and directory.file(CHECKPOINT).exists():
         state = load_checkpoint(directory, model, optimizer, scaler)
         if state.finished:
             log.info("training had finished (%s); raise a stopping limit to continue", state.stop_reason)
         log.info("resuming at step %d (epoch %d, batch %d)", state.step, state.epoch, state.batch_in_epoch)
+        if (state.device, state.precision) != (device_label(device), precision):
+            log.warning("the interrupted run trained on %s in %s; it goes on on %s in %s",
+                        state.device or "an unrecorded device", state.precision or "an unrecorded precision",
+                        device_label(device), precision)
         directory.truncate_log(state.step)  # records of steps the checkpoint does not include are redone
     elif resuming:
         log.info("no checkpoint yet: starting from step 0 with the saved settings")
-    log.info("model: preset %s, %s parameters, device %s", config.preset, f"{count_parameters(model):,}", device)
+    state.device, state.precision = device_label(device), precision
+    log.info("model: preset %s, %s parameters, device %s, precision %s", config.preset, f"{count_parameters(model):,}",
+             state.device, precision)
 
     sampler = BatchSampler(train_pairs, config.batch_size, config.seed, window_batches=data.window_batches)
-    loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device)
+    loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device,
+                        precision)
     loop.run()
     return loop.state
 
@@ -282,9 +276,9 @@ def coverage(counts, vocab: Vocabulary) -> float:
     return sum(c for w, c in counts.items() if w in vocab) / total if total else 0.0
 
 
-def make_grad_scaler(device: torch.device, precision: str):
-    use_fp16 = device.type == "cuda" and (precision == "fp16" or (precision == "auto" and not torch.cuda.is_bf16_supported()))
-    return torch.amp.GradScaler("cuda", enabled=use_fp16)
+def make_grad_scaler(precision: str):
+    """Loss scaling for fp16 training (``precision`` as resolved; fp16 happens only on a GPU)."""
+    return torch.amp.GradScaler("cuda", enabled=precision == "fp16")
 
 
 def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> TrainState:
@@ -305,11 +299,12 @@ class TrainingLoop:
     ESTIMATE_AFTER_STEPS = 20
 
     def __init__(self, model, optimizer, scaler, directory: ModelDirectory, config: TrainConfig, state: TrainState,
-                 sampler: BatchSampler, train_pairs: PairSet, valid_pairs: PairSet, device: torch.device) -> None:
+                 sampler: BatchSampler, train_pairs: PairSet, valid_pairs: PairSet, device: torch.device,
+                 precision: str = "fp32") -> None:
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.directory, self.config, self.state = directory, config, state
         self.sampler, self.train_pairs, self.valid_pairs = sampler, train_pairs, valid_pairs
-        self.device = device
+        self.device, self.precision = device, precision
         self.interval_loss = 0.0
         self.interval_tokens = 0
         self.interval_pairs = 0
@@ -387,7 +382,7 @@ class TrainingLoop:
         src, src_len, tgt, tgt_len = self.train_pairs.batch_arrays(batch)
         tensors = [torch.as_tensor(a, device=self.device) for a in (src, src_len, tgt, tgt_len)]
         self.optimizer.zero_grad(set_to_none=True)
-        with autocast_for(self.device, self.config.precision):
+        with precision_context(self.device, self.precision):
             log_probs = self.model(*tensors)  # (B,)
         loss = -log_probs.mean()  # mean NLL per pair, as the paper maximises mean log-likelihood
         self.scaler.scale(loss).backward()
@@ -412,7 +407,7 @@ class TrainingLoop:
 
     def validate_and_checkpoint(self) -> None:
         st = self.state
-        metrics = validate(self.model, self.valid_pairs, self.device, self.config.precision)
+        metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
         elapsed = time.monotonic() - self.interval_start
         record = {
             "step": st.step,

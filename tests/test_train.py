@@ -229,7 +229,7 @@ def test_a_trained_model_is_not_overwritten(tmp_path):
     before = (out / "model.pt").stat().st_mtime_ns
     train(EXAMPLE_TABLE, out, TrainConfig(max_steps=5, **QUICK), overwrite=True)
     assert (out / "model.pt").stat().st_mtime_ns != before
-    with pytest.raises(PhraseScorerError, match="--batch-size 32 \\(saved: 16\\)"):
+    with pytest.raises(PhraseScorerError, match="cannot resume: --batch-size changed since the interrupted run \\(--batch-size: 16 -> 32\\)"):
         train(EXAMPLE_TABLE, out, TrainConfig(max_steps=10, **{**QUICK, "batch_size": 32}), resume=True,
               explicit={"batch_size", "max_steps"})
     other = tmp_path / "notes"
@@ -237,7 +237,7 @@ def test_a_trained_model_is_not_overwritten(tmp_path):
     (other / "mine.txt").write_text("x")
     with pytest.raises(PhraseScorerError, match="not empty and holds no phrase-scorer model"):
         train(EXAMPLE_TABLE, other, TrainConfig(max_steps=5, **QUICK))
-    with pytest.raises(PhraseScorerError, match="training data differ from the interrupted run's \\(table, table_size"):
+    with pytest.raises(PhraseScorerError, match="cannot resume: table, table_size, table_mtime_ns changed since the interrupted run"):
         train(A_MAN_TABLE, out, TrainConfig(max_steps=10, **QUICK), resume=True, explicit={"max_steps"})
     with pytest.raises(PhraseScorerError, match="nothing to resume: no model here"):
         train(EXAMPLE_TABLE, tmp_path / "fresh", TrainConfig(max_steps=5, **QUICK), resume=True)
