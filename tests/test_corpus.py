@@ -150,12 +150,12 @@ def test_batches_sort_20_minibatches_by_length_and_visit_every_pair_once(tmp_pat
 def test_training_on_multi30k_sentences_lowers_the_dev_nll(tmp_path):
     out = tmp_path / "m"
     corpus = SentenceCorpus(str(TRAIN_EN), str(TRAIN_FR), str(VAL_EN), str(VAL_FR))
-    train(corpus, out, TrainConfig(max_steps=120, max_length=30, **{**QUICK, "valid_every": 30}))
+    train(corpus, out, TrainConfig(max_steps=120, max_length=16, **{**QUICK, "valid_every": 30}))
     records = [json.loads(l) for l in (out / "train.log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [30, 60, 90, 120]
     assert records[-1]["valid_nll_token"] < records[0]["valid_nll_token"] - 0.5
     config = json.loads((out / "config.json").read_text())
-    assert "table" not in config and config["corpus"]["max_length"] == 30 == config["training"]["max_length"]
+    assert "table" not in config and config["corpus"]["max_length"] == 16 == config["training"]["max_length"]
     assert config["corpus"]["source"]["path"] == str(TRAIN_EN.resolve())
     assert config["corpus"]["dev_target"]["size"] == VAL_FR.stat().st_size
     assert config["corpus"]["pairs"] + config["corpus"]["left_out_too_long"] == 500
@@ -163,18 +163,18 @@ def test_training_on_multi30k_sentences_lowers_the_dev_nll(tmp_path):
 
 def test_resume_ends_in_the_same_state_and_refuses_other_data(tmp_path):
     corpus = SentenceCorpus(str(TRAIN_EN), str(TRAIN_FR))
-    settings = dict(max_length=25, valid_pairs=40, **QUICK)
-    train(corpus, tmp_path / "whole", TrainConfig(max_steps=50, **settings))
+    settings = dict(max_length=12, valid_pairs=40, **QUICK)
+    train(corpus, tmp_path / "whole", TrainConfig(max_steps=40, **settings))
     train(corpus, tmp_path / "parts", TrainConfig(max_steps=23, **settings))
     assert checkpoint_state(tmp_path / "parts")["state"]["step"] == 23
-    state = train(corpus, tmp_path / "parts", TrainConfig(max_steps=50, **settings), resume=True, explicit={"max_steps"})
-    assert state.step == 50
+    state = train(corpus, tmp_path / "parts", TrainConfig(max_steps=40, **settings), resume=True, explicit={"max_steps"})
+    assert state.step == 40
     assert_same_state(tmp_path / "whole", tmp_path / "parts")
 
     other = SentenceCorpus(str(write(tmp_path / "en", gz_lines(TRAIN_EN))), str(TRAIN_FR))
     with pytest.raises(PhraseScorerError, match="training data differ from the interrupted run's \\(source changed\\)"):
         train(other, tmp_path / "parts", TrainConfig(max_steps=60, **settings), resume=True, explicit={"max_steps"})
-    with pytest.raises(PhraseScorerError, match="--max-length 30 \\(saved: 25\\)"):
+    with pytest.raises(PhraseScorerError, match="--max-length 30 \\(saved: 12\\)"):
         train(corpus, tmp_path / "parts", TrainConfig(max_steps=60, **{**settings, "max_length": 30}), resume=True,
               explicit={"max_steps", "max_length"})
     with pytest.raises(PhraseScorerError, match="interrupted run trained on a sentence corpus"):
