@@ -3,7 +3,8 @@ cache, padded and turned into (pinned) tensors while the current step runs.
 
 :class:`Prefetcher` applies ``make`` to each item of an iterator in one thread, at most ``depth``
 items ahead, and hands the results over in order. An error in the thread is raised in the
-consumer, and closing it (leaving the ``with`` block) stops the thread.
+consumer, and closing it (leaving the ``with`` block) stops the thread. With ``depth`` 0 there
+is no thread: each item is made when it is asked for.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ class Prefetcher(Generic[Item, Result]):
         self._items, self._make = items, make
         self._queue: "queue.Queue" = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._work, name="prefetch", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if depth > 0:
+            self._thread = threading.Thread(target=self._work, name="prefetch", daemon=True)
+            self._thread.start()
 
     def _put(self, value) -> bool:
         while not self._stop.is_set():
@@ -55,6 +58,8 @@ class Prefetcher(Generic[Item, Result]):
         return self
 
     def __next__(self) -> Result:
+        if self._thread is None:
+            return self._make(next(self._items))
         value = self._queue.get()
         if value is _DONE:
             self._queue.put(_DONE)
@@ -65,7 +70,8 @@ class Prefetcher(Generic[Item, Result]):
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
     def __enter__(self) -> "Prefetcher[Item, Result]":
         return self

@@ -16,8 +16,8 @@ with the same command line).
 Under ``torchrun`` (:mod:`phrase_scorer.distributed`) the processes train one model with
 DistributedDataParallel: ``batch_size`` stays the global batch, each rank takes its contiguous
 share of every global batch, rank 0 alone writes the directory and validates, and stop
-decisions are agreed between ranks. The next batches are read and padded in a background
-thread; the training loss is summed on the device and read only at validation time.
+decisions are agreed between ranks. On a GPU the next batches are read and padded in a
+background thread; the training loss is summed on the device and read only at validation time.
 """
 
 from __future__ import annotations
@@ -393,7 +393,9 @@ class LoadedBatch:
 
 class TrainingLoop:
     ESTIMATE_AFTER_STEPS = 20
-    PREFETCH_BATCHES = 2
+    # Batches prepared ahead in a thread while a GPU works. On a CPU the thread would only
+    # compete with the training thread for the interpreter and the cores: batches are made inline.
+    PREFETCH_BATCHES = {"cuda": 2}
 
     def __init__(self, model, optimizer, scaler, directory: ModelDirectory, config: TrainConfig, state: TrainState,
                  sampler: BatchSampler, train_pairs: PairSet, valid_pairs: PairSet, device: torch.device,
@@ -471,7 +473,8 @@ class TrainingLoop:
         self.model.train()
         bar = step_bar("training", cfg.max_steps, initial=st.step)
         last_tick = time.monotonic()
-        with StopRequests() as stop_requests, Prefetcher(self.positions(), self.load, self.PREFETCH_BATCHES) as batches:
+        with StopRequests() as stop_requests, Prefetcher(self.positions(), self.load,
+                                                        self.PREFETCH_BATCHES.get(self.device.type, 0)) as batches:
             try:
                 for batch in batches:
                     loss_sum = self.train_step(batch)
