@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine:
 #   make example   install into .venv, then train a small model on the bundled table, annotate it, sample
-#   make test      install into .venv (with the test tools), then run the test suite
+#   make test      install into .venv (with the test tools), then run the test suite (and the torchrun tests)
 # Others: make test-slow | test-moses (needs MOSES_HOME) | test-fuzz | bench
 
 PYTHON ?= python3
@@ -30,6 +30,7 @@ example: $(STAMP)
 
 test: $(STAMP)
 	$(PYTEST)
+	$(PYTEST) -m distributed
 
 test-slow: $(STAMP)
 	$(PYTEST) -m slow

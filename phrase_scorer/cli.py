@@ -225,16 +225,19 @@ def train(ctx, table, corpus, dev, output, source_shortlist, target_shortlist, t
     set_threads(threads)
     from dataclasses import replace
 
+    from phrase_scorer import distributed
     from phrase_scorer.corpus import SentenceCorpus
+
+    if not distributed.is_main():  # under torchrun, rank 0 alone reports progress
+        log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
+        progress.show_bars = False
     from phrase_scorer.train import train as run_training
 
     names = [f.name for f in fields(TrainConfig)]
     explicit = explicit_options(ctx, names)
     config = TrainConfig(**{k: v for k, v in settings.items() if k in names})
     model_config = None
-    if source_shortlist or target_shortlist:
-        if resume:
-            raise PhraseScorerError("--source-shortlist/--target-shortlist cannot change when resuming")
+    if source_shortlist or target_shortlist:  # on --resume, checked against the saved ones
         base = PRESETS[config.preset]
         model_config = replace(base, source_shortlist=source_shortlist or base.source_shortlist,
                                target_shortlist=target_shortlist or base.target_shortlist)

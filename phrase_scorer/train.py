@@ -10,11 +10,19 @@ pairs, keeps the best weights (``model.pt``), saves a resumable checkpoint (``ch
 and logs a JSON line. Training stops at ``max_steps`` / ``max_epochs`` / ``max_time`` or after
 ``patience`` validations without improvement. Ctrl-C saves a checkpoint first. The same seed
 gives the same model on the same machine, and ``resume`` continues exactly where the checkpoint
-left off.
+left off (or starts afresh when there is nothing to resume, so a preempted job can be re-run
+with the same command line).
+
+Under ``torchrun`` (:mod:`phrase_scorer.distributed`) the processes train one model with
+DistributedDataParallel: ``batch_size`` stays the global batch, each rank takes its contiguous
+share of every global batch, rank 0 alone writes the directory and validates, and stop
+decisions are agreed between ranks. On a GPU the next batches are read and padded in a
+background thread; the training loss is summed on the device and read only at validation time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -23,12 +31,12 @@ import threading
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 
 import numpy as np
 import torch
 
-from phrase_scorer import __version__
+from phrase_scorer import __version__, distributed
 from phrase_scorer.corpus import SentenceCorpus
 from phrase_scorer.data import BatchSampler, PairSet, PhraseTableData
 from phrase_scorer.device import device_label, precision_context, resolve_device, resolve_precision
@@ -47,6 +55,7 @@ from phrase_scorer.model_dir import (
     check_state_matches,
     safe_torch_load,
 )
+from phrase_scorer.prefetch import Prefetcher
 from phrase_scorer.progress import step_bar
 from phrase_scorer.scoring import log_probs_by_forward
 from phrase_scorer.resume import refuse_changed_settings
@@ -77,12 +86,16 @@ class TrainState:
 
 
 def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) -> bool:
-    """Check what ``directory`` holds against the flags; returns True when resuming."""
+    """Check what ``directory`` holds against the flags; returns True when resuming.
+
+    ``resume`` with nothing to resume (a job re-run before its first attempt wrote a model, or a
+    first attempt) starts afresh and says so, so a scheduler can re-run one command line blindly.
+    """
     path = directory.path
     if resume:
-        if not directory.exists():
-            raise PhraseScorerError("nothing to resume: no model here", path=path, hint="start without --resume")
-        return True
+        if directory.exists():
+            return True
+        log.info("nothing to resume in %s: starting afresh", path)
     if path.exists() and any(path.iterdir()):
         if not directory.exists():
             # files of a run killed before it wrote config.json may be replaced; anything else may not
@@ -176,7 +189,12 @@ def train(data: TrainingData | os.PathLike | str, output: os.PathLike | str, con
 
     With ``resume``, the settings saved with the run are used, except those named in
     ``explicit`` (default: those of ``config`` that differ from the defaults), which must be
-    among the ones a resumed run may change (stopping criteria, device).
+    among the ones a resumed run may change (stopping criteria, device). With nothing to resume,
+    training starts afresh.
+
+    Under ``torchrun`` every process calls this; they train one model together
+    (DistributedDataParallel), each on its part of every global batch of ``batch_size`` pairs.
+    Rank 0 alone writes the directory (vocabularies, pair cache, checkpoints, log).
     """
     if not isinstance(data, (PhraseTableData, SentenceCorpus)):
         data = PhraseTableData(os.fspath(data))
@@ -184,19 +202,45 @@ def train(data: TrainingData | os.PathLike | str, output: os.PathLike | str, con
         default = TrainConfig()
         explicit = {f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(default, f.name)}
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with OutputLock(output.resolve()):  # a second run aimed at the same directory is refused
-        return _train(data, output, config, resume, overwrite, model_config, explicit)
+    started = distributed.init(distributed.device_for_rank(resolve_device(config.device)))
+    try:
+        if distributed.is_main():
+            output.parent.mkdir(parents=True, exist_ok=True)
+            lock = OutputLock(output.resolve())  # a second run aimed at the same directory is refused
+        else:
+            lock = contextlib.nullcontext()
+        with lock:
+            return _train(data, output, config, resume, overwrite, model_config, explicit)
+    finally:
+        if started:
+            distributed.shutdown()
 
 
-def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, overwrite: bool,
-           model_config: Optional[ModelConfig], explicit: Set[str]) -> TrainState:
-    directory = ModelDirectory(output)
+@dataclass
+class RunSetup:
+    """What rank 0 settles before training (and tells the other ranks)."""
+
+    resuming: bool
+    config: TrainConfig
+    model_config: Any
+    error: str = ""
+
+
+def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConfig, resume: bool, overwrite: bool,
+                model_config: Optional[ModelConfig], explicit: Set[str]) -> RunSetup:
+    """Prepare the directory: settings, vocabularies and the pair cache (rank 0 only)."""
+    output = directory.path
     resuming = prepare_directory(directory, resume, overwrite)
     if resuming:
         saved = directory.read_config()
         config = check_resume_settings(TrainConfig.from_dict(saved.get("training", {})), config, explicit)
-        model_config = directory.model_config(saved)
+        saved_model = directory.model_config(saved)
+        if model_config is not None:
+            names = ("source_shortlist", "target_shortlist")
+            refuse_changed_settings({n: getattr(saved_model, n) for n in names}, {n: getattr(model_config, n) for n in names},
+                                    label=lambda name: "--" + name.replace("_", "-"), path=output,
+                                    hint="leave them out (the saved ones are used) or start a new run")
+        model_config = saved_model
         source_vocab = Vocabulary.load(directory.file(SOURCE_VOCAB))
         target_vocab = Vocabulary.load(directory.file(TARGET_VOCAB))
         if data.kind not in saved:
@@ -232,16 +276,51 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
             "training": config.to_dict(),
             data.kind: data_info,
         })
-
     data.build_cache(directory.cache_dir, source_vocab, target_vocab, data_info, config, keep_existing=resuming)
+    return RunSetup(resuming, config, model_config)
+
+
+def agree_on_setup(run: Callable[[], RunSetup]) -> RunSetup:
+    """Rank 0 runs ``run``; the others wait for its outcome (an error there is an error everywhere)."""
+    if not distributed.is_distributed():
+        return run()
+    if distributed.is_main():
+        try:
+            setup = run()
+        except BaseException as exc:
+            distributed.broadcast_object(RunSetup(False, TrainConfig(), None, error=str(exc) or type(exc).__name__))
+            raise
+        return distributed.broadcast_object(setup)
+    setup = distributed.broadcast_object()
+    if setup.error:
+        raise PhraseScorerError(f"rank 0 could not prepare the run: {setup.error}")
+    return setup
+
+
+def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, overwrite: bool,
+           model_config: Optional[ModelConfig], explicit: Set[str]) -> TrainState:
+    directory = ModelDirectory(output)
+    setup = agree_on_setup(lambda: prepare_run(data, directory, config, resume, overwrite, model_config, explicit))
+    resuming, config, model_config = setup.resuming, setup.config, setup.model_config
+    source_vocab = Vocabulary.load(directory.file(SOURCE_VOCAB))
+    target_vocab = Vocabulary.load(directory.file(TARGET_VOCAB))
     train_pairs = PairSet(directory.cache_dir, "train")
     valid_pairs = PairSet(directory.cache_dir, "valid")
     if len(train_pairs) == 0:
         raise PhraseScorerError("no pairs left for training after holding out the validation set", path=data.path,
                                 hint="lower --valid-pairs")
     log.info("pair cache: %d training pairs, %d validation pairs", len(train_pairs), len(valid_pairs))
+    world = distributed.world_size()
+    if config.batch_size % world:
+        raise PhraseScorerError(f"--batch-size {config.batch_size} (the global batch) does not divide among {world} processes",
+                                hint=f"use a multiple of {world}")
+    log.info("global batch: %d pairs per update (%d process%s x %d pairs)", config.batch_size, world,
+             "es" if world > 1 else "", config.batch_size // world)
 
-    device = resolve_device(config.device)
+    device = distributed.device_for_rank(resolve_device(config.device))
+    if world > 1 and torch.distributed.get_backend() != distributed.backend_for(device):
+        raise PhraseScorerError(f"the run trains on {device.type}, but the processes joined for another device",
+                                hint="give --device explicitly under torchrun")
     precision = resolve_precision(device, config.precision)
     torch.manual_seed(config.seed)
     model = RNNEncoderDecoder(model_config, len(source_vocab), len(target_vocab)).to(device)
@@ -249,7 +328,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     scaler = make_grad_scaler(precision)
     state = TrainState()
     if resuming and directory.file(CHECKPOINT).exists():
-        state = load_checkpoint(directory, model, optimizer, scaler)
+        state = load_checkpoint(directory, model, optimizer, scaler)  # every rank loads it
         if state.finished:
             log.info("training had finished (%s); raise a stopping limit to continue", state.stop_reason)
         log.info("resuming at step %d (epoch %d, batch %d)", state.step, state.epoch, state.batch_in_epoch)
@@ -257,16 +336,21 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
             log.warning("the interrupted run trained on %s in %s; it goes on on %s in %s",
                         state.device or "an unrecorded device", state.precision or "an unrecorded precision",
                         device_label(device), precision)
-        directory.truncate_log(state.step)  # records of steps the checkpoint does not include are redone
+        if distributed.is_main():
+            directory.truncate_log(state.step)  # records of steps the checkpoint does not include are redone
     elif resuming:
         log.info("no checkpoint yet: starting from step 0 with the saved settings")
     state.device, state.precision = device_label(device), precision
     log.info("model: preset %s, %s parameters, device %s, precision %s", config.preset, f"{count_parameters(model):,}",
              state.device, precision)
 
+    train_module = model
+    if world > 1:
+        train_module = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
     sampler = BatchSampler(train_pairs, config.batch_size, config.seed, window_batches=data.window_batches)
     loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device,
-                        precision)
+                        precision, train_module=train_module)
     loop.run()
     return loop.state
 
@@ -295,19 +379,40 @@ def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> Trai
         raise PhraseScorerError(f"checkpoint is damaged ({exc})", path=path, hint="start again with --overwrite") from None
 
 
+@dataclass
+class LoadedBatch:
+    """This rank's part of one global batch, as tensors ready to go to the device."""
+
+    epoch: int
+    batch_in_epoch: int  # the position after this batch
+    global_pairs: int  # pairs in the global batch (all ranks)
+    tensors: list  # src (B, S), src_len (B,), tgt (B, T), tgt_len (B,) of this rank's pairs
+    weight: float  # 0.0 when this rank has no pair of a short last batch (it runs one pair for nothing)
+    tokens: int  # this rank's target tokens (</s> included)
+
+
 class TrainingLoop:
     ESTIMATE_AFTER_STEPS = 20
+    # Batches prepared ahead in a thread while a GPU works. On a CPU the thread would only
+    # compete with the training thread for the interpreter and the cores: batches are made inline.
+    PREFETCH_BATCHES = {"cuda": 2}
 
     def __init__(self, model, optimizer, scaler, directory: ModelDirectory, config: TrainConfig, state: TrainState,
                  sampler: BatchSampler, train_pairs: PairSet, valid_pairs: PairSet, device: torch.device,
-                 precision: str = "fp32") -> None:
+                 precision: str = "fp32", train_module: Optional[torch.nn.Module] = None) -> None:
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.train_module = train_module or model  # the DistributedDataParallel wrapper under torchrun
         self.directory, self.config, self.state = directory, config, state
         self.sampler, self.train_pairs, self.valid_pairs = sampler, train_pairs, valid_pairs
         self.device, self.precision = device, precision
-        self.interval_loss = 0.0
-        self.interval_tokens = 0
-        self.interval_pairs = 0
+        self.world, self.rank = distributed.world_size(), distributed.rank()
+        self.reset_interval()
+
+    def reset_interval(self) -> None:
+        # summed on the device and read only at validation time: no host sync per step
+        self.interval_loss = torch.zeros((), dtype=torch.float64, device=self.device)  # NLL of this rank's pairs
+        self.interval_tokens = 0  # this rank's target tokens
+        self.interval_pairs = 0  # pairs of the global batches
         self.interval_start = time.monotonic()
 
     # stopping ------------------------------------------------------------------------------------
@@ -324,14 +429,40 @@ class TrainingLoop:
             return f"early stopping: no improvement in {cfg.patience} validations"
         return ""
 
-    # the loop ------------------------------------------------------------------------------------
+    def agree(self, stop_requested: bool) -> bool:
+        """Make every rank see the same clock (rank 0's) and the same stop request (any rank's),
+        so that all of them take the same decisions after the same step."""
+        if self.world == 1:
+            return stop_requested
+        requested, seconds = distributed.max_over_ranks(
+            [float(stop_requested), self.state.train_seconds if self.rank == 0 else 0.0])
+        self.state.train_seconds = seconds
+        return requested > 0
 
-    def batches(self) -> Iterator[np.ndarray]:
+    # the data ------------------------------------------------------------------------------------
+
+    def positions(self) -> Iterator[Tuple[int, int, np.ndarray]]:
+        """(epoch, position after the batch, global batch) from where the state stands, forever."""
+        epoch, start = self.state.epoch, self.state.batch_in_epoch
         while True:
-            for batch in self.sampler.epoch(self.state.epoch, self.state.batch_in_epoch):
-                yield batch
-            self.state.epoch += 1
-            self.state.batch_in_epoch = 0
+            for position, batch in enumerate(self.sampler.epoch(epoch, start), start + 1):
+                yield epoch, position, batch
+            epoch, start = epoch + 1, 0
+
+    def load(self, item: Tuple[int, int, np.ndarray]) -> LoadedBatch:
+        """This rank's part of a global batch as tensors (in the loader thread)."""
+        epoch, position, batch = item
+        local, weight = distributed.shard(batch), 1.0
+        if len(local) == 0:
+            local, weight = batch[:1], 0.0
+        arrays = self.train_pairs.batch_arrays(local)
+        tensors = [torch.from_numpy(a) for a in arrays]
+        if self.device.type == "cuda":
+            tensors = [t.pin_memory() for t in tensors]
+        tokens = int(arrays[3].sum() + len(local)) if weight else 0
+        return LoadedBatch(epoch, position, len(batch), tensors, weight, tokens)
+
+    # the loop ------------------------------------------------------------------------------------
 
     def run(self) -> None:
         st, cfg = self.state, self.config
@@ -342,29 +473,33 @@ class TrainingLoop:
         self.model.train()
         bar = step_bar("training", cfg.max_steps, initial=st.step)
         last_tick = time.monotonic()
-        with StopRequests() as stop_requests:
+        with StopRequests() as stop_requests, Prefetcher(self.positions(), self.load,
+                                                        self.PREFETCH_BATCHES.get(self.device.type, 0)) as batches:
             try:
-                for batch in self.batches():
-                    loss_value, tokens = self.train_step(batch)
+                for batch in batches:
+                    loss_sum = self.train_step(batch)
                     st.step += 1
-                    st.batch_in_epoch += 1
-                    st.pairs_seen += len(batch)
-                    self.interval_loss += loss_value * len(batch)
-                    self.interval_pairs += len(batch)
-                    self.interval_tokens += tokens
+                    st.epoch, st.batch_in_epoch = batch.epoch, batch.batch_in_epoch
+                    st.pairs_seen += batch.global_pairs
+                    self.interval_loss += loss_sum
+                    self.interval_pairs += batch.global_pairs
+                    self.interval_tokens += batch.tokens
                     bar.update(1)
-                    if st.step % 10 == 0:
-                        bar.set_postfix(loss=f"{self.interval_loss / max(self.interval_pairs, 1):.2f}", epoch=st.epoch)
+                    if st.step % 10 == 0 and not bar.disable:  # reading the loss syncs: only for a visible bar
+                        bar.set_postfix(loss=f"{float(self.interval_loss) / max(self.interval_pairs, 1) * self.world:.2f}",
+                                        epoch=st.epoch)
                     now = time.monotonic()
                     st.train_seconds += now - last_tick
                     last_tick = now
+                    stop_requested = self.agree(stop_requests.requested)
                     if st.step == self.ESTIMATE_AFTER_STEPS:
                         self.report_speed()
                     if st.step % cfg.valid_every == 0:
                         self.validate_and_checkpoint()
-                    if stop_requests.requested:
+                    if stop_requested:
                         # the step is complete, so the checkpoint resumes exactly here
                         self.save_checkpoint()
+                        distributed.barrier()  # no rank leaves before the checkpoint is written
                         raise TrainingInterrupted(st.step)
                     reason = self.stop_reason()
                     if reason:
@@ -372,25 +507,28 @@ class TrainingLoop:
                             self.validate_and_checkpoint()
                         st.finished, st.stop_reason = True, reason
                         self.save_checkpoint()
+                        distributed.barrier()
                         log.info("training stopped: %s; best validation NLL %.4f per token at step %d",
                                  reason, st.best_valid_nll, st.best_step)
                         break
             finally:
                 bar.close()
 
-    def train_step(self, batch: np.ndarray) -> Tuple[float, int]:
-        src, src_len, tgt, tgt_len = self.train_pairs.batch_arrays(batch)
-        tensors = [torch.as_tensor(a, device=self.device) for a in (src, src_len, tgt, tgt_len)]
+    def train_step(self, batch: LoadedBatch) -> torch.Tensor:
+        """One update on a global batch; returns the summed NLL of this rank's pairs (on the device)."""
+        src, src_len, tgt, tgt_len = [t.to(self.device, non_blocking=True) for t in batch.tensors]
         self.optimizer.zero_grad(set_to_none=True)
         with precision_context(self.device, self.precision):
-            log_probs = self.model(*tensors)  # (B,)
-        loss = -log_probs.mean()  # mean NLL per pair, as the paper maximises mean log-likelihood
+            log_probs = self.train_module(src, src_len, tgt, tgt_len)  # (B,)
+        # The mean NLL per pair of the global batch, as the paper maximises mean log-likelihood:
+        # each rank's sum scaled so that the average of the ranks' gradients is the global mean's.
+        loss = -log_probs.sum() * (batch.weight * self.world / batch.global_pairs)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return float(loss.detach()), int(tgt_len.sum() + len(batch))
+        return -log_probs.detach().sum().double() * batch.weight
 
     def report_speed(self) -> None:
         st, cfg = self.state, self.config
@@ -406,38 +544,49 @@ class TrainingLoop:
             )
 
     def validate_and_checkpoint(self) -> None:
+        """Rank 0 validates (the same computation as one process), logs and saves; every rank
+        then takes rank 0's view of the best validation so far."""
         st = self.state
-        metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
-        elapsed = time.monotonic() - self.interval_start
-        record = {
-            "step": st.step,
-            "epoch": st.epoch,
-            "pairs_seen": st.pairs_seen,
-            "train_seconds": round(st.train_seconds, 1),
-            "train_nll_pair": self.interval_loss / max(self.interval_pairs, 1),
-            "train_nll_token": self.interval_loss / max(self.interval_tokens, 1),
-            "pairs_per_second": self.interval_pairs / max(elapsed, 1e-9),
-            **metrics,
-        }
-        nll = metrics.get("valid_nll_token", record["train_nll_token"])
-        if nll < st.best_valid_nll - 1e-6:
-            st.best_valid_nll, st.best_step, st.bad_validations = nll, st.step, 0
-            self.directory.save_weights(self.model.state_dict(), BEST_WEIGHTS)
-            record["best"] = True
-        else:
-            st.bad_validations += 1
-        self.directory.append_log(record)
-        log.info(
-            "step %d epoch %d: train NLL %.3f/pair, valid NLL %.3f/pair %.3f/token (ppl %.1f), true-vs-shuffled margin %.2f nats, %.0f pairs/s%s",
-            st.step, st.epoch, record["train_nll_pair"], metrics.get("valid_nll_pair", float("nan")), nll,
-            metrics.get("valid_ppl", float("nan")), metrics.get("valid_margin_pair", float("nan")),
-            record["pairs_per_second"], " (best)" if record.get("best") else "",
-        )
-        self.interval_loss, self.interval_pairs, self.interval_tokens = 0.0, 0, 0
-        self.interval_start = time.monotonic()
-        self.save_checkpoint()
+        totals = torch.stack([self.interval_loss, torch.tensor(float(self.interval_tokens), dtype=torch.float64,
+                                                                 device=self.device)])
+        loss_sum, tokens = distributed.sum_over_ranks(totals).tolist()
+        if distributed.is_main():
+            metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
+            elapsed = time.monotonic() - self.interval_start
+            record = {
+                "step": st.step,
+                "epoch": st.epoch,
+                "pairs_seen": st.pairs_seen,
+                "train_seconds": round(st.train_seconds, 1),
+                "train_nll_pair": loss_sum / max(self.interval_pairs, 1),
+                "train_nll_token": loss_sum / max(tokens, 1),
+                "pairs_per_second": self.interval_pairs / max(elapsed, 1e-9),
+                "batch_size": self.config.batch_size,
+                "processes": self.world,
+                **metrics,
+            }
+            nll = metrics.get("valid_nll_token", record["train_nll_token"])
+            if nll < st.best_valid_nll - 1e-6:
+                st.best_valid_nll, st.best_step, st.bad_validations = nll, st.step, 0
+                self.directory.save_weights(self.model.state_dict(), BEST_WEIGHTS)
+                record["best"] = True
+            else:
+                st.bad_validations += 1
+            self.directory.append_log(record)
+            log.info(
+                "step %d epoch %d: train NLL %.3f/pair, valid NLL %.3f/pair %.3f/token (ppl %.1f), true-vs-shuffled margin %.2f nats, %.0f pairs/s%s",
+                st.step, st.epoch, record["train_nll_pair"], metrics.get("valid_nll_pair", float("nan")), nll,
+                metrics.get("valid_ppl", float("nan")), metrics.get("valid_margin_pair", float("nan")),
+                record["pairs_per_second"], " (best)" if record.get("best") else "",
+            )
+            self.save_checkpoint()
+        st.best_valid_nll, st.best_step, st.bad_validations = distributed.broadcast_object(
+            (st.best_valid_nll, st.best_step, st.bad_validations))
+        self.reset_interval()
 
     def save_checkpoint(self) -> None:
+        if not distributed.is_main():
+            return
         self.directory.save_weights(
             {
                 "model": self.model.state_dict(),

@@ -239,8 +239,26 @@ def test_a_trained_model_is_not_overwritten(tmp_path):
         train(EXAMPLE_TABLE, other, TrainConfig(max_steps=5, **QUICK))
     with pytest.raises(PhraseScorerError, match="cannot resume: table, table_size, table_mtime_ns changed since the interrupted run"):
         train(A_MAN_TABLE, out, TrainConfig(max_steps=10, **QUICK), resume=True, explicit={"max_steps"})
-    with pytest.raises(PhraseScorerError, match="nothing to resume: no model here"):
-        train(EXAMPLE_TABLE, tmp_path / "fresh", TrainConfig(max_steps=5, **QUICK), resume=True)
+    with pytest.raises(PhraseScorerError, match="not empty and holds no phrase-scorer model"):
+        train(EXAMPLE_TABLE, other, TrainConfig(max_steps=5, **QUICK), resume=True)  # --resume never takes a foreign folder
+
+
+def test_resume_with_nothing_to_resume_starts_afresh(tmp_path, caplog):
+    """A job re-run blindly with --resume: no folder, or one a kill left before config.json."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="phrase_scorer"):
+        state = train(EXAMPLE_TABLE, tmp_path / "fresh", TrainConfig(max_steps=40, **QUICK), resume=True)
+    assert state.step == 40
+    assert "nothing to resume" in caplog.text and "starting afresh" in caplog.text
+    train(EXAMPLE_TABLE, tmp_path / "plain", TrainConfig(max_steps=40, **QUICK))
+    assert_same_state(tmp_path / "plain", tmp_path / "fresh")
+    killed = tmp_path / "killed"  # a first attempt killed while it wrote the pair cache
+    (killed / "cache.part").mkdir(parents=True)
+    (killed / "vocab.source.json").write_text("{")
+    state = train(EXAMPLE_TABLE, killed, TrainConfig(max_steps=40, **QUICK), resume=True)
+    assert state.step == 40
+    assert_same_state(tmp_path / "plain", killed)
 
 
 def test_weights_that_disagree_with_the_config_are_refused(tmp_path, tiny_model):

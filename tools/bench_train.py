@@ -7,6 +7,9 @@
 --learning    trains the `small` preset on the whole table for --minutes (default 30) and reports
               the held-out validation NLL per pair and per token, the perplexity and the margin
               between true held-out pairs and the same sources with shuffled targets.
+--processes   `phrase-scorer train` under torchrun with 1 and with 2 CPU processes (gloo, one
+              thread each) in the same run, same global batch: training pairs/s from the
+              training log (second validation interval, after warm-up) and their ratio.
 --memory      peak RSS of `phrase-scorer train` (word counts, pair cache, 200 steps) on the table
               and on the table repeated ten times.
 
@@ -142,6 +145,43 @@ def learning(args, work: Path) -> str:
     )
 
 
+PROCESS_STEPS = {"tiny": 200, "small": 40, "paper": 6}
+
+
+def processes(args, work: Path) -> str:
+    """Training pairs/s with 1 and 2 torchrun processes on the CPU, one thread each."""
+    rows = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent.parent)}
+    for preset in args.presets.split(","):
+        steps = PROCESS_STEPS[preset]
+        rates = {}
+        for n in (1, 2):
+            out = work / f"processes-{preset}-{n}"
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                       "-m", "phrase_scorer", "-q", "train", args.table, "-o", str(out), "--preset", preset,
+                       "--batch-size", "64", "--valid-pairs", "1000", "--valid-every", str(steps),
+                       "--max-steps", str(2 * steps), "--threads", "1", "--overwrite"]
+            _, err, _, _ = benchlib.run_measured(command, env=env)
+            records = [json.loads(l) for l in (out / "train.log.jsonl").read_text().splitlines()]
+            if len(records) < 2:
+                raise SystemExit(f"training with {n} processes left no second record: {err[-2000:]}")
+            rates[n] = records[1]["pairs_per_second"]
+            print(json.dumps({"preset": preset, "processes": n, "pairs_per_second": rates[n]}), flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+        rows.append([preset, f"{rates[1]:,.0f}", f"{rates[2]:,.0f}", f"{rates[2] / rates[1]:.2f}"])
+    info = benchlib.machine()
+    return (
+        f"## Train: 2 processes against 1 (`tools/bench_train.py --processes --presets {args.presets}`)\n\n"
+        f"`torchrun --standalone --nproc-per-node N -m phrase_scorer train {Path(args.table).name} --batch-size 64 "
+        "--threads 1 ...` with N = 1 and N = 2 (gloo backend, CPU, `OMP_NUM_THREADS=1`), one after the other in "
+        f"the same run, on this machine ({info['cpu']}, {info['cores']} cores, torch {info['torch']}). The global "
+        "batch is 64 pairs in both (32 per process with 2). Training pairs/s of the second validation interval "
+        "(after warm-up; validation excluded). The machine is shared with other jobs, so the absolute figures "
+        "move from run to run; the ratio is the figure to read.\n\n"
+        + benchlib.markdown_table(["preset", "1 process pairs/s", "2 processes pairs/s", "ratio"], rows) + "\n"
+    )
+
+
 def memory(args, work: Path) -> str:
     table = Path(args.table)
     big = benchlib.repeated_table(table, work / "table-x10.gz", times=10)
@@ -182,19 +222,21 @@ def main() -> None:
     parser.add_argument("--minutes", type=int, default=30)
     parser.add_argument("--model-out", default=None, help="where --learning keeps its model")
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--processes", action="store_true", help="1 against 2 torchrun processes on the CPU")
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args()
     if args.command == "worker":
         worker(args)
         return
-    if not (args.throughput or args.learning or args.memory):
-        args.throughput = args.learning = args.memory = True
+    if not (args.throughput or args.learning or args.memory or args.processes):
+        args.throughput = args.learning = args.memory = args.processes = True
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="bench-train-"))
     work.mkdir(parents=True, exist_ok=True)
     for enabled, name, function in ((args.throughput, "bench_train_throughput", throughput),
                                     (args.learning, "bench_train_learning", learning),
-                                    (args.memory, "bench_train_memory", memory)):
+                                    (args.memory, "bench_train_memory", memory),
+                                    (args.processes, "bench_train_processes", processes)):
         if enabled:
             text = function(args, work)
             print(text, flush=True)

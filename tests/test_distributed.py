@@ -1,0 +1,106 @@
+"""Training under torchrun: 2 processes on the CPU (gloo) against one process, same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import EXAMPLE_TABLE, PAUSE_AT, ROOT
+from phrase_scorer.config import TrainConfig
+from phrase_scorer.distributed import shard
+from phrase_scorer.train import train
+
+pytestmark = [pytest.mark.distributed,
+              pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")]
+
+SETTINGS = dict(preset="tiny", valid_pairs=200, valid_every=10, batch_size=16, seed=11)
+ARGS = ["train", EXAMPLE_TABLE, "--preset", "tiny", "--valid-pairs", 200, "--valid-every", 10, "--batch-size", 16,
+        "--seed", 11]
+STEPS = 30
+
+
+def torchrun(*args, processes: int = 2, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+               *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def records(model_dir: Path) -> list:
+    return [json.loads(line) for line in (model_dir / "train.log.jsonl").read_text().splitlines()]
+
+
+def assert_same_curve(one: Path, many: Path, train_loss: bool = True) -> None:
+    """The same validation NLL at every validation (and the same training loss, unless a resume
+    restarted its interval)."""
+    a, b = records(one), records(many)
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for x, y in zip(a, b):
+        assert y["valid_nll_pair"] == pytest.approx(x["valid_nll_pair"], rel=1e-4), (x, y)
+        if train_loss:
+            assert y["train_nll_pair"] == pytest.approx(x["train_nll_pair"], rel=1e-4), (x, y)
+        assert y["pairs_seen"] == x["pairs_seen"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("one") / "model"
+    train(EXAMPLE_TABLE, out, TrainConfig(max_steps=STEPS, **SETTINGS))
+    return out
+
+
+def test_a_rank_takes_its_contiguous_part_of_the_global_batch():
+    batch = np.arange(10)
+    parts = [shard(batch, r, 4) for r in range(4)]
+    assert [len(p) for p in parts] == [2, 3, 2, 3]
+    assert np.array_equal(np.concatenate(parts), batch)
+    assert [len(shard(np.arange(1), r, 2)) for r in range(2)] == [0, 1]
+
+
+def test_two_processes_learn_what_one_does_and_resume_with_nothing_there_starts_afresh(tmp_path, one_process):
+    out = tmp_path / "never-made"
+    run = torchrun("-m", "phrase_scorer", *ARGS, "--max-steps", STEPS, "-o", out, "--resume")
+    assert run.returncode == 0, run.stderr
+    assert "nothing to resume" in run.stderr and "starting afresh" in run.stderr
+    assert "global batch: 16 pairs per update (2 processes x 8 pairs)" in run.stderr
+    assert all(r["processes"] == 2 and r["batch_size"] == 16 for r in records(out))
+    assert_same_curve(one_process, out)
+    assert not list(out.glob("*.part"))
+
+
+def test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_goes_on(tmp_path, one_process):
+    out = tmp_path / "cut"
+    ready = tmp_path / "ready"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(PAUSE_AT), "step:14", str(ready), "--", *map(str, ARGS), "--max-steps", "400", "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    # the first rank to finish 14 steps halts there and names itself; it cannot have moved on
+    deadline = time.monotonic() + 600
+    while not (ready.exists() and ready.read_text().strip()):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "no rank reached step 14"
+        time.sleep(0.05)
+    os.kill(int(ready.read_text()), signal.SIGTERM)
+    while proc.poll() is None:  # let every rank go on from step 14 (each halts there once)
+        ready.unlink(missing_ok=True)
+        time.sleep(0.05)
+    err = proc.stderr.read()
+    assert proc.returncode != 0
+    assert err.count("stopped at step 15, checkpoint saved") == 2, err  # both ranks, after step 15
+    state = torch.load(out / "checkpoint.pt", weights_only=True)["state"]
+    assert state["step"] == 15
+    resumed = torchrun("-m", "phrase_scorer", *ARGS, "--max-steps", STEPS, "-o", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming at step 15" in resumed.stderr
+    assert_same_curve(one_process, out, train_loss=False)
