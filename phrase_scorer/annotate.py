@@ -212,6 +212,41 @@ def input_identity(path: PathLike) -> Dict[str, Any]:
     return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
+def annotation_settings(table: PathLike, output: PathLike, loaded, options: AnnotateOptions) -> Dict[str, Any]:
+    """What makes an annotated table: its input, model, options and format, as JSON holds them.
+
+    The resume record and the signature ``OUT.json`` both carry these; equal settings mean an
+    equal output.
+    """
+    settings = {
+        "input": input_identity(table),
+        "model": {"directory": os.path.abspath(loaded.directory), "weights_sha256": loaded.weights_sha256,
+                  "config": loaded.config.to_dict()},
+        "options": asdict(options),
+        "gzip": os.fspath(output) != STDIO and is_gzip_name(output),
+        "package_version": __version__,
+    }
+    return json.loads(json.dumps(settings))  # as JSON reads them back (tuples -> lists)
+
+
+def finished_annotation(table: PathLike, output: PathLike, loaded, options: AnnotateOptions) -> Optional[Dict[str, Any]]:
+    """The signature of ``output`` if it is a finished annotation of ``table`` with these
+    settings (so making it again would give the same bytes), else None."""
+    signature_path = Path(os.fspath(output) + ".json")
+    if not os.path.isfile(output) or not signature_path.is_file():
+        return None
+    try:
+        signature = json.loads(signature_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(signature, dict) or signature.get("output") != os.path.abspath(output):
+        return None
+    settings = annotation_settings(table, output, loaded, options)
+    if any(signature.get(key) != value for key, value in settings.items()):
+        return None
+    return signature
+
+
 def annotate(
     table: PathLike,
     output: PathLike,
@@ -230,15 +265,7 @@ def annotate(
     if not to_stdout and os.fspath(table) != STDIO and os.path.abspath(table) == os.path.abspath(output):
         raise PhraseScorerError("the output would overwrite the input table", path=output)
     compress = not to_stdout and is_gzip_name(output)
-    settings = {
-        "input": input_identity(table),
-        "model": {"directory": os.path.abspath(loaded.directory), "weights_sha256": loaded.weights_sha256,
-                  "config": loaded.config.to_dict()},
-        "options": asdict(options),
-        "gzip": compress,
-        "package_version": __version__,
-    }
-    settings = json.loads(json.dumps(settings))  # as the resume record will hold it (tuples -> lists)
+    settings = annotation_settings(table, output, loaded, options)
     started = time.monotonic()
     with OutputLock(output):
         done_lines, done_bytes = 0, 0
