@@ -402,7 +402,7 @@ def ems_config(ctx, ini_in, ini_out, binarizer, model_dir, feature_name, columns
         explicit=explicit, feature_name=feature_name,
         annotate_options=AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
                                          window_lines=window_lines),
-        scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=config.precision),
+        scoring_options=ScoringOptions(batch_tokens=batch_tokens),
     )
     if result.ignored_binarizer_arguments:
         click.echo(f"the binariser's own arguments were replaced: {' '.join(result.ignored_binarizer_arguments)}",
