@@ -215,6 +215,45 @@ def input_identity(path: PathLike) -> Dict[str, Any]:
     return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
+def annotation_settings(table: PathLike, output: PathLike, loaded, options: AnnotateOptions,
+                        scoring: Dict[str, str]) -> Dict[str, Any]:
+    """What makes an annotated table: its input, model, options, where and in which precision it
+    was scored (``BatchScorer.describe()``) and its format, as JSON holds them.
+
+    The resume record and the signature ``OUT.json`` both carry these; equal settings mean an
+    equal output.
+    """
+    settings = {
+        "input": input_identity(table),
+        "model": {"directory": os.path.abspath(loaded.directory), "weights_sha256": loaded.weights_sha256,
+                  "config": loaded.config.to_dict()},
+        "options": asdict(options),
+        "scoring": scoring,  # device and precision: a resumed run must not mix them
+        "gzip": os.fspath(output) != STDIO and is_gzip_name(output),
+        "package_version": __version__,
+    }
+    return json.loads(json.dumps(settings))  # as JSON reads them back (tuples -> lists)
+
+
+def finished_annotation(table: PathLike, output: PathLike, loaded, options: AnnotateOptions,
+                        scoring: Dict[str, str]) -> Optional[Dict[str, Any]]:
+    """The signature of ``output`` if it is a finished annotation of ``table`` with these
+    settings (so making it again would give the same bytes), else None."""
+    signature_path = Path(os.fspath(output) + ".json")
+    if not os.path.isfile(output) or not signature_path.is_file():
+        return None
+    try:
+        signature = json.loads(signature_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(signature, dict) or signature.get("output") != os.path.abspath(output):
+        return None
+    settings = annotation_settings(table, output, loaded, options, scoring)
+    if any(signature.get(key) != value for key, value in settings.items()):
+        return None
+    return signature
+
+
 def annotate(
     table: PathLike,
     output: PathLike,
@@ -234,16 +273,7 @@ def annotate(
         raise PhraseScorerError("the output would overwrite the input table", path=output)
     compress = not to_stdout and is_gzip_name(output)
     scorer = BatchScorer(loaded.model, scoring_options)
-    settings = {
-        "input": input_identity(table),
-        "model": {"directory": os.path.abspath(loaded.directory), "weights_sha256": loaded.weights_sha256,
-                  "config": loaded.config.to_dict()},
-        "options": asdict(options),
-        "scoring": scorer.describe(),  # device and precision: a resumed run must not mix them
-        "gzip": compress,
-        "package_version": __version__,
-    }
-    settings = json.loads(json.dumps(settings))  # as the resume record will hold it (tuples -> lists)
+    settings = annotation_settings(table, output, loaded, options, scorer.describe())
     started = time.monotonic()
     with OutputLock(output):
         done_lines, done_bytes, progress_path = start_resumable(table, output, settings, resume)

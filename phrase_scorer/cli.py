@@ -181,6 +181,56 @@ model_option = click.option("-m", "--model", "model_dir", required=True, type=cl
 # --- train ---------------------------------------------------------------------------------------
 
 
+def training_options(function):
+    """The options that say what model to train and how: shared by 'train' and 'ems-config'."""
+    options = [
+        click.option("--preset", type=click.Choice(list(PRESETS)), default=TrainConfig.preset,
+                     help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests."),
+        click.option("--source-shortlist", type=click.IntRange(min=1), default=None,
+                     help="Source words kept [default: the preset's, 15000 for paper]."),
+        click.option("--target-shortlist", type=click.IntRange(min=1), default=None,
+                     help="Target words kept [default: the preset's, 15000 for paper]."),
+        click.option("--batch-size", type=click.IntRange(min=1), default=TrainConfig.batch_size, help="Pairs per update."),
+        click.option("--valid-pairs", type=click.IntRange(min=0), default=TrainConfig.valid_pairs,
+                     help="About this many pairs are held out for validation, by source phrase."),
+        click.option("--valid-every", type=click.IntRange(min=1), default=TrainConfig.valid_every,
+                     help="Steps between validations and checkpoints."),
+        click.option("--patience", type=click.IntRange(min=1), default=TrainConfig.patience,
+                     help="Stop after this many validations without improvement."),
+        click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many updates."),
+        click.option("--max-epochs", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Stop after this many passes over the pairs."),
+        click.option("--max-time", type=Duration(), default=None, help="Stop after this long (3600, 90m, 2h, ...)."),
+        click.option("--clip-norm", type=click.FloatRange(min=0, min_open=True), default=TrainConfig.clip_norm,
+                     help="Gradient-norm clipping threshold."),
+        click.option("--seed", type=int, default=TrainConfig.seed,
+                     help="Random seed (initial weights, validation split, data order)."),
+        device_option,
+        click.option("--precision", type=click.Choice(TRAIN_PRECISIONS), default=TrainConfig.precision,
+                     help="On a GPU: fp32, or bf16/fp16 autocast (products, GRU states and logits in half precision, "
+                          "fp32 weights; auto: bf16 where supported, else fp16). A CPU always trains in fp32."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def make_training_settings(ctx: click.Context, settings: dict, resume: bool):
+    """(TrainConfig, ModelConfig or None, the settings given explicitly) from training_options."""
+    from dataclasses import replace
+
+    names = [f.name for f in fields(TrainConfig)]
+    explicit = set(explicit_options(ctx, names))
+    config = TrainConfig(**{k: v for k, v in settings.items() if k in names})
+    source_shortlist, target_shortlist = settings.get("source_shortlist"), settings.get("target_shortlist")
+    model_config = None
+    if source_shortlist or target_shortlist:  # on --resume, checked against the saved ones
+        base = PRESETS[config.preset]
+        model_config = replace(base, source_shortlist=source_shortlist or base.source_shortlist,
+                               target_shortlist=target_shortlist or base.target_shortlist)
+    return config, model_config, explicit
+
+
 @cli.command()
 @click.argument("table", type=click.Path(dir_okay=False), required=False)
 @click.option("--corpus", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
@@ -190,31 +240,12 @@ model_option = click.option("-m", "--model", "model_dir", required=True, type=cl
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="With --corpus: leave out training pairs with a side longer than this many words (paper: 30 or 50) [default: no limit].")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Model directory to create.")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=TrainConfig.preset,
-              help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests.")
-@click.option("--source-shortlist", type=click.IntRange(min=1), default=None,
-              help="Source words kept [default: the preset's, 15000 for paper].")
-@click.option("--target-shortlist", type=click.IntRange(min=1), default=None,
-              help="Target words kept [default: the preset's, 15000 for paper].")
-@click.option("--batch-size", type=click.IntRange(min=1), default=TrainConfig.batch_size, help="Pairs per update.")
-@click.option("--valid-pairs", type=click.IntRange(min=0), default=TrainConfig.valid_pairs,
-              help="About this many pairs are held out for validation, by source phrase.")
-@click.option("--valid-every", type=click.IntRange(min=1), default=TrainConfig.valid_every, help="Steps between validations and checkpoints.")
-@click.option("--patience", type=click.IntRange(min=1), default=TrainConfig.patience, help="Stop after this many validations without improvement.")
-@click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many updates.")
-@click.option("--max-epochs", type=click.FloatRange(min=0, min_open=True), default=None, help="Stop after this many passes over the pairs.")
-@click.option("--max-time", type=Duration(), default=None, help="Stop after this long (3600, 90m, 2h, ...).")
-@click.option("--clip-norm", type=click.FloatRange(min=0, min_open=True), default=TrainConfig.clip_norm, help="Gradient-norm clipping threshold.")
-@click.option("--seed", type=int, default=TrainConfig.seed, help="Random seed (initial weights, validation split, data order).")
-@device_option
-@click.option("--precision", type=click.Choice(TRAIN_PRECISIONS), default=TrainConfig.precision,
-              help="On a GPU: fp32, or bf16/fp16 autocast (products, GRU states and logits in half precision, "
-                   "fp32 weights; auto: bf16 where supported, else fp16). A CPU always trains in fp32.")
+@training_options
 @threads_option
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace a model already in the output folder.")
 @click.pass_context
-def train(ctx, table, corpus, dev, output, source_shortlist, target_shortlist, threads, resume, overwrite, **settings):
+def train(ctx, table, corpus, dev, output, threads, resume, overwrite, **settings):
     """Train the RNN Encoder-Decoder on the unique phrase pairs of TABLE (plain or gzip), or on the
     sentence pairs of --corpus SRC TGT."""
     if (table is None) == (not corpus):
@@ -223,35 +254,24 @@ def train(ctx, table, corpus, dev, output, source_shortlist, target_shortlist, t
     if dev and not corpus:
         raise UserError("--dev goes with --corpus (a phrase table's validation pairs are held out from it)")
     set_threads(threads)
-    from dataclasses import replace
-
     from phrase_scorer import distributed
     from phrase_scorer.corpus import SentenceCorpus
 
     if not distributed.is_main():  # under torchrun, rank 0 alone reports progress
         log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
         progress.show_bars = False
-    from phrase_scorer.train import train as run_training
+    from phrase_scorer.train import TrainingInterrupted, train as run_training
 
-    names = [f.name for f in fields(TrainConfig)]
-    explicit = explicit_options(ctx, names)
-    config = TrainConfig(**{k: v for k, v in settings.items() if k in names})
-    model_config = None
-    if source_shortlist or target_shortlist:  # on --resume, checked against the saved ones
-        base = PRESETS[config.preset]
-        model_config = replace(base, source_shortlist=source_shortlist or base.source_shortlist,
-                               target_shortlist=target_shortlist or base.target_shortlist)
+    config, model_config, explicit = make_training_settings(ctx, settings, resume)
     data = table
     data_args = table
     if corpus:
         data = SentenceCorpus(*corpus, *(dev or (None, None)))
         data_args = f"--corpus {' '.join(corpus)}" + (f" --dev {' '.join(dev)}" if dev else "")
-    from phrase_scorer.train import TrainingInterrupted
-
     resume_command = f"phrase-scorer train {data_args} -o {output} --resume"
     try:
         state = run_training(data, output, config, resume=resume, overwrite=overwrite,
-                             model_config=model_config, explicit=set(explicit))
+                             model_config=model_config, explicit=explicit)
     except TrainingInterrupted as stop:
         raise UserError(f"stopped at step {stop.step}, checkpoint saved; resume with: {resume_command}",
                         exit_code=130) from None
@@ -307,20 +327,31 @@ def parse_weights(ctx, param, value):
     return weights[0] if len(weights) == 1 else weights
 
 
+def column_options(function):
+    """The options that say which columns to append and how: shared by 'annotate' and 'ems-config'."""
+    options = [
+        click.option("--columns", default=",".join(COLUMNS), callback=parse_columns,
+                     help="Columns to append: prob = p(y|x), unk = e^(number of unknown words)."),
+        click.option("--unk-side", type=click.Choice(UNK_SIDES), default=AnnotateOptions.unk_side,
+                     help="Whose words outside the model's shortlists the unk column counts."),
+        click.option("--length-normalize/--no-length-normalize", default=AnnotateOptions.length_normalize,
+                     help="Write exp(log p / (target words + 1)), p per target token, instead of p(y|x)."),
+        click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
+                     help="Target tokens per scoring batch."),
+        click.option("--window-lines", type=click.IntRange(min=1), default=AnnotateOptions.window_lines,
+                     help="Lines read, scored and written at a time (also the resume granularity)."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
 @cli.command()
 @click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
 @model_option
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
               help="Annotated table ('.gz' for gzip, '-' for stdout).")
-@click.option("--columns", default=",".join(COLUMNS), callback=parse_columns,
-              help="Columns to append: prob = p(y|x), unk = e^(number of unknown words).")
-@click.option("--unk-side", type=click.Choice(UNK_SIDES), default=AnnotateOptions.unk_side,
-              help="Whose words outside the model's shortlists the unk column counts.")
-@click.option("--length-normalize/--no-length-normalize", default=AnnotateOptions.length_normalize,
-              help="Write exp(log p / (target words + 1)), p per target token, instead of p(y|x).")
-@batch_tokens_option
-@click.option("--window-lines", type=click.IntRange(min=1), default=AnnotateOptions.window_lines,
-              help="Lines read, scored and written at a time (also the resume granularity).")
+@column_options
 @device_option
 @precision_option
 @threads_option
@@ -386,6 +417,8 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
     )
 
 
+
+
 # --- rescore ------------------------------------------------------------------------------------
 
 
@@ -431,6 +464,60 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, output,
         raise interrupted_resumable(output) from None
     click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"
                + ("" if output == "-" else f": {output}, signature {output}.json"), err=True)
+
+
+# --- ems-config ----------------------------------------------------------------------------------
+
+
+@cli.command("ems-config")
+@click.argument("ini_in", metavar="IN", type=click.Path(dir_okay=False, exists=True))
+@click.argument("ini_out", metavar="OUT", type=click.Path(dir_okay=False))
+@click.option("-Binarizer", "binarizer", default=None, metavar="CMD",
+              help="EMS's ttable-binarizer: '' or none for a text table, else processPhraseTableMin, "
+                   "CreateProbingPT or CreateOnDiskPt with its path (its own arguments are replaced).")
+@click.option("-m", "--model", "model_dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Use this trained model instead of training one on IN's phrase table.")
+@click.option("--feature-name", default=None,
+              help="The phrase-table feature's name= [default: the first phrase table].")
+@training_options
+@column_options
+@threads_option
+@click.pass_context
+def ems_config(ctx, ini_in, ini_out, binarizer, model_dir, feature_name, columns, unk_side, length_normalize,
+               batch_tokens, window_lines, threads, **settings):
+    """The step Moses' EMS runs as binarize-all: IN (its moses.ini) -> OUT, with the model's columns.
+
+    \b
+    In the EMS config:
+      [TRAINING]
+      binarize-all = "phrase-scorer ems-config --preset small"
+      ttable-binarizer = ""
+    EMS then runs 'phrase-scorer ems-config --preset small IN OUT -Binarizer ""'. This trains a
+    model on IN's phrase table (into OUT.rnn-model, unless --model), annotates the table (into
+    OUT.phrase-table.gz), binarises it if -Binarizer names a binariser, and writes OUT for the new
+    table with the new columns' start weights; EMS's tuning then tunes them.
+    """
+    set_threads(threads)
+    from phrase_scorer.moses.ems import build_ems_config
+
+    config, model_config, explicit = make_training_settings(ctx, settings, resume=False)
+    training_given = sorted(set(explicit_options(ctx, settings)) - {"device", "precision"})
+    if model_dir is not None and training_given:
+        raise PhraseScorerError("--model takes a trained model: leave out the training options "
+                                f"({', '.join('--' + n.replace('_', '-') for n in training_given)})")
+    result = build_ems_config(
+        ini_in, ini_out, binarizer=binarizer, model_dir=model_dir, train_config=config, model_config=model_config,
+        explicit=explicit, feature_name=feature_name,
+        annotate_options=AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
+                                         window_lines=window_lines),
+        scoring_options=ScoringOptions(batch_tokens=batch_tokens),
+    )
+    if result.ignored_binarizer_arguments:
+        click.echo(f"the binariser's own arguments were replaced: {' '.join(result.ignored_binarizer_arguments)}",
+                   err=True)
+    click.echo(f"model {result.model_dir} ({result.training}); table {result.annotated} ({result.annotation})"
+               + (f"; binary table {result.phrase_table} ({result.binarized})" if result.binarized else "")
+               + f"; {result.config}: {result.feature_name} num-features={result.num_features}", err=True)
 
 
 # --- moses-ini -----------------------------------------------------------------------------------

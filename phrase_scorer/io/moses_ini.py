@@ -44,6 +44,13 @@ PHRASE_TABLE_TYPES = ("PhraseDictionaryMemory", "PhraseDictionaryCompact", "Prob
 #: Types whose ``path=`` names a text table (plain or gzip) rather than a binarised one.
 TEXT_TABLE_TYPES = ("PhraseDictionaryMemory",)
 
+#: The Moses program that builds each binary table type from a text table.
+BINARIZERS = {
+    "PhraseDictionaryCompact": "processPhraseTableMin",
+    "ProbingPT": "CreateProbingPT",
+    "PhraseDictionaryOnDisk": "CreateOnDiskPt",
+}
+
 #: How many lines of a text table are read to count its scores.
 CHECK_LINES = 100
 
@@ -308,14 +315,15 @@ def binarize_command(feature_type: str, text_table: PathLike, output: PathLike, 
 
     The programs are looked for in ``moses_home/bin``.
     """
-    bin_dir = os.path.join(os.fspath(moses_home), "bin")
     table, out, n = os.fspath(text_table), os.fspath(output), str(num_scores)
+    if feature_type in BINARIZERS:
+        program = os.path.join(os.fspath(moses_home), "bin", BINARIZERS[feature_type])
     if feature_type == "PhraseDictionaryCompact":
-        return [os.path.join(bin_dir, "processPhraseTableMin"), "-in", table, "-out", out, "-nscores", n]
+        return [program, "-in", table, "-out", out, "-nscores", n]
     if feature_type == "ProbingPT":
-        return [os.path.join(bin_dir, "CreateProbingPT"), "--input-pt", table, "--output-dir", out, "--num-scores", n]
+        return [program, "--input-pt", table, "--output-dir", out, "--num-scores", n]
     if feature_type == "PhraseDictionaryOnDisk":
-        return [os.path.join(bin_dir, "CreateOnDiskPt"), "1", "1", n, "100", "2", table, out]
+        return [program, "1", "1", n, "100", "2", table, out]
     raise PhraseScorerError(
         f"{feature_type} tables are not binarised",
         hint="PhraseDictionaryMemory reads the text table itself; binarising is for "
