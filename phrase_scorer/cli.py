@@ -20,7 +20,7 @@ import click
 
 from phrase_scorer import __version__, progress
 from phrase_scorer.config import (
-    COLUMNS, PRECISIONS, PRESETS, TRAIN_PRECISIONS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions,
+    ARCH_PRESETS, COLUMNS, PRECISIONS, TRAIN_PRECISIONS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions,
     RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TuneOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
@@ -190,7 +190,11 @@ model_option = click.option("-m", "--model", "model_dir", required=True, type=cl
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="With --corpus: leave out training pairs with a side longer than this many words (paper: 30 or 50) [default: no limit].")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Model directory to create.")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=TrainConfig.preset,
+@click.option("--arch", type=click.Choice(list(ARCH_PRESETS)), default=TrainConfig.arch,
+              help="Architecture: the RNN Encoder-Decoder (Cho et al. 2014) or RNNsearch (Bahdanau et al. 2015). "
+                   "--resume keeps the saved one.")
+@click.option("--preset", type=click.Choice(sorted({p for presets in ARCH_PRESETS.values() for p in presets})),
+              default=TrainConfig.preset,
               help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests.")
 @click.option("--source-shortlist", type=click.IntRange(min=1), default=None,
               help="Source words kept [default: the preset's, 15000 for paper].")
@@ -215,7 +219,7 @@ model_option = click.option("-m", "--model", "model_dir", required=True, type=cl
 @click.option("--overwrite", is_flag=True, help="Replace a model already in the output folder.")
 @click.pass_context
 def train(ctx, table, corpus, dev, output, source_shortlist, target_shortlist, threads, resume, overwrite, **settings):
-    """Train the RNN Encoder-Decoder on the unique phrase pairs of TABLE (plain or gzip), or on the
+    """Train a model (--arch) on the unique phrase pairs of TABLE (plain or gzip), or on the
     sentence pairs of --corpus SRC TGT."""
     if (table is None) == (not corpus):
         raise UserError("give either a phrase TABLE or --corpus SRC TGT (not both)" if table else
@@ -226,6 +230,7 @@ def train(ctx, table, corpus, dev, output, source_shortlist, target_shortlist, t
     from dataclasses import replace
 
     from phrase_scorer.corpus import SentenceCorpus
+    from phrase_scorer.train import preset_config
     from phrase_scorer.train import train as run_training
 
     names = [f.name for f in fields(TrainConfig)]
@@ -235,7 +240,7 @@ def train(ctx, table, corpus, dev, output, source_shortlist, target_shortlist, t
     if source_shortlist or target_shortlist:
         if resume:
             raise PhraseScorerError("--source-shortlist/--target-shortlist cannot change when resuming")
-        base = PRESETS[config.preset]
+        base = preset_config(config)
         model_config = replace(base, source_shortlist=source_shortlist or base.source_shortlist,
                                target_shortlist=target_shortlist or base.target_shortlist)
     data = table

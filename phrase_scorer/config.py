@@ -138,7 +138,8 @@ def model_config_from_dict(data: dict) -> AnyModelConfig:
 class TrainConfig:
     """Training settings. The defaults are the paper's where it gives one."""
 
-    preset: str = DEFAULT_PRESET
+    arch: str = "encdec"  # the architecture: a key of ARCH_PRESETS (encdec | rnnsearch)
+    preset: str = DEFAULT_PRESET  # a preset of that architecture
     batch_size: int = 64  # pairs per update (paper: 64)
     adadelta_rho: float = 0.95
     adadelta_eps: float = 1e-6
