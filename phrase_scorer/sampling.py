@@ -154,42 +154,42 @@ def normalized_score(hypothesis: Hypothesis) -> float:
 def beam_search_batch(model: TranslationModel, sources: Sequence[Sequence[int]], beam: int, *,
                       max_length: Union[int, Sequence[int]] = 10, allow_unk: bool = True,
                       length_normalize: bool = False) -> List[List[Hypothesis]]:
-    """Beam search for many sources at once: for each source, its best complete targets (at most
-    ``beam``), best first. The one beam search of the package, for phrases and for sentences.
+    """Beam search for many sources at once: for each source, its ``beam`` best complete targets
+    found, best first. The one beam search of the package, for phrases and for sentences.
 
-    Each source keeps its ``beam`` best live hypotheses; at every step all of them, over all
-    sources, run through one ``model.step``. A hypothesis ends when it picks ``</s>``; at a
-    source's ``max_length`` words only ``</s>`` may follow. Scores are the model's log p(y|x)
-    (``</s>`` included; ``</s>`` barred at the first step and ``<unk>`` unless ``allow_unk``).
-
-    Without ``length_normalize`` a source's search stops when ``beam`` targets have ended and the
-    worst of them beats every live one (scores only fall, so no live one can still enter the top
-    ``beam``): the result is ranked by log p. With ``length_normalize`` it stops when ``beam``
-    targets have ended (or at the length limit) and ranks them by log p per token (</s>
+    A source's search keeps ``k`` live hypotheses, ``k`` = ``beam`` minus the targets that have
+    ended: at each step the ``k`` best one-word extensions of its live hypotheses (``</s>``
+    among them) are kept, and those ending in ``</s>`` are set aside. It stops when ``beam``
+    targets have ended; at ``max_length`` words (per source, or one limit for all) only ``</s>``
+    may follow. Width 1 is greedy search. Live hypotheses of all sources run through one
+    ``model.step`` per step. Scores are the model's log p(y|x), ``</s>`` included (``</s>`` is
+    barred at the first step, ``<unk>`` unless ``allow_unk``, without renormalising). The ended
+    targets are ranked by log p, or with ``length_normalize`` by log p per token (``</s>``
     included), which favours longer targets.
     """
     model.eval()
     B = len(sources)
     limits = [max_length] * B if isinstance(max_length, int) else list(max_length)
     device = next(model.parameters()).device
-    memory = _encode_rows(model, sources, 1)  # B rows
-    # live hypotheses of all sources, as parallel lists; row i of `state` and `rows` is live[i]
+    rows = _encode_rows(model, sources, 1)  # B rows, then one per live hypothesis
+    state = model.start(rows)  # (N, D)
+    # the live hypotheses of all sources, a source's rows contiguous; row i of rows/state is live[i]
     live_source: List[int] = list(range(B))
     live: List[Hypothesis] = [((), 0.0)] * B
     finished: List[List[Hypothesis]] = [[] for _ in range(B)]
-    rows = memory
-    state = model.start(rows)  # (N, D)
-    V = None
+    eos = EOS_ID - FIRST_OUTPUT_ID
     for t in range(max(limits, default=0) + 1):
         prev = torch.tensor([seq[-1] if seq else PAD_ID for seq, _ in live], dtype=torch.long, device=device)
         log_probs, state = _next_log_probs(model, rows, state, prev, t == 0, allow_unk)  # (N, V'), (N, D)
-        V = log_probs.size(1)
+        at_limit = torch.tensor([t >= limits[b] for b in live_source], device=device)  # (N,)
+        log_probs[at_limit] = torch.where(torch.arange(log_probs.size(1), device=device) == eos, log_probs[at_limit],
+                                          -math.inf)  # only </s> may follow
         totals = torch.tensor([score for _, score in live], device=device).unsqueeze(1) + log_probs  # (N, V')
-        # each source's live rows side by side: (B, beam, V') padded with -inf, then one top-k
-        slot = torch.tensor(_slots(live_source), dtype=torch.long, device=device)  # (N,) rank among its source's rows
-        grid = totals.new_full((B, beam, V), -math.inf)
-        grid[torch.tensor(live_source, device=device), slot] = totals
-        values, flat = grid.flatten(1).topk(min(2 * beam, beam * V), 1)  # (B, 2 beam)
+        # each source's live rows side by side, padded with -inf, and one top-k for all sources
+        V = totals.size(1)
+        grid = totals.new_full((B, beam, V), -math.inf)  # (B, beam, V')
+        grid[torch.tensor(live_source, device=device), torch.tensor(_slots(live_source), device=device)] = totals
+        values, flat = grid.flatten(1).topk(min(beam, beam * V), 1)  # (B, beam)
         first_row = _first_rows(live_source, B)
         next_source: List[int] = []
         next_live: List[Hypothesis] = []
@@ -197,33 +197,25 @@ def beam_search_batch(model: TranslationModel, sources: Sequence[Sequence[int]],
         for b, (source_values, source_flat) in enumerate(zip(values.tolist(), flat.tolist())):
             if first_row[b] is None:
                 continue  # this source's search has ended
-            kept: List[Hypothesis] = []
-            for value, index in zip(source_values, source_flat):
+            width = beam - len(finished[b])
+            for value, index in zip(source_values[:width], source_flat[:width]):
                 if value == -math.inf:
                     break
                 local_row, cls = divmod(index, V)
                 row = first_row[b] + local_row
-                token = cls + FIRST_OUTPUT_ID
-                if token == EOS_ID:
+                if cls == eos:
                     finished[b].append((live[row][0], value))
-                elif t < limits[b] and len(kept) < beam:
-                    kept.append((live[row][0] + (token,), value))
+                else:
+                    next_source.append(b)
+                    next_live.append((live[row][0] + (cls + FIRST_OUTPUT_ID,), value))
                     next_rows.append(row)
-            finished[b].sort(key=lambda h: -h[1])
-            if not length_normalize:
-                finished[b] = finished[b][:beam]
-            if _ended(finished[b], kept, beam, length_normalize):
-                del next_rows[len(next_rows) - len(kept):]
-                continue
-            next_source += [b] * len(kept)
-            next_live += kept
         if not next_live:
             break
         live, live_source = next_live, next_source
         index = torch.tensor(next_rows, dtype=torch.long, device=device)
         rows, state = rows.select(index), state[index]
     key = normalized_score if length_normalize else (lambda h: h[1])
-    return [sorted(found, key=lambda h: -key(h))[:beam] for found in finished]
+    return [sorted(found, key=lambda h: -key(h)) for found in finished]
 
 
 def _slots(live_source: List[int]) -> List[int]:
@@ -243,14 +235,6 @@ def _first_rows(live_source: List[int], B: int) -> List[Optional[int]]:
         if first[b] is None:
             first[b] = row
     return first
-
-
-def _ended(finished: List[Hypothesis], live: List[Hypothesis], beam: int, length_normalize: bool) -> bool:
-    if not live:
-        return True
-    if len(finished) < beam:
-        return False
-    return length_normalize or finished[beam - 1][1] >= max(score for _, score in live)
 
 
 def beam_search(model: TranslationModel, source: Sequence[int], beam: int, *, max_length: int = 10,
