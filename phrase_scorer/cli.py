@@ -21,7 +21,7 @@ import click
 from phrase_scorer import __version__, progress
 from phrase_scorer.config import (
     ARCH_PRESETS, COLUMNS, PRECISIONS, TRAIN_PRECISIONS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions,
-    RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TuneOptions,
+    RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TranslateOptions, TuneOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
 
@@ -546,6 +546,41 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
             cut = "" if c.complete else "  (length limit)"
             click.echo(f"  {c.log_prob:8.3f}{extra}  {display(c.words)}{seen}{cut}")
         click.echo("")
+
+
+# --- translate -----------------------------------------------------------------------------------
+
+
+@cli.command()
+@model_option
+@click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+              help="Where to write the translations (a name ending in .gz is gzipped).")
+@click.option("--beam", type=click.IntRange(min=1), default=TranslateOptions.beam, help="Beam width (1: greedy search).")
+@click.option("--length-normalize/--no-length-normalize", default=TranslateOptions.length_normalize,
+              help="Rank the ended hypotheses by log p per token (</s> included) instead of log p.")
+@click.option("--max-length-ratio", type=click.FloatRange(min=0, min_open=True), default=TranslateOptions.max_length_ratio,
+              help="A translation has at most ceil(RATIO * source words) words.")
+@click.option("--batch-sentences", type=click.IntRange(min=1), default=TranslateOptions.batch_sentences,
+              help="Sentences searched together.")
+@device_option
+@threads_option
+def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, device, threads):
+    """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search.
+
+    One output line per input line, in order: the words joined by single spaces, tokenised as the
+    model's target vocabulary holds them (like Moses' output). <unk> is never generated; source
+    words outside the model's shortlist are read as <unk>. An empty line gives an empty line.
+    """
+    set_threads(threads)
+    from phrase_scorer.device import resolve_device
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.translate import translate_file
+
+    loaded = load_model(model_dir, resolve_device(device))
+    options = TranslateOptions(beam=beam, length_normalize=length_normalize, max_length_ratio=max_length_ratio,
+                               batch_sentences=batch_sentences)
+    translate_file(input, output, loaded, options)
 
 
 # --- compare and plot ----------------------------------------------------------------------------

@@ -255,6 +255,16 @@ class SampleOptions:
 
 
 @dataclass(frozen=True)
+class TranslateOptions:
+    """How ``translate`` searches. ``<unk>`` is never generated (barred without renormalising)."""
+
+    beam: int = 10  # beam width; 1 is greedy search
+    length_normalize: bool = True  # rank ended hypotheses by log p per token (</s> included)
+    max_length_ratio: float = 2.0  # at most ceil(ratio * source words) target words
+    batch_sentences: int = 32  # sentences searched together
+
+
+@dataclass(frozen=True)
 class TuneOptions:
     """How ``tune`` runs mert-moses.pl."""
 
