@@ -20,8 +20,8 @@ import click
 
 from phrase_scorer import __version__, progress
 from phrase_scorer.config import (
-    COLUMNS, PRECISIONS, PRESETS, TRAIN_PRECISIONS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions,
-    RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TuneOptions,
+    ARCH_PRESETS, COLUMNS, PRECISIONS, TRAIN_PRECISIONS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions,
+    RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TranslateOptions, TuneOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
 
@@ -184,7 +184,11 @@ model_option = click.option("-m", "--model", "model_dir", required=True, type=cl
 def training_options(function):
     """The options that say what model to train and how: shared by 'train' and 'ems-config'."""
     options = [
-        click.option("--preset", type=click.Choice(list(PRESETS)), default=TrainConfig.preset,
+        click.option("--arch", type=click.Choice(list(ARCH_PRESETS)), default=TrainConfig.arch,
+                     help="Architecture: the RNN Encoder-Decoder (Cho et al. 2014) or RNNsearch (Bahdanau et al. "
+                          "2015). --resume keeps the saved one."),
+        click.option("--preset", type=click.Choice(sorted({p for presets in ARCH_PRESETS.values() for p in presets})),
+                     default=TrainConfig.preset,
                      help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests."),
         click.option("--source-shortlist", type=click.IntRange(min=1), default=None,
                      help="Source words kept [default: the preset's, 15000 for paper]."),
@@ -225,7 +229,9 @@ def make_training_settings(ctx: click.Context, settings: dict, resume: bool):
     source_shortlist, target_shortlist = settings.get("source_shortlist"), settings.get("target_shortlist")
     model_config = None
     if source_shortlist or target_shortlist:  # on --resume, checked against the saved ones
-        base = PRESETS[config.preset]
+        from phrase_scorer.train import preset_config
+
+        base = preset_config(config)
         model_config = replace(base, source_shortlist=source_shortlist or base.source_shortlist,
                                target_shortlist=target_shortlist or base.target_shortlist)
     return config, model_config, explicit
@@ -246,7 +252,7 @@ def make_training_settings(ctx: click.Context, settings: dict, resume: bool):
 @click.option("--overwrite", is_flag=True, help="Replace a model already in the output folder.")
 @click.pass_context
 def train(ctx, table, corpus, dev, output, threads, resume, overwrite, **settings):
-    """Train the RNN Encoder-Decoder on the unique phrase pairs of TABLE (plain or gzip), or on the
+    """Train a model (--arch) on the unique phrase pairs of TABLE (plain or gzip), or on the
     sentence pairs of --corpus SRC TGT."""
     if (table is None) == (not corpus):
         raise UserError("give either a phrase TABLE or --corpus SRC TGT (not both)" if table else
@@ -631,6 +637,41 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
             cut = "" if c.complete else "  (length limit)"
             click.echo(f"  {c.log_prob:8.3f}{extra}  {display(c.words)}{seen}{cut}")
         click.echo("")
+
+
+# --- translate -----------------------------------------------------------------------------------
+
+
+@cli.command()
+@model_option
+@click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+              help="Where to write the translations (a name ending in .gz is gzipped).")
+@click.option("--beam", type=click.IntRange(min=1), default=TranslateOptions.beam, help="Beam width (1: greedy search).")
+@click.option("--length-normalize/--no-length-normalize", default=TranslateOptions.length_normalize,
+              help="Rank the ended hypotheses by log p per token (</s> included) instead of log p.")
+@click.option("--max-length-ratio", type=click.FloatRange(min=0, min_open=True), default=TranslateOptions.max_length_ratio,
+              help="A translation has at most ceil(RATIO * source words) words.")
+@click.option("--batch-sentences", type=click.IntRange(min=1), default=TranslateOptions.batch_sentences,
+              help="Sentences searched together.")
+@device_option
+@threads_option
+def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, device, threads):
+    """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search.
+
+    One output line per input line, in order: the words joined by single spaces, tokenised as the
+    model's target vocabulary holds them (like Moses' output). <unk> is never generated; source
+    words outside the model's shortlist are read as <unk>. An empty line gives an empty line.
+    """
+    set_threads(threads)
+    from phrase_scorer.device import resolve_device
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.translate import translate_file
+
+    loaded = load_model(model_dir, resolve_device(device))
+    options = TranslateOptions(beam=beam, length_normalize=length_normalize, max_length_ratio=max_length_ratio,
+                               batch_sentences=batch_sentences)
+    translate_file(input, output, loaded, options)
 
 
 # --- compare and plot ----------------------------------------------------------------------------

@@ -138,7 +138,8 @@ def model_config_from_dict(data: dict) -> AnyModelConfig:
 class TrainConfig:
     """Training settings. The defaults are the paper's where it gives one."""
 
-    preset: str = DEFAULT_PRESET
+    arch: str = "encdec"  # the architecture: a key of ARCH_PRESETS (encdec | rnnsearch)
+    preset: str = DEFAULT_PRESET  # a preset of that architecture
     batch_size: int = 64  # pairs per update (paper: 64)
     adadelta_rho: float = 0.95
     adadelta_eps: float = 1e-6
@@ -251,6 +252,16 @@ class SampleOptions:
     seed: int = 1
     allow_unk: bool = True  # may <unk> be generated?
     rank_by: str = "model"  # model | model+lm
+
+
+@dataclass(frozen=True)
+class TranslateOptions:
+    """How ``translate`` searches. ``<unk>`` is never generated (barred without renormalising)."""
+
+    beam: int = 10  # beam width; 1 is greedy search
+    length_normalize: bool = True  # rank ended hypotheses by log p per token (</s> included)
+    max_length_ratio: float = 2.0  # at most ceil(ratio * source words) target words
+    batch_sentences: int = 32  # sentences searched together
 
 
 @dataclass(frozen=True)

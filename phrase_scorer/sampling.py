@@ -13,16 +13,16 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from phrase_scorer.config import SampleOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.model import FIRST_OUTPUT_ID, RNNEncoderDecoder
+from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel
 from phrase_scorer.scoring import BatchScorer, pad
-from phrase_scorer.vocab import EOS_ID, UNK_ID, Vocabulary
+from phrase_scorer.vocab import EOS_ID, PAD_ID, UNK_ID, Vocabulary
 
 LN10 = math.log(10.0)
 
@@ -87,47 +87,43 @@ def display(words: Sequence[str]) -> str:
 # --- generation ------------------------------------------------------------------------------------
 
 
-def _start(model: RNNEncoderDecoder, sources: Sequence[Sequence[int]], copies: int):
-    """Per-source decoder inputs, each repeated ``copies`` times: h'_0, C c, O_c c + O_w m_x."""
+def _encode_rows(model: TranslationModel, sources: Sequence[Sequence[int]], copies: int) -> Memory:
+    """Each source encoded once, its memory row repeated ``copies`` times (len(sources) * copies rows)."""
     device = next(model.parameters()).device
     src, src_len = pad(sources, device)
-    c, mean_emb = model.encoder(src, src_len)  # (S, H), (S, E)
-    h, ctx = model.decoder.start(c)
-    source_term = model.readout.source_term(c, mean_emb)
-    repeat = lambda t: t.repeat_interleave(copies, 0)  # noqa: E731  (S*copies, ...)
-    return repeat(h), repeat(ctx), repeat(source_term)
+    memory = model.encode(src, src_len)
+    return memory.select(torch.arange(len(sources), device=device).repeat_interleave(copies))
 
 
-def _step_log_probs(model: RNNEncoderDecoder, prev: Tensor, h: Tensor, ctx: Tensor, source_term: Tensor,
-                    first: bool, allow_unk: bool, temperature: float = 1.0) -> Tuple[Tensor, Tensor]:
-    """One decoder step for N rows: prev ids (N,) -> (log p over output classes (N, V'), h'_t)."""
-    decoder, readout = model.decoder, model.readout
-    prev_emb = decoder.first_input(len(prev)) if first else decoder.embed(prev)  # (N, E)
-    h = decoder.step(decoder.input_proj(prev_emb), h, ctx)  # (N, H)
-    logits = readout.logits(readout.features(h, prev_emb, source_term)).float()  # (N, V')
+def _next_log_probs(model: TranslationModel, rows: Memory, state: Tensor, prev: Tensor, first: bool,
+                    allow_unk: bool, temperature: float = 1.0) -> Tuple[Tensor, Tensor]:
+    """One decoder step for N rows: prev ids (N,) -> (log p over output classes (N, V'), new state)."""
+    state, features = model.step(rows, state, prev)  # (N, D), (N, R)
+    logits = model.logits(features).float()  # (N, V')
     log_probs = torch.log_softmax(logits / temperature, -1)  # the model's own log p (at temperature 1)
     # Barred tokens are removed without renormalising, so that scores stay the model's log p:
-    # </s> at the first step (a phrase has at least one word), and <unk> unless allowed.
+    # </s> at the first step (a phrase or a sentence has at least one word), and <unk> unless allowed.
     if first:
         log_probs[:, EOS_ID - FIRST_OUTPUT_ID] = -math.inf
     if not allow_unk:
         log_probs[:, UNK_ID - FIRST_OUTPUT_ID] = -math.inf
-    return log_probs, h
+    return log_probs, state
 
 
 @torch.inference_mode()
-def ancestral_samples(model: RNNEncoderDecoder, sources: Sequence[Sequence[int]], n: int, *, temperature: float = 1.0,
+def ancestral_samples(model: TranslationModel, sources: Sequence[Sequence[int]], n: int, *, temperature: float = 1.0,
                       max_length: int = 10, seed: int = 1, allow_unk: bool = True) -> List[List[Tuple[Tuple[int, ...], bool]]]:
     """``n`` samples y ~ p(y|x) per source: lists of (target ids, ended with </s>)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    h, ctx, source_term = _start(model, sources, n)
-    N = h.size(0)
-    prev = torch.zeros(N, dtype=torch.long, device=h.device)
+    rows = _encode_rows(model, sources, n)
+    state = model.start(rows)  # (N, D)
+    N = len(rows)
+    prev = torch.full((N,), PAD_ID, dtype=torch.long, device=state.device)  # no previous word
     words: List[List[int]] = [[] for _ in range(N)]
     done = torch.zeros(N, dtype=torch.bool)
     for t in range(max_length + 1):
-        log_probs, h = _step_log_probs(model, prev, h, ctx, source_term, t == 0, allow_unk, temperature)
+        log_probs, state = _next_log_probs(model, rows, state, prev, t == 0, allow_unk, temperature)
         if t == max_length:
             break  # the limit: no more words, and no </s> drawn
         choice = torch.multinomial(log_probs.exp().cpu(), 1, generator=generator).squeeze(1) + FIRST_OUTPUT_ID
@@ -139,45 +135,113 @@ def ancestral_samples(model: RNNEncoderDecoder, sources: Sequence[Sequence[int]]
                 words[i].append(token)
         if done.all():
             break
-        prev = choice.to(h.device)
+        prev = choice.to(state.device)
     out = []
     for s in range(len(sources)):
         out.append([(tuple(words[i]), bool(done[i])) for i in range(s * n, (s + 1) * n)])
     return out
 
 
+Hypothesis = Tuple[Tuple[int, ...], float]  # target ids (no </s>), natural-log p(y|x) with </s>
+
+
+def normalized_score(hypothesis: Hypothesis) -> float:
+    """log p(y|x) per target token, </s> included: the ranking of length-normalised search."""
+    return hypothesis[1] / (len(hypothesis[0]) + 1)
+
+
 @torch.inference_mode()
-def beam_search(model: RNNEncoderDecoder, source: Sequence[int], beam: int, *, max_length: int = 10,
-                allow_unk: bool = True) -> List[Tuple[Tuple[int, ...], float]]:
-    """The ``beam`` most probable complete targets found by beam search, best first."""
+def beam_search_batch(model: TranslationModel, sources: Sequence[Sequence[int]], beam: int, *,
+                      max_length: Union[int, Sequence[int]] = 10, allow_unk: bool = True,
+                      length_normalize: bool = False) -> List[List[Hypothesis]]:
+    """Beam search for many sources at once: for each source, its ``beam`` best complete targets
+    found, best first. The one beam search of the package, for phrases and for sentences.
+
+    A source's search keeps ``k`` live hypotheses, ``k`` = ``beam`` minus the targets that have
+    ended: at each step the ``k`` best one-word extensions of its live hypotheses (``</s>``
+    among them) are kept, and those ending in ``</s>`` are set aside. It stops when ``beam``
+    targets have ended; at ``max_length`` words (per source, or one limit for all) only ``</s>``
+    may follow. Width 1 is greedy search. Live hypotheses of all sources run through one
+    ``model.step`` per step. Scores are the model's log p(y|x), ``</s>`` included (``</s>`` is
+    barred at the first step, ``<unk>`` unless ``allow_unk``, without renormalising). The ended
+    targets are ranked by log p, or with ``length_normalize`` by log p per token (``</s>``
+    included), which favours longer targets.
+    """
     model.eval()
-    h, ctx, source_term = _start(model, [source], 1)
-    live: List[Tuple[Tuple[int, ...], float]] = [((), 0.0)]
-    finished: List[Tuple[Tuple[int, ...], float]] = []
-    for t in range(max_length + 1):
-        K = len(live)
-        prev = torch.tensor([seq[-1] if seq else 0 for seq, _ in live], device=h.device)
-        log_probs, h = _step_log_probs(model, prev, h, ctx.expand(K, -1), source_term.expand(K, -1), t == 0, allow_unk)
-        totals = torch.tensor([score for _, score in live], device=h.device).unsqueeze(1) + log_probs  # (K, V')
-        values, flat = totals.flatten().topk(min(2 * beam, totals.numel()))
-        next_live, rows = [], []
-        for value, index in zip(values.tolist(), flat.tolist()):
-            row, cls = divmod(index, totals.size(1))
-            token = cls + FIRST_OUTPUT_ID
-            if value == -math.inf:
-                break
-            if token == EOS_ID:
-                finished.append((live[row][0], value))
-            elif t < max_length and len(next_live) < beam:
-                next_live.append((live[row][0] + (token,), value))
-                rows.append(row)
-        finished.sort(key=lambda item: -item[1])
-        finished = finished[:beam]
-        if not next_live or (len(finished) == beam and finished[-1][1] >= next_live[0][1]):
-            break  # scores only fall: no live hypothesis can still enter the top `beam`
-        live = next_live
-        h = h[torch.tensor(rows, device=h.device)]
-    return finished
+    B = len(sources)
+    limits = [max_length] * B if isinstance(max_length, int) else list(max_length)
+    device = next(model.parameters()).device
+    rows = _encode_rows(model, sources, 1)  # B rows, then one per live hypothesis
+    state = model.start(rows)  # (N, D)
+    # the live hypotheses of all sources, a source's rows contiguous; row i of rows/state is live[i]
+    live_source: List[int] = list(range(B))
+    live: List[Hypothesis] = [((), 0.0)] * B
+    finished: List[List[Hypothesis]] = [[] for _ in range(B)]
+    eos = EOS_ID - FIRST_OUTPUT_ID
+    for t in range(max(limits, default=0) + 1):
+        prev = torch.tensor([seq[-1] if seq else PAD_ID for seq, _ in live], dtype=torch.long, device=device)
+        log_probs, state = _next_log_probs(model, rows, state, prev, t == 0, allow_unk)  # (N, V'), (N, D)
+        at_limit = torch.tensor([t >= limits[b] for b in live_source], device=device)  # (N,)
+        log_probs[at_limit] = torch.where(torch.arange(log_probs.size(1), device=device) == eos, log_probs[at_limit],
+                                          -math.inf)  # only </s> may follow
+        totals = torch.tensor([score for _, score in live], device=device).unsqueeze(1) + log_probs  # (N, V')
+        # each source's live rows side by side, padded with -inf, and one top-k for all sources
+        V = totals.size(1)
+        grid = totals.new_full((B, beam, V), -math.inf)  # (B, beam, V')
+        grid[torch.tensor(live_source, device=device), torch.tensor(_slots(live_source), device=device)] = totals
+        values, flat = grid.flatten(1).topk(min(beam, beam * V), 1)  # (B, beam)
+        first_row = _first_rows(live_source, B)
+        next_source: List[int] = []
+        next_live: List[Hypothesis] = []
+        next_rows: List[int] = []
+        for b, (source_values, source_flat) in enumerate(zip(values.tolist(), flat.tolist())):
+            if first_row[b] is None:
+                continue  # this source's search has ended
+            width = beam - len(finished[b])
+            for value, index in zip(source_values[:width], source_flat[:width]):
+                if value == -math.inf:
+                    break
+                local_row, cls = divmod(index, V)
+                row = first_row[b] + local_row
+                if cls == eos:
+                    finished[b].append((live[row][0], value))
+                else:
+                    next_source.append(b)
+                    next_live.append((live[row][0] + (cls + FIRST_OUTPUT_ID,), value))
+                    next_rows.append(row)
+        if not next_live:
+            break
+        live, live_source = next_live, next_source
+        index = torch.tensor(next_rows, dtype=torch.long, device=device)
+        rows, state = rows.select(index), state[index]
+    key = normalized_score if length_normalize else (lambda h: h[1])
+    return [sorted(found, key=lambda h: -key(h)) for found in finished]
+
+
+def _slots(live_source: List[int]) -> List[int]:
+    """The rank of each live row among its source's rows (rows of a source are contiguous)."""
+    out, previous, k = [], None, 0
+    for b in live_source:
+        k = k + 1 if b == previous else 0
+        out.append(k)
+        previous = b
+    return out
+
+
+def _first_rows(live_source: List[int], B: int) -> List[Optional[int]]:
+    """The first live row of each source, None for a source with none."""
+    first: List[Optional[int]] = [None] * B
+    for row, b in enumerate(live_source):
+        if first[b] is None:
+            first[b] = row
+    return first
+
+
+def beam_search(model: TranslationModel, source: Sequence[int], beam: int, *, max_length: int = 10,
+                allow_unk: bool = True, length_normalize: bool = False) -> List[Hypothesis]:
+    """The best complete targets of one source by :func:`beam_search_batch`, best first."""
+    return beam_search_batch(model, [source], beam, max_length=max_length, allow_unk=allow_unk,
+                             length_normalize=length_normalize)[0]
 
 
 # --- ranking -----------------------------------------------------------------------------------------
@@ -226,9 +290,8 @@ def propose(loaded, sources: Sequence[str], options: SampleOptions = SampleOptio
 
     generated: List[Dict[Tuple[int, ...], Tuple[int, bool]]] = []
     if options.beam:
-        for ids in source_ids:
-            found = beam_search(model, ids, options.beam, max_length=options.max_length, allow_unk=options.allow_unk)
-            generated.append({seq: (1, True) for seq, _ in found if seq})
+        found = beam_search_batch(model, source_ids, options.beam, max_length=options.max_length, allow_unk=options.allow_unk)
+        generated = [{seq: (1, True) for seq, _ in per_source if seq} for per_source in found]
     else:
         samples = ancestral_samples(model, source_ids, options.samples, temperature=options.temperature,
                                     max_length=options.max_length, seed=options.seed, allow_unk=options.allow_unk)

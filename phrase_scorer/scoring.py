@@ -7,19 +7,25 @@ this scorer; nothing else computes one. Given a window of pairs it
    (``a man``, ``a man in``, ``a man in a``: a phrase table lists every sub-phrase) sit together;
 2. cuts the window into batches of about ``batch_tokens`` target tokens, keeping a source's
    targets together;
-3. encodes each distinct source of a batch once, walking the *trie* of the sources depth by
-   depth, so a shared prefix is run through the encoder GRU once;
-4. computes the per-source decoder terms (h'_0, C c, O_c c + O_w m_x) once per source;
-5. decodes the trie of each source's targets depth by depth: targets sharing a prefix share
-   their decoder steps and their softmax, and no step is spent on padding;
-6. forms the N x V logits in chunks of ``chunk_rows`` rows (log-softmax in fp32), and
-7. returns the scores in the input order.
+3. encodes each distinct source of a batch once (``model.encode``: a memory of one row per
+   source, holding every per-source term of the decoder); a model whose encoder reads left to
+   right (``shares_source_prefixes``: the encoder-decoder) walks the *trie* of the sources depth
+   by depth instead, so a shared prefix is run through the encoder once;
+4. decodes the trie of each source's targets depth by depth (``memory.select`` the nodes'
+   sources, one ``model.step`` per depth): targets sharing a prefix share their decoder steps
+   and their softmax, and no step is spent on padding;
+5. forms the N x V logits of ``model.output_layer`` in chunks of ``chunk_rows`` rows
+   (log-softmax in fp32), and
+6. returns the scores in the input order.
+
+The scorer talks to the model only through :mod:`phrase_scorer.models.base`, so it scores with
+either architecture.
 
 It runs in ``options.precision`` on a GPU (fp32 by default; see :mod:`phrase_scorer.device` for
 what bf16 and fp16 change) and always in fp32 on a CPU.
 
-The result equals the teacher-forced :meth:`RNNEncoderDecoder.forward` pair by pair (the tests
-check it against a step-by-step implementation of the appendix equations). Setting
+The result equals the teacher-forced :meth:`TranslationModel.forward` pair by pair (the tests
+check it against step-by-step implementations of each paper's equations). Setting
 ``share_source_prefixes`` / ``share_target_prefixes`` to False turns the sharing off, for
 benchmarks; each distinct source is still encoded only once.
 """
@@ -36,8 +42,8 @@ from torch import Tensor
 from phrase_scorer.config import ScoringOptions
 from phrase_scorer.data import pad_ids
 from phrase_scorer.device import device_label, precision_context, resolve_precision
-from phrase_scorer.model import FIRST_OUTPUT_ID, RNNEncoderDecoder, at_least_fp32, mean_embedding
-from phrase_scorer.vocab import EOS_ID
+from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel, at_least_fp32
+from phrase_scorer.vocab import EOS_ID, PAD_ID
 
 
 @dataclass
@@ -108,7 +114,7 @@ def build_trie(sequences: Sequence[Sequence[int]], share_prefixes: bool = True) 
 class BatchScorer:
     """Scores (source ids, target ids) pairs with ``model``; see the module docstring."""
 
-    def __init__(self, model: RNNEncoderDecoder, options: ScoringOptions = ScoringOptions()) -> None:
+    def __init__(self, model: TranslationModel, options: ScoringOptions = ScoringOptions()) -> None:
         self.model = model.eval()
         self.options = options
         self.device = next(model.parameters()).device
@@ -178,39 +184,36 @@ class BatchScorer:
     def _tensor(self, array) -> Tensor:
         return torch.as_tensor(array, dtype=torch.long, device=self.device)
 
-    def _encode(self, sources: List[Tuple[int, ...]]) -> Tuple[Tensor, Tensor]:
-        """c (S, H) and m_x (S, E) of distinct sources, running shared prefixes once."""
-        encoder = self.model.encoder
-        trie = build_trie(sources, self.options.share_source_prefixes)
+    def _encode(self, sources: List[Tuple[int, ...]]) -> Memory:
+        """The memory of distinct sources (one row each). A model whose encoder reads left to
+        right (``shares_source_prefixes``) walks the trie of the sources, running each shared
+        prefix once; any other model encodes the padded batch of distinct sources."""
+        model = self.model
         lengths = np.fromiter((len(s) for s in sources), np.int64, len(sources))
-        H = encoder.gru.hidden_size
-        h_last = None
+        padded, _ = pad_ids(sources)  # (S, L)
+        src, src_len = self._tensor(padded), self._tensor(lengths)
+        self.stats.source_words += int(lengths.sum())
+        if not model.shares_source_prefixes:
+            self.stats.encoder_steps += int(lengths.sum())
+            return model.encode(src, src_len)
+        trie = build_trie(sources, self.options.share_source_prefixes)
+        final_states = None
         states = None
         for d, (keys, parents) in enumerate(zip(trie.keys, trie.parents)):
-            emb = encoder.embed(self._tensor(keys))  # (n_d, E)
-            h_parent = states[self._tensor(parents)] if d else emb.new_zeros((len(keys), H))  # (n_d, H)
-            states = encoder.step(emb, h_parent)  # (n_d, H)
-            if h_last is None:
-                h_last = states.new_zeros((len(sources), H))
+            states = model.source_prefix_step(self._tensor(keys), states[self._tensor(parents)] if d else None)  # (n_d, H)
+            if final_states is None:
+                final_states = states.new_zeros((len(sources), states.size(1)))  # (S, H)
             ending = np.flatnonzero(lengths == d + 1)
             if len(ending):
-                h_last[self._tensor(ending)] = states[self._tensor(trie.node_of[d][ending])]
+                final_states[self._tensor(ending)] = states[self._tensor(trie.node_of[d][ending])]
         self.stats.encoder_steps += trie.num_nodes
-        self.stats.source_words += int(lengths.sum())
-
-        # m_x: mean of the source embeddings
-        padded, _ = pad_ids(sources)  # (S, L)
-        mean_emb = mean_embedding(encoder.embed(self._tensor(padded)), self._tensor(lengths))  # (S, E)
-        return encoder.summarize(h_last), mean_emb
+        return model.encode_from_final_states(final_states, src, src_len)
 
     def _score_batch(self, sources: List[Tuple[int, ...]], targets: List[Sequence[int]], pair_source: List[int]) -> np.ndarray:
         model = self.model
-        decoder, readout = model.decoder, model.readout
-        c, mean_emb = self._encode(sources)  # (S, H), (S, E)
-        h0, ctx = decoder.start(c)  # (S, H), (S, 3H)
-        source_term = readout.source_term(c, mean_emb)  # (S, P*M)
+        memory = self._encode(sources)  # S rows
 
-        # the trie of (source, y_1 .. y_M): depth 0 is the source's root (input e(y_0) = 0)
+        # the trie of (source, y_1 .. y_M): depth 0 is the source's root (previous word: none)
         sequences = [(s,) + tuple(t) for s, t in zip(pair_source, targets)]
         trie = build_trie(sequences, self.options.share_target_prefixes)
         lengths = np.fromiter((len(t) for t in targets), np.int64, len(targets))  # M per pair
@@ -220,16 +223,16 @@ class BatchScorer:
         for d, (keys, parents) in enumerate(zip(trie.keys, trie.parents)):
             if d == 0:
                 node_source = self._tensor(keys)  # (n_0,) the node's source
-                prev_emb = decoder.first_input(len(keys))  # (n_0, E): e(y_0)
-                h_parent = h0[node_source]
+                rows = memory.select(node_source)
+                prev = torch.full((len(keys),), PAD_ID, dtype=torch.long, device=self.device)  # no y_0
+                parent_states = model.start(rows)  # (n_0, D)
             else:
                 parent_index = self._tensor(parents)
                 node_source = node_source[parent_index]
-                prev_emb = decoder.embed(self._tensor(keys))  # (n_d, E)
-                h_parent = states[parent_index]
-            x_proj = decoder.input_proj(prev_emb)  # (n_d, 3H)
-            states = decoder.step(x_proj, h_parent, ctx[node_source])  # (n_d, H)
-            features = readout.features(states, prev_emb, source_term[node_source])  # (n_d, R)
+                rows = memory.select(node_source)
+                prev = self._tensor(keys)  # (n_d,) y_d
+                parent_states = states[parent_index]  # (n_d, D)
+            states, features = model.step(rows, parent_states, prev)  # (n_d, D), (n_d, R)
 
             # one edge per pair reaching this depth: the next word, or </s> after the last one
             reaching = np.flatnonzero(lengths >= d)
@@ -268,7 +271,7 @@ class BatchScorer:
     @property
     def softmax(self) -> "OutputSoftmax":
         if self._softmax is None:
-            self._softmax = OutputSoftmax(self.model.readout)
+            self._softmax = OutputSoftmax(self.model.output_layer)
         return self._softmax
 
 
@@ -292,22 +295,22 @@ class OutputSoftmax:
 
     PROBE_COLUMNS = 64
 
-    def __init__(self, readout) -> None:
-        self.readout = readout
-        weight, bias = readout.output.weight, readout.output.bias  # (V', R), (V',)
+    def __init__(self, output_layer: torch.nn.Linear) -> None:
+        self.output_layer = output_layer
+        weight, bias = output_layer.weight, output_layer.bias  # (V', R), (V',)
         with torch.no_grad():
             rows = torch.cat([weight, bias.unsqueeze(1)], 1)  # (V', R+1)
             self.probe_t = rows[: self.PROBE_COLUMNS].t().contiguous()  # (R+1, K)
             self.weight_t = torch.cat([rows, torch.ones_like(bias).unsqueeze(1)], 1).t().contiguous()  # (R+2, V')
 
     def exact(self, features: Tensor) -> Tensor:
-        return torch.logsumexp(at_least_fp32(self.readout.logits(features)), -1)
+        return torch.logsumexp(at_least_fp32(self.output_layer(features)), -1)
 
     def log_probs(self, features: Tensor, rows: Tensor, classes: Tensor) -> Tuple[Tensor, int]:
         """log p(classes[i] | features[rows[i]]): features (n, R); rows, classes (k,) -> (k,);
         and the number of rows whose normaliser was recomputed exactly."""
         if features.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled():
-            logits = at_least_fp32(self.readout.logits(features))  # (n, V')
+            logits = at_least_fp32(self.output_layer(features))  # (n, V')
             return logits[rows, classes] - torch.logsumexp(logits, -1)[rows], 0
         with_bias = torch.cat([features, features.new_ones((features.size(0), 1))], 1)  # (n, R+1)
         shift = (with_bias @ self.probe_t).amax(1, keepdim=True)  # (n, 1) = U
@@ -321,7 +324,7 @@ class OutputSoftmax:
         return picked - log_sum[rows], exact_rows
 
 
-def log_probs_by_forward(model: RNNEncoderDecoder, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], batch_size: int = 64) -> np.ndarray:
+def log_probs_by_forward(model: TranslationModel, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], batch_size: int = 64) -> np.ndarray:
     """Scores from the teacher-forced forward pass, ``batch_size`` pairs at a time, in input
     order, each pair encoded on its own (the naive way: validation during training, and the
     reference of tests and benchmarks). Runs in the caller's precision context."""

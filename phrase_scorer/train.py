@@ -42,8 +42,10 @@ from phrase_scorer.data import BatchSampler, PairSet, PhraseTableData
 from phrase_scorer.device import device_label, precision_context, resolve_device, resolve_precision
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock
-from phrase_scorer.config import PRESETS, ModelConfig, TrainConfig
-from phrase_scorer.model import RNNEncoderDecoder, count_parameters, forward_flops
+from phrase_scorer.config import ARCH_PRESETS, AnyModelConfig, ModelConfig, TrainConfig
+from phrase_scorer.model import forward_flops
+from phrase_scorer.models.architectures import build_model
+from phrase_scorer.models.base import TranslationModel, count_parameters
 from phrase_scorer.model_dir import (
     BEST_WEIGHTS,
     CACHE,
@@ -116,6 +118,16 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
     return False
 
 
+def preset_config(config: TrainConfig) -> AnyModelConfig:
+    """The network of ``config.arch``'s preset ``config.preset``."""
+    if config.arch not in ARCH_PRESETS:
+        raise PhraseScorerError(f"unknown architecture {config.arch!r}; choose one of {', '.join(ARCH_PRESETS)}")
+    presets = ARCH_PRESETS[config.arch]
+    if config.preset not in presets:
+        raise PhraseScorerError(f"unknown preset {config.preset!r} for {config.arch}; choose one of {', '.join(presets)}")
+    return presets[config.preset]
+
+
 def check_resume_settings(saved: TrainConfig, asked: TrainConfig, explicit: Set[str]) -> TrainConfig:
     """The saved settings, updated with those given again that --resume may change.
 
@@ -143,7 +155,7 @@ def derangement(n: int, seed: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def validate(model: RNNEncoderDecoder, pairs: PairSet, device: torch.device, precision: str, batch_size: int = 256) -> Dict[str, float]:
+def validate(model: TranslationModel, pairs: PairSet, device: torch.device, precision: str, batch_size: int = 256) -> Dict[str, float]:
     """NLL per pair and per target token (</s> included), perplexity, and the mean margin in
     nats between each held-out pair and the same source with another pair's target, computed in
     the resolved ``precision`` of training."""
@@ -181,7 +193,7 @@ TrainingData = PhraseTableData | SentenceCorpus  # the data sources training rea
 
 
 def train(data: TrainingData | os.PathLike | str, output: os.PathLike | str, config: TrainConfig = TrainConfig(), *,
-          resume: bool = False, overwrite: bool = False, model_config: Optional[ModelConfig] = None,
+          resume: bool = False, overwrite: bool = False, model_config: Optional[AnyModelConfig] = None,
           explicit: Optional[Set[str]] = None) -> TrainState:
     """Train a model on ``data`` (a phrase table's path, or a data source such as a
     :class:`~phrase_scorer.corpus.SentenceCorpus`) into the directory ``output``; returns the
@@ -233,8 +245,9 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
     resuming = prepare_directory(directory, resume, overwrite)
     if resuming:
         saved = directory.read_config()
-        config = check_resume_settings(TrainConfig.from_dict(saved.get("training", {})), config, explicit)
-        saved_model = directory.model_config(saved)
+        saved_model = directory.model_config(saved)  # its "arch" is the saved run's architecture
+        saved_config = TrainConfig.from_dict({**saved.get("training", {}), "arch": saved_model.arch})
+        config = check_resume_settings(saved_config, config, explicit)
         if model_config is not None:
             names = ("source_shortlist", "target_shortlist")
             refuse_changed_settings({n: getattr(saved_model, n) for n in names}, {n: getattr(model_config, n) for n in names},
@@ -249,9 +262,8 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
                                     hint="resume with the same training data, or start a new run")
         data_info = saved[data.kind]
     else:
-        if config.preset not in PRESETS:
-            raise PhraseScorerError(f"unknown preset {config.preset!r}; choose one of {', '.join(PRESETS)}")
-        model_config = model_config or PRESETS[config.preset]
+        model_config = model_config or preset_config(config)
+        config = replace(config, arch=model_config.arch)
         source_counts, target_counts, data_info = data.count_words(config)
         source_vocab = Vocabulary.from_counts(source_counts, model_config.source_shortlist)
         target_vocab = Vocabulary.from_counts(target_counts, model_config.target_shortlist)
@@ -323,7 +335,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
                                 hint="give --device explicitly under torchrun")
     precision = resolve_precision(device, config.precision)
     torch.manual_seed(config.seed)
-    model = RNNEncoderDecoder(model_config, len(source_vocab), len(target_vocab)).to(device)
+    model = build_model(model_config, len(source_vocab), len(target_vocab)).to(device)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=config.adadelta_rho, eps=config.adadelta_eps)
     scaler = make_grad_scaler(precision)
     state = TrainState()
@@ -341,7 +353,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     elif resuming:
         log.info("no checkpoint yet: starting from step 0 with the saved settings")
     state.device, state.precision = device_label(device), precision
-    log.info("model: preset %s, %s parameters, device %s, precision %s", config.preset, f"{count_parameters(model):,}",
+    log.info("model: %s, preset %s, %s parameters, device %s, precision %s", model_config.arch, config.preset, f"{count_parameters(model):,}",
              state.device, precision)
 
     train_module = model
@@ -635,5 +647,5 @@ class StopRequests:
 
 
 def training_flops_per_pair(model_config: ModelConfig, target_vocab_size: int, source_length: float, target_length: float) -> float:
-    """Forward plus backward: about three times the forward FLOPs."""
+    """Forward plus backward of the encoder-decoder: about three times the forward FLOPs."""
     return 3.0 * forward_flops(model_config, target_vocab_size, source_length, target_length)["total"]

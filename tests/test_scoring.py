@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from conftest import A_MAN_TABLE
-from phrase_scorer.config import ModelConfig, ScoringOptions
+from phrase_scorer.config import ModelConfig, RNNsearchConfig, ScoringOptions
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.model import RNNEncoderDecoder
-from phrase_scorer.scoring import BatchScorer, build_trie, log_probs_by_forward
+from phrase_scorer.models.architectures import build_model
+from phrase_scorer.scoring import BatchScorer, build_trie, log_probs_by_forward, pad
 from phrase_scorer.vocab import Vocabulary
 
 CONFIG = ModelConfig(embedding_dim=8, hidden_dim=12, maxout_units=6, output_rank=4, source_shortlist=150, target_shortlist=150)
@@ -134,3 +135,55 @@ def test_softmax_overflow_falls_back_to_the_exact_sum(real_pairs):
     assert scorer.stats.exact_softmax_rows > 0
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+# --- RNNsearch through the same scorer -------------------------------------------------------------
+
+SEARCH_CONFIG = RNNsearchConfig(embedding_dim=8, hidden_dim=10, alignment_dim=9, maxout_units=6,
+                                source_shortlist=150, target_shortlist=150)
+
+
+def make_search_model(real_pairs, dtype=torch.float64, trained_steps=0):
+    """A tiny RNNsearch: random weights (large enough that attention is far from uniform), or
+    the paper's initialisation trained for ``trained_steps`` Adam steps on the first pairs."""
+    torch.manual_seed(2)
+    model = build_model(SEARCH_CONFIG, real_pairs[2], real_pairs[3]).to(dtype)
+    if not trained_steps:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0, 0.4)
+        return model.eval()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    src, src_len = pad(real_pairs[0][:64], "cpu")
+    tgt, tgt_len = pad(real_pairs[1][:64], "cpu")
+    for _ in range(trained_steps):
+        optimizer.zero_grad()
+        (-model(src, src_len, tgt, tgt_len).mean()).backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.mark.parametrize("trained_steps", [0, 20])
+@pytest.mark.parametrize(
+    "options",
+    [ScoringOptions(), ScoringOptions(batch_tokens=7, chunk_rows=3), ScoringOptions(share_target_prefixes=False)],
+)
+def test_rnnsearch_scores_equal_teacher_forcing(real_pairs, options, trained_steps):
+    sources, targets = real_pairs[0][:300], real_pairs[1][:300]
+    model = make_search_model(real_pairs, trained_steps=trained_steps)
+    want = log_probs_by_forward(model, sources, targets)
+    got = BatchScorer(model, options).score(sources, targets)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+
+
+def test_rnnsearch_scorer_encodes_each_source_once_and_shares_target_prefixes(real_pairs):
+    sources, targets = real_pairs[0][:300], real_pairs[1][:300]
+    scorer = BatchScorer(make_search_model(real_pairs))
+    scorer.score(sources, targets)
+    distinct = set(map(tuple, sources))
+    stats = scorer.stats
+    assert stats.pairs == 300
+    assert stats.distinct_sources == len(distinct)  # one batch: each distinct source once
+    assert stats.encoder_steps == stats.source_words == sum(map(len, distinct))  # no source prefix trie
+    n_target_nodes = len({(tuple(s), tuple(t[:k])) for s, t in zip(sources, targets) for k in range(len(t) + 1)})
+    assert stats.decoder_steps == n_target_nodes < stats.target_steps

@@ -207,7 +207,13 @@ def phrase_vectors(loaded, phrases: Sequence[Sequence[str]]) -> np.ndarray:
 
     from phrase_scorer.scoring import pad
 
+    from phrase_scorer.model import RNNEncoderDecoder
+
     model = loaded.model
+    if not isinstance(model, RNNEncoderDecoder):
+        raise PhraseScorerError("phrase maps show the encoder-decoder's summary c; this model "
+                                f"({model.config.arch}) has no fixed-length summary",
+                                hint="use --kind words, or a model trained with --arch encdec")
     device = next(model.parameters()).device
     out = []
     with torch.inference_mode():

@@ -1,0 +1,117 @@
+"""RNNsearch through the commands: train --arch rnnsearch, annotate, score, sample, and --resume."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import A_MAN_TABLE, EXAMPLE_TABLE, head_lines
+from phrase_scorer.cli import cli
+from phrase_scorer.model_dir import load_model
+from phrase_scorer.models.rnnsearch import RNNsearch
+from phrase_scorer.sampling import beam_search, beam_search_batch
+from phrase_scorer.scoring import log_probs_by_forward
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def search_model(tmp_path_factory):
+    """A tiny RNNsearch trained for a few dozen steps on the bundled example table."""
+    out = tmp_path_factory.mktemp("search") / "model"
+    result = run("train", EXAMPLE_TABLE, "-o", out, "--arch", "rnnsearch", "--preset", "tiny", "--max-steps", 40,
+                 "--valid-every", 20, "--valid-pairs", 200, "--seed", 3)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def table_slice(tmp_path_factory):
+    path = tmp_path_factory.mktemp("slice") / "pt.txt"
+    path.write_bytes(b"".join(head_lines(A_MAN_TABLE, 400)))
+    return path
+
+
+def test_config_records_the_architecture_and_loads_it(search_model):
+    config = json.loads((search_model / "config.json").read_text())
+    assert config["model"]["arch"] == "rnnsearch" and config["training"]["arch"] == "rnnsearch"
+    assert isinstance(load_model(search_model).model, RNNsearch)
+
+
+def test_score_and_annotate_equal_the_forward_pass(tmp_path, search_model, table_slice):
+    loaded = load_model(search_model)
+    lines = table_slice.read_text(encoding="utf-8").splitlines()
+    sources = [loaded.source_vocab.encode(l.split(" ||| ")[0].split()) for l in lines]
+    targets = [loaded.target_vocab.encode(l.split(" ||| ")[1].split()) for l in lines]
+    want = log_probs_by_forward(loaded.model, sources, targets)
+
+    scored = run("score", "-m", search_model, table_slice)
+    assert scored.exit_code == 0, scored.output
+    values = [float(v) for v in scored.stdout.split("\n") if v]
+    assert len(values) == len(lines)
+    assert values == pytest.approx(list(want), abs=1e-4)
+
+    out = tmp_path / "pt.rnn.gz"
+    annotated = run("annotate", table_slice, "-m", search_model, "-o", out)
+    assert annotated.exit_code == 0, annotated.output
+    with gzip.open(out, "rt", encoding="utf-8") as f:
+        rows = f.read().splitlines()
+    assert len(rows) == len(lines)
+    for row, line, log_p, tgt in zip(rows, lines, want, targets):
+        assert row.split(" ||| ")[:2] == line.split(" ||| ")[:2]
+        prob, unk = map(float, row.split(" ||| ")[2].split()[-2:])
+        assert prob == pytest.approx(math.exp(max(log_p, -100)), rel=1e-4)
+        assert unk == pytest.approx(math.exp(sum(1 for w in line.split(" ||| ")[1].split()
+                                                 if w not in loaded.target_vocab)), rel=1e-6)
+
+
+def test_sentence_pairs_score_like_phrase_pairs(tmp_path, search_model):
+    pairs = tmp_path / "sentences.txt"
+    pairs.write_text("a man in a blue shirt is standing on a ladder . ||| un homme en chemise bleue est debout sur une échelle .\n"
+                     "two dogs play . ||| deux chiens jouent .\n", encoding="utf-8")
+    loaded = load_model(search_model)
+    result = run("score", "-m", search_model, pairs)
+    assert result.exit_code == 0, result.output
+    got = [float(v) for v in result.stdout.split()]
+    lines = [l.split(" ||| ") for l in pairs.read_text(encoding="utf-8").splitlines()]
+    want = log_probs_by_forward(loaded.model, [loaded.source_vocab.encode(s.split()) for s, _ in lines],
+                                [loaded.target_vocab.encode(t.split()) for _, t in lines])
+    assert got == pytest.approx(list(want), abs=1e-4)
+
+
+def test_sample_and_beam_search_run_through_the_interface(search_model):
+    result = run("sample", "-m", search_model, "a man in a blue shirt", "--beam", 3, "--json")
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(result.stdout)
+    assert 1 <= len(entry["candidates"]) <= 3
+    sampled = run("sample", "-m", search_model, "a man", "-n", 20, "--top", 4, "--seed", 1)
+    assert sampled.exit_code == 0 and "a man" in sampled.stdout
+
+    loaded = load_model(search_model)
+    sources = [loaded.source_vocab.encode(p.split()) for p in ("a man", "a man in a blue shirt", "dog")]
+    batched = beam_search_batch(loaded.model, sources, 4, max_length=6)
+    alone = [beam_search(loaded.model, s, 4, max_length=6) for s in sources]
+    for together, single in zip(batched, alone):
+        assert [seq for seq, _ in together] == [seq for seq, _ in single]
+        assert [score for _, score in together] == pytest.approx([score for _, score in single], abs=1e-5)
+
+
+def test_resume_keeps_the_architecture_and_refuses_another(tmp_path):
+    out = tmp_path / "model"
+    args = ["train", EXAMPLE_TABLE, "-o", out, "--arch", "rnnsearch", "--preset", "tiny", "--valid-every", 5,
+            "--valid-pairs", 100]
+    assert run(*args, "--max-steps", 5).exit_code == 0
+    refused = CliRunner().invoke(cli, [str(a) for a in ["train", EXAMPLE_TABLE, "-o", out, "--resume", "--arch", "encdec",
+                                                          "--max-steps", 10]])
+    assert refused.exit_code != 0
+    assert "--arch" in refused.output and "rnnsearch -> encdec" in refused.output
+    resumed = run("train", EXAMPLE_TABLE, "-o", out, "--resume", "--max-steps", 10)
+    assert resumed.exit_code == 0, resumed.output
+    assert isinstance(load_model(out).model, RNNsearch)
+    assert json.loads((out / "config.json").read_text())["model"]["arch"] == "rnnsearch"
