@@ -344,6 +344,8 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
             raise PhraseScorerError("the ranks disagree on whether the output is finished", path=output,
                                     hint="do all machines see the same files?")
         if done:
+            if current.is_writer:  # a join killed before it removed the shards
+                remove_shards([shard_output(output, r, current.size) for r in range(current.size)])
             return job.result_of(output)
         total = group.broadcast(count_lines(job.table) if current.is_writer else None)
         start, stop = distributed.shard_lines(total, job.options.window_lines, current.rank, current.size)
@@ -389,6 +391,10 @@ def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
         signature = job.signature(output, lines, num_scores, ranks=len(parts))
         out.commit()
     write_text_atomically(output + ".json", json.dumps(signature, indent=2) + "\n")
+    remove_shards(parts)
+
+
+def remove_shards(parts: List[str]) -> None:
     for p in parts:
         for path in (p + ".json", p):
             Path(path).unlink(missing_ok=True)

@@ -88,12 +88,12 @@ class WindowWork:
         if unk_side in ("target", "both"):
             unknown += np.fromiter((ids.count(UNK_ID) for ids in target_ids), np.int64, len(target_ids))
         target_lengths = np.fromiter(map(len, target_ids), np.int64, len(target_ids))
-        self._kept[index] = (parsed, unknown, target_lengths)
+        self._kept[index] = (parsed.appender(), unknown, target_lengths, window.first_line)
         return PreparedWindow(window.index, window.first_line, source_ids, target_ids, parsed.num_scores)
 
     def finish(self, index: int, log_probs: np.ndarray) -> bytes:
-        parsed, unknown, target_lengths = self._kept.pop(index)
-        data = parsed.with_scores_appended(self.columns(log_probs, unknown, target_lengths, parsed.first_line))
+        appender, unknown, target_lengths, first_line = self._kept.pop(index)
+        data = appender.with_scores_appended(self.columns(log_probs, unknown, target_lengths, first_line))
         return gzip_member(data, self.options.compress_level) if self.compress else data
 
     def columns(self, log_probs: np.ndarray, unknown: np.ndarray, target_lengths: np.ndarray,

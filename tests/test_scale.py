@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import A_MAN_TABLE, EXAMPLE_TABLE, head_lines
 from phrase_scorer.annotate import annotate
@@ -98,6 +100,18 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bulk_parsing_agrees_with_the_line_reader(tmp_path, case):
     data = CASES[case]
+    path = tmp_path / "t.txt"
+    assert window_outcome(path, data) == reader_outcome(path, data)
+
+
+PIECES = [b"a", b"b", b" ", b"\t", b"|||", b"\n", b"0.5", b"2", b"-1", b"1e5", b"1e", b"nan", b"inf", b"\r", b"\x0b",
+          b"\xff", b"\xc3\xa9", b"\xc2\xa0", b"<unk>", b"1_0", b".", b"-0"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(st.sampled_from(PIECES), min_size=1, max_size=40))
+def test_bulk_parsing_agrees_with_the_line_reader_on_random_input(tmp_path, pieces):
+    data = GOOD + b"".join(pieces)
     path = tmp_path / "t.txt"
     assert window_outcome(path, data) == reader_outcome(path, data)
 

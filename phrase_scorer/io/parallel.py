@@ -20,6 +20,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -118,7 +119,9 @@ class Pipeline:
 
 def _serve(factory: Callable[..., Any], args: Tuple, inbox, outboxes: Dict[str, Any], parent: int) -> None:
     """A worker process: build the handler, then answer tasks in the order they come; leave
-    when told to, or when the parent process is gone (killed)."""
+    when told to, or when the parent process is gone (killed). Ctrl-C is the parent's to
+    handle: it stops the pool."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         handler = factory(*args)
     except BaseException as exc:

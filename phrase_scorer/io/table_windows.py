@@ -142,11 +142,21 @@ class ParsedWindow:
     target_words: List[List[bytes]]
     num_scores: Optional[int]
 
+    def appender(self) -> "ScoreAppender":
+        """What it takes to append scores to these lines later (far smaller than the window)."""
+        return ScoreAppender(self.lines, self.eols, [scores_end(parts) for parts in self.fields])
+
+
+@dataclass
+class ScoreAppender:
+    lines: List[bytes]
+    eols: List[bytes]
+    ends: List[int]  # where each line's new scores go (:func:`scores_end`)
+
     def with_scores_appended(self, values: List[bytes]) -> bytes:
         """Every line with its ``values`` added at the end of its score field, joined."""
         out = []
-        for raw, parts, value, eol in zip(self.lines, self.fields, values, self.eols):
-            end = scores_end(parts)
+        for raw, end, value, eol in zip(self.lines, self.ends, values, self.eols):
             out += (raw[:end], b" ", value, raw[end:], eol)
         return b"".join(out)
 
