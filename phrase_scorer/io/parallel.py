@@ -140,9 +140,8 @@ def _serve(factory: Callable[..., Any], args: Tuple, inbox, outboxes: Dict[str, 
         method, index, payload = task
         try:
             outboxes[method].put(("ok", index, getattr(handler, method)(index, *payload)))
-        except BaseException as exc:
+        except BaseException as exc:  # reported; later tasks are still answered, in order
             outboxes[method].put(("error", index, exc))
-            return
 
 
 class WorkerPool:
