@@ -5,8 +5,11 @@
 
 PYTHON ?= python3
 VENV ?= .venv
-# The CPU build of PyTorch; set TORCH=torch (or a CUDA wheel spec) to choose another.
+# PyTorch as pip's index serves it (on Linux, PyPI serves the CUDA build). For the CPU-only build:
+#   make TORCH_INDEX=https://download.pytorch.org/whl/cpu install
+# TORCH=torch takes the newest version.
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest
@@ -18,7 +21,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[dev,plots]"
 	touch $(STAMP)
 

@@ -20,10 +20,15 @@ Resuming. The output is written to ``OUT.part``; after each chunk the writer rec
 ``OUT.part.json``, how many input lines are done and how many bytes they took. ``--resume``
 truncates ``OUT.part`` to that size, skips those lines and carries on; since each chunk is a
 complete gzip member (or plain text) and chunk boundaries do not depend on where the run
-stopped, the result is byte-identical to an uninterrupted run. At the end ``OUT.part`` is
-renamed to ``OUT`` and a signature, ``OUT.json``, records what made the table. ``--resume``
-with no record to resume from (a run killed before its first chunk, or no run at all) starts
-afresh and says so; with an output already finished by the same command it does nothing.
+stopped, the result is byte-identical to an uninterrupted run. A resumed run must use the same
+input, model, options, device, precision and gzip library (a chunk scored in bf16 next to one in
+fp32 would differ silently): :func:`annotation_settings` defines them once, for the resume
+record, the signature and the check that an output is already finished. At the end ``OUT.part``
+is renamed to ``OUT`` and a signature, ``OUT.json``, records what made the table, the device and
+precision of the scores included. ``--resume`` with no record to resume from (a run killed
+before its first chunk, or no run at all) starts afresh and says so; with an output already
+finished by the same command it does nothing. A failed run keeps ``OUT.part`` only when
+``--resume`` can continue it, and says which (:func:`keep_or_remove_partial`).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from phrase_scorer.io.parallel import Pipeline, WorkerPool
 from phrase_scorer.io.phrase_table import PhraseTableReader, TableLine
 from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_count
 from phrase_scorer.progress import progress_bar
+from phrase_scorer.resume import refuse_changed_settings
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +136,52 @@ def input_identity(path: PathLike) -> Dict[str, Any]:
     return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
+def annotation_settings(table: PathLike, output: PathLike, loaded, options: AnnotateOptions,
+                        scoring: Dict[str, str]) -> Dict[str, Any]:
+    """What makes an annotated table: its input, model, options, where and in which precision it
+    was scored (``BatchScorer.describe()``) and its format (gzip and the library that compressed
+    it: another library writes other bytes), as JSON holds them.
+
+    The resume record (of a whole run or of one shard) and the signature ``OUT.json`` both carry
+    these; equal settings mean an equal output.
+    """
+    compress = os.fspath(output) != STDIO and is_gzip_name(output)
+    settings = {
+        "input": input_identity(table),
+        "model": {"directory": os.path.abspath(loaded.directory), "weights_sha256": loaded.weights_sha256,
+                  "config": loaded.config.to_dict()},
+        "options": asdict(options),
+        "scoring": scoring,  # device and precision: a resumed run must not mix them
+        "gzip": GZIP_LIBRARY if compress else False,
+        "package_version": __version__,
+    }
+    return json.loads(json.dumps(settings))  # as JSON reads them back (tuples -> lists)
+
+
+def finished_annotation(table: PathLike, output: PathLike, loaded, options: AnnotateOptions,
+                        scoring: Dict[str, str]) -> Optional[Dict[str, Any]]:
+    """The signature of ``output`` if it is a finished annotation of ``table`` with these
+    settings (so making it again would give the same bytes), else None."""
+    return finished_signature(output, annotation_settings(table, output, loaded, options, scoring))
+
+
+def finished_signature(output: PathLike, settings: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The signature of ``output`` if it is finished and was made with ``settings``, else None."""
+    output = os.fspath(output)
+    signature_path = Path(output + ".json")
+    if output == STDIO or not os.path.isfile(output) or not signature_path.is_file():
+        return None
+    try:
+        signature = json.loads(signature_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(signature, dict) or signature.get("output") != os.path.abspath(output):
+        return None
+    if any(signature.get(key) != value for key, value in settings.items()):
+        return None
+    return signature
+
+
 def annotate(
     table: PathLike,
     output: PathLike,
@@ -148,30 +200,25 @@ def annotate(
     (:func:`annotate_sharded`). ``constant_log_prob`` replaces the model by a constant, to
     measure the host pipeline alone (benchmarks only; the signature says so).
     """
+    from phrase_scorer.scoring import BatchScorer
+
     scoring_options = scoring_options or ScoringOptions()
     output = os.fspath(output)
     to_stdout = output == STDIO
     if not to_stdout and os.fspath(table) != STDIO and os.path.abspath(table) == os.path.abspath(output):
         raise PhraseScorerError("the output would overwrite the input table", path=output)
     compress = not to_stdout and is_gzip_name(output)
-    settings = {
-        "input": input_identity(table),
-        "model": {"directory": os.path.abspath(loaded.directory), "weights_sha256": loaded.weights_sha256,
-                  "config": loaded.config.to_dict()},
-        "options": asdict(options),
-        "gzip": GZIP_LIBRARY if compress else False,
-        "package_version": __version__,
-    }
+    scorer = BatchScorer(loaded.model, scoring_options)
+    settings = annotation_settings(table, output, loaded, options, scorer.describe())
     if constant_log_prob is not None:
         settings["model"]["scores"] = f"constant log p = {constant_log_prob} (host-pipeline benchmark, not the model)"
-    settings = json.loads(json.dumps(settings))  # as the resume record will hold it (tuples -> lists)
     current = distributed.world()
     if workers is None:
         workers = default_workers(distributed.cores_per_process(current))
-    job = AnnotateJob(table, loaded, options, scoring_options, settings, compress, workers, constant_log_prob)
+    job = AnnotateJob(table, loaded, options, scorer, settings, compress, workers, constant_log_prob)
     if current.distributed:
         return annotate_sharded(job, output, current, resume=resume)
-    if resume and finished_before(output, settings):
+    if resume and job.finished(output, settings):
         return job.result_of(output)
     return job.run(output, resume=resume)
 
@@ -182,33 +229,27 @@ def default_workers(cores: int) -> int:
     return max(1, min(8, cores))
 
 
-def finished_before(output: str, settings: Dict[str, Any]) -> bool:
-    """True when ``output`` is a finished annotation made with ``settings`` (a job re-run with
-    --resume after it had finished has nothing to do)."""
-    if output == STDIO or not os.path.exists(output):
-        return False
-    try:
-        signature = json.loads(Path(output + ".json").read_text())
-    except (OSError, ValueError):
-        return False
-    done = all(signature.get(k) == v for k, v in settings.items())
-    if done:
-        log.info("%s is already finished (its signature matches this command): nothing to do", output)
-    return done
-
-
 @dataclass
 class AnnotateJob:
-    """One ``annotate`` command: what to read, the model and the options (the same on every rank)."""
+    """One ``annotate`` command: what to read, the model, its scorer and the options, and the
+    settings that make its output (:func:`annotation_settings`; the same on every rank)."""
 
     table: PathLike
     loaded: Any
     options: AnnotateOptions
-    scoring_options: ScoringOptions
+    scorer: Any  # a BatchScorer
     settings: Dict[str, Any]
     compress: bool
     workers: int
     constant_log_prob: Optional[float] = None
+
+    def finished(self, output: str, settings: Dict[str, Any]) -> bool:
+        """True when ``output`` is already finished with ``settings`` (a job re-run with
+        --resume after it had finished has nothing to do)."""
+        done = finished_signature(output, settings) is not None
+        if done:
+            log.info("%s is already finished (its signature matches this command): nothing to do", output)
+        return done
 
     def signature(self, output: str, lines: int, num_scores: Optional[int], **extra) -> Dict[str, Any]:
         return {
@@ -238,30 +279,20 @@ class AnnotateJob:
         started = time.monotonic()
         first, stop = lines if lines is not None else (0, None)
         with OutputLock(output):
-            done_lines, done_bytes = 0, 0
-            progress_path = Path(str(part_path(output)) + ".json") if not to_stdout else None
-            if resume:
-                if to_stdout or os.fspath(self.table) == STDIO:
-                    raise PhraseScorerError("--resume needs named input and output files, not '-'")
-                record = read_resume_record(progress_path, settings)
-                if record is None:
-                    log.warning("nothing to resume for %s (no interrupted run left a record): starting afresh", output)
-                    resume = False
-                else:
-                    done_lines, done_bytes = record
-                    log.info("resuming after %d lines (%d bytes already written)", done_lines, done_bytes)
-            if not resume and progress_path is not None and progress_path.exists():
-                progress_path.unlink()
-            if not to_stdout and os.path.exists(output) and not resume:
-                log.info("%s exists and will be replaced when the new table is complete", output)
-
-            with AtomicOutput(output, append=resume, keep_on_failure=not to_stdout) as out:
-                if resume:
-                    out.file.truncate(done_bytes)
-                    out.file.seek(done_bytes)
+            done_lines, done_bytes, progress_path = start_resumable(self.table, output, settings, resume)
+            with resumable_output(output, done_bytes) as out:
                 windows = RawWindows(self.table, self.options.window_lines, first + done_lines, stop)
                 writer = ChunkWriter(out, progress_path, settings, done_lines)
-                num_scores = self._stream(windows, writer)
+                try:
+                    num_scores = self._stream(windows, writer)
+                except PhraseScorerError as exc:
+                    if to_stdout:
+                        raise
+                    raise keep_or_remove_partial(exc, out, progress_path, settings["input"]["path"]) from None
+                except KeyboardInterrupt:
+                    if progress_path is not None and not progress_path.exists():
+                        out.keep_on_failure = False  # not one chunk finished: nothing to resume from
+                    raise
                 total_lines = writer.lines_done
                 if total_lines == 0 and lines is None:
                     raise PhraseScorerError("the phrase table is empty", path=self.table)
@@ -269,9 +300,7 @@ class AnnotateJob:
                 if "shard" in settings:
                     signature["shard"] = settings["shard"]
                 out.commit()
-            if progress_path is not None:
-                progress_path.unlink(missing_ok=True)
-                write_text_atomically(output + ".json", json.dumps(signature, indent=2) + "\n")
+            finish_resumable(output, progress_path, signature)
         return AnnotateResult(
             output=output,
             lines=total_lines,
@@ -287,10 +316,7 @@ class AnnotateJob:
         from phrase_scorer.annotate_work import WindowWork
 
         if self.constant_log_prob is None:
-            from phrase_scorer.scoring import BatchScorer
-
-            scorer = BatchScorer(self.loaded.model, self.scoring_options)
-            score = lambda prepared: scorer.score(prepared.source_ids, prepared.target_ids)  # noqa: E731
+            score = lambda prepared: self.scorer.score(prepared.source_ids, prepared.target_ids)  # noqa: E731
         else:
             score = lambda prepared: np.full(len(prepared.source_ids), self.constant_log_prob)  # noqa: E731
         pipeline = Pipeline(depth=max(2, self.workers + 1))
@@ -333,13 +359,22 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
     """Every rank annotates its shard of whole windows into its own file (resumable on its own);
     rank 0 then joins the shards, in order, into ``output``: byte-identical to one process.
 
-    The shard files sit beside ``output``, so ranks on several machines need a shared file
-    system. Every rank returns the joined output's result."""
+    Every rank's settings must be the same (:func:`annotation_settings`: the same input, model,
+    options, device and precision), or the shards would not make one table. The shard files sit
+    beside ``output``, so ranks on several machines need a shared file system. Every rank
+    returns the joined output's result."""
     if output == STDIO or os.fspath(job.table) == STDIO:
         raise PhraseScorerError("a sharded run (torchrun) needs named input and output files, not '-'")
     started = time.monotonic()
     with distributed.ProcessGroup(current) as group:
-        done = resume and finished_before(output, job.settings)
+        ranks_settings = group.all_gather(job.settings)
+        if any(s != job.settings for s in ranks_settings):
+            other = next(r for r, s in enumerate(ranks_settings) if s != job.settings)
+            raise PhraseScorerError(
+                f"rank {other}'s annotation settings differ from rank {current.rank}'s: "
+                f"{describe_difference(ranks_settings[other], job.settings)}", path=output,
+                hint="every rank needs the same input, model, options, kind of device and precision")
+        done = resume and job.finished(output, job.settings)
         if group.all_gather(done) != [done] * current.size:
             raise PhraseScorerError("the ranks disagree on whether the output is finished", path=output,
                                     hint="do all machines see the same files?")
@@ -353,7 +388,7 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
         settings = {**job.settings, "shard": {"rank": current.rank, "ranks": current.size, "lines": [start, stop]}}
         failure = None
         try:
-            if not (resume and finished_before(part, settings)):
+            if not (resume and job.finished(part, settings)):
                 job.run(part, resume=resume, lines=(start, stop), settings=settings)
         except Exception as exc:  # reported to the other ranks, then raised
             failure = exc
@@ -368,6 +403,17 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
         group.all_gather(None)  # every rank returns after the join
     result = job.result_of(output, time.monotonic() - started)
     return result
+
+
+def describe_difference(theirs: Dict[str, Any], ours: Dict[str, Any]) -> str:
+    """The first differing setting, as ``key: theirs -> ours`` (dotted for nested ones)."""
+    for key in [*ours, *(k for k in theirs if k not in ours)]:
+        a, b = theirs.get(key), ours.get(key)
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):
+                return f"{key}.{describe_difference(a, b)}"
+            return f"{key}: {a!r} -> {b!r}"
+    return "none"
 
 
 def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
@@ -400,6 +446,74 @@ def remove_shards(parts: List[str]) -> None:
             Path(path).unlink(missing_ok=True)
 
 
+# --- resumable outputs (annotate and rescore) ----------------------------------------------------
+
+
+def keep_or_remove_partial(exc: PhraseScorerError, out: AtomicOutput, progress_path: Path,
+                           input_path: str) -> PhraseScorerError:
+    """Decide whether the partial output of a failed run is kept, and say so in the error.
+
+    It is kept when ``--resume`` can continue it: some chunks are finished (their record exists)
+    and the failure does not come from the input. An input that must be changed (a truncated gzip
+    file, a malformed line) fails ``--resume``'s input check anyway, so its partial output is removed.
+    """
+    part = out.tmp_path
+    from_input = exc.path is not None and input_path in (exc.path, os.path.abspath(exc.path))
+    resumable = progress_path.exists() and not from_input
+    out.keep_on_failure = resumable
+    if resumable:
+        done = json.loads(progress_path.read_text())["lines_done"]
+        note = f"{part} is kept with the first {done:,} lines done: run the same command with --resume"
+    else:
+        progress_path.unlink(missing_ok=True)
+        reason = "the input must change first" if from_input else "no chunk was finished"
+        note = f"{part} is removed: nothing can be resumed from it ({reason})"
+    hint = f"{exc.hint}; {note}" if exc.hint else note
+    return PhraseScorerError(exc.message, path=exc.path, line=exc.line, hint=hint)
+
+
+def start_resumable(source: PathLike, output: str, settings: Dict[str, Any], resume: bool) -> Tuple[int, int, Optional[Path]]:
+    """Before a resumable run writes ``output`` (under its :class:`OutputLock`): the input lines
+    and output bytes already done (0, 0 unless resuming), and the resume record's path (None
+    for stdout). ``resume`` with no record to resume from starts afresh and says so; a fresh run
+    removes a stale record."""
+    to_stdout = output == STDIO
+    done_lines, done_bytes = 0, 0
+    progress_path = Path(str(part_path(output)) + ".json") if not to_stdout else None
+    record = None
+    if resume:
+        if to_stdout or os.fspath(source) == STDIO:
+            raise PhraseScorerError("--resume needs named input and output files, not '-'")
+        record = read_resume_record(progress_path, settings)
+        if record is None:
+            log.warning("nothing to resume for %s (no interrupted run left a record): starting afresh", output)
+        else:
+            done_lines, done_bytes = record
+            log.info("resuming after %d lines (%d bytes already written)", done_lines, done_bytes)
+    if record is None and progress_path is not None and progress_path.exists():
+        progress_path.unlink()
+    if not to_stdout and os.path.exists(output) and record is None:
+        log.info("%s exists and will be replaced when the new output is complete", output)
+    return done_lines, done_bytes, progress_path
+
+
+def resumable_output(output: str, done_bytes: int) -> AtomicOutput:
+    """``output``'s temporary file, kept on failure for a later resume; a resumed run (one with
+    ``done_bytes`` already written) cuts it to those bytes and writes on from there."""
+    out = AtomicOutput(output, append=done_bytes > 0, keep_on_failure=output != STDIO)
+    if done_bytes:
+        out.file.truncate(done_bytes)
+        out.file.seek(done_bytes)
+    return out
+
+
+def finish_resumable(output: str, progress_path: Optional[Path], signature: Dict[str, Any]) -> None:
+    """After the output is committed: drop the resume record and write the signature, OUT.json."""
+    if progress_path is not None:
+        progress_path.unlink(missing_ok=True)
+        write_text_atomically(output + ".json", json.dumps(signature, indent=2) + "\n")
+
+
 def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Optional[Tuple[int, int]]:
     """(lines done, bytes written) of the interrupted run, or None when no run left a record
     (a run killed before its first chunk leaves none: it starts afresh)."""
@@ -411,12 +525,7 @@ def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Optiona
         lines, size, saved = int(record["lines_done"]), int(record["bytes_done"]), record["settings"]
     except (ValueError, KeyError, TypeError) as exc:
         raise PhraseScorerError(f"resume record is damaged ({exc})", path=progress_path, hint="run again without --resume") from None
-    if saved != settings:
-        changed = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
-        raise PhraseScorerError(
-            f"cannot resume: {', '.join(changed)} changed since the interrupted run", path=part,
-            hint="run again without --resume",
-        )
+    refuse_changed_settings(saved, settings, path=part, hint="run again without --resume")
     if part.stat().st_size < size:
         raise PhraseScorerError("the partial output is shorter than its resume record says", path=part,
                                 hint="run again without --resume")
@@ -424,7 +533,10 @@ def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Optiona
 
 
 class ChunkWriter:
-    """Writer thread body: writes a window's finished bytes as one chunk, records progress."""
+    """Writer thread body: writes a window's finished bytes as one chunk, records progress.
+
+    Subclasses that format their own windows (rescore) turn a window into bytes in ``format``
+    and hand it to :meth:`write_window`."""
 
     def __init__(self, out: AtomicOutput, progress_path: Optional[Path], settings: Dict[str, Any],
                  lines_done: int) -> None:

@@ -99,14 +99,24 @@ class WindowWork:
     def columns(self, log_probs: np.ndarray, unknown: np.ndarray, target_lengths: np.ndarray,
                 first_line: int) -> List[bytes]:
         """The appended values of each line, formatted."""
-        if not np.isfinite(log_probs).all():
-            bad = int(np.flatnonzero(~np.isfinite(log_probs))[0])
-            raise PhraseScorerError("the model gave a non-finite score", path=self.path,
-                                    line=first_line + bad, hint="the model weights are damaged")
+        check_finite(log_probs, self.path, first_line)
         if self.options.length_normalize:
-            log_probs = log_probs / (target_lengths + 1)
+            log_probs = per_token(log_probs, target_lengths)
         probs = np.exp(np.maximum(log_probs, LOG_FLOOR)).tolist()
         counts = np.exp(unknown.astype(np.float64)).tolist()
         columns = [probs if column == "prob" else counts for column in self.options.columns]
         fmt = self.value_format
         return [fmt % values for values in zip(*columns)]
+
+
+def check_finite(log_probs: np.ndarray, path: str, first_line: int) -> None:
+    """Refuse a NaN or infinite score; ``first_line`` is the input line of ``log_probs[0]``."""
+    if not np.isfinite(log_probs).all():
+        bad = int(np.flatnonzero(~np.isfinite(log_probs))[0])
+        raise PhraseScorerError("the model gave a non-finite score", path=path, line=first_line + bad,
+                                hint="the model weights are damaged")
+
+
+def per_token(log_probs: np.ndarray, target_lengths: np.ndarray) -> np.ndarray:
+    """log p divided by the number of predicted tokens: the ``target_lengths`` target words and ``</s>``."""
+    return log_probs / (np.asarray(target_lengths, np.float64) + 1)

@@ -20,7 +20,8 @@ import click
 
 from phrase_scorer import __version__, progress
 from phrase_scorer.config import (
-    COLUMNS, PRESETS, UNK_SIDES, AnnotateOptions, ExperimentOptions, SampleOptions, ScoringOptions, TrainConfig, TuneOptions,
+    COLUMNS, PRECISIONS, PRESETS, TRAIN_PRECISIONS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions,
+    RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TuneOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
 
@@ -73,6 +74,17 @@ class Duration(click.ParamType):
         if not text:
             self.fail("empty duration", param, ctx)
         return total
+
+
+def interrupted_resumable(output: str) -> UserError:
+    """Ctrl-C during a resumable run: say whether a finished part was kept for --resume."""
+    from phrase_scorer.io.files import part_path
+
+    if output != "-" and os.path.exists(f"{part_path(output)}.json"):
+        message = "interrupted; the finished part is kept. Resume with the same command and --resume"
+    else:
+        message = "interrupted before the first chunk was finished; nothing kept, run the command again"
+    return UserError(message, exit_code=130)
 
 
 def setup_logging(verbosity: int) -> None:
@@ -154,6 +166,15 @@ device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda
                              help="Where to run the model.")
 threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
                               help="CPU threads for the model [default: all cores].")
+batch_tokens_option = click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
+                                   help="Target tokens per scoring batch.")
+precision_option = click.option(
+    "--precision", type=click.Choice(PRECISIONS), default=ScoringOptions.precision,
+    help="fp32 on every device by default. bf16/fp16 (GPU only): autocast, so the decoder state and "
+         "the output layer run in half precision and log p moves by about 1e-3 (fp16) to 1e-2 (bf16) nats "
+         "(docs/precision.md); only the log-softmax stays fp32. A CPU always scores in fp32.")
+resume_option = click.option("--resume", is_flag=True,
+                             help="Continue an interrupted run of the same command (starts afresh when there is nothing to resume).")
 model_option = click.option("-m", "--model", "model_dir", required=True, type=click.Path(file_okay=False),
                             help="Model directory made by 'phrase-scorer train'.")
 
@@ -161,42 +182,48 @@ model_option = click.option("-m", "--model", "model_dir", required=True, type=cl
 # --- train ---------------------------------------------------------------------------------------
 
 
-@cli.command()
-@click.argument("table", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Model directory to create.")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=TrainConfig.preset,
-              help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests.")
-@click.option("--source-shortlist", type=click.IntRange(min=1), default=None,
-              help="Source words kept [default: the preset's, 15000 for paper].")
-@click.option("--target-shortlist", type=click.IntRange(min=1), default=None,
-              help="Target words kept [default: the preset's, 15000 for paper].")
-@click.option("--batch-size", type=click.IntRange(min=1), default=TrainConfig.batch_size, help="Pairs per update.")
-@click.option("--valid-pairs", type=click.IntRange(min=0), default=TrainConfig.valid_pairs,
-              help="About this many pairs are held out for validation, by source phrase.")
-@click.option("--valid-every", type=click.IntRange(min=1), default=TrainConfig.valid_every, help="Steps between validations and checkpoints.")
-@click.option("--patience", type=click.IntRange(min=1), default=TrainConfig.patience, help="Stop after this many validations without improvement.")
-@click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many updates.")
-@click.option("--max-epochs", type=click.FloatRange(min=0, min_open=True), default=None, help="Stop after this many passes over the pairs.")
-@click.option("--max-time", type=Duration(), default=None, help="Stop after this long (3600, 90m, 2h, ...).")
-@click.option("--clip-norm", type=click.FloatRange(min=0, min_open=True), default=TrainConfig.clip_norm, help="Gradient-norm clipping threshold.")
-@click.option("--seed", type=int, default=TrainConfig.seed, help="Random seed (initial weights, validation split, data order).")
-@device_option
-@click.option("--precision", type=click.Choice(["auto", "bf16", "fp16", "fp32"]), default=TrainConfig.precision,
-              help="Autocast on GPU (auto: bf16 where supported, else fp16). CPU always trains in fp32.")
-@threads_option
-@click.option("--resume", is_flag=True, help="Continue an interrupted run from its last checkpoint.")
-@click.option("--overwrite", is_flag=True, help="Replace a model already in the output folder.")
-@click.pass_context
-def train(ctx, table, output, source_shortlist, target_shortlist, threads, resume, overwrite, **settings):
-    """Train the RNN Encoder-Decoder on the unique phrase pairs of TABLE (plain or gzip)."""
-    set_threads(threads)
+def training_options(function):
+    """The options that say what model to train and how: shared by 'train' and 'ems-config'."""
+    options = [
+        click.option("--preset", type=click.Choice(list(PRESETS)), default=TrainConfig.preset,
+                     help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests."),
+        click.option("--source-shortlist", type=click.IntRange(min=1), default=None,
+                     help="Source words kept [default: the preset's, 15000 for paper]."),
+        click.option("--target-shortlist", type=click.IntRange(min=1), default=None,
+                     help="Target words kept [default: the preset's, 15000 for paper]."),
+        click.option("--batch-size", type=click.IntRange(min=1), default=TrainConfig.batch_size, help="Pairs per update."),
+        click.option("--valid-pairs", type=click.IntRange(min=0), default=TrainConfig.valid_pairs,
+                     help="About this many pairs are held out for validation, by source phrase."),
+        click.option("--valid-every", type=click.IntRange(min=1), default=TrainConfig.valid_every,
+                     help="Steps between validations and checkpoints."),
+        click.option("--patience", type=click.IntRange(min=1), default=TrainConfig.patience,
+                     help="Stop after this many validations without improvement."),
+        click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many updates."),
+        click.option("--max-epochs", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Stop after this many passes over the pairs."),
+        click.option("--max-time", type=Duration(), default=None, help="Stop after this long (3600, 90m, 2h, ...)."),
+        click.option("--clip-norm", type=click.FloatRange(min=0, min_open=True), default=TrainConfig.clip_norm,
+                     help="Gradient-norm clipping threshold."),
+        click.option("--seed", type=int, default=TrainConfig.seed,
+                     help="Random seed (initial weights, validation split, data order)."),
+        device_option,
+        click.option("--precision", type=click.Choice(TRAIN_PRECISIONS), default=TrainConfig.precision,
+                     help="On a GPU: fp32, or bf16/fp16 autocast (products, GRU states and logits in half precision, "
+                          "fp32 weights; auto: bf16 where supported, else fp16). A CPU always trains in fp32."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def make_training_settings(ctx: click.Context, settings: dict, resume: bool):
+    """(TrainConfig, ModelConfig or None, the settings given explicitly) from training_options."""
     from dataclasses import replace
 
-    from phrase_scorer.train import train as run_training
-
     names = [f.name for f in fields(TrainConfig)]
-    explicit = explicit_options(ctx, names)
+    explicit = set(explicit_options(ctx, names))
     config = TrainConfig(**{k: v for k, v in settings.items() if k in names})
+    source_shortlist, target_shortlist = settings.get("source_shortlist"), settings.get("target_shortlist")
     model_config = None
     if source_shortlist or target_shortlist:
         if resume:
@@ -204,12 +231,45 @@ def train(ctx, table, output, source_shortlist, target_shortlist, threads, resum
         base = PRESETS[config.preset]
         model_config = replace(base, source_shortlist=source_shortlist or base.source_shortlist,
                                target_shortlist=target_shortlist or base.target_shortlist)
-    from phrase_scorer.train import TrainingInterrupted
+    return config, model_config, explicit
 
-    resume_command = f"phrase-scorer train {table} -o {output} --resume"
+
+@cli.command()
+@click.argument("table", type=click.Path(dir_okay=False), required=False)
+@click.option("--corpus", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
+              help="Train on the sentence pairs of two aligned files (plain or gzip, tokenised) instead of a TABLE.")
+@click.option("--dev", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
+              help="With --corpus: validate on these sentence pairs [default: hold out about --valid-pairs training pairs].")
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="With --corpus: leave out training pairs with a side longer than this many words (paper: 30 or 50) [default: no limit].")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Model directory to create.")
+@training_options
+@threads_option
+@click.option("--resume", is_flag=True, help="Continue an interrupted run from its last checkpoint.")
+@click.option("--overwrite", is_flag=True, help="Replace a model already in the output folder.")
+@click.pass_context
+def train(ctx, table, corpus, dev, output, threads, resume, overwrite, **settings):
+    """Train the RNN Encoder-Decoder on the unique phrase pairs of TABLE (plain or gzip), or on the
+    sentence pairs of --corpus SRC TGT."""
+    if (table is None) == (not corpus):
+        raise UserError("give either a phrase TABLE or --corpus SRC TGT (not both)" if table else
+                        "give a phrase TABLE or --corpus SRC TGT to train on")
+    if dev and not corpus:
+        raise UserError("--dev goes with --corpus (a phrase table's validation pairs are held out from it)")
+    set_threads(threads)
+    from phrase_scorer.corpus import SentenceCorpus
+    from phrase_scorer.train import TrainingInterrupted, train as run_training
+
+    config, model_config, explicit = make_training_settings(ctx, settings, resume)
+    data = table
+    data_args = table
+    if corpus:
+        data = SentenceCorpus(*corpus, *(dev or (None, None)))
+        data_args = f"--corpus {' '.join(corpus)}" + (f" --dev {' '.join(dev)}" if dev else "")
+    resume_command = f"phrase-scorer train {data_args} -o {output} --resume"
     try:
-        state = run_training(table, output, config, resume=resume, overwrite=overwrite,
-                             model_config=model_config, explicit=set(explicit))
+        state = run_training(data, output, config, resume=resume, overwrite=overwrite,
+                             model_config=model_config, explicit=explicit)
     except TrainingInterrupted as stop:
         raise UserError(f"stopped at step {stop.step}, checkpoint saved; resume with: {resume_command}",
                         exit_code=130) from None
@@ -230,7 +290,7 @@ def train(ctx, table, output, source_shortlist, target_shortlist, threads, resum
 @model_option
 @click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", help="Where to write the scores.")
-@click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens, help="Target tokens per scoring batch.")
+@batch_tokens_option
 @device_option
 @threads_option
 def score(model_dir, input, output, batch_tokens, device, threads):
@@ -241,7 +301,7 @@ def score(model_dir, input, output, batch_tokens, device, threads):
     set_threads(threads)
     from phrase_scorer.annotate import score_file
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.train import resolve_device
+    from phrase_scorer.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
     score_file(input, output, loaded, ScoringOptions(batch_tokens=batch_tokens))
@@ -254,29 +314,49 @@ def parse_columns(ctx, param, value: str):
     return tuple(c.strip() for c in value.split(",") if c.strip())
 
 
+def parse_weights(ctx, param, value):
+    """``0.2,-0.2`` -> (0.2, -0.2); one number -> that number (for every new column)."""
+    if value is None:
+        return None
+    try:
+        weights = tuple(float(w) for w in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers") from None
+    return weights[0] if len(weights) == 1 else weights
+
+
+def column_options(function):
+    """The options that say which columns to append and how: shared by 'annotate' and 'ems-config'."""
+    options = [
+        click.option("--columns", default=",".join(COLUMNS), callback=parse_columns,
+                     help="Columns to append: prob = p(y|x), unk = e^(number of unknown words)."),
+        click.option("--unk-side", type=click.Choice(UNK_SIDES), default=AnnotateOptions.unk_side,
+                     help="Whose words outside the model's shortlists the unk column counts."),
+        click.option("--length-normalize/--no-length-normalize", default=AnnotateOptions.length_normalize,
+                     help="Write exp(log p / (target words + 1)), p per target token, instead of p(y|x)."),
+        click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
+                     help="Target tokens per scoring batch."),
+        click.option("--window-lines", type=click.IntRange(min=1), default=AnnotateOptions.window_lines,
+                     help="Lines read, scored and written at a time (also the resume granularity)."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
 @cli.command()
 @click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
 @model_option
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
               help="Annotated table ('.gz' for gzip, '-' for stdout).")
-@click.option("--columns", default=",".join(COLUMNS), callback=parse_columns,
-              help="Columns to append: prob = p(y|x), unk = e^(number of unknown words).")
-@click.option("--unk-side", type=click.Choice(UNK_SIDES), default=AnnotateOptions.unk_side,
-              help="Whose words outside the model's shortlists the unk column counts.")
-@click.option("--length-normalize/--no-length-normalize", default=AnnotateOptions.length_normalize,
-              help="Write exp(log p / (target words + 1)), p per target token, instead of p(y|x).")
-@click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens, help="Target tokens per scoring batch.")
-@click.option("--window-lines", type=click.IntRange(min=1), default=AnnotateOptions.window_lines,
-              help="Lines read, scored and written at a time (also the resume granularity).")
+@column_options
 @device_option
-@click.option("--precision", type=click.Choice(["auto", "bf16", "fp16", "fp32"]), default=ScoringOptions.precision,
-              help="Autocast on GPU; log-softmax stays fp32. CPU scores in fp32.")
+@precision_option
 @threads_option
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="Processes that read, check, format and compress the table beside the model "
                    "(0: none, all in one process) [default: the cores, at most 8].")
-@click.option("--resume", is_flag=True,
-              help="Continue an interrupted run of the same command (starts afresh when there is nothing to resume).")
+@resume_option
 @click.option("--ini", "moses_ini", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Also write this moses.ini, patched for the new table, to --ini-output.")
 @click.option("--ini-output", type=click.Path(dir_okay=False), default=None,
@@ -290,10 +370,9 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
     process writes."""
     set_threads(threads)
     from phrase_scorer.annotate import annotate as run_annotate
+    from phrase_scorer.device import resolve_device
+    from phrase_scorer.distributed import local_device, world
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.train import resolve_device
-
-    from phrase_scorer.distributed import local_device
 
     options = AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
                               window_lines=window_lines)
@@ -303,11 +382,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
                               ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
                               workers=workers)
     except KeyboardInterrupt:
-        raise UserError(
-            "interrupted; the finished part is kept. Resume with the same command and --resume", exit_code=130
-        ) from None
-    from phrase_scorer.distributed import world
-
+        raise interrupted_resumable(output) from None
     if not world().is_writer:  # under torchrun, rank 0 reports for the job
         return
     click.echo(
@@ -319,27 +394,139 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
 
 
 def report_moses_change(result, output, moses_ini, ini_output) -> None:
+    from phrase_scorer.config import COLUMNS, start_weights
+    from phrase_scorer.io.moses_ini import format_weight
+
     before, after = result.num_scores_before, result.num_scores_after
     added = after - before
+    columns = tuple(result.signature["columns"])
+    weights = [format_weight(w) for w in start_weights(columns)]
+    described = ", ".join(f"{c} {w}" for c, w in zip(columns, weights))
     if moses_ini:
         from phrase_scorer.io.moses_ini import patch_moses_ini
 
         target = ini_output or f"{output}.moses.ini"
         result = patch_moses_ini(moses_ini, target, phrase_table=os.path.abspath(output), add_features=added,
-                                 absolute_paths=True)
+                                 initial_weights=start_weights(columns), absolute_paths=True)
         click.echo(f"patched moses.ini written to {target}: {result.feature_name} num-features="
-                   f"{result.new_num_features}, {added} more weights of 0.2; re-tune before use", err=True)
+                   f"{result.new_num_features}, start weights of the new columns: {described}; re-tune before use",
+                   err=True)
         return
+    options = "" if columns == COLUMNS else f" --add-features {added} --initial-weights {','.join(weights)}"
     click.echo(
         "\nFor Moses, the phrase table now has {after} scores per line (was {before}). In moses.ini:\n"
         "  [feature]  PhraseDictionaryMemory ... num-features={after} path={path}\n"
-        "  [weight]   TranslationModel0= <the {before} current weights>{extra}\n"
-        "then re-tune. 'phrase-scorer moses-ini MOSES_INI --phrase-table {path} -o NEW_INI' makes this change.".format(
+        "  [weight]   TranslationModel0= <the {before} current weights> {extra}\n"
+        "({described}: the unknown-word feature starts as a penalty), then re-tune.\n"
+        "'phrase-scorer moses-ini MOSES_INI --phrase-table {path}{options} -o NEW_INI' makes this change.".format(
             after=after, before=before, path=os.path.abspath(output) if output != "-" else "TABLE",
-            extra=" 0.2" * added,
+            extra=" ".join(weights), described=described, options=options,
         ),
         err=True,
     )
+
+
+
+
+# --- rescore ------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("nbest", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--source", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="The sentences the n-best list was decoded from, one per line (plain or gzip).")
+@click.option("-m", "--model", "models", multiple=True, type=click.Path(file_okay=False),
+              help="Model scoring log p(hypothesis | source); repeatable, one feature each.")
+@click.option("-r", "--reverse-model", "reverse_models", multiple=True, type=click.Path(file_okay=False),
+              help="Model trained target->source, scoring log p(source | hypothesis); repeatable.")
+@click.option("--name", "names", multiple=True,
+              help="Feature name of each -m model, in order [default: RNN0, RNN1, ...].")
+@click.option("--reverse-name", "reverse_names", multiple=True,
+              help="Feature name of each --reverse-model, in order [default: RNNReverse0, ...].")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Rescored n-best list ('.gz' for gzip, '-' for stdout).")
+@click.option("--normalize/--no-normalize", default=RescoreOptions.normalize,
+              help="Write log p divided by the predicted tokens (words + 1) instead of log p.")
+@batch_tokens_option
+@click.option("--window-lines", type=click.IntRange(min=1), default=RescoreOptions.window_lines,
+              help="About this many lines (whole sentences) read, scored and written at a time (also the resume granularity).")
+@device_option
+@precision_option
+@threads_option
+@resume_option
+def rescore(nbest, source, models, reverse_models, names, reverse_names, output, normalize, batch_tokens, window_lines,
+            device, precision, threads, resume):
+    """Append the models' log-probabilities to every line of a Moses n-best list NBEST.
+
+    Each model adds one dense feature 'Name= value' (natural log, 6 significant digits);
+    every other byte of the list is kept. '-' reads NBEST from stdin.
+    """
+    set_threads(threads)
+    from phrase_scorer.rescore import feature_models, rescore as run_rescore
+    from phrase_scorer.device import resolve_device
+
+    loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device))
+    try:
+        result = run_rescore(nbest, source, output, loaded, RescoreOptions(normalize=normalize, window_lines=window_lines),
+                             ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume)
+    except KeyboardInterrupt:
+        raise interrupted_resumable(output) from None
+    click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"
+               + ("" if output == "-" else f": {output}, signature {output}.json"), err=True)
+
+
+# --- ems-config ----------------------------------------------------------------------------------
+
+
+@cli.command("ems-config")
+@click.argument("ini_in", metavar="IN", type=click.Path(dir_okay=False, exists=True))
+@click.argument("ini_out", metavar="OUT", type=click.Path(dir_okay=False))
+@click.option("-Binarizer", "binarizer", default=None, metavar="CMD",
+              help="EMS's ttable-binarizer: '' or none for a text table, else processPhraseTableMin, "
+                   "CreateProbingPT or CreateOnDiskPt with its path (its own arguments are replaced).")
+@click.option("-m", "--model", "model_dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Use this trained model instead of training one on IN's phrase table.")
+@click.option("--feature-name", default=None,
+              help="The phrase-table feature's name= [default: the first phrase table].")
+@training_options
+@column_options
+@threads_option
+@click.pass_context
+def ems_config(ctx, ini_in, ini_out, binarizer, model_dir, feature_name, columns, unk_side, length_normalize,
+               batch_tokens, window_lines, threads, **settings):
+    """The step Moses' EMS runs as binarize-all: IN (its moses.ini) -> OUT, with the model's columns.
+
+    \b
+    In the EMS config:
+      [TRAINING]
+      binarize-all = "phrase-scorer ems-config --preset small"
+      ttable-binarizer = ""
+    EMS then runs 'phrase-scorer ems-config --preset small IN OUT -Binarizer ""'. This trains a
+    model on IN's phrase table (into OUT.rnn-model, unless --model), annotates the table (into
+    OUT.phrase-table.gz), binarises it if -Binarizer names a binariser, and writes OUT for the new
+    table with the new columns' start weights; EMS's tuning then tunes them.
+    """
+    set_threads(threads)
+    from phrase_scorer.moses.ems import build_ems_config
+
+    config, model_config, explicit = make_training_settings(ctx, settings, resume=False)
+    training_given = sorted(set(explicit_options(ctx, settings)) - {"device", "precision"})
+    if model_dir is not None and training_given:
+        raise PhraseScorerError("--model takes a trained model: leave out the training options "
+                                f"({', '.join('--' + n.replace('_', '-') for n in training_given)})")
+    result = build_ems_config(
+        ini_in, ini_out, binarizer=binarizer, model_dir=model_dir, train_config=config, model_config=model_config,
+        explicit=explicit, feature_name=feature_name,
+        annotate_options=AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
+                                         window_lines=window_lines),
+        scoring_options=ScoringOptions(batch_tokens=batch_tokens),
+    )
+    if result.ignored_binarizer_arguments:
+        click.echo(f"the binariser's own arguments were replaced: {' '.join(result.ignored_binarizer_arguments)}",
+                   err=True)
+    click.echo(f"model {result.model_dir} ({result.training}); table {result.annotated} ({result.annotation})"
+               + (f"; binary table {result.phrase_table} ({result.binarized})" if result.binarized else "")
+               + f"; {result.config}: {result.feature_name} num-features={result.num_features}", err=True)
 
 
 # --- moses-ini -----------------------------------------------------------------------------------
@@ -352,7 +539,9 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
               help="The patched moses.ini to write ('-' for stdout).")
 @click.option("--add-features", type=click.IntRange(min=0), default=2, help="Score columns added to the table.")
-@click.option("--initial-weight", type=float, default=0.2, help="Weight of each new column until tuning.")
+@click.option("--initial-weights", "--initial-weight", "initial_weights", callback=parse_weights, default=None,
+              help="Start weights of the new columns until tuning, comma-separated, or one for all "
+                   "[default: annotate's columns in order, prob 0.2, unk -0.2: the unknown-word count is a penalty].")
 @click.option("--feature-name", default=None,
               help="The phrase-table feature's name= (e.g. TranslationModel0) [default: the first phrase table].")
 @click.option("--absolute-paths/--no-absolute-paths", default=False,
@@ -363,7 +552,7 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
               help="Build the binary table (Compact, ProbingPT, OnDisk) at --phrase-table from this text table.")
 @click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
               help="Moses folder whose bin/ holds the binarisers [default: $MOSES_HOME].")
-def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_weight, feature_name,
+def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_weights, feature_name,
                       absolute_paths, check_table, binarize_from, moses_home):
     """Patch MOSES_INI for a phrase table with more score columns; then re-tune.
 
@@ -373,7 +562,7 @@ def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_wei
     from phrase_scorer.io.moses_ini import patch_moses_ini
 
     result = patch_moses_ini(moses_ini, output, phrase_table=phrase_table, add_features=add_features,
-                             initial_weight=initial_weight, feature_name=feature_name,
+                             initial_weights=initial_weights, feature_name=feature_name,
                              absolute_paths=absolute_paths, check_table=check_table,
                              binarize_from=binarize_from, moses_home=moses_home)
     if result.binarize_command:
@@ -420,7 +609,7 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.sampling import SourcePreparer, TargetLanguageModel, display, propose
-    from phrase_scorer.train import resolve_device
+    from phrase_scorer.device import resolve_device
 
     sources = list(phrases)
     if input_file:
@@ -476,7 +665,7 @@ def compare(model_dir, table, frequent, rare, sources, top, min_words, min_targe
     from phrase_scorer.analysis.compare import CompareOptions, compare as run_compare, to_json, to_markdown
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.sampling import display
-    from phrase_scorer.train import resolve_device
+    from phrase_scorer.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
     options = CompareOptions(min_words=min_words, min_targets=min_targets, top=top, frequent=frequent, rare=rare,
@@ -530,7 +719,7 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
     """A 2-D map of the model's word or phrase representations."""
     from phrase_scorer.analysis.plots import plot_embeddings as run
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.train import resolve_device
+    from phrase_scorer.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
     result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,
@@ -592,6 +781,48 @@ def tune(moses_ini, dev, output, working_dir, seed, moses_home, **options):
     history = ", ".join(f"{it}: {bleu:.2f}" for it, bleu in result.iterations)
     click.echo(f"tuned config: {output} (dev BLEU by iteration: {history}; "
                f"kept: {'?' if result.dev_bleu is None else f'{result.dev_bleu:.2f}'})", err=True)
+
+
+@cli.command()
+@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Dev n-best list (rescored; plain or gzip) and its references (tokenised like the output).")
+@click.option("--test", "test_nbest", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Test n-best list with the same features, to rerank.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the test set's new 1-best, one line per sentence; the weights go to OUTPUT.json.")
+@click.option("--ini", "start_ini", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The decoder's moses.ini: its [weight] section gives the starting weights "
+                   "[default: fitted to the dev list's totals].")
+@click.option("--method", type=click.Choice(["mert", "mira"]), default=RerankOptions.method,
+              help="Moses' mert or kbmira (batch MIRA).")
+@click.option("--seed", "seeds", type=int, multiple=True, default=RerankOptions.seeds,
+              help="One optimiser run per seed (repeatable); the run best on dev is kept.")
+@click.option("--restarts", type=click.IntRange(min=0), default=RerankOptions.restarts,
+              help="mert's random starting points per run.")
+@click.option("--iterations", "mira_iterations", type=click.IntRange(min=1), default=RerankOptions.mira_iterations,
+              help="kbmira's epochs per run.")
+@click.option("--threads", type=click.IntRange(min=1), default=RerankOptions.threads, help="mert's threads.")
+@click.option("--working-dir", type=click.Path(file_okay=False), default=None,
+              help="For the extractor's files and the optimiser runs, made fresh [default: OUTPUT.work].")
+@click.option("--mertdir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Folder of extractor, mert and kbmira [default: MOSES_HOME/bin].")
+@moses_home_option
+def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads, working_dir, mertdir,
+           moses_home):
+    """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
+    then write the best hypothesis of each sentence of the test n-best list."""
+    from phrase_scorer.moses.installation import MosesInstallation
+    from phrase_scorer.moses.rerank import rerank as run_rerank
+
+    moses = MosesInstallation.find(moses_home) if moses_home or not mertdir else None
+    options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
+                            threads=threads, mertdir=mertdir)
+    result = run_rerank(dev[0], dev[1], test_nbest, output, moses=moses, options=options, start_ini=start_ini,
+                        working_dir=working_dir)
+    runs = ", ".join(f"seed {r.seed}: {r.dev_bleu:.2f}" for r in result.runs)
+    click.echo(f"dev BLEU {result.start_dev_bleu:.2f} with the starting weights; after {method}: {runs}; "
+               f"kept seed {result.best_seed}", err=True)
+    click.echo(f"test 1-best: {output} ({result.sentences} sentences); weights in {output}.json", err=True)
 
 
 @cli.command()

@@ -1,6 +1,7 @@
 """Every setting of the package, with its default, in one place.
 
-One frozen dataclass per concern: the network (:class:`ModelConfig`, with the presets), training
+One frozen dataclass per concern: the networks (:class:`ModelConfig` for the RNN Encoder-Decoder,
+:class:`RNNsearchConfig` for the attention model, each with its presets), training
 (:class:`TrainConfig`), scoring (:class:`ScoringOptions`) and annotation
 (:class:`AnnotateOptions`). The command line takes its defaults from here, and the model
 directory stores the first two as JSON. This module imports neither torch nor numpy.
@@ -9,14 +10,44 @@ directory stores the first two as JSON. This module imports neither torch nor nu
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """Sizes of the network. The defaults are the paper's (section 4.1.1 and appendix A)."""
 
+class ArchitectureConfig:
+    """What the network configs share: ``arch`` names the architecture (class attribute ARCH),
+    and the config goes to and from config.json's model section."""
+
+    ARCH = ""
+    arch: str
+
+    def __post_init__(self) -> None:
+        if self.arch != self.ARCH:
+            raise ValueError(f"{type(self).__name__} is the {self.ARCH!r} architecture, not {self.arch!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """``cls(**data)``, refusing settings ``cls`` does not have; a dict without ``arch``
+        (written before the field existed) is read as ``cls``'s own architecture."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown model settings: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelConfig(ArchitectureConfig):
+    """Sizes of the RNN Encoder-Decoder. The defaults are the paper's (Cho et al. 2014, section
+    4.1.1 and appendix A)."""
+
+    ARCH = "encdec"  # the value of ``arch`` in config.json
+
+    arch: str = ARCH
     embedding_dim: int = 100
     hidden_dim: int = 1000
     maxout_units: int = 500
@@ -26,17 +57,6 @@ class ModelConfig:
     target_shortlist: int = 15000
     init_std: float = 0.01  # N(0, 0.01^2) for every weight but the recurrent ones
     recurrent_init_scale: float = 0.01  # orthogonal recurrent matrices times this (Saxe et al.)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown model settings: {', '.join(sorted(unknown))}")
-        return cls(**data)
 
 
 PRESETS: Dict[str, ModelConfig] = {
@@ -54,6 +74,64 @@ PRESETS: Dict[str, ModelConfig] = {
     ),
 }
 DEFAULT_PRESET = "paper"
+
+# Precisions (what each does: phrase_scorer/device.py; measured effect on scores: docs/precision.md).
+# A CPU always runs in fp32. Training's "auto" is bf16 autocast on a GPU that supports it, else fp16.
+PRECISIONS = ("fp32", "bf16", "fp16")
+TRAIN_PRECISIONS = ("auto", *PRECISIONS)
+
+
+@dataclass(frozen=True)
+class RNNsearchConfig(ArchitectureConfig):
+    """Sizes of RNNsearch (Bahdanau, Cho and Bengio 2015). The defaults are the paper's
+    (appendices A and B: RNNsearch-30/-50 on WMT'14 En-Fr)."""
+
+    ARCH = "rnnsearch"
+
+    arch: str = ARCH
+    embedding_dim: int = 620  # m
+    hidden_dim: int = 1000  # n: GRU units per encoder direction, and decoder units
+    alignment_dim: int = 1000  # n': hidden units of the alignment model
+    maxout_units: int = 500  # l: readout units, each the max of maxout_pieces
+    maxout_pieces: int = 2
+    source_shortlist: int = 30000  # K_x
+    target_shortlist: int = 30000  # K_y
+    init_std: float = 0.01  # N(0, 0.01^2) for every weight but the recurrent and alignment ones
+    alignment_init_std: float = 0.001  # N(0, 0.001^2) for W_a and U_a (v_a starts at 0)
+
+
+RNNSEARCH_PRESETS: Dict[str, RNNsearchConfig] = {
+    # The paper's RNNsearch (620 / 1000 / 1000 / 500, 30k-word shortlists).
+    "paper": RNNsearchConfig(),
+    # The encoder-decoder's "small" width, n = 256 GRU units (each encoder direction as wide as
+    # the encoder-decoder's encoder), with the paper's proportions n' = n, l = n / 2 and
+    # m = n / 2 (the paper: 0.62 n); and the encoder-decoder's 6,000-word shortlists, so that the
+    # two architectures compare on the same words.
+    "small": RNNsearchConfig(
+        embedding_dim=128, hidden_dim=256, alignment_dim=256, maxout_units=128,
+        source_shortlist=6000, target_shortlist=6000,
+    ),
+    # For tests: trains and scores in seconds.
+    "tiny": RNNsearchConfig(
+        embedding_dim=16, hidden_dim=24, alignment_dim=20, maxout_units=12,
+        source_shortlist=500, target_shortlist=500,
+    ),
+}
+
+# config.json's model "arch" -> the config class and its presets (no "arch": the encoder-decoder).
+MODEL_CONFIGS = {ModelConfig.ARCH: ModelConfig, RNNsearchConfig.ARCH: RNNsearchConfig}
+ARCH_PRESETS = {ModelConfig.ARCH: PRESETS, RNNsearchConfig.ARCH: RNNSEARCH_PRESETS}
+AnyModelConfig = Union[ModelConfig, RNNsearchConfig]
+
+
+def model_config_from_dict(data: dict) -> AnyModelConfig:
+    """The model section of config.json, as the config of its architecture."""
+    if not isinstance(data, dict):
+        raise TypeError("the model settings are not a JSON object")
+    arch = data.get("arch", ModelConfig.ARCH)
+    if arch not in MODEL_CONFIGS:
+        raise ValueError(f"unknown architecture {arch!r}; this version knows {', '.join(MODEL_CONFIGS)}")
+    return MODEL_CONFIGS[arch].from_dict(data)
 
 
 @dataclass(frozen=True)
@@ -73,7 +151,8 @@ class TrainConfig:
     max_time: Optional[float] = None  # seconds
     seed: int = 1
     device: str = "auto"  # auto | cpu | cuda
-    precision: str = "auto"  # on GPU: auto (bf16 where supported, else fp16) | bf16 | fp16 | fp32
+    precision: str = "auto"  # on GPU: auto (bf16 where supported, else fp16) | bf16 | fp16 | fp32; weights stay fp32
+    max_length: Optional[int] = None  # sentence corpora: training pairs with a longer side are left out
 
     # Settings that --resume may change; all others must match the saved run.
     RESUMABLE = ("valid_every", "patience", "max_steps", "max_epochs", "max_time", "device", "precision")
@@ -89,17 +168,32 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ScoringOptions:
-    """How the scorer batches its work; none of these change the scores."""
+    """How the scorer works. The batching settings change the scores only by fp32 rounding (a few
+    units in the 7th significant digit); ``precision`` changes them by more (docs/precision.md)."""
 
     batch_tokens: int = 8192  # target tokens (words + </s>) per decoder batch
     chunk_rows: int = 128  # rows of the N x V logits formed at once (small: they stay in cache)
     share_source_prefixes: bool = True
     share_target_prefixes: bool = True
-    precision: str = "auto"  # fp32 on CPU; on GPU "auto" = bf16 where supported, else fp16
+    # fp32 on every device by default: bf16 moves log p by hundredths of a nat (docs/precision.md).
+    # bf16 | fp16: autocast on a GPU (state and output layer in half precision); a CPU ignores it.
+    precision: str = "fp32"
 
 
 COLUMNS = ("prob", "unk")
 UNK_SIDES = ("target", "source", "both")
+
+# The weight each annotate column starts with in moses.ini, until tuning sets it. Moses sees the
+# log of a column: log p(y|x) <= 0 for "prob" and n_unk >= 0 (the number of unknown words) for
+# "unk". A positive weight on log p prefers the pairs the model finds likely; the unknown-word
+# feature is a penalty (Cho et al. 2014 count the words outside the shortlist to penalise them),
+# so its weight starts negative: a positive start would reward unknown words until tuning.
+START_WEIGHTS = {"prob": 0.2, "unk": -0.2}
+
+
+def start_weights(columns: Tuple[str, ...] = COLUMNS) -> Tuple[float, ...]:
+    """The moses.ini start weights of ``columns`` (annotate's column names), in that order."""
+    return tuple(START_WEIGHTS[c] for c in columns)
 
 
 @dataclass(frozen=True)
@@ -118,6 +212,31 @@ class AnnotateOptions:
             raise PhraseScorerError(f"--columns takes a comma-separated subset of {','.join(COLUMNS)}, got {','.join(self.columns)}")
         if self.unk_side not in UNK_SIDES:
             raise PhraseScorerError(f"--unk-side takes one of {', '.join(UNK_SIDES)}")
+
+
+@dataclass(frozen=True)
+class RescoreOptions:
+    """What ``rescore`` writes. Changing any of these changes the output."""
+
+    normalize: bool = False  # log p / (words + 1), per predicted token, instead of log p
+    window_lines: int = 20000  # about this many n-best lines (whole sentences) per window and resume chunk
+    compress_level: int = 6
+
+
+FORWARD_FEATURE_PREFIX = "RNN"  # default feature names: RNN0, RNN1, ... for -m models
+REVERSE_FEATURE_PREFIX = "RNNReverse"  # and RNNReverse0, ... for --reverse-model models
+
+
+@dataclass(frozen=True)
+class RerankOptions:
+    """How ``rerank`` runs Moses' optimiser on a fixed n-best list."""
+
+    method: str = "mert"  # mert | mira (kbmira, batch MIRA)
+    seeds: Tuple[int, ...] = (1, 2, 3)  # one optimiser run per seed; the best on dev is kept
+    restarts: int = 20  # mert's random starting points per run (-n), as mert-moses.pl
+    mira_iterations: int = 60  # kbmira's epochs (-J)
+    threads: int = 1  # mert's threads
+    mertdir: Optional[str] = None  # folder of extractor, mert, kbmira (default: MOSES_HOME/bin)
 
 
 @dataclass(frozen=True)

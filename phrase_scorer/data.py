@@ -1,4 +1,4 @@
-"""Training data at any scale: a memory-mapped cache of the table's unique phrase pairs.
+"""Training data at any scale: an on-disk cache of the table's unique phrase pairs, read with pread.
 
 The table is read twice, streaming: once to count words (:func:`count_words`), once to write the
 pairs as word ids (:func:`build_cache`). The cache holds, for each split (``train``, ``valid``),
@@ -9,6 +9,9 @@ Unique pairs: a Moses table lists each pair once, sorted, so duplicates can only
 repeated pair within a run of lines with the same source is dropped. Every unique pair is drawn
 with the same probability, whatever its count in the corpus: that is the paper's choice
 (section 3.1), which keeps the model from simply learning phrase frequencies.
+
+The same cache format holds sentence pairs (:mod:`phrase_scorer.corpus`): both kinds of data are
+written with :func:`write_cache` and checked against the interrupted run's with :func:`reuse_cache`.
 
 The validation split is held out *by source phrase*: a source goes to validation when a keyed hash
 of its text falls under a threshold, so no validation source is ever seen in training.
@@ -23,25 +26,31 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import ClassVar, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from phrase_scorer.config import TrainConfig
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.progress import progress_bar
-from phrase_scorer.vocab import Vocabulary
+from phrase_scorer.resume import refuse_changed_settings
+from phrase_scorer.vocab import PAD_ID, Vocabulary
 
 CACHE_FORMAT = "phrase-scorer-pair-cache"
 CACHE_VERSION = 1
 SPLITS = ("train", "valid")
 _FLUSH_PAIRS = 1 << 16
+TABLE_WINDOW_BATCHES = 64  # batches sorted by length together, for phrase pairs
+
+log = logging.getLogger(__name__)
 
 
 def unique_pairs(table: PathLike, desc: str = "reading") -> Iterator[Tuple[List[str], List[str]]]:
@@ -100,29 +109,89 @@ def vocab_digest(vocab: Vocabulary) -> str:
     return hashlib.sha256(vocab.to_json().encode("utf-8")).hexdigest()
 
 
+def id_dtype_for(source_vocab: Vocabulary, target_vocab: Vocabulary) -> str:
+    """The narrowest unsigned type that holds every word id of both shortlists."""
+    return "uint16" if max(len(source_vocab), len(target_vocab)) <= np.iinfo(np.uint16).max + 1 else "uint32"
+
+
+def file_identity(path: PathLike) -> dict:
+    """What tells a changed input file apart: its absolute path, size and modification time."""
+    stat = os.stat(path)
+    return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
 def expected_meta(table: PathLike, source_vocab: Vocabulary, target_vocab: Vocabulary, valid_fraction: float, seed: int) -> CacheMeta:
-    stat = os.stat(table)
-    id_dtype = "uint16" if max(len(source_vocab), len(target_vocab)) <= np.iinfo(np.uint16).max + 1 else "uint32"
+    identity = file_identity(table)
     return CacheMeta(
         format=CACHE_FORMAT,
         version=CACHE_VERSION,
-        table=os.path.abspath(table),
-        table_size=stat.st_size,
-        table_mtime_ns=stat.st_mtime_ns,
+        table=identity["path"],
+        table_size=identity["size"],
+        table_mtime_ns=identity["mtime_ns"],
         source_vocab_sha256=vocab_digest(source_vocab),
         target_vocab_sha256=vocab_digest(target_vocab),
         valid_fraction=valid_fraction,
         seed=seed,
-        id_dtype=id_dtype,
+        id_dtype=id_dtype_for(source_vocab, target_vocab),
         num_pairs={},
     )
 
 
+def read_cache_description(cache_dir: Path) -> Optional[dict]:
+    """The ``meta.json`` of a complete cache (any kind), or None."""
+    try:
+        data = json.loads((Path(cache_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_meta(cache_dir: Path) -> Optional[CacheMeta]:
     try:
-        return CacheMeta(**json.loads((cache_dir / "meta.json").read_text()))
-    except (OSError, ValueError, TypeError):
+        return CacheMeta(**read_cache_description(cache_dir))
+    except TypeError:
         return None
+
+
+def reuse_cache(cache_dir: Path, expected: dict, keep_existing: bool, data_path: PathLike, hint: str) -> Optional[dict]:
+    """The description of the cache in ``cache_dir`` when it was built from ``expected`` (its
+    pair counts aside); None when it must be (re)built.
+
+    With ``keep_existing`` (a resumed run), a complete cache made from other data or with other
+    settings is an error rather than silently rebuilt: the run would go on with other data.
+    """
+    existing = read_cache_description(cache_dir)
+    if existing is None:
+        return None
+    existing_settings = {k: v for k, v in existing.items() if k != "num_pairs"}
+    expected_settings = {k: v for k, v in expected.items() if k != "num_pairs"}
+    if existing_settings == expected_settings:
+        return existing
+    if keep_existing:
+        refuse_changed_settings(existing_settings, expected_settings, path=data_path, hint=hint)
+    return None
+
+
+def write_cache(cache_dir: Path, description: dict, pairs: Iterable[Tuple[str, List[int], List[int]]]) -> dict:
+    """Write ``(split, source ids, target ids)`` triples as a cache described by ``description``
+    (its ``id_dtype`` and ``format`` at least), atomically: a ``.part`` folder renamed into place.
+    Returns the description with ``num_pairs`` per split filled in."""
+    cache_dir = Path(cache_dir)
+    tmp = cache_dir.with_name(cache_dir.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    writers = {split: _SplitWriter(tmp, split, description["id_dtype"]) for split in SPLITS}
+    try:
+        for split, source_ids, target_ids in pairs:
+            writers[split].add(source_ids, target_ids)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    description = {**description, "num_pairs": {split: writers[split].count for split in SPLITS}}
+    (tmp / "meta.json").write_text(json.dumps(description, indent=1) + "\n")
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    os.replace(tmp, cache_dir)
+    return description
 
 
 class _SplitWriter:
@@ -195,44 +264,61 @@ def build_cache(
     With ``keep_existing`` (a resumed run), a complete cache made from another table or with
     other settings is an error rather than silently rebuilt: the run would go on with other data.
     """
-    cache_dir = Path(cache_dir)
     meta = expected_meta(table, source_vocab, target_vocab, valid_fraction, seed)
-    existing = read_meta(cache_dir)
+    existing = reuse_cache(Path(cache_dir), asdict(meta), keep_existing, table,
+                           hint="resume with the same table, unchanged, or start a new run")
     if existing is not None:
-        existing_num = existing.num_pairs
-        existing.num_pairs = {}
-        if existing == meta:
-            existing.num_pairs = existing_num
-            return existing
-        if keep_existing:
-            changed = [k for k, v in asdict(meta).items() if k != "num_pairs" and asdict(existing).get(k) != v]
-            raise PhraseScorerError(
-                f"the training data differ from the interrupted run's ({', '.join(changed)} changed)", path=table,
-                hint="resume with the same table, unchanged, or start a new run",
-            )
-    tmp = cache_dir.with_name(cache_dir.name + ".part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    writers = {split: _SplitWriter(tmp, split, meta.id_dtype) for split in SPLITS}
-    last_source: Optional[List[str]] = None
-    in_valid = False
-    try:
+        return CacheMeta(**existing)
+
+    def split_pairs():
+        last_source: Optional[List[str]] = None
+        in_valid = False
         for source_words, target_words in unique_pairs(table, desc="writing pair cache"):
             if len(source_words) > MAX_PHRASE_WORDS or len(target_words) > MAX_PHRASE_WORDS:
                 raise PhraseScorerError(f"a phrase has more than {MAX_PHRASE_WORDS} words", path=table)
             if source_words != last_source:
                 last_source = source_words
                 in_valid = source_hash(source_words, seed) < valid_fraction
-            writer = writers["valid" if in_valid else "train"]
-            writer.add(source_vocab.encode(source_words), target_vocab.encode(target_words))
-    finally:
-        for writer in writers.values():
-            writer.close()
-    meta.num_pairs = {split: writers[split].count for split in SPLITS}
-    (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=1) + "\n")
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    os.replace(tmp, cache_dir)
-    return meta
+            yield "valid" if in_valid else "train", source_vocab.encode(source_words), target_vocab.encode(target_words)
+
+    return CacheMeta(**write_cache(Path(cache_dir), asdict(meta), split_pairs()))
+
+
+@dataclass(frozen=True)
+class PhraseTableData:
+    """Training data from the unique phrase pairs of a Moses table, for
+    :func:`phrase_scorer.train.train`.
+
+    A data source offers ``kind`` (the key under which ``config.json`` records the data),
+    ``path`` (for messages), ``window_batches`` (how many batches :class:`BatchSampler` sorts by
+    length together), :meth:`count_words` (the counts for the shortlists and a record of the
+    data) and :meth:`build_cache` (the ``train`` and ``valid`` splits of the pair cache).
+    :class:`phrase_scorer.corpus.SentenceCorpus` is the other one.
+    """
+
+    table: str
+
+    kind: ClassVar[str] = "table"
+    window_batches: ClassVar[int] = TABLE_WINDOW_BATCHES
+
+    @property
+    def path(self) -> str:
+        return self.table
+
+    def count_words(self, config: TrainConfig) -> Tuple[Counter, Counter, dict]:
+        if config.max_length is not None:
+            raise PhraseScorerError("--max-length applies to sentence corpora (--corpus), not to phrase tables")
+        log.info("counting words over the unique phrase pairs of %s", self.table)
+        source_counts, target_counts, num_pairs = count_words(self.table)
+        log.info("%d unique pairs", num_pairs)
+        return source_counts, target_counts, {"path": os.path.abspath(self.table), "unique_pairs": num_pairs}
+
+    def build_cache(self, cache_dir: Path, source_vocab: Vocabulary, target_vocab: Vocabulary, info: dict,
+                    config: TrainConfig, keep_existing: bool) -> dict:
+        valid_fraction = min(1.0, config.valid_pairs / (info.get("unique_pairs") or 1))
+        meta = build_cache(self.table, cache_dir, source_vocab, target_vocab, valid_fraction=valid_fraction,
+                           seed=config.seed, keep_existing=keep_existing)
+        return asdict(meta)
 
 
 class PairSet:
@@ -244,11 +330,12 @@ class PairSet:
 
     def __init__(self, cache_dir: PathLike, split: str) -> None:
         cache_dir = Path(cache_dir)
-        meta = read_meta(cache_dir)
-        if meta is None:
-            raise PhraseScorerError("pair cache is missing or damaged", path=cache_dir, hint="train again to rebuild it")
-        self.size = meta.num_pairs[split]
-        self.id_dtype = np.dtype(meta.id_dtype)
+        meta = read_cache_description(cache_dir)
+        try:
+            self.size = int(meta["num_pairs"][split])
+            self.id_dtype = np.dtype(meta["id_dtype"])
+        except (TypeError, KeyError, ValueError):
+            raise PhraseScorerError("pair cache is missing or damaged", path=cache_dir, hint="train again to rebuild it") from None
         self._fds = {}
         for name in ("src.ids", "tgt.ids", "src.offsets", "tgt.offsets", "lengths"):
             path = cache_dir / f"{split}.{name}"
@@ -297,14 +384,19 @@ class PairSet:
     def batch_arrays(self, indices: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Padded id matrices and lengths for ``indices``: src (B, S), src_len, tgt (B, T), tgt_len."""
         pairs = [self.pair(int(i)) for i in indices]
-        src_len = np.fromiter((len(s) for s, _ in pairs), np.int64, len(pairs))
-        tgt_len = np.fromiter((len(t) for _, t in pairs), np.int64, len(pairs))
-        src = np.zeros((len(pairs), max(int(src_len.max()), 1)), np.int64)
-        tgt = np.zeros((len(pairs), max(int(tgt_len.max()), 1)), np.int64)
-        for row, (s, t) in enumerate(pairs):
-            src[row, : len(s)] = s
-            tgt[row, : len(t)] = t
+        src, src_len = pad_ids([s for s, _ in pairs])
+        tgt, tgt_len = pad_ids([t for _, t in pairs])
         return src, src_len, tgt, tgt_len
+
+
+def pad_ids(sequences: Sequence[Sequence[int]]) -> Tuple[np.ndarray, np.ndarray]:
+    """The one padding routine: a (B, L) int64 id matrix padded with ``<pad>`` (L >= 1) and the
+    (B,) int64 lengths."""
+    lengths = np.fromiter((len(s) for s in sequences), np.int64, len(sequences))
+    matrix = np.full((len(sequences), max(int(lengths.max(initial=0)), 1)), PAD_ID, np.int64)
+    for row, ids in enumerate(sequences):
+        matrix[row, : len(ids)] = ids
+    return matrix, lengths
 
 
 # --- a permutation of [0, n) that needs no memory: a keyed Feistel network with cycle walking ---
@@ -359,7 +451,7 @@ class BatchSampler:
     only on (seed, e, k).
     """
 
-    def __init__(self, pairs: PairSet, batch_size: int, seed: int, window_batches: int = 64) -> None:
+    def __init__(self, pairs: PairSet, batch_size: int, seed: int, window_batches: int = TABLE_WINDOW_BATCHES) -> None:
         self.pairs = pairs
         self.batch_size = batch_size
         self.seed = seed

@@ -14,10 +14,14 @@ M = maxout units, P = maxout pieces, R = output rank, V = target vocabulary.
               p(y_t | y_<t, x) = softmax(G_l G_r s_t)           (G_l: V x R, G_r: R x M)
 
 log p(y|x) sums log p(y_t | ...) over the M words and the final ``</s>``.
+
+:class:`RNNEncoderDecoder` offers the interface of :mod:`phrase_scorer.models.base`; its encoder
+reads left to right, so it also shares source prefixes (``shares_source_prefixes``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -25,10 +29,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from phrase_scorer.config import ModelConfig
+from phrase_scorer.models.base import (  # noqa: F401  (at_least_fp32, count_parameters: imported from here too)
+    FIRST_OUTPUT_ID,
+    Memory,
+    TranslationModel,
+    at_least_fp32,
+    count_parameters,
+    embed_previous,
+    orthogonal_like,
+)
 from phrase_scorer.vocab import EOS_ID, PAD_ID
-
-# The softmax covers target ids 1.. (</s>, <unk>, words); <pad> (id 0) is never predicted.
-FIRST_OUTPUT_ID = 1
 
 
 class Encoder(nn.Module):
@@ -77,6 +87,11 @@ class Decoder(nn.Module):
         self.input_proj = nn.Linear(E, 3 * H)  # W'_r, W'_z, W'
         self.recurrent = nn.Linear(H, 3 * H, bias=False)  # U'_r, U'_z, U'
         self.context_proj = nn.Linear(H, 3 * H, bias=False)  # C_r, C_z, C
+
+    def first_input(self, n: int) -> Tensor:
+        """e(y_0) = 0 (n, E): the previous-word embedding of the first decoder step, for n rows.
+        Every path that runs the decoder (training, scoring, sampling) starts with it."""
+        return self.embed.weight.new_zeros((n, self.embed.embedding_dim))
 
     def start(self, c: Tensor) -> Tuple[Tensor, Tensor]:
         """Per-source terms: h'_0 = tanh(V' c) (B, H) and the context gate inputs C c (B, 3H)."""
@@ -147,8 +162,21 @@ class Readout(nn.Module):
         return torch.cat(parts) if len(parts) != 1 else parts[0]
 
 
-class RNNEncoderDecoder(nn.Module):
+@dataclass
+class EncDecMemory(Memory):
+    """An encoded batch of sources: c, m_x and the decoder's per-source terms."""
+
+    context: Tensor  # (B, H) c
+    mean_embedding: Tensor  # (B, E) m_x
+    init_state: Tensor  # (B, H) h'_0 = tanh(V' c)
+    context_gates: Tensor  # (B, 3H) C_r c, C_z c, C c
+    source_term: Tensor  # (B, P*M) O_c c + O_w m_x
+
+
+class RNNEncoderDecoder(TranslationModel):
     """p(target phrase | source phrase), appendix A of Cho et al. (2014)."""
+
+    shares_source_prefixes = True
 
     def __init__(self, config: ModelConfig, source_vocab_size: int, target_vocab_size: int) -> None:
         super().__init__()
@@ -191,7 +219,7 @@ class RNNEncoderDecoder(nn.Module):
         valid = steps <= tgt_len.unsqueeze(1)  # (B, T+1)
 
         tgt_emb = self.decoder.embed(tgt)  # (B, T, E)
-        prev_emb = torch.cat([tgt_emb.new_zeros((B, 1, tgt_emb.size(2))), tgt_emb], 1)  # (B, T+1, E); e(y_0) = 0
+        prev_emb = torch.cat([self.decoder.first_input(B).unsqueeze(1), tgt_emb], 1)  # (B, T+1, E)
         states = self.decoder(c, prev_emb)  # (B, T+1, H)
         source_term = self.readout.source_term(c, mean_emb).unsqueeze(1)  # (B, 1, P*M)
         features = self.readout.features(states, prev_emb, source_term)  # (B, T+1, R)
@@ -200,26 +228,51 @@ class RNNEncoderDecoder(nn.Module):
         out[valid] = token_lp
         return out.sum(1)  # (B,)
 
+    # --- the interface of phrase_scorer.models.base ---------------------------------------------
 
-def at_least_fp32(x: Tensor) -> Tensor:
-    """Half-precision values (autocast on GPU) in fp32; fp32 and fp64 as they are."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    @property
+    def output_layer(self) -> nn.Linear:
+        return self.readout.output  # G_l (+ bias)
+
+    def encode(self, src: Tensor, src_len: Tensor) -> EncDecMemory:
+        """src (B, S), src_len (B,) -> c, m_x and the per-source decoder terms."""
+        return self.memory(*self.encoder(src, src_len))
+
+    def encode_from_final_states(self, final_states: Tensor, src: Tensor, src_len: Tensor) -> EncDecMemory:
+        """The memory from the encoder states after each source's last word (B, H), as
+        :meth:`source_prefix_step` leaves them; src (B, S) and src_len (B,) give m_x."""
+        mean_emb = mean_embedding(self.encoder.embed(src), src_len)  # (B, E)
+        return self.memory(self.encoder.summarize(final_states), mean_emb)
+
+    def source_prefix_step(self, words: Tensor, parent_states: Optional[Tensor]) -> Tensor:
+        """The encoder state after x_t (N, H): words x_t (N,), parent_states the states after
+        x_1..x_{t-1} (N, H), or None at t = 1 (h_0 = 0)."""
+        emb = self.encoder.embed(words)  # (N, E)
+        if parent_states is None:
+            parent_states = emb.new_zeros((words.size(0), self.config.hidden_dim))
+        return self.encoder.step(emb, parent_states)
+
+    def memory(self, c: Tensor, mean_emb: Tensor) -> EncDecMemory:
+        """c (B, H), m_x (B, E) -> the memory with h'_0, C c and O_c c + O_w m_x computed once."""
+        init_state, context_gates = self.decoder.start(c)  # (B, H), (B, 3H)
+        source_term = self.readout.source_term(c, mean_emb)  # (B, P*M)
+        return EncDecMemory(c, mean_emb, init_state, context_gates, source_term)
+
+    def start(self, memory: EncDecMemory) -> Tensor:
+        return memory.init_state  # (N, H) h'_0
+
+    def step(self, memory: EncDecMemory, state: Tensor, prev: Tensor) -> Tuple[Tensor, Tensor]:
+        """memory (N rows), h'_{t-1} (N, H), y_{t-1} (N,) -> h'_t (N, H), features (N, R)."""
+        decoder = self.decoder
+        prev_emb = embed_previous(decoder.embed, prev)  # (N, E), 0 for y_0
+        state = decoder.step(decoder.input_proj(prev_emb), state, memory.context_gates)  # (N, H)
+        return state, self.readout.features(state, prev_emb, memory.source_term)  # (N, R)
 
 
 def mean_embedding(emb: Tensor, lengths: Tensor) -> Tensor:
     """m_x: the mean of the first ``lengths`` rows of each (B, L, E) sequence -> (B, E)."""
     mask = torch.arange(emb.size(1), device=emb.device) < lengths.unsqueeze(1)  # (B, L)
     return (emb * mask.unsqueeze(2).to(emb.dtype)).sum(1) / lengths.unsqueeze(1).to(emb.dtype)
-
-
-def orthogonal_like(block: Tensor) -> Tensor:
-    """Left singular vectors of a white Gaussian matrix of ``block``'s shape."""
-    u, _, _ = torch.linalg.svd(torch.randn(block.shape, dtype=torch.float64), full_matrices=False)
-    return u.to(block.dtype)
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def forward_flops(config: ModelConfig, target_vocab_size: int, source_length: float, target_length: float) -> Dict[str, float]:

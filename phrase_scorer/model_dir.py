@@ -7,7 +7,7 @@
       model.pt             best weights so far (lowest validation NLL): used for scoring
       checkpoint.pt        last state: weights, optimiser, data position (for --resume)
       train.log.jsonl      one JSON record per validation
-      cache/               the memory-mapped pair cache (can be deleted once trained)
+      cache/               the pair cache, word ids read with pread (can be deleted once trained)
 
 Weights are read with ``torch.load(..., weights_only=True)``, which refuses pickled code, and
 checked against the config and vocabularies before a model is built.
@@ -27,9 +27,11 @@ from typing import Any, Dict, Optional
 import torch
 
 from phrase_scorer import __version__
+from phrase_scorer.config import AnyModelConfig, model_config_from_dict
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, write_text_atomically
-from phrase_scorer.model import ModelConfig, RNNEncoderDecoder
+from phrase_scorer.models.architectures import build_model
+from phrase_scorer.models.base import TranslationModel
 from phrase_scorer.vocab import Vocabulary
 
 CONFIG = "config.json"
@@ -75,10 +77,10 @@ def safe_torch_load(path: PathLike, map_location: Any = "cpu") -> Any:
 class LoadedModel:
     """A model ready to score, with everything that describes it."""
 
-    model: RNNEncoderDecoder
+    model: TranslationModel
     source_vocab: Vocabulary
     target_vocab: Vocabulary
-    config: ModelConfig
+    config: AnyModelConfig
     directory: Path
     weights_path: Path
     weights_sha256: str
@@ -156,10 +158,11 @@ class ModelDirectory:
             raise PhraseScorerError("not a phrase-scorer model config", path=path)
         return data
 
-    def model_config(self, data: Optional[Dict[str, Any]] = None) -> ModelConfig:
+    def model_config(self, data: Optional[Dict[str, Any]] = None) -> AnyModelConfig:
+        """The model section, as its architecture's config ("arch"; none: the encoder-decoder)."""
         data = data if data is not None else self.read_config()
         try:
-            return ModelConfig.from_dict(data["model"])
+            return model_config_from_dict(data["model"])
         except (KeyError, TypeError, ValueError) as exc:
             raise PhraseScorerError(f"config has no valid 'model' section ({exc})", path=self.path / CONFIG) from None
 
@@ -178,7 +181,7 @@ class ModelDirectory:
             state = state["model"]  # a training checkpoint
         if not isinstance(state, dict):
             raise PhraseScorerError("weights file does not hold a state dict", path=weights_path)
-        model = RNNEncoderDecoder(config, len(source_vocab), len(target_vocab))
+        model = build_model(config, len(source_vocab), len(target_vocab))
         check_state_matches(model, state, weights_path)
         model.load_state_dict(state)
         model.to(device)

@@ -102,9 +102,7 @@ def _step_log_probs(model: RNNEncoderDecoder, prev: Tensor, h: Tensor, ctx: Tens
                     first: bool, allow_unk: bool, temperature: float = 1.0) -> Tuple[Tensor, Tensor]:
     """One decoder step for N rows: prev ids (N,) -> (log p over output classes (N, V'), h'_t)."""
     decoder, readout = model.decoder, model.readout
-    prev_emb = decoder.embed(prev)  # (N, E)
-    if first:
-        prev_emb = torch.zeros_like(prev_emb)  # e(y_0) = 0
+    prev_emb = decoder.first_input(len(prev)) if first else decoder.embed(prev)  # (N, E)
     h = decoder.step(decoder.input_proj(prev_emb), h, ctx)  # (N, H)
     logits = readout.logits(readout.features(h, prev_emb, source_term)).float()  # (N, V')
     log_probs = torch.log_softmax(logits / temperature, -1)  # the model's own log p (at temperature 1)

@@ -15,6 +15,9 @@ this scorer; nothing else computes one. Given a window of pairs it
 6. forms the N x V logits in chunks of ``chunk_rows`` rows (log-softmax in fp32), and
 7. returns the scores in the input order.
 
+It runs in ``options.precision`` on a GPU (fp32 by default; see :mod:`phrase_scorer.device` for
+what bf16 and fp16 change) and always in fp32 on a CPU.
+
 The result equals the teacher-forced :meth:`RNNEncoderDecoder.forward` pair by pair (the tests
 check it against a step-by-step implementation of the appendix equations). Setting
 ``share_source_prefixes`` / ``share_target_prefixes`` to False turns the sharing off, for
@@ -23,7 +26,6 @@ benchmarks; each distinct source is still encoded only once.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -32,8 +34,10 @@ import torch
 from torch import Tensor
 
 from phrase_scorer.config import ScoringOptions
+from phrase_scorer.data import pad_ids
+from phrase_scorer.device import device_label, precision_context, resolve_precision
 from phrase_scorer.model import FIRST_OUTPUT_ID, RNNEncoderDecoder, at_least_fp32, mean_embedding
-from phrase_scorer.vocab import EOS_ID, PAD_ID
+from phrase_scorer.vocab import EOS_ID
 
 
 @dataclass
@@ -101,17 +105,6 @@ def build_trie(sequences: Sequence[Sequence[int]], share_prefixes: bool = True) 
     )
 
 
-def autocast_for(device: torch.device, precision: str):
-    """bf16/fp16 autocast on GPU (log-softmax stays fp32), nothing on CPU or with fp32."""
-    if device.type != "cuda" or precision == "fp32":
-        return contextlib.nullcontext()
-    if precision == "auto":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    else:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    return torch.autocast(device_type="cuda", dtype=dtype)
-
-
 class BatchScorer:
     """Scores (source ids, target ids) pairs with ``model``; see the module docstring."""
 
@@ -119,10 +112,15 @@ class BatchScorer:
         self.model = model.eval()
         self.options = options
         self.device = next(model.parameters()).device
+        self.precision = resolve_precision(self.device, options.precision)  # fp32 | bf16 | fp16
         self.stats = ScoringStats()
         self._softmax: Optional[OutputSoftmax] = None
 
     # --- public --------------------------------------------------------------------------------
+
+    def describe(self) -> Dict[str, str]:
+        """Where and in which precision the scores are computed (for signatures)."""
+        return {"device": device_label(self.device), "precision": self.precision}
 
     def score(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> np.ndarray:
         """Natural-log log p(target | source) for each pair, float64, in input order.
@@ -134,7 +132,7 @@ class BatchScorer:
         out = np.zeros(len(sources), np.float64)
         if not sources:
             return out
-        with torch.inference_mode(), autocast_for(self.device, self.options.precision):
+        with torch.inference_mode(), precision_context(self.device, self.precision):
             for source_keys, pair_groups in self._batches(sources, targets):
                 batch_sources = [tuple(k) for k in source_keys]
                 pair_index = [p for group in pair_groups for p in group]
@@ -201,10 +199,7 @@ class BatchScorer:
         self.stats.source_words += int(lengths.sum())
 
         # m_x: mean of the source embeddings
-        S, L = len(sources), int(lengths.max())
-        padded = np.zeros((S, L), np.int64)
-        for i, src in enumerate(sources):
-            padded[i, : len(src)] = src
+        padded, _ = pad_ids(sources)  # (S, L)
         mean_emb = mean_embedding(encoder.embed(self._tensor(padded)), self._tensor(lengths))  # (S, E)
         return encoder.summarize(h_last), mean_emb
 
@@ -225,7 +220,7 @@ class BatchScorer:
         for d, (keys, parents) in enumerate(zip(trie.keys, trie.parents)):
             if d == 0:
                 node_source = self._tensor(keys)  # (n_0,) the node's source
-                prev_emb = h0.new_zeros((len(keys), decoder.embed.embedding_dim))  # e(y_0) = 0
+                prev_emb = decoder.first_input(len(keys))  # (n_0, E): e(y_0)
                 h_parent = h0[node_source]
             else:
                 parent_index = self._tensor(parents)
@@ -291,8 +286,8 @@ class OutputSoftmax:
     maximum, so the shifted sum is at least 1 and never underflows, and it stays close to the
     maximum whatever the weights (a bound from the norms of the weights, tight for an untrained
     network, is tens of nats too high for a trained one). A row whose largest logit exceeds U by
-    so much that exp overflows in fp32 (more than about 88 nats) is recomputed exactly. On GPU
-    (half precision) the exact log-sum-exp is used throughout.
+    so much that exp overflows in fp32 (more than about 88 nats) is recomputed exactly. In half
+    precision (bf16/fp16 autocast on a GPU) the exact log-sum-exp, in fp32, is used throughout.
     """
 
     PROBE_COLUMNS = 64
@@ -327,23 +322,20 @@ class OutputSoftmax:
 
 
 def log_probs_by_forward(model: RNNEncoderDecoder, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], batch_size: int = 64) -> np.ndarray:
-    """Reference scores from the teacher-forced forward pass, ``batch_size`` pairs at a time, in
-    input order, each pair encoded on its own (the naive way; used by tests and benchmarks)."""
+    """Scores from the teacher-forced forward pass, ``batch_size`` pairs at a time, in input
+    order, each pair encoded on its own (the naive way: validation during training, and the
+    reference of tests and benchmarks). Runs in the caller's precision context."""
     device = next(model.parameters()).device
     out = np.zeros(len(sources), np.float64)
     with torch.inference_mode():
         for start in range(0, len(sources), batch_size):
-            src_b, tgt_b = sources[start : start + batch_size], targets[start : start + batch_size]
-            src, src_len = pad(src_b, device)
-            tgt, tgt_len = pad(tgt_b, device)
-            out[start : start + len(src_b)] = model(src, src_len, tgt, tgt_len).double().cpu().numpy()
+            src, src_len = pad(sources[start : start + batch_size], device)
+            tgt, tgt_len = pad(targets[start : start + batch_size], device)
+            out[start : start + len(src)] = model(src, src_len, tgt, tgt_len).double().cpu().numpy()
     return out
 
 
 def pad(sequences: Sequence[Sequence[int]], device) -> Tuple[Tensor, Tensor]:
-    """(B, L) id matrix padded with <pad>, and the (B,) lengths."""
-    lengths = [len(s) for s in sequences]
-    matrix = torch.full((len(sequences), max(max(lengths), 1)), PAD_ID, dtype=torch.long)
-    for i, s in enumerate(sequences):
-        matrix[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
-    return matrix.to(device), torch.as_tensor(lengths, dtype=torch.long, device=device)
+    """:func:`phrase_scorer.data.pad_ids` as tensors on ``device``: (B, L) ids and (B,) lengths."""
+    matrix, lengths = pad_ids(sequences)
+    return torch.as_tensor(matrix, device=device), torch.as_tensor(lengths, device=device)

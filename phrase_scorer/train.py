@@ -1,13 +1,16 @@
-"""Training: Adadelta on uniformly drawn unique phrase pairs, as in section 4.1.1 of the paper.
+"""Training: Adadelta on phrase or sentence pairs, as in section 4.1.1 of the paper.
 
-:func:`train` builds (or reuses) the vocabularies and the pair cache, then runs Adadelta
-(rho 0.95, eps 1e-6) on batches of 64 pairs, maximising the mean log p(y|x) per pair. Every
-``valid_every`` steps it measures the validation NLL (per pair and per target token), the
-perplexity and the margin between true and shuffled pairs, keeps the best weights
-(``model.pt``), saves a resumable checkpoint (``checkpoint.pt``) and logs a JSON line. Training
-stops at ``max_steps`` / ``max_epochs`` / ``max_time`` or after ``patience`` validations without
-improvement. Ctrl-C saves a checkpoint first. The same seed gives the same model on the same
-machine, and ``resume`` continues exactly where the checkpoint left off.
+:func:`train` reads a data source: the unique pairs of a phrase table
+(:class:`~phrase_scorer.data.PhraseTableData`) or sentence pairs
+(:class:`~phrase_scorer.corpus.SentenceCorpus`). It builds (or reuses) the vocabularies and the
+pair cache, then runs Adadelta (rho 0.95, eps 1e-6) on batches of 64 pairs (``batch_size``),
+maximising the mean log p(y|x) per pair. Every ``valid_every`` steps it measures the validation
+NLL (per pair and per target token), the perplexity and the margin between true and shuffled
+pairs, keeps the best weights (``model.pt``), saves a resumable checkpoint (``checkpoint.pt``)
+and logs a JSON line. Training stops at ``max_steps`` / ``max_epochs`` / ``max_time`` or after
+``patience`` validations without improvement. Ctrl-C saves a checkpoint first. The same seed
+gives the same model on the same machine, and ``resume`` continues exactly where the checkpoint
+left off.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import numpy as np
 import torch
 
 from phrase_scorer import __version__
-from phrase_scorer.data import BatchSampler, PairSet, build_cache, count_words
+from phrase_scorer.corpus import SentenceCorpus
+from phrase_scorer.data import BatchSampler, PairSet, PhraseTableData
+from phrase_scorer.device import device_label, precision_context, resolve_device, resolve_precision
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock
 from phrase_scorer.config import PRESETS, ModelConfig, TrainConfig
@@ -43,7 +48,8 @@ from phrase_scorer.model_dir import (
     safe_torch_load,
 )
 from phrase_scorer.progress import step_bar
-from phrase_scorer.scoring import autocast_for
+from phrase_scorer.scoring import log_probs_by_forward
+from phrase_scorer.resume import refuse_changed_settings
 from phrase_scorer.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -63,14 +69,8 @@ class TrainState:
     train_seconds: float = 0.0
     finished: bool = False
     stop_reason: str = ""
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise PhraseScorerError("--device cuda was asked for, but PyTorch sees no CUDA device", hint="use --device cpu")
-    return torch.device(name)
+    device: str = ""  # where the last steps ran (cpu, cuda:<GPU name>); a resumed run may move
+    precision: str = ""  # and in which precision (fp32, bf16, fp16)
 
 
 # --- preparing the model directory ------------------------------------------------------------
@@ -109,16 +109,12 @@ def check_resume_settings(saved: TrainConfig, asked: TrainConfig, explicit: Set[
     ``explicit`` names the settings the user gave; a differing one that --resume cannot change
     (the model, the data, the optimiser) is an error rather than a silent surprise.
     """
-    differing = [
-        f"--{name.replace('_', '-')} {getattr(asked, name)} (saved: {getattr(saved, name)})"
-        for name in sorted(explicit)
-        if name not in TrainConfig.RESUMABLE and getattr(saved, name) != getattr(asked, name)
-    ]
-    if differing:
-        raise PhraseScorerError(
-            "--resume with settings that differ from the interrupted run: " + ", ".join(differing),
-            hint="leave them out (the saved ones are used) or start a new run",
-        )
+    fixed = sorted(name for name in explicit if name not in TrainConfig.RESUMABLE)
+    refuse_changed_settings(
+        {name: getattr(saved, name) for name in fixed}, {name: getattr(asked, name) for name in fixed},
+        label=lambda name: "--" + name.replace("_", "-"),
+        hint="leave them out (the saved ones are used) or start a new run",
+    )
     return replace(saved, **{name: getattr(asked, name) for name in TrainConfig.RESUMABLE if name in explicit})
 
 
@@ -136,7 +132,8 @@ def derangement(n: int, seed: int) -> np.ndarray:
 @torch.no_grad()
 def validate(model: RNNEncoderDecoder, pairs: PairSet, device: torch.device, precision: str, batch_size: int = 256) -> Dict[str, float]:
     """NLL per pair and per target token (</s> included), perplexity, and the mean margin in
-    nats between each held-out pair and the same source with another pair's target."""
+    nats between each held-out pair and the same source with another pair's target, computed in
+    the resolved ``precision`` of training."""
     n = len(pairs)
     if n == 0:
         return {}
@@ -147,11 +144,11 @@ def validate(model: RNNEncoderDecoder, pairs: PairSet, device: torch.device, pre
     shuffled = derangement(n, 12345)
     true_lp = np.zeros(n)
     false_lp = np.zeros(n)
-    with autocast_for(device, precision):
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
-            true_lp[idx] = _log_probs(model, pairs, idx, idx, device)
-            false_lp[idx] = _log_probs(model, pairs, idx, shuffled[idx], device)
+    phrases = [pairs.pair(int(i)) for i in range(n)]  # the validation split is small
+    sources = [phrases[i][0] for i in order]
+    with precision_context(device, precision):
+        true_lp[order] = log_probs_by_forward(model, sources, [phrases[i][1] for i in order], batch_size)
+        false_lp[order] = log_probs_by_forward(model, sources, [phrases[i][1] for i in shuffled[order]], batch_size)
     model.train(was_training)
     tokens = float(lengths[:, 1].astype(np.int64).sum() + n)
     nll_token = -true_lp.sum() / tokens
@@ -164,35 +161,35 @@ def validate(model: RNNEncoderDecoder, pairs: PairSet, device: torch.device, pre
     }
 
 
-def _log_probs(model, pairs: PairSet, source_idx: np.ndarray, target_idx: np.ndarray, device) -> np.ndarray:
-    src, src_len, _, _ = pairs.batch_arrays(source_idx)
-    _, _, tgt, tgt_len = pairs.batch_arrays(target_idx)
-    tensors = [torch.as_tensor(a, device=device) for a in (src, src_len, tgt, tgt_len)]
-    return model(*tensors).double().cpu().numpy()
-
-
 # --- the loop -------------------------------------------------------------------------------------
 
 
-def train(table: os.PathLike | str, output: os.PathLike | str, config: TrainConfig = TrainConfig(), *,
+TrainingData = PhraseTableData | SentenceCorpus  # the data sources training reads
+
+
+def train(data: TrainingData | os.PathLike | str, output: os.PathLike | str, config: TrainConfig = TrainConfig(), *,
           resume: bool = False, overwrite: bool = False, model_config: Optional[ModelConfig] = None,
           explicit: Optional[Set[str]] = None) -> TrainState:
-    """Train a model on ``table`` into the directory ``output``; returns the final state.
+    """Train a model on ``data`` (a phrase table's path, or a data source such as a
+    :class:`~phrase_scorer.corpus.SentenceCorpus`) into the directory ``output``; returns the
+    final state.
 
     With ``resume``, the settings saved with the run are used, except those named in
     ``explicit`` (default: those of ``config`` that differ from the defaults), which must be
     among the ones a resumed run may change (stopping criteria, device).
     """
+    if not isinstance(data, (PhraseTableData, SentenceCorpus)):
+        data = PhraseTableData(os.fspath(data))
     if explicit is None:
         default = TrainConfig()
         explicit = {f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(default, f.name)}
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with OutputLock(output.resolve()):  # a second run aimed at the same directory is refused
-        return _train(table, output, config, resume, overwrite, model_config, explicit)
+        return _train(data, output, config, resume, overwrite, model_config, explicit)
 
 
-def _train(table, output: Path, config: TrainConfig, resume: bool, overwrite: bool,
+def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, overwrite: bool,
            model_config: Optional[ModelConfig], explicit: Set[str]) -> TrainState:
     directory = ModelDirectory(output)
     resuming = prepare_directory(directory, resume, overwrite)
@@ -202,29 +199,30 @@ def _train(table, output: Path, config: TrainConfig, resume: bool, overwrite: bo
         model_config = directory.model_config(saved)
         source_vocab = Vocabulary.load(directory.file(SOURCE_VOCAB))
         target_vocab = Vocabulary.load(directory.file(TARGET_VOCAB))
-        table_info = saved.get("table", {})
+        if data.kind not in saved:
+            trained_on = "a sentence corpus (--corpus)" if "corpus" in saved else "a phrase table"
+            raise PhraseScorerError(f"the interrupted run trained on {trained_on}", path=output,
+                                    hint="resume with the same training data, or start a new run")
+        data_info = saved[data.kind]
     else:
         if config.preset not in PRESETS:
             raise PhraseScorerError(f"unknown preset {config.preset!r}; choose one of {', '.join(PRESETS)}")
         model_config = model_config or PRESETS[config.preset]
-        log.info("counting words over the unique phrase pairs of %s", table)
-        source_counts, target_counts, num_pairs = count_words(table)
+        source_counts, target_counts, data_info = data.count_words(config)
         source_vocab = Vocabulary.from_counts(source_counts, model_config.source_shortlist)
         target_vocab = Vocabulary.from_counts(target_counts, model_config.target_shortlist)
         source_vocab.save(directory.file(SOURCE_VOCAB))
         target_vocab.save(directory.file(TARGET_VOCAB))
-        table_info = {
-            "path": os.path.abspath(table),
-            "unique_pairs": num_pairs,
+        data_info.update({
             "source_words": len(source_counts),
             "target_words": len(target_counts),
             "source_coverage": coverage(source_counts, source_vocab),
             "target_coverage": coverage(target_counts, target_vocab),
-        }
+        })
         log.info(
-            "%d unique pairs; shortlists keep %d of %d source words (%.1f%% of tokens) and %d of %d target words (%.1f%%)",
-            num_pairs, len(source_vocab) - 3, len(source_counts), 100 * table_info["source_coverage"],
-            len(target_vocab) - 3, len(target_counts), 100 * table_info["target_coverage"],
+            "shortlists keep %d of %d source words (%.1f%% of tokens) and %d of %d target words (%.1f%%)",
+            len(source_vocab) - 3, len(source_counts), 100 * data_info["source_coverage"],
+            len(target_vocab) - 3, len(target_counts), 100 * data_info["target_coverage"],
         )
         directory.write_config({
             "preset": config.preset,
@@ -232,38 +230,43 @@ def _train(table, output: Path, config: TrainConfig, resume: bool, overwrite: bo
             "source_vocab_size": len(source_vocab),
             "target_vocab_size": len(target_vocab),
             "training": config.to_dict(),
-            "table": table_info,
+            data.kind: data_info,
         })
 
-    num_pairs = table_info.get("unique_pairs") or 1
-    valid_fraction = min(1.0, config.valid_pairs / num_pairs)
-    build_cache(table, directory.cache_dir, source_vocab, target_vocab, valid_fraction=valid_fraction, seed=config.seed,
-                keep_existing=resuming)
+    data.build_cache(directory.cache_dir, source_vocab, target_vocab, data_info, config, keep_existing=resuming)
     train_pairs = PairSet(directory.cache_dir, "train")
     valid_pairs = PairSet(directory.cache_dir, "valid")
     if len(train_pairs) == 0:
-        raise PhraseScorerError("no phrase pairs left for training after holding out the validation set", path=table,
+        raise PhraseScorerError("no pairs left for training after holding out the validation set", path=data.path,
                                 hint="lower --valid-pairs")
-    log.info("pair cache: %d training pairs, %d validation pairs (held out by source phrase)", len(train_pairs), len(valid_pairs))
+    log.info("pair cache: %d training pairs, %d validation pairs", len(train_pairs), len(valid_pairs))
 
     device = resolve_device(config.device)
+    precision = resolve_precision(device, config.precision)
     torch.manual_seed(config.seed)
     model = RNNEncoderDecoder(model_config, len(source_vocab), len(target_vocab)).to(device)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=config.adadelta_rho, eps=config.adadelta_eps)
-    scaler = make_grad_scaler(device, config.precision)
+    scaler = make_grad_scaler(precision)
     state = TrainState()
     if resuming and directory.file(CHECKPOINT).exists():
         state = load_checkpoint(directory, model, optimizer, scaler)
         if state.finished:
             log.info("training had finished (%s); raise a stopping limit to continue", state.stop_reason)
         log.info("resuming at step %d (epoch %d, batch %d)", state.step, state.epoch, state.batch_in_epoch)
+        if (state.device, state.precision) != (device_label(device), precision):
+            log.warning("the interrupted run trained on %s in %s; it goes on on %s in %s",
+                        state.device or "an unrecorded device", state.precision or "an unrecorded precision",
+                        device_label(device), precision)
         directory.truncate_log(state.step)  # records of steps the checkpoint does not include are redone
     elif resuming:
         log.info("no checkpoint yet: starting from step 0 with the saved settings")
-    log.info("model: preset %s, %s parameters, device %s", config.preset, f"{count_parameters(model):,}", device)
+    state.device, state.precision = device_label(device), precision
+    log.info("model: preset %s, %s parameters, device %s, precision %s", config.preset, f"{count_parameters(model):,}",
+             state.device, precision)
 
-    sampler = BatchSampler(train_pairs, config.batch_size, config.seed)
-    loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device)
+    sampler = BatchSampler(train_pairs, config.batch_size, config.seed, window_batches=data.window_batches)
+    loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device,
+                        precision)
     loop.run()
     return loop.state
 
@@ -273,9 +276,9 @@ def coverage(counts, vocab: Vocabulary) -> float:
     return sum(c for w, c in counts.items() if w in vocab) / total if total else 0.0
 
 
-def make_grad_scaler(device: torch.device, precision: str):
-    use_fp16 = device.type == "cuda" and (precision == "fp16" or (precision == "auto" and not torch.cuda.is_bf16_supported()))
-    return torch.amp.GradScaler("cuda", enabled=use_fp16)
+def make_grad_scaler(precision: str):
+    """Loss scaling for fp16 training (``precision`` as resolved; fp16 happens only on a GPU)."""
+    return torch.amp.GradScaler("cuda", enabled=precision == "fp16")
 
 
 def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> TrainState:
@@ -296,11 +299,12 @@ class TrainingLoop:
     ESTIMATE_AFTER_STEPS = 20
 
     def __init__(self, model, optimizer, scaler, directory: ModelDirectory, config: TrainConfig, state: TrainState,
-                 sampler: BatchSampler, train_pairs: PairSet, valid_pairs: PairSet, device: torch.device) -> None:
+                 sampler: BatchSampler, train_pairs: PairSet, valid_pairs: PairSet, device: torch.device,
+                 precision: str = "fp32") -> None:
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.directory, self.config, self.state = directory, config, state
         self.sampler, self.train_pairs, self.valid_pairs = sampler, train_pairs, valid_pairs
-        self.device = device
+        self.device, self.precision = device, precision
         self.interval_loss = 0.0
         self.interval_tokens = 0
         self.interval_pairs = 0
@@ -378,7 +382,7 @@ class TrainingLoop:
         src, src_len, tgt, tgt_len = self.train_pairs.batch_arrays(batch)
         tensors = [torch.as_tensor(a, device=self.device) for a in (src, src_len, tgt, tgt_len)]
         self.optimizer.zero_grad(set_to_none=True)
-        with autocast_for(self.device, self.config.precision):
+        with precision_context(self.device, self.precision):
             log_probs = self.model(*tensors)  # (B,)
         loss = -log_probs.mean()  # mean NLL per pair, as the paper maximises mean log-likelihood
         self.scaler.scale(loss).backward()
@@ -403,7 +407,7 @@ class TrainingLoop:
 
     def validate_and_checkpoint(self) -> None:
         st = self.state
-        metrics = validate(self.model, self.valid_pairs, self.device, self.config.precision)
+        metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
         elapsed = time.monotonic() - self.interval_start
         record = {
             "step": st.step,

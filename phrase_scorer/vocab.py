@@ -4,8 +4,11 @@ As in the paper (section 4.1), each side keeps its most frequent words (15,000 b
 counted over the table's unique phrase pairs; every other word maps to ``<unk>``. Words are used
 exactly as the table writes them, Moses escapes included (``&apos;``, ``&amp;``, ...).
 
-Ids 0, 1 and 2 are reserved: ``<pad>`` (padding, and the all-zero "previous word" at the first
-decoder step), ``</s>`` (end of phrase, predicted after the last target word) and ``<unk>``.
+Ids 0, 1 and 2 are reserved: ``<pad>`` (padding), ``</s>`` (end of phrase, predicted after the
+last target word) and ``<unk>``. A table may hold these strings as literal words (Moses escapes
+``<`` and ``>`` in its own output, but other tools and hand-made tables need not): such a word is
+an ordinary word outside the shortlist, so it encodes as ``<unk>`` and counts as unknown. This is
+the only place that turns words into ids, so training, scoring, annotating and sampling all agree.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ class Vocabulary:
 
     def __init__(self, words: Sequence[str]) -> None:
         self.tokens: List[str] = list(SPECIALS) + [w for w in words if w not in SPECIALS]
-        self.index: Dict[str, int] = {w: i for i, w in enumerate(self.tokens)}
+        # words only: the reserved tokens are never looked up from text
+        self.index: Dict[str, int] = {w: i for i, w in enumerate(self.tokens) if i >= len(SPECIALS)}
 
     @classmethod
     def from_counts(cls, counts: Counter, max_words: int) -> "Vocabulary":
@@ -41,9 +45,11 @@ class Vocabulary:
         return len(self.tokens)
 
     def __contains__(self, word: str) -> bool:
+        """Is ``word`` (a word of a phrase) in the shortlist? False for ``<pad>``, ``</s>``, ``<unk>``."""
         return word in self.index
 
     def encode(self, words: Iterable[str]) -> List[int]:
+        """Ids of a phrase's words; a word outside the shortlist (literal ``</s>`` too) is ``<unk>``."""
         get = self.index.get
         return [get(w, UNK_ID) for w in words]
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gzip
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,40 @@ A_MAN_TABLE = DATA / "phrase-table.a-man.gz"
 SHARED = ROOT.parent / "shared" / "data"
 SHARED_SYSTEM = SHARED / "moses-multi30k-en-fr"
 SHARED_TABLE = SHARED_SYSTEM / "phrase-table.gz"
+
+
+PAUSE_AT = Path(__file__).resolve().parent / "pause_at.py"
+
+
+def start_halted(point: str, args, ready: Path, timeout: float = 600.0) -> subprocess.Popen:
+    """Start ``phrase-scorer ARGS`` under tests/pause_at.py and return once it has halted at ``point``.
+
+    The run cannot move past the point, so a signal sent next arrives exactly there, however busy
+    the machine is. Fails (with the run's stderr) if the run ends first; ``timeout`` only bounds a
+    hang, it does not decide the outcome.
+    """
+    ready = Path(ready)
+    ready.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, str(PAUSE_AT), point, str(ready), "--", *map(str, args)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (status {proc.returncode}) before reaching {point}: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"the run did not reach {point} within {timeout:.0f}s")
+        time.sleep(0.02)
+    return proc
+
+
+def kill(proc: subprocess.Popen, sig=None) -> int:
+    """Send ``sig`` (SIGKILL by default) and wait for the process; returns its status."""
+    import signal
+
+    proc.send_signal(signal.SIGKILL if sig is None else sig)
+    return proc.wait(timeout=120)
 
 
 def require_shared():

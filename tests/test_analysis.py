@@ -7,7 +7,9 @@ import re
 import struct
 import sys
 
+import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 from click.testing import CliRunner
 
 from conftest import A_MAN_TABLE
@@ -75,8 +77,47 @@ def test_plot_scores(tmp_path, loaded_tiny, tiny_model):
     assert result.exit_code == 0, result.output
     assert png_size(png) == (700, 600)
     assert png.stat().st_size > 10_000
+    assert "2,020 of 2,020 pairs" in result.stdout
+    # the printed correlations are those of the table's log p(f|e) and the model's column,
+    # computed here independently from the annotated file
+    lines = list(read_phrase_table(annotated))
+    x = np.log([l.scores[0] for l in lines])
+    y = np.log([l.scores[4] for l in lines])
     pearson = float(re.search(r"Pearson (-?[\d.]+)", result.stdout).group(1))
-    assert -1 <= pearson <= 1 and "2,020 of 2,020 pairs" in result.stdout
+    spearman = float(re.search(r"Spearman (-?[\d.]+)", result.stdout).group(1))
+    assert pearson == pytest.approx(np.corrcoef(x, y)[0, 1], abs=6e-4)
+    assert spearman == pytest.approx(scipy_stats.spearmanr(x, y).statistic, abs=6e-4)
+
+
+@pytest.mark.parametrize("relation, expected", [(lambda p: p ** 2, 1.0), (lambda p: 1e-3 / p, -1.0)])
+def test_plot_scores_draws_the_table_against_the_model_column(tmp_path, monkeypatch, relation, expected):
+    """A model column that is a power of the table's p(f|e) lies on a line in log space: r = +-1,
+    and every pair lands in the figure's hexbins at its own (x, y)."""
+    import matplotlib.axes
+
+    from phrase_scorer.analysis.plots import plot_scores
+
+    rng = np.random.default_rng(0)
+    probs = rng.uniform(0.01, 1.0, 300)
+    table = tmp_path / "t.txt"
+    table.write_text("".join(f"a{i} ||| b ||| {p:.9g} 0.5 0.5 0.5 {relation(p):.9g} 1\n" for i, p in enumerate(probs)))
+    drawn = {}
+    original = matplotlib.axes.Axes.hexbin
+
+    def hexbin(self, x, y, *args, **kwargs):
+        drawn["x"], drawn["y"] = np.asarray(x), np.asarray(y)
+        drawn["bins"] = original(self, x, y, *args, **kwargs)
+        return drawn["bins"]
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "hexbin", hexbin)
+    stats = plot_scores(table, tmp_path / "s.png")
+    assert stats.model_column == 4 and stats.points == stats.lines == 300
+    assert stats.pearson == pytest.approx(expected, abs=1e-9)
+    assert stats.spearman == pytest.approx(expected, abs=1e-9)
+    written = np.array([float("%.9g" % p) for p in probs])
+    assert np.allclose(np.sort(drawn["x"]), np.sort(np.log(written)))
+    assert np.allclose(np.sort(drawn["y"]), np.sort(np.log([float("%.9g" % relation(p)) for p in written])), rtol=1e-6)
+    assert drawn["bins"].get_array().sum() == 300  # every pair is counted in a bin
 
 
 def test_plot_embeddings_png_and_html(tmp_path, tiny_model, loaded_tiny):

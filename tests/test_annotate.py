@@ -9,13 +9,12 @@ import math
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from conftest import A_MAN_TABLE, EXAMPLE_TABLE, SHARED_TABLE, require_shared
+from conftest import A_MAN_TABLE, EXAMPLE_TABLE, SHARED_TABLE, kill, require_shared, start_halted
 from phrase_scorer.cli import cli
 from phrase_scorer.config import AnnotateOptions
 from phrase_scorer.errors import PhraseScorerError
@@ -76,6 +75,8 @@ def test_columns_equal_exp_of_score_on_a_real_table(tmp_path, tiny_model):
     assert any(float(l.split(b"|||")[2].split()[-1]) > 1 for l in read_bytes_lines(out))
     # how to use it in Moses is printed
     assert "num-features=6" in result.stderr and "TranslationModel0=" in result.stderr
+    # with the start weights of its columns: the unknown-word count starts as a penalty
+    assert "<the 4 current weights> 0.2 -0.2\n" in result.stderr
 
 
 def test_sparse_and_property_fields_survive(tmp_path, tiny_model):
@@ -128,12 +129,14 @@ def test_very_unlikely_pairs_are_floored_not_zero(tmp_path, loaded_tiny):
 def test_gzip_follows_the_output_name_and_stdout_works(tmp_path, tiny_model):
     gz_out, txt_out = tmp_path / "o.gz", tmp_path / "o.txt"
     assert run("annotate", A_MAN_TABLE, "-m", tiny_model, "-o", gz_out, "--window-lines", 700).exit_code == 0
-    assert run("annotate", A_MAN_TABLE, "-m", tiny_model, "-o", txt_out).exit_code == 0
+    # the same windows: outputs made with identical windows are byte-identical, while a different
+    # window batches the sources differently and fp32 sums can move a score in its 9th digit
+    assert run("annotate", A_MAN_TABLE, "-m", tiny_model, "-o", txt_out, "--window-lines", 700).exit_code == 0
     assert gz_out.read_bytes()[:2] == b"\x1f\x8b" and txt_out.read_bytes()[:2] != b"\x1f\x8b"
     assert gzip.decompress(gz_out.read_bytes()) == txt_out.read_bytes()  # several members, one stream
     piped = run("annotate", "-", "-m", tiny_model, "-o", "-")
     assert piped.exit_code == 1  # CliRunner's stdin is empty
-    result = CliRunner().invoke(cli, ["annotate", "-", "-m", str(tiny_model), "-o", "-"],
+    result = CliRunner().invoke(cli, ["annotate", "-", "-m", str(tiny_model), "-o", "-", "--window-lines", "700"],
                                 input=gzip.decompress(A_MAN_TABLE.read_bytes()))
     assert result.exit_code == 0 and result.stdout_bytes == txt_out.read_bytes()
 
@@ -173,9 +176,15 @@ def test_refuses_to_overwrite_its_input(tmp_path, loaded_tiny):
         annotate(table, table, loaded_tiny)
 
 
+def annotate_args(table, model, out, *extra):
+    return ["annotate", str(table), "-m", str(model), "-o", str(out), "--window-lines", "300", "--threads", "1", *extra]
+
+
 def annotate_command(table, model, out, *extra):
-    return [sys.executable, "-m", "phrase_scorer", "annotate", str(table), "-m", str(model), "-o", str(out),
-            "--window-lines", "300", "--threads", "1", *extra]
+    return [sys.executable, "-m", "phrase_scorer", *annotate_args(table, model, out, *extra)]
+
+
+EXAMPLE_LINES = len(read_bytes_lines(EXAMPLE_TABLE))
 
 
 def test_kill_and_resume_gives_the_same_bytes(tmp_path, tiny_model):
@@ -184,36 +193,86 @@ def test_kill_and_resume_gives_the_same_bytes(tmp_path, tiny_model):
 
     out = tmp_path / "cut.gz"
     record = Path(str(out) + ".part.json")
-    proc = subprocess.Popen(annotate_command(EXAMPLE_TABLE, tiny_model, out), stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if record.exists() and json.loads(record.read_text() or "{}").get("lines_done", 0) >= 3000:
-            break
-        time.sleep(0.05)
+    # halted half-way through writing its 11th chunk: 10 chunks of 300 lines are complete
+    proc = start_halted(f"write:{out}:11:0.5", annotate_args(EXAMPLE_TABLE, tiny_model, out), tmp_path / "ready")
     # a second run aimed at the same output is refused while the first holds it
     second = run("annotate", EXAMPLE_TABLE, "-m", tiny_model, "-o", out)
     assert second.exit_code == 1 and "another phrase-scorer run is writing this output" in second.stderr
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    assert kill(proc) == -signal.SIGKILL
     assert not out.exists()
-    done = json.loads(record.read_text())["lines_done"]
-    assert 3000 <= done < 30460
+    assert json.loads(record.read_text())["lines_done"] == 3000
+    assert Path(str(out) + ".part").stat().st_size > json.loads(record.read_text())["bytes_done"]  # a torn chunk
     resumed = subprocess.run(annotate_command(EXAMPLE_TABLE, tiny_model, out, "--resume"), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"resuming after {done} lines" in resumed.stderr or "resuming after" in resumed.stderr
+    assert "resuming after 3000 lines" in resumed.stderr
+    assert len(read_bytes_lines(out)) == EXAMPLE_LINES
     assert out.read_bytes() == reference.read_bytes()
+    assert not record.exists()
 
 
 def test_resume_refuses_changed_settings(tmp_path, loaded_tiny, tiny_model):
     out = tmp_path / "o.gz"
-    proc = subprocess.Popen(annotate_command(EXAMPLE_TABLE, tiny_model, out), stderr=subprocess.PIPE)
-    record = Path(str(out) + ".part.json")
-    while not record.exists():
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc = start_halted(f"write:{out}:2:0", annotate_args(EXAMPLE_TABLE, tiny_model, out), tmp_path / "ready")
+    kill(proc)
+    assert json.loads(Path(str(out) + ".part.json").read_text())["lines_done"] == 300
     with pytest.raises(PhraseScorerError, match="options changed since the interrupted run"):
         annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300, unk_side="both"), resume=True)
+
+
+def test_an_output_in_a_missing_folder_names_the_folder(tmp_path, tiny_model):
+    out = tmp_path / "no" / "such" / "o.gz"
+    result = run("annotate", A_MAN_TABLE, "-m", tiny_model, "-o", out)
+    assert result.exit_code == 1
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"phrase-scorer: error: {out.parent}: the output folder does not exist")
+    assert ".lock" not in message
+    assert not (tmp_path / "no").exists()
+
+
+def truncated_copy(path: Path, out: Path, keep: float) -> Path:
+    data = path.read_bytes()
+    out.write_bytes(data[: int(len(data) * keep)])
+    return out
+
+
+def test_a_truncated_input_removes_the_partial_output_it_cannot_resume(tmp_path, loaded_tiny, tiny_model):
+    cut = truncated_copy(EXAMPLE_TABLE, tmp_path / "cut.gz", 0.5)
+    out = tmp_path / "o.gz"
+    result = run("annotate", cut, "-m", tiny_model, "-o", out, "--window-lines", 300)
+    assert result.exit_code == 1
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"phrase-scorer: error: {cut}") and "the file is truncated" in message
+    assert f"{out}.part is removed: nothing can be resumed from it (the input must change first)" in message
+    assert not out.exists() and not Path(f"{out}.part").exists() and not Path(f"{out}.part.json").exists()
+
+
+def test_a_failure_that_can_be_resumed_keeps_the_part_and_says_so(tmp_path, loaded_tiny, tiny_model, monkeypatch):
+    """A full disk after some chunks: the finished chunks stay for --resume, and the message says so."""
+    import errno
+
+    from phrase_scorer.io import files
+
+    out = tmp_path / "o.gz"
+    original = files.AtomicOutput.write
+    writes = {"n": 0}
+
+    def write(self, data):
+        if self.path == str(out):
+            writes["n"] += 1
+            if writes["n"] == 4:
+                raise files.describe_os_error(OSError(errno.ENOSPC, "No space left on device"), self.tmp_path)
+        original(self, data)
+
+    monkeypatch.setattr(files.AtomicOutput, "write", write)
+    with pytest.raises(PhraseScorerError) as caught:
+        annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300))
+    assert f"{out}.part is kept with the first 900 lines done: run the same command with --resume" in str(caught.value)
+    assert Path(f"{out}.part").exists() and json.loads(Path(f"{out}.part.json").read_text())["lines_done"] == 900
+    monkeypatch.setattr(files.AtomicOutput, "write", original)
+    annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300), resume=True)
+    reference = tmp_path / "ref.gz"
+    annotate(EXAMPLE_TABLE, reference, loaded_tiny, AnnotateOptions(window_lines=300))
+    assert out.read_bytes() == reference.read_bytes()
 
 
 @pytest.mark.slow
@@ -240,5 +299,11 @@ def test_ini_option_writes_the_patched_config(tmp_path, tiny_model):
     patched = MosesIni.read(str(out) + ".moses.ini")
     feature = patched.find_phrase_table()
     assert feature.get("num-features") == "6" and feature.get("path") == str(out)
-    assert len(patched.weight_line("TranslationModel0").weights) == 6
+    assert patched.weight_line("TranslationModel0").weights[4:] == [0.2, -0.2]
+    assert "start weights of the new columns: prob 0.2, unk -0.2" in result.stderr
+    # a table with the unknown-word column only gets that column's (negative) start weight
+    unk_only = tmp_path / "unk.gz"
+    result = run("annotate", A_MAN_TABLE, "-m", tiny_model, "-o", unk_only, "--columns", "unk", "--ini", system / "moses.ini")
+    assert result.exit_code == 0, result.output
+    assert MosesIni.read(str(unk_only) + ".moses.ini").weight_line("TranslationModel0").weights[4:] == [-0.2]
     assert f"path={system}/lm.arpa.gz" in patched.text()  # other paths made absolute

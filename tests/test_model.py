@@ -112,14 +112,34 @@ def test_padding_embedding_is_not_used_as_the_first_input():
     assert got == pytest.approx(appendix_log_prob(model, [3, 4], [5]), abs=1e-9)
 
 
-def test_probabilities_of_all_one_word_targets_sum_to_at_most_one():
-    model = random_model(scale=0.3)
-    words = list(range(1, 19))  # every output id but <pad>... </s> alone is not a phrase
-    src, src_len = pad([[4, 5]] * (len(words) - 1), "cpu")
-    tgt, tgt_len = pad([[w] for w in words[1:]], "cpu")
+def test_probabilities_of_all_targets_up_to_a_length_sum_to_one():
+    """p(y|x) is a distribution over every target, </s> included: with 4 output words (<unk> and 3
+    others) the 5,461 targets of 0 to 6 words carry all the mass but what continues past 6 words.
+    The </s> bias is raised so that this tail is below 2e-4 (each step stops with p >= 0.6 or so);
+    a softmax normalised over the wrong classes, or not at all, misses by far more. The batched
+    scorer, with its own chunked softmax, must give the same mass."""
+    import itertools
+
+    from phrase_scorer.scoring import BatchScorer
+
+    torch.manual_seed(0)
+    model = RNNEncoderDecoder(SMALL, 23, 6).to(torch.float64)  # classes: </s>, <unk>, 3 words
     with torch.no_grad():
-        p = model(src, src_len, tgt, tgt_len).exp().sum().item()
-    assert 0.0 < p < 1.0
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+        model.readout.output.bias[EOS_ID - 1] += 3.0
+    words = [2, 3, 4, 5]
+    targets = [list(t) for n in range(7) for t in itertools.product(words, repeat=n)]
+    src, src_len = pad([[4, 5]] * len(targets), "cpu")
+    tgt, tgt_len = pad(targets, "cpu")
+    with torch.no_grad():
+        log_p = model(src, src_len, tgt, tgt_len)
+    by_length = [log_p[[len(t) == n for t in targets]].exp().sum().item() for n in range(7)]
+    assert all(a > b for a, b in zip(by_length, by_length[1:]))  # every longer length has less mass
+    total = sum(by_length)
+    assert 1 - 2e-4 < total <= 1 + 1e-12
+    scored = BatchScorer(model.float()).score([[4, 5]] * len(targets), targets)
+    assert float(np.exp(np.asarray(scored, np.float64)).sum()) == pytest.approx(total, abs=1e-5)
 
 
 def test_initialisation_follows_section_4_1_1():

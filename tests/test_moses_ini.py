@@ -131,7 +131,7 @@ def test_patch_changes_exactly_the_feature_and_weight_lines(tmp_path, six_score_
     assert changed(source, out) == {
         feature_no: MEMORY_LINE.replace("num-features=4", "num-features=6")
                                .replace("path=phrase-table.gz", f"path={six_score_table}"),
-        weight_no: f"TranslationModel0= {old_weights} 0.2 0.2",
+        weight_no: f"TranslationModel0= {old_weights} 0.2 -0.2",  # the unknown-word count starts as a penalty
     }
     assert result.changed_lines == sorted([feature_no, weight_no])
     assert (result.old_num_features, result.new_num_features) == (4, 6)
@@ -155,9 +155,28 @@ def test_initial_weight_and_count_are_honoured(tmp_path):
         for line in read_phrase_table(A_MAN_TABLE):
             out.write(line.with_scores_appended(b"0.5 1 1"))
     out = tmp_path / "patched.ini"
-    patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weight=0.05)
+    patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weights=0.05)
     assert lines_of(out)[32] == "TranslationModel0= 0.2 0.2 0.2 0.2 0.05 0.05 0.05"
     assert "num-features=7" in lines_of(out)[20]
+    patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weights=(0.1, 0, -1))
+    assert lines_of(out)[32] == "TranslationModel0= 0.2 0.2 0.2 0.2 0.1 0 -1"
+    with pytest.raises(PhraseScorerError, match="2 start weights given for 3 new columns"):
+        patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weights=(0.1, 0.1))
+    with pytest.raises(PhraseScorerError, match="no default start weights for 3 new columns"):
+        patch_moses_ini(INI, out, phrase_table=table, add_features=3)
+
+
+def test_start_weights_make_the_unknown_word_count_a_penalty():
+    """Moses sees log(column): log p(y|x) <= 0 and n_unk >= 0. A positive weight on n_unk would make
+    every unknown word raise a hypothesis' score; the start weights must lower it instead."""
+    from phrase_scorer.config import COLUMNS, START_WEIGHTS, start_weights
+
+    assert set(START_WEIGHTS) == set(COLUMNS)
+    assert START_WEIGHTS["unk"] < 0 < START_WEIGHTS["prob"]
+    assert start_weights(("unk", "prob")) == (START_WEIGHTS["unk"], START_WEIGHTS["prob"])
+    # with these weights a hypothesis with one more unknown word and the same log p scores lower
+    weights = dict(zip(COLUMNS, start_weights()))
+    assert weights["prob"] * -2.0 + weights["unk"] * 1 < weights["prob"] * -2.0 + weights["unk"] * 0
 
 
 TABLE_TYPES = [
@@ -177,7 +196,7 @@ def test_every_binary_table_type_is_patched(tmp_path, source, kind, table):
     number = line_number(ini, kind)
     assert changed(ini, out) == {
         number: f"{kind} name=TranslationModel0 num-features=6 path={new_table} input-factor=0 output-factor=0",
-        line_number(ini, "TranslationModel0="): lines_of(ini)[line_number(ini, "TranslationModel0=") - 1] + " 0.2 0.2",
+        line_number(ini, "TranslationModel0="): lines_of(ini)[line_number(ini, "TranslationModel0=") - 1] + " 0.2 -0.2",
     }
     assert result.feature_type == kind
 
@@ -218,7 +237,7 @@ def test_missing_num_features_means_one_and_is_written(tmp_path):
     result = patch_moses_ini(ini, out, phrase_table=table)
     assert (result.old_num_features, result.new_num_features) == (1, 3)
     assert lines_of(out)[20] == f"PhraseDictionaryMemory name=TranslationModel0 num-features=3 path={table} input-factor=0 output-factor=0"
-    assert lines_of(out)[32] == "TranslationModel0= 0.5 0.2 0.2"
+    assert lines_of(out)[32] == "TranslationModel0= 0.5 0.2 -0.2"
 
 
 def test_default_feature_names_and_picking_by_name(tmp_path, six_score_table):
@@ -234,7 +253,7 @@ def test_default_feature_names_and_picking_by_name(tmp_path, six_score_table):
     assert result.feature_name == "TranslationModel1"
     assert changed(ini, out) == {
         22: f"PhraseDictionaryMemory name=TranslationModel1 num-features=6 path={six_score_table}",
-        35: "TranslationModel1= 1 1 1 1 0.2 0.2",
+        35: "TranslationModel1= 1 1 1 1 0.2 -0.2",
     }
 
 
@@ -490,7 +509,10 @@ def test_config_snippets_declare_six_columns_and_six_weights(name):
     snippet = MosesIni.read(ROOT / "moses_configs" / f"{name}.ini")
     feature = snippet.find_phrase_table()
     assert feature.get("num-features") == "6"
-    assert snippet.weight_line(feature.name).weights == [0.2] * 6
+    from phrase_scorer.config import start_weights
+
+    # the shipped configs show the start weights patch_moses_ini writes, from the one table of them
+    assert snippet.weight_line(feature.name).weights == [0.2] * 4 + list(start_weights())
     if name == "Moses2":
         assert {key for key, _ in feature.args} <= MOSES2_KEYS
     else:

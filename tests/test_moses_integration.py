@@ -51,10 +51,12 @@ def first_lines(path: Path, n: int, out: Path) -> Path:
     return out
 
 
-def decode(moses, ini: Path, source: Path, *extra: str) -> list:
+def decode(moses, ini: Path, source: Path, *extra: str, program: str = "moses") -> list:
+    """Translate ``source`` with ``MOSES_HOME/bin/PROGRAM`` (moses or moses2) and ``ini``."""
     with open(source, "rb") as stdin:
-        result = subprocess.run([str(moses.decoder()), "-f", str(ini), "-threads", "2", "-v", "0", *extra],
-                                stdin=stdin, capture_output=True, cwd=ini.parent, check=True)
+        result = subprocess.run([str(moses.decoder(program)), "-f", str(ini), "-threads", "2", "-v", "0", *extra],
+                                stdin=stdin, capture_output=True, cwd=ini.parent)
+    assert result.returncode == 0, f"{program} failed: {result.stderr.decode('utf-8', 'replace')[-3000:]}"
     return result.stdout.decode("utf-8").splitlines()
 
 
@@ -67,7 +69,7 @@ def test_annotated_table_loads_and_translates(moses, annotated_table, tmp_path):
     with_absolute_paths(SHARED_SYSTEM / "moses.tuned.ini", baseline_ini)
     zero_ini = tmp_path / "rnn-zero.ini"
     result = patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", zero_ini, phrase_table=annotated_table,
-                             add_features=2, initial_weight=0.0, absolute_paths=True)
+                             add_features=2, initial_weights=0.0, absolute_paths=True)
     assert result.new_num_features == 6
     baseline = decode(moses, baseline_ini, source)
     with_zero_weights = decode(moses, zero_ini, source)
@@ -78,7 +80,7 @@ def test_annotated_table_loads_and_translates(moses, annotated_table, tmp_path):
 
     weighted_ini = tmp_path / "rnn.ini"
     patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", weighted_ini, phrase_table=annotated_table, add_features=2,
-                    initial_weight=0.1, absolute_paths=True)
+                    initial_weights=0.1, absolute_paths=True)
     nbest = tmp_path / "nbest.txt"
     decode(moses, weighted_ini, source, "-n-best-list", str(nbest), "5")
     from phrase_scorer.io.nbest import read_nbest
@@ -157,7 +159,7 @@ BINARY_SENTENCES = 15
 TABLE_LIMIT = 20  # Moses' default table-limit
 
 
-def table_for_sentences(table: Path, sentences: list, out: Path) -> Path:
+def table_for_sentences(table: Path, sentences: list, out: Path, minimum: int = 1000) -> Path:
     """The lines of ``table`` whose source phrase occurs in ``sentences``, in table order (what
     filter-model-given-input.pl keeps), so that binarising takes seconds.
 
@@ -177,7 +179,7 @@ def table_for_sentences(table: Path, sentences: list, out: Path) -> Path:
             if targets <= TABLE_LIMIT and source.decode("utf-8") in phrases:
                 o.write(line)
                 kept += 1
-    assert kept > 1000
+    assert kept > minimum
     return out
 
 
@@ -208,11 +210,11 @@ def patched_system(moses, case: dict, table_type: str, name: str) -> Path:
     declared.write_text(case["system"].read_text().replace("PhraseDictionaryMemory ", f"{table_type} "))
     patched = work / f"{name}.rnn.ini"
     if table_type == "PhraseDictionaryMemory":
-        result = patch_moses_ini(declared, patched, phrase_table=case["table"], add_features=2, initial_weight=0.1)
+        result = patch_moses_ini(declared, patched, phrase_table=case["table"], add_features=2, initial_weights=0.1)
     else:
         suffix = ".minphr" if table_type == "PhraseDictionaryCompact" else ""
         result = patch_moses_ini(declared, patched, phrase_table=work / f"pt.{name}{suffix}", add_features=2,
-                                 initial_weight=0.1, binarize_from=case["table"], moses_home=moses.home)
+                                 initial_weights=0.1, binarize_from=case["table"], moses_home=moses.home)
         assert result.binarize_command
     assert result.new_num_features == 6
     assert MosesIni.read(patched).find_phrase_table().type == table_type
@@ -243,21 +245,72 @@ def test_binarised_tables_decode_like_the_text_table(moses, binary_case, table_t
         assert got_features == pytest.approx(features, rel=1e-4, abs=1e-4), sid
 
 
-def test_moses2_reads_the_annotated_table(moses, binary_case):
-    """Moses2 decodes with the patched config (text table and ProbingPT) and sees the six columns."""
+def require_moses2(moses) -> Path:
+    moses2 = moses.bin / "moses2"
+    if not moses2.exists():
+        pytest.skip(f"this Moses build has no {moses2} (build Moses with its moses2 target to run the Moses2 tests)")
+    return moses2
+
+
+def test_moses2_decodes_with_the_patched_config_and_the_annotated_table(moses, binary_case):
+    """bin/moses2 itself (not bin/moses) decodes with the patched config, for the text table and
+    ProbingPT (the two table types Moses2 knows), sees six TranslationModel0 scores, and gives the
+    n-best lists that Moses 1 gives with the same config: same hypotheses, same feature values."""
     from phrase_scorer.io.nbest import read_nbest
 
-    moses2 = moses.home / "bin" / "moses2"
-    if not moses2.exists():
-        pytest.skip(f"this Moses build has no {moses2}")
+    require_moses2(moses)
     outputs = {}
     for table_type in ("PhraseDictionaryMemory", "ProbingPT"):
         patched = patched_system(moses, binary_case, table_type, f"moses2-{table_type}")
         nbest = binary_case["work"] / f"moses2-{table_type}.nbest"
-        outputs[table_type] = decode(moses, patched, binary_case["source"], "-n-best-list", str(nbest), "5")
-        assert set(nbest_by_sentence(nbest)) == set(range(BINARY_SENTENCES))
+        outputs[table_type] = decode(moses, patched, binary_case["source"], "-n-best-list", str(nbest), "10",
+                                     program="moses2")
+        assert len(outputs[table_type]) == BINARY_SENTENCES
+        got = nbest_by_sentence(nbest)
+        assert set(got) == set(range(BINARY_SENTENCES))
         for entry in read_nbest(nbest):
             tm = entry.feature("TranslationModel0")
             assert len(tm) == 6 and tm[4] < 0 and tm[5] >= 0
+        # Moses 1 on the text table: the same best hypotheses with the same feature values
+        for sid, entries in nbest_by_sentence(binary_case["nbest"]).items():
+            (text, features), (got_text, got_features) = entries[0], got[sid][0]
+            assert got_text == text, (table_type, sid)
+            assert got_features == pytest.approx(features, rel=1e-4, abs=1e-4), (table_type, sid)
     assert outputs["ProbingPT"] == outputs["PhraseDictionaryMemory"]
-    assert len(outputs["ProbingPT"]) == BINARY_SENTENCES
+    sources = binary_case["source"].read_text().splitlines()
+    assert sum(h.split() != s.split() for h, s in zip(outputs["ProbingPT"], sources)) >= BINARY_SENTENCES - 2
+
+
+def test_moses2_features_are_the_log_of_the_annotated_columns(moses, annotated_table, tmp_path):
+    """One-word sentences are translated by exactly one phrase pair, so each n-best entry's six
+    TranslationModel0 values must be the natural log of that pair's six columns in the annotated
+    table (floored at -100): the model's p(y|x) column and e^n_unk included."""
+    import math
+
+    from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
+    from phrase_scorer.io.nbest import read_nbest
+    from phrase_scorer.io.phrase_table import read_phrase_table
+    from phrase_scorer.moses.tune import with_absolute_paths
+
+    require_moses2(moses)
+    words = ["man", "dog", "woman", "girl", "street", "water"]
+    source = tmp_path / "words.en"
+    source.write_text("\n".join(words) + "\n")
+    table = table_for_sentences(annotated_table, words, tmp_path / "pt.rnn.gz", minimum=len(words))
+    columns = {(l.source, l.target): l.scores for l in read_phrase_table(table)}
+    with_absolute_paths(SHARED_SYSTEM / "moses.tuned.ini", tmp_path / "system.ini")
+    ini = tmp_path / "moses2.ini"
+    result = patch_moses_ini(tmp_path / "system.ini", ini, phrase_table=table, absolute_paths=True)
+    assert result.new_num_features == 6
+    assert MosesIni.read(ini).find_phrase_table().get("path") == str(table)
+    nbest = tmp_path / "words.nbest"
+    decode(moses, ini, source, "-n-best-list", str(nbest), "20", program="moses2")
+    checked = 0
+    for entry in read_nbest(nbest):
+        word = words[entry.sentence_id]
+        scores = columns.get((word, entry.text.strip()))
+        assert scores is not None, f"{word!r} -> {entry.text!r} is not a pair of the annotated table"
+        expected = [max(math.log(v), -100.0) for v in scores]
+        assert entry.feature("TranslationModel0") == pytest.approx(expected, rel=1e-4, abs=1e-4), (word, entry.text)
+        checked += 1
+    assert checked >= 3 * len(words)

@@ -27,7 +27,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import EXAMPLE_TABLE
+from conftest import EXAMPLE_TABLE, kill, start_halted
 from phrase_scorer.cli import cli
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.moses_ini import MosesIni
@@ -200,19 +200,54 @@ def test_truncated_gzip_at_every_cut(tmp_path):
     record("edge", reader="phrase-table", case=f"gzip cut at {len(cuts)} random offsets", outcome="error", count=len(cuts))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(data=table_bytes)
+WORDS = ["a", "man", "in", "the", "un", "homme", "dans", "le", "chien", "&apos;", "zzqqx", "é", "[X]"]
+word_list = st.lists(st.sampled_from(WORDS), min_size=1, max_size=6).map(" ".join)
+score = st.floats(min_value=1e-30, max_value=1.0, allow_nan=False).map(lambda v: "%.6g" % v)
+valid_line = st.tuples(word_list, word_list, st.lists(score, min_size=4, max_size=4), st.sampled_from(["", " ||| 0-0 ||| 1 1 1"])).map(
+    lambda t: f"{t[0]} ||| {t[1]} ||| {' '.join(t[2])}{t[3]}")
+valid_table = st.lists(valid_line, min_size=1, max_size=30).map(lambda ls: ("\n".join(sorted(ls)) + "\n").encode("utf-8"))
+
+
+def count_lines(data: bytes) -> int:
+    """Lines as a phrase table has them: ended by \\n (a \\r is part of a line), the last maybe unended."""
+    return data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(table_bytes, valid_table))
 def test_cli_never_shows_a_traceback(tmp_path_factory, tiny_model, data):
+    """Every input either succeeds with one output line per input line, or fails through the
+    CLI's handled path: exit status 1 and one ``phrase-scorer: error:`` line. An exception the CLI
+    did not handle reaches CliRunner as that exception, not as SystemExit, and fails here."""
     path = tmp_path_factory.mktemp("c") / "t.txt"
     path.write_bytes(data)
+    out = Path(str(path) + ".out")
     for args in (["score", "-m", str(tiny_model), str(path)],
-                 ["annotate", str(path), "-m", str(tiny_model), "-o", str(path) + ".out"]):
+                 ["annotate", str(path), "-m", str(tiny_model), "-o", str(out)]):
         result = CliRunner().invoke(cli, args)
-        assert result.exit_code in (0, 1), (result.exit_code, result.output, result.exception)
-        if result.exit_code == 1:
-            assert result.stderr.strip().splitlines()[-1].startswith("phrase-scorer: error: ")
-        assert "Traceback" not in result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+        if result.exit_code == 0:
+            produced = result.stdout_bytes if args[0] == "score" else out.read_bytes()
+            assert count_lines(produced) == count_lines(data)
+        else:
+            assert result.exit_code == 1
+            lines = result.stderr.strip().splitlines()  # log lines (a busy-machine warning) may come first
+            assert lines[-1].startswith("phrase-scorer: error: "), result.stderr
+            assert not any("Traceback" in l for l in lines)
+            assert not out.exists() or args[0] == "score"
         record("fuzz", reader=f"cli {args[0]}", outcome="error" if result.exit_code else "ok")
+
+
+def test_the_cli_fuzz_reaches_the_success_path(tmp_path, tiny_model):
+    """The generated valid tables are valid: a sample of them annotates without error."""
+    from hypothesis import find
+
+    example = find(valid_table, lambda d: len(d.splitlines()) >= 5)
+    path = tmp_path / "t.txt"
+    path.write_bytes(example)
+    result = CliRunner().invoke(cli, ["annotate", str(path), "-m", str(tiny_model), "-o", str(tmp_path / "o.txt")])
+    assert result.exit_code == 0, result.output
+    assert len((tmp_path / "o.txt").read_bytes().splitlines()) == len(example.splitlines())
 
 
 # --- interruptions -----------------------------------------------------------------------------------
@@ -222,37 +257,66 @@ def phrase_scorer(*args) -> list:
     return [sys.executable, "-m", "phrase_scorer", *map(str, args)]
 
 
-def wait_for(predicate, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
+def kill_and_resume(args, points, ready: Path):
+    """Run ``phrase-scorer ARGS``, halted at each of ``points`` in turn (see tests/pause_at.py) and
+    SIGKILLed there, adding ``--resume`` from the second run on; then run it to the end.
+    Returns the stderr of each resumed run."""
+    messages = []
+    for i, point in enumerate(points):
+        proc = start_halted(point, [*args, *(["--resume"] if i else [])], ready)
+        assert kill(proc) == -signal.SIGKILL
+        if i:
+            messages.append(proc.stderr.read())
+    last = subprocess.run(phrase_scorer(*args, "--resume"), capture_output=True, text=True)
+    assert last.returncode == 0, last.stderr
+    return messages + [last.stderr]
 
 
-def kill_and_resume(command, resumable, progress, kill_points, rng: random.Random, jitter: float, finished=lambda: False):
-    """Start ``command(resume)``; at each of ``kill_points`` (a value of ``progress()``, so that
-    every run makes progress) wait a random moment more and SIGKILL it; then run it to the end.
-    Returns (the final process, the number of kills)."""
-    kills = 0
-    points = list(kill_points)
-    while True:
-        proc = subprocess.Popen(command(resumable()), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if not points:
-            break
-        target = points.pop(0)
-        wait_for(lambda: progress() >= target or proc.poll() is not None, timeout=300)
-        time.sleep(rng.uniform(0.0, jitter))
-        if proc.poll() is not None:
-            break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        kills += 1
-        if finished():
-            break  # the kill came just after the run had finished
-    proc.wait(timeout=600)
-    return proc, kills
+def test_annotate_killed_at_random_points_resumes_to_the_same_bytes(tmp_path, tiny_model):
+    """SIGKILL in the middle of writing a random chunk (a random fraction of its bytes written),
+    four times, each run resuming the last; the result equals an uninterrupted run."""
+    args = ["annotate", EXAMPLE_TABLE, "-m", tiny_model, "--window-lines", 250, "--threads", 1]
+    reference = tmp_path / "ref.gz"
+    subprocess.run(phrase_scorer(*args, "-o", reference), check=True, capture_output=True)
+    rng = random.Random(7)
+    out = tmp_path / "out.gz"
+    chunks = [rng.randint(1, 30) for _ in range(4)]  # the halted chunk, counted from each run's start
+    points = [f"write:{out}:{n}:{rng.random():.3f}" for n in chunks]
+    messages = kill_and_resume([*args, "-o", out], points, tmp_path / "ready")
+    # each resumed run starts after exactly the chunks its predecessors completed
+    resumed_after = [int(m.split("resuming after ")[1].split()[0]) for m in messages]
+    assert resumed_after == [sum((n - 1) * 250 for n in chunks[: i + 1]) for i in range(len(chunks))]
+    assert out.read_bytes() == reference.read_bytes()
+    assert len(gzip.decompress(out.read_bytes()).splitlines()) == len(gzip.decompress(EXAMPLE_TABLE.read_bytes()).splitlines())
+    record("kill", command="annotate", kills=len(points), lost="nothing")
+
+
+def test_annotate_ctrl_c_keeps_the_part_and_says_how_to_resume(tmp_path, tiny_model):
+    """The table comes through a pipe the test holds open, so the run cannot finish before Ctrl-C."""
+    lines = gzip.decompress(EXAMPLE_TABLE.read_bytes()).splitlines(keepends=True)
+    fifo = tmp_path / "table.fifo"
+    os.mkfifo(fifo)
+    out = tmp_path / "out.gz"
+    proc = subprocess.Popen(phrase_scorer("annotate", fifo, "-m", tiny_model, "-o", out, "--window-lines", 200,
+                                          "--threads", 1), stderr=subprocess.PIPE, text=True)
+    record_path = Path(str(out) + ".part.json")
+    with open(fifo, "wb") as feed:
+        feed.write(b"".join(lines[:1000]))  # five whole windows, and the pipe stays open
+        feed.flush()
+        deadline = time.monotonic() + 600
+        while lines_done(record_path) < 1000:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the first 1000 lines were not written"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)  # the run ends while the pipe is still open
+    assert proc.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("phrase-scorer: error: interrupted") and "--resume" in last
+    assert not out.exists() and Path(str(out) + ".part").exists()
+    assert lines_done(record_path) == 1000
+    assert len(gzip.decompress(Path(str(out) + ".part").read_bytes()).splitlines()) == 1000
+    record("kill", command="annotate", kills=1, signal="SIGINT", lost="nothing")
 
 
 def lines_done(record: Path) -> int:
@@ -262,70 +326,28 @@ def lines_done(record: Path) -> int:
         return 0
 
 
-def test_annotate_killed_at_random_points_resumes_to_the_same_bytes(tmp_path, tiny_model):
-    """SIGKILL at random points of the output (a random number of finished lines, then a random
-    fraction of a second into the next chunk), then --resume, until the table is complete."""
-    args = ["annotate", EXAMPLE_TABLE, "-m", tiny_model, "--window-lines", 250, "--threads", 1]
-    reference = tmp_path / "ref.gz"
-    subprocess.run(phrase_scorer(*args, "-o", reference), check=True, capture_output=True)
-    rng = random.Random(7)
-    out = tmp_path / "out.gz"
-    record_path = Path(str(out) + ".part.json")
-    proc, kills = kill_and_resume(
-        lambda resume: phrase_scorer(*args, "-o", out, *(["--resume"] if resume else [])),
-        resumable=record_path.exists, progress=lambda: lines_done(record_path),
-        kill_points=sorted(rng.sample(range(250, 30000, 250), 4)), rng=rng, jitter=0.3, finished=out.exists)
-    assert proc.returncode in (0, -signal.SIGKILL)
-    assert out.read_bytes() == reference.read_bytes()
-    record("kill", command="annotate", kills=kills, lost="nothing")
-
-
-def test_annotate_ctrl_c_keeps_the_part_and_says_how_to_resume(tmp_path, tiny_model):
-    out = tmp_path / "out.gz"
-    proc = subprocess.Popen(phrase_scorer("annotate", EXAMPLE_TABLE, "-m", tiny_model, "-o", out, "--window-lines", 200,
-                                          "--threads", 1), stderr=subprocess.PIPE, text=True)
-    assert wait_for(lambda: Path(str(out) + ".part.json").exists())
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("phrase-scorer: error: interrupted") and "--resume" in last
-    assert not out.exists() and Path(str(out) + ".part").exists()
-    record("kill", command="annotate", kills=1, signal="SIGINT", lost="nothing")
-
-
 def checkpoint(directory: Path) -> dict:
     return torch.load(directory / "checkpoint.pt", weights_only=True)
 
 
-def validations_logged(directory: Path) -> int:
-    try:
-        return len((directory / "train.log.jsonl").read_text().splitlines())
-    except OSError:
-        return 0
-
-
 def test_train_killed_at_random_points_resumes_to_the_same_state(tmp_path):
-    """SIGKILL after a random number of validations (and a random moment after it), then
-    --resume, until training ends: the result equals an uninterrupted run."""
+    """SIGKILL in the middle of training at three random steps, each run resuming from the last
+    checkpoint: the result equals an uninterrupted run."""
     args = ["train", EXAMPLE_TABLE, "--preset", "tiny", "--valid-pairs", 200, "--valid-every", 15, "--batch-size", 16,
             "--max-steps", 240, "--seed", 4, "--threads", 1]
     subprocess.run(phrase_scorer(*args, "-o", tmp_path / "whole"), check=True, capture_output=True)
     rng = random.Random(3)
     out = tmp_path / "cut"
-    proc, kills = kill_and_resume(
-        lambda resume: phrase_scorer(*args, "-o", out, *(["--resume"] if resume else [])),
-        resumable=(out / "config.json").exists, progress=lambda: validations_logged(out),
-        kill_points=sorted(rng.sample(range(1, 15), 3)), rng=rng, jitter=0.5)  # of 16 validations
-    assert proc.returncode == 0, proc.stderr.read()
+    steps = sorted(rng.sample(range(16, 239), 3))  # after the first checkpoint (step 15)
+    messages = kill_and_resume([*args, "-o", out], [f"step:{s}" for s in steps], tmp_path / "ready")
     a, b = checkpoint(tmp_path / "whole"), checkpoint(out)
     assert a["state"]["step"] == b["state"]["step"] == 240
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), name
-    steps = [json.loads(l)["step"] for l in (out / "train.log.jsonl").read_text().splitlines()]
-    assert steps == sorted(set(steps))  # the log has no repeated or lost validations
-    assert kills >= 1
-    record("kill", command="train", kills=kills, lost="nothing")
+    steps_logged = [json.loads(l)["step"] for l in (out / "train.log.jsonl").read_text().splitlines()]
+    assert steps_logged == list(range(15, 241, 15))  # no repeated or lost validations
+    assert len(messages) == len(steps)
+    record("kill", command="train", kills=len(steps), lost="nothing")
 
 
 # --- disk full -----------------------------------------------------------------------------------------
@@ -453,29 +475,25 @@ def test_damaged_model_directories_give_clear_errors(tmp_path, tiny_model, damag
 
 def test_two_trainings_of_one_directory(tmp_path):
     out = tmp_path / "m"
-    proc = subprocess.Popen(phrase_scorer("train", EXAMPLE_TABLE, "-o", out, "--preset", "tiny", "--max-steps", 100000,
-                                          "--threads", 1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_halted("step:5", ["train", EXAMPLE_TABLE, "-o", out, "--preset", "tiny", "--max-steps", 100,
+                                   "--threads", 1], tmp_path / "ready")
     try:
-        assert wait_for(lambda: Path(str(out) + ".lock").exists())
         result = CliRunner().invoke(cli, ["train", str(EXAMPLE_TABLE), "-o", str(out), "--preset", "tiny", "--resume"])
         assert result.exit_code == 1
         assert "another phrase-scorer run is writing this output" in result.stderr
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        kill(proc)
     record("lock", command="train", outcome="second run refused")
 
 
 def test_two_annotations_of_one_output(tmp_path, tiny_model):
     out = tmp_path / "out.gz"
-    proc = subprocess.Popen(phrase_scorer("annotate", EXAMPLE_TABLE, "-m", tiny_model, "-o", out, "--window-lines", 100,
-                                          "--threads", 1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_halted(f"write:{out}:2:0.5", ["annotate", EXAMPLE_TABLE, "-m", tiny_model, "-o", out,
+                                              "--window-lines", 100, "--threads", 1], tmp_path / "ready")
     try:
-        assert wait_for(lambda: Path(str(out) + ".part.json").exists())
         result = CliRunner().invoke(cli, ["annotate", str(EXAMPLE_TABLE), "-m", str(tiny_model), "-o", str(out)])
         assert result.exit_code == 1
         assert "another phrase-scorer run is writing this output" in result.stderr
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        kill(proc)
     record("lock", command="annotate", outcome="second run refused")

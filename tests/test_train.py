@@ -6,13 +6,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import A_MAN_TABLE, EXAMPLE_TABLE
+from conftest import A_MAN_TABLE, EXAMPLE_TABLE, start_halted
 from phrase_scorer.config import TrainConfig
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.model_dir import ModelDirectory, load_model
@@ -29,15 +28,23 @@ def assert_same_state(a: Path, b: Path) -> None:
     ca, cb = checkpoint_state(a), checkpoint_state(b)
     assert ca["state"]["step"] == cb["state"]["step"]
     assert ca["state"]["best_valid_nll"] == cb["state"]["best_valid_nll"]
-    for name, tensor in ca["model"].items():
-        assert torch.equal(tensor, cb["model"][name]), name
-    for (ka, sa), (kb, sb) in zip(ca["optimizer"]["state"].items(), cb["optimizer"]["state"].items()):
-        for key in sa:
-            assert torch.equal(sa[key], sb[key]), (ka, key)
-    assert (a / "model.pt").read_bytes() == (b / "model.pt").read_bytes() or torch.equal(
-        torch.load(a / "model.pt", weights_only=True)["readout.output.weight"],
-        torch.load(b / "model.pt", weights_only=True)["readout.output.weight"],
-    )
+    assert_same_tensors(ca["model"], cb["model"])
+    oa, ob = ca["optimizer"]["state"], cb["optimizer"]["state"]
+    assert oa.keys() == ob.keys() and len(oa) == len(ca["model"])  # a state for every parameter
+    for param in oa:
+        assert_same_tensors(oa[param], ob[param], f"optimizer state of parameter {param}")
+    assert ca["optimizer"]["param_groups"] == cb["optimizer"]["param_groups"]
+    assert_same_tensors(torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True),
+                        "best weights")
+
+
+def assert_same_tensors(a: dict, b: dict, what: str = "weights") -> None:
+    assert a.keys() == b.keys(), what
+    for key in a:
+        if isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), (what, key)
+        else:
+            assert a[key] == b[key], (what, key)
 
 
 def test_model_directory_is_self_describing(tiny_model):
@@ -90,29 +97,128 @@ def run_cli(*args, **kwargs):
 
 
 def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(tmp_path):
+    """Ctrl-C while step 38 runs: the step completes, its checkpoint is saved, and --resume goes on."""
     args = ["train", EXAMPLE_TABLE, "--preset", "tiny", "--valid-pairs", 200, "--valid-every", 1000,
             "--batch-size", 16, "--seed", 5, "--max-steps", 400, "--threads", 1]
-    proc = subprocess.Popen([sys.executable, "-m", "phrase_scorer", *map(str, args), "-o", tmp_path / "cut"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = ""
-    for line in proc.stderr:  # wait until the training loop has run 20 steps (it logs its speed)
-        seen += line
-        if "speed:" in line:
-            break
-    time.sleep(0.5)  # some more steps
+    ready = tmp_path / "ready"
+    proc = start_halted("step:37", [*args, "-o", tmp_path / "cut"], ready)  # 37 steps done
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    err = seen + err
+    ready.unlink()  # let step 38 run: the signal is handled at its end
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("phrase-scorer: error: stopped at step ") and "checkpoint saved" in last and "--resume" in last
-    step = checkpoint_state(tmp_path / "cut")["state"]["step"]
-    assert 0 < step < 400
+    assert last.startswith("phrase-scorer: error: stopped at step 38,") and "checkpoint saved" in last and "--resume" in last
+    assert checkpoint_state(tmp_path / "cut")["state"]["step"] == 38
     resumed = run_cli(*args, "-o", tmp_path / "cut", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     whole = run_cli(*args, "-o", tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr
     assert_same_state(tmp_path / "whole", tmp_path / "cut")
+
+
+# --- stopping rules --------------------------------------------------------------------------------
+
+
+def batches_per_epoch(model_dir: Path, batch_size: int) -> int:
+    from phrase_scorer.data import BatchSampler, PairSet
+
+    return BatchSampler(PairSet(model_dir / "cache", "train"), batch_size, 0).batches_per_epoch
+
+
+def test_max_epochs_stops_at_the_epoch_fraction(tmp_path):
+    config = dict(QUICK, valid_every=1000)
+    state = train(A_MAN_TABLE, tmp_path / "one", TrainConfig(max_epochs=1, **config))
+    per_epoch = batches_per_epoch(tmp_path / "one", QUICK["batch_size"])
+    assert per_epoch > 10
+    assert state.step == per_epoch and state.stop_reason == "reached --max-epochs 1"
+    state = train(A_MAN_TABLE, tmp_path / "half", TrainConfig(max_epochs=0.5, **config))
+    assert state.step == -(-per_epoch // 2) and state.stop_reason == "reached --max-epochs 0.5"
+    state = train(A_MAN_TABLE, tmp_path / "two", TrainConfig(max_epochs=2, **config))
+    assert state.step == 2 * per_epoch
+
+
+def test_max_time_stops_after_the_step_that_reaches_it(tmp_path):
+    """Any step takes more than a nanosecond, so the limit is reached after exactly one step."""
+    state = train(A_MAN_TABLE, tmp_path / "m", TrainConfig(max_time=1e-9, **QUICK))
+    assert state.step == 1 and state.stop_reason == "reached --max-time 1e-09s"
+    assert checkpoint_state(tmp_path / "m")["state"]["step"] == 1
+
+
+def test_max_time_accepts_durations():
+    from phrase_scorer.cli import Duration
+
+    assert [Duration().convert(v, None, None) for v in ("90", "90s", "30m", "2h", "1h30m")] == [90, 90, 1800, 7200, 5400]
+
+
+def test_early_stopping_after_patience_validations_without_improvement(tmp_path, monkeypatch):
+    """Validation NLLs 5, 4, 4.5, 4.2, 4.0 (no better than the best, 4): with patience 3 training stops at the
+    fifth validation, and model.pt keeps the weights of the second."""
+    from phrase_scorer import train as train_module
+
+    nlls = iter([5.0, 4.0, 4.5, 4.2, 4.0, 3.0, 2.0])
+    real_validate = train_module.validate
+
+    def scripted(model, pairs, device, precision, *args, **kwargs):
+        metrics = real_validate(model, pairs, device, precision, *args, **kwargs)
+        return {**metrics, "valid_nll_token": next(nlls)}
+
+    monkeypatch.setattr(train_module, "validate", scripted)
+    out = tmp_path / "m"
+    state = train(A_MAN_TABLE, out, TrainConfig(patience=3, max_steps=1000, **{**QUICK, "valid_every": 5}))
+    assert state.step == 25 and state.stop_reason == "early stopping: no improvement in 3 validations"
+    assert state.best_step == 10 and state.best_valid_nll == 4.0
+    records = [json.loads(l) for l in (out / "train.log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [5, 10, 15, 20, 25]
+    assert [r.get("best", False) for r in records] == [True, True, False, False, False]
+
+
+def parameter_change(a: dict, b: dict) -> float:
+    return float(torch.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a)))
+
+
+@pytest.mark.parametrize("clip_norm", [1e-3, 3e-3])
+def test_gradients_are_clipped_to_the_global_norm(tmp_path, clip_norm):
+    """Adadelta's second step moves the weights by about the gradient itself when the gradient is far
+    below sqrt(eps) (its accumulators are still ~eps): a clipped step moves them by ~clip_norm in
+    total, an unclipped one by orders of magnitude more."""
+    steps = {}
+    for n in (1, 2):
+        out = tmp_path / f"{clip_norm}-{n}"
+        train(A_MAN_TABLE, out, TrainConfig(max_steps=n, clip_norm=clip_norm, **QUICK))
+        steps[n] = checkpoint_state(out)["model"]
+    assert parameter_change(steps[1], steps[2]) == pytest.approx(clip_norm, rel=0.05)
+    unclipped = {}
+    for n in (1, 2):
+        out = tmp_path / f"none-{clip_norm}-{n}"
+        train(A_MAN_TABLE, out, TrainConfig(max_steps=n, clip_norm=1e9, **QUICK))
+        unclipped[n] = checkpoint_state(out)["model"]
+    assert parameter_change(unclipped[1], unclipped[2]) > 30 * clip_norm
+
+
+def test_duplicate_pairs_count_once_even_when_not_adjacent(tmp_path):
+    """A source's targets need not be sorted: a pair repeated after another target of the same source
+    is still one pair (for the vocabulary counts, the cache and training)."""
+    from phrase_scorer.data import count_words, unique_pairs
+
+    table = tmp_path / "t.txt"
+    table.write_text("a man ||| un homme ||| 1 1 1 1\n"
+                     "a man ||| l' homme ||| 1 1 1 1\n"
+                     "a man ||| un homme ||| 1 1 1 1\n"   # the first pair again, not adjacent
+                     "a man ||| l' homme ||| 0.5 1 1 1\n"  # the second, with other scores
+                     "dog ||| chien ||| 1 1 1 1\n"
+                     "dog ||| un chien ||| 1 1 1 1\n"
+                     "dog ||| chien ||| 1 1 1 1\n")
+    pairs = [(" ".join(s), " ".join(t)) for s, t in unique_pairs(table)]
+    assert pairs == [("a man", "un homme"), ("a man", "l' homme"), ("dog", "chien"), ("dog", "un chien")]
+    source_counts, target_counts, n = count_words(table)
+    assert n == 4 and source_counts["man"] == 2 and target_counts["homme"] == 2 and target_counts["chien"] == 2
+    from phrase_scorer.data import PairSet, build_cache
+    from phrase_scorer.vocab import Vocabulary
+
+    meta = build_cache(table, tmp_path / "cache", Vocabulary.from_counts(source_counts, 10),
+                       Vocabulary.from_counts(target_counts, 10), valid_fraction=0.0, seed=1)
+    assert meta.num_pairs == {"train": 4, "valid": 0}
+    assert len(PairSet(tmp_path / "cache", "train")) == 4
 
 
 def test_a_trained_model_is_not_overwritten(tmp_path):
@@ -123,7 +229,7 @@ def test_a_trained_model_is_not_overwritten(tmp_path):
     before = (out / "model.pt").stat().st_mtime_ns
     train(EXAMPLE_TABLE, out, TrainConfig(max_steps=5, **QUICK), overwrite=True)
     assert (out / "model.pt").stat().st_mtime_ns != before
-    with pytest.raises(PhraseScorerError, match="--batch-size 32 \\(saved: 16\\)"):
+    with pytest.raises(PhraseScorerError, match="cannot resume: --batch-size changed since the interrupted run \\(--batch-size: 16 -> 32\\)"):
         train(EXAMPLE_TABLE, out, TrainConfig(max_steps=10, **{**QUICK, "batch_size": 32}), resume=True,
               explicit={"batch_size", "max_steps"})
     other = tmp_path / "notes"
@@ -131,7 +237,7 @@ def test_a_trained_model_is_not_overwritten(tmp_path):
     (other / "mine.txt").write_text("x")
     with pytest.raises(PhraseScorerError, match="not empty and holds no phrase-scorer model"):
         train(EXAMPLE_TABLE, other, TrainConfig(max_steps=5, **QUICK))
-    with pytest.raises(PhraseScorerError, match="training data differ from the interrupted run's \\(table, table_size"):
+    with pytest.raises(PhraseScorerError, match="cannot resume: table, table_size, table_mtime_ns changed since the interrupted run"):
         train(A_MAN_TABLE, out, TrainConfig(max_steps=10, **QUICK), resume=True, explicit={"max_steps"})
     with pytest.raises(PhraseScorerError, match="nothing to resume: no model here"):
         train(EXAMPLE_TABLE, tmp_path / "fresh", TrainConfig(max_steps=5, **QUICK), resume=True)

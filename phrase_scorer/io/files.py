@@ -109,6 +109,11 @@ class InputFile:
     def read(self, size: int = -1) -> bytes:
         return self.stream.read(size)
 
+    def read1(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes, without waiting for more than one read of the source (a pipe
+        gives what has been written to it); b"" only at the end."""
+        return self.stream.read1(size)
+
     def close(self) -> None:
         if self.path != STDIO:
             self.stream.close()
@@ -118,6 +123,21 @@ class InputFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ReadProgress:
+    """How far a reader has got through the :class:`InputFile` it holds open as ``_input``, for
+    progress bars."""
+
+    _input: Optional[InputFile] = None
+
+    @property
+    def size(self) -> Optional[int]:
+        return self._input.size if self._input is not None else None
+
+    @property
+    def bytes_read(self) -> int:
+        return self._input.bytes_read if self._input is not None else 0
 
 
 def open_input(path: PathLike) -> InputFile:
@@ -133,6 +153,15 @@ def part_path(path: PathLike) -> Path:
     """The temporary file an output is written to before it is renamed into place."""
     path = Path(path)
     return path.with_name(path.name + ".part")
+
+
+def require_output_folder(path: PathLike) -> None:
+    """Fail, naming the folder, when the folder ``path`` is to be written in does not exist."""
+    folder = Path(os.path.abspath(path)).parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise PhraseScorerError(f"the output folder {what}", path=folder,
+                                hint=f"create it first (mkdir -p {folder}) or write elsewhere")
 
 
 def fsync_dir(directory: Path) -> None:
@@ -177,9 +206,7 @@ class AtomicOutput:
             self.file: BinaryIO = sys.stdout.buffer
         else:
             self.tmp_path = part_path(self.path)
-            parent = self.tmp_path.parent
-            if not parent.is_dir():
-                raise PhraseScorerError("the output folder does not exist", path=parent)
+            require_output_folder(self.tmp_path)
             try:
                 self.file = open(self.tmp_path, "ab" if append else "wb")
             except OSError as exc:
@@ -264,6 +291,7 @@ class OutputLock:
     def acquire(self) -> None:
         if self.path == STDIO:
             return
+        require_output_folder(self.path)
         while True:
             try:
                 fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)

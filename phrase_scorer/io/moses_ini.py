@@ -30,8 +30,9 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from phrase_scorer.config import COLUMNS, start_weights
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, write_text_atomically
 from phrase_scorer.io.phrase_table import PhraseTableReader
@@ -42,6 +43,13 @@ log = logging.getLogger(__name__)
 PHRASE_TABLE_TYPES = ("PhraseDictionaryMemory", "PhraseDictionaryCompact", "ProbingPT", "PhraseDictionaryOnDisk")
 #: Types whose ``path=`` names a text table (plain or gzip) rather than a binarised one.
 TEXT_TABLE_TYPES = ("PhraseDictionaryMemory",)
+
+#: The Moses program that builds each binary table type from a text table.
+BINARIZERS = {
+    "PhraseDictionaryCompact": "processPhraseTableMin",
+    "ProbingPT": "CreateProbingPT",
+    "PhraseDictionaryOnDisk": "CreateOnDiskPt",
+}
 
 #: How many lines of a text table are read to count its scores.
 CHECK_LINES = 100
@@ -307,14 +315,15 @@ def binarize_command(feature_type: str, text_table: PathLike, output: PathLike, 
 
     The programs are looked for in ``moses_home/bin``.
     """
-    bin_dir = os.path.join(os.fspath(moses_home), "bin")
     table, out, n = os.fspath(text_table), os.fspath(output), str(num_scores)
+    if feature_type in BINARIZERS:
+        program = os.path.join(os.fspath(moses_home), "bin", BINARIZERS[feature_type])
     if feature_type == "PhraseDictionaryCompact":
-        return [os.path.join(bin_dir, "processPhraseTableMin"), "-in", table, "-out", out, "-nscores", n]
+        return [program, "-in", table, "-out", out, "-nscores", n]
     if feature_type == "ProbingPT":
-        return [os.path.join(bin_dir, "CreateProbingPT"), "--input-pt", table, "--output-dir", out, "--num-scores", n]
+        return [program, "--input-pt", table, "--output-dir", out, "--num-scores", n]
     if feature_type == "PhraseDictionaryOnDisk":
-        return [os.path.join(bin_dir, "CreateOnDiskPt"), "1", "1", n, "100", "2", table, out]
+        return [program, "1", "1", n, "100", "2", table, out]
     raise PhraseScorerError(
         f"{feature_type} tables are not binarised",
         hint="PhraseDictionaryMemory reads the text table itself; binarising is for "
@@ -483,13 +492,34 @@ def _check_count(table: PathLike, found: int, ini: MosesIni, feature: FeatureLin
     )
 
 
+def new_column_weights(add_features: int, initial_weights: Union[None, float, Sequence[float]]) -> List[float]:
+    """The start weights of ``add_features`` new columns (see :func:`patch_moses_ini`)."""
+    if initial_weights is None:
+        if add_features > len(COLUMNS):
+            raise PhraseScorerError(
+                f"no default start weights for {add_features} new columns (annotate adds at most "
+                f"{len(COLUMNS)}: {', '.join(COLUMNS)})", hint="give one start weight per new column",
+            )
+        initial_weights = start_weights(COLUMNS[:add_features])
+    elif isinstance(initial_weights, (int, float)):
+        initial_weights = [float(initial_weights)] * add_features
+    weights = [float(w) for w in initial_weights]
+    if len(weights) != add_features:
+        raise PhraseScorerError(f"{len(weights)} start weights given for {add_features} new columns",
+                                hint="give one weight per new column, or one for all")
+    bad = [w for w in weights if not math.isfinite(w)]
+    if bad:
+        raise PhraseScorerError(f"initial weight {bad[0]} is not a finite number")
+    return weights
+
+
 def patch_moses_ini(
     ini_path: PathLike,
     output_path: PathLike,
     *,
     phrase_table: PathLike,
     add_features: int = 2,
-    initial_weight: float = 0.2,
+    initial_weights: Union[None, float, Sequence[float]] = None,
     feature_name: Optional[str] = None,
     absolute_paths: bool = False,
     check_table: bool = True,
@@ -500,7 +530,10 @@ def patch_moses_ini(
 
     Only these lines change: the phrase-table feature (``path=`` becomes ``phrase_table``,
     ``num-features`` grows by ``add_features``, a ``tuneable-components`` list gets a ``1`` per new
-    column) and its ``[weight]`` line (``add_features`` copies of ``initial_weight`` appended).
+    column) and its ``[weight]`` line (``initial_weights`` appended: one weight per new column,
+    or one number for all of them; by default annotate's start weights,
+    :data:`phrase_scorer.config.START_WEIGHTS`, of its first ``add_features`` columns, ``prob``
+    then ``unk``).
     ``feature_name`` picks the feature by ``name=``; by default the first phrase table is used.
 
     ``absolute_paths`` also makes every relative ``path=`` absolute: paths from the ini against
@@ -516,8 +549,7 @@ def patch_moses_ini(
     """
     if add_features < 0:
         raise PhraseScorerError(f"cannot add {add_features} features", hint="use 0 or more")
-    if not math.isfinite(initial_weight):
-        raise PhraseScorerError(f"initial weight {initial_weight} is not a finite number")
+    weights_added = new_column_weights(add_features, initial_weights)
     ini = MosesIni.read(ini_path)
     feature = ini.find_phrase_table(feature_name)
     number = feature.line.number
@@ -583,7 +615,7 @@ def patch_moses_ini(
     if declared is None:
         text = insert_argument(feature.line, text, f"num-features={new}")
     new_text[number] = text
-    new_text[weights.line.number] = append_values(weights.line, [format_weight(initial_weight)] * add_features)
+    new_text[weights.line.number] = append_values(weights.line, [format_weight(w) for w in weights_added])
 
     command = None
     if binarize_from is not None:

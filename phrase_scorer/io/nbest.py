@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from typing import IO, Iterable, Iterator, List, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import AtomicOutput, PathLike, gzip_member, is_gzip_name, open_input, read_gzip_error
+from phrase_scorer.io.files import (
+    AtomicOutput, PathLike, ReadProgress, gzip_member, is_gzip_name, open_input, read_gzip_error,
+)
 
 SEPARATOR = "|||"
 
@@ -81,8 +83,14 @@ class NBestEntry:
             id_field = origin.fields[0]
         else:
             id_field = f"{self.sentence_id} "
-        if origin is not None and origin.features == _freeze(self.features):
+        frozen = _freeze(self.features)
+        kept = len(origin.features) if origin is not None else 0
+        if origin is not None and frozen[:kept] == origin.features:
+            # the features as read, byte for byte, then any appended ones as Moses writes them
             feature_field = origin.fields[2]
+            if kept < len(frozen):
+                added = format_features(self.features[kept:])
+                feature_field += added[1:] if feature_field.endswith(" ") else added
         else:
             feature_field = format_features(self.features)
         if origin is not None and _same(origin.total, self.total):
@@ -106,6 +114,11 @@ def format_value(value: float) -> str:
     return text if _same(float(text), value) else repr(float(value))
 
 
+def moses_rounded(value: float) -> float:
+    """``value`` rounded to the 6 significant digits Moses prints its feature values with."""
+    return float(f"{value:g}")
+
+
 def format_features(features: Features) -> str:
     """The features field as Moses writes it: `` Name= v v Name2= v ``."""
     return "".join(f" {name}=" + "".join(" " + format_value(v) for v in values) for name, values in features) + " "
@@ -120,6 +133,14 @@ def group_by_sentence(entries: Iterable[NBestEntry]) -> Iterator[Tuple[int, List
     """(sentence id, its entries) for each run of consecutive entries with the same id."""
     for sentence_id, group in itertools.groupby(entries, key=lambda e: e.sentence_id):
         yield sentence_id, list(group)
+
+
+def check_sentence_order(entry: NBestEntry, last_id: int, path: PathLike) -> None:
+    """Refuse an entry whose sentence id is below ``last_id``, the id of the entry before it
+    (-1 for none): Moses writes a list grouped by sentence id in increasing order."""
+    if entry.sentence_id < last_id:
+        raise PhraseScorerError(f"sentence id {entry.sentence_id} comes after {last_id}", path=path, line=entry.line_number,
+                                hint="the n-best list must be grouped by sentence id in increasing order, as Moses writes it")
 
 
 def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = None) -> NBestEntry:
@@ -162,32 +183,50 @@ def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = No
     return NBestEntry(sentence_id, hypothesis, features, total, extra, "\n", number, origin)
 
 
-def read_nbest(path: PathLike) -> Iterator[NBestEntry]:
-    """Stream the entries of a plain or gzipped n-best list (``-`` for stdin).
+class NBestReader(ReadProgress):
+    """Streams the entries of a plain or gzipped n-best list (``-`` for stdin).
 
-    Malformed lines raise :class:`PhraseScorerError` with the file and line number.
+    The first ``skip`` lines are passed over unparsed (resuming). ``bytes_read`` and ``size``
+    tell a progress bar how far the reading has got. Malformed lines raise
+    :class:`PhraseScorerError` with the file and line number.
     """
-    number = 0
-    try:
-        with open_input(path) as source:
-            for number, data in enumerate(source, 1):
-                if data.endswith(b"\n"):
-                    raw, eol = data[:-1], "\n"
-                else:
-                    raw, eol = data, ""
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
-                                            hint="n-best lists must be UTF-8 text") from None
-                entry = parse_nbest_line(text, path, number)
-                entry.eol = eol
-                yield entry
-    except PhraseScorerError:
-        raise
-    except (EOFError, OSError, ValueError) as exc:
-        reason = read_gzip_error(exc) or str(exc)
-        raise PhraseScorerError(f"cannot read after line {number}: {reason}", path=path) from None
+
+    def __init__(self, path: PathLike, skip: int = 0) -> None:
+        self.path = path
+        self.skip = skip
+        self._input = None
+
+    def __iter__(self) -> Iterator[NBestEntry]:
+        path = self.path
+        number = 0
+        try:
+            with open_input(path) as source:
+                self._input = source
+                for number, data in enumerate(source, 1):
+                    if number <= self.skip:
+                        continue
+                    if data.endswith(b"\n"):
+                        raw, eol = data[:-1], "\n"
+                    else:
+                        raw, eol = data, ""
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
+                                                hint="n-best lists must be UTF-8 text") from None
+                    entry = parse_nbest_line(text, path, number)
+                    entry.eol = eol
+                    yield entry
+        except PhraseScorerError:
+            raise
+        except (EOFError, OSError, ValueError) as exc:
+            reason = read_gzip_error(exc) or str(exc)
+            raise PhraseScorerError(f"cannot read after line {number}: {reason}", path=path) from None
+
+
+def read_nbest(path: PathLike) -> Iterator[NBestEntry]:
+    """Stream the entries of a plain or gzipped n-best list (``-`` for stdin); see :class:`NBestReader`."""
+    return iter(NBestReader(path))
 
 
 def write_nbest(entries: Iterable[NBestEntry], path_or_stream: Union[PathLike, IO]) -> int:

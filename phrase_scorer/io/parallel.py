@@ -120,7 +120,7 @@ class Pipeline:
 def _serve(factory: Callable[..., Any], args: Tuple, inbox, outboxes: Dict[str, Any], parent: int) -> None:
     """A worker process: build the handler, then answer tasks in the order they come; leave
     when told to, or when the parent process is gone (killed). Ctrl-C is the parent's to
-    handle: it stops the pool."""
+    handle: it stops the pool (the worker starts with SIGINT blocked, see :func:`_start_without_sigint`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         handler = factory(*args)
@@ -133,15 +133,32 @@ def _serve(factory: Callable[..., Any], args: Tuple, inbox, outboxes: Dict[str, 
             task = inbox.get(timeout=1.0)
         except queue.Empty:
             if os.getppid() != parent:
-                return
+                break
             continue
         if task is None:
-            return
+            break
         method, index, payload = task
         try:
             outboxes[method].put(("ok", index, getattr(handler, method)(index, *payload)))
         except BaseException as exc:  # reported; later tasks are still answered, in order
             outboxes[method].put(("error", index, exc))
+    for box in outboxes.values():  # asked to stop: answers nobody will read must not hold up the exit
+        box.cancel_join_thread()
+
+
+def _start_without_sigint(process) -> None:
+    """Start ``process`` with SIGINT blocked in this thread, so the new interpreter inherits the
+    blocked signal: a Ctrl-C in a terminal (sent to every process of the group) then reaches
+    only this process, never a worker still importing its modules (which would print a
+    traceback). A SIGINT that comes meanwhile stays pending here and is delivered right after."""
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
+        process.start()
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 class WorkerPool:
@@ -164,15 +181,19 @@ class WorkerPool:
         self._outboxes: List[Dict[str, Any]] = []
         if workers:
             context = multiprocessing.get_context("spawn")
-            for n in range(workers):
-                inbox = context.Queue()
-                outboxes = {m: context.Queue() for m in methods}
-                process = context.Process(target=_serve, args=(factory, args, inbox, outboxes, os.getpid()),
-                                          name=f"phrase-scorer-worker-{n}", daemon=True)
-                process.start()
-                self._processes.append(process)
-                self._inboxes.append(inbox)
-                self._outboxes.append(outboxes)
+            try:
+                for n in range(workers):
+                    inbox = context.Queue()
+                    outboxes = {m: context.Queue() for m in methods}
+                    process = context.Process(target=_serve, args=(factory, args, inbox, outboxes, os.getpid()),
+                                              name=f"phrase-scorer-worker-{n}", daemon=True)
+                    self._inboxes.append(inbox)
+                    self._outboxes.append(outboxes)
+                    _start_without_sigint(process)
+                    self._processes.append(process)
+            except BaseException:  # Ctrl-C or a failed start: stop the workers already running
+                self.close(failed=True)
+                raise
 
     def submit(self, method: str, index: int, *payload) -> None:
         if self._inline is not None:
@@ -206,13 +227,19 @@ class WorkerPool:
             raise RuntimeError(f"{method} result for item {got} where item {index} was expected")
         return value
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Stop the workers and release the queues. After a success each worker is told to
+        leave and finishes; after a failure or Ctrl-C (``failed``) the workers' results are of
+        no use, so they are terminated at once. Either way no queue thread is left to hold up
+        or disturb this process's exit."""
         for inbox in self._inboxes:
             try:
                 inbox.put(None)
             except (OSError, ValueError):
                 pass
         for process in self._processes:
+            if failed:
+                process.terminate()
             process.join(timeout=5)
             if process.is_alive():
                 process.terminate()
@@ -221,10 +248,13 @@ class WorkerPool:
             for box in boxes:
                 box.cancel_join_thread()
                 box.close()
+        for process in self._processes:
+            if not process.is_alive():
+                process.close()  # its pipes and sentinel
         self._processes, self._inboxes, self._outboxes = [], [], []
 
     def __enter__(self) -> "WorkerPool":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(failed=exc_type is not None)

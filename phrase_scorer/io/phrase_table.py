@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, open_input, read_gzip_error
+from phrase_scorer.io.files import PathLike, ReadProgress, open_input, read_gzip_error
 
 FIELD_SEPARATOR = "|||"
 BOM = "\ufeff"
@@ -94,7 +94,7 @@ def scores_end(parts: List[bytes]) -> int:
     return len(parts[0]) + len(parts[1]) + 2 * len(b"|||") + len(parts[2].rstrip())
 
 
-class PhraseTableReader:
+class PhraseTableReader(ReadProgress):
     """Iterate over the lines of a plain or gzipped phrase table, validating each one.
 
     ``min_fields`` is 3 for a phrase table, 2 for ``src ||| tgt`` input. With ``check_scores``
@@ -119,14 +119,6 @@ class PhraseTableReader:
         self.num_scores: Optional[int] = None
         self.lines_read = 0
         self._input = None
-
-    @property
-    def size(self) -> Optional[int]:
-        return self._input.size if self._input is not None else None
-
-    @property
-    def bytes_read(self) -> int:
-        return self._input.bytes_read if self._input is not None else 0
 
     def error(self, message: str, line: Optional[int] = None, hint: Optional[str] = None) -> PhraseScorerError:
         return PhraseScorerError(message, path=self.path, line=line, hint=hint)

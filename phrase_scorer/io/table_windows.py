@@ -23,7 +23,7 @@ from typing import Iterator, List, Optional
 import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, open_input, read_gzip_error
+from phrase_scorer.io.files import PathLike, ReadProgress, open_input, read_gzip_error
 from phrase_scorer.io.phrase_table import BOM, PhraseTableReader, scores_end
 
 READ_BLOCK = 1 << 22
@@ -54,7 +54,7 @@ def count_lines(path: PathLike) -> int:
     return lines + (last != b"\n")
 
 
-class RawWindows:
+class RawWindows(ReadProgress):
     """Iterate over the windows of lines ``start`` to ``stop`` (0-based, ``stop`` excluded;
     None: to the end). A window cut by ``start`` or ``stop`` is shorter than ``window_lines``.
 
@@ -69,15 +69,6 @@ class RawWindows:
         self.start = start
         self.stop = stop
         self.lines_read = 0
-        self._input = None
-
-    @property
-    def size(self) -> Optional[int]:
-        return self._input.size if self._input is not None else None
-
-    @property
-    def bytes_read(self) -> int:
-        return self._input.bytes_read if self._input is not None else 0
 
     def __iter__(self) -> Iterator[RawWindow]:
         self._input = open_input(self.path)
@@ -87,7 +78,7 @@ class RawWindows:
         try:
             with self._input as source:
                 while not eof and (self.stop is None or line < self.stop):
-                    block = source.read(READ_BLOCK)
+                    block = source.read1(READ_BLOCK)  # what there is: a pipe need not fill a block
                     eof = not block
                     pending += block
                     if eof and pending and not pending.endswith(b"\n"):

@@ -12,6 +12,18 @@ deviation of dev and test BLEU per system, test chrF, and paired bootstrap tests
 of each run against the baseline run with the same seed. Every finished tuning run is recorded
 in its own folder, so an interrupted experiment resumes without redoing it.
 
+Nothing stale is reused. Each artefact records what made it, and is made again when that changed
+(with a log line naming what changed):
+
+* ``phrase-table.rnn+wp.gz``: its annotate signature (``.json``) names the model's weights
+  (sha256), the input table (path, size, modification time) and the annotate options; it is
+  annotated again when the model given now, the system's phrase table or the options differ.
+* ``phrase-table.rnn.gz``: ``.json`` beside it names the two-column table it was cut from (path,
+  size, modification time); it is cut again when that table changed.
+* ``<system>/run-<seed>/``: ``inputs.json`` records the system's config (sha256 of
+  ``system.ini``), its phrase table (path, size, modification time), the dev and test files and
+  the tuning and scoring options; a run whose record differs (or has none) is deleted and redone.
+
 Layout of the working directory::
 
     tables/phrase-table.rnn+wp.gz     the annotated table (both columns)
@@ -23,10 +35,12 @@ Layout of the working directory::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import statistics
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -34,7 +48,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from phrase_scorer import __version__
-from phrase_scorer.config import ExperimentOptions, TuneOptions
+from phrase_scorer.config import COLUMNS, ExperimentOptions, TuneOptions, start_weights
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import AtomicOutput, PathLike, write_text_atomically
 from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
@@ -101,8 +115,54 @@ def drop_last_columns(table: PathLike, output: PathLike, count: int) -> int:
     return lines
 
 
+def file_identity(path: PathLike) -> Dict[str, object]:
+    """What tells one version of a file from another without reading it: path, size, mtime."""
+    stat = os.stat(path)
+    return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def sha256_of(path: PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_json(path: PathLike) -> Optional[dict]:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def changed_keys(recorded: Optional[dict], current: dict) -> List[str]:
+    """The keys of ``current`` whose value ``recorded`` does not have (all of them without a record)."""
+    if not isinstance(recorded, dict):
+        return sorted(current)
+    return sorted(k for k in current if recorded.get(k) != current[k])
+
+
+def stale_annotation(table: Path, original: str, model_dir: PathLike) -> List[str]:
+    """Why the annotated ``table`` does not come from ``original`` and this model (empty: it does)."""
+    from phrase_scorer.config import AnnotateOptions
+
+    signature = read_json(str(table) + ".json") if table.exists() else None
+    if signature is None:
+        return ["no finished annotated table"]
+    weights = Path(model_dir) / "model.pt"
+    current = {"model weights": sha256_of(weights) if weights.exists() else None,
+               "input table": file_identity(original), "annotate options": json.loads(json.dumps(asdict(AnnotateOptions())))}
+    recorded = {"model weights": signature.get("model", {}).get("weights_sha256"),
+                "input table": signature.get("input"), "annotate options": signature.get("options")}
+    return changed_keys(recorded, current)
+
+
 def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathLike], annotated: Optional[PathLike]) -> Dict[str, str]:
-    """The phrase table of each system: the original, and the annotated table with 1 or 2 columns."""
+    """The phrase table of each system: the original, and the annotated table with 1 or 2 columns.
+
+    Tables made by an earlier run are reused only when they come from the same inputs (see the
+    module's docstring); otherwise they are made again."""
     ini = MosesIni.read(moses_ini)
     feature = ini.find_phrase_table()
     original = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(moses_ini)), feature.get("path")))
@@ -111,18 +171,35 @@ def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathL
     both = tables / "phrase-table.rnn+wp.gz"
     if annotated is not None:
         both = Path(annotated).resolve()
-    elif not (both.exists() and Path(str(both) + ".json").exists()):
+    else:
         if model_dir is None:
             raise PhraseScorerError("give a model (--model DIR) or an annotated table (--annotated TABLE)")
-        from phrase_scorer.annotate import annotate
-        from phrase_scorer.model_dir import load_model
+        stale = stale_annotation(both, original, model_dir)
+        if stale:
+            from phrase_scorer.annotate import annotate
+            from phrase_scorer.model_dir import load_model
 
-        log.info("annotating %s with the model in %s", original, model_dir)
-        annotate(original, both, load_model(model_dir), resume=Path(str(both) + ".part.json").exists())
+            if both.exists():
+                log.info("%s is out of date (%s changed): annotating again", both, ", ".join(stale))
+            log.info("annotating %s with the model in %s", original, model_dir)
+            # an interrupted annotation resumes; annotate itself refuses a resume whose inputs changed
+            resume = Path(str(both) + ".part.json").exists()
+            try:
+                annotate(original, both, load_model(model_dir), resume=resume)
+            except PhraseScorerError as exc:
+                if not resume or "changed since the interrupted run" not in exc.message:
+                    raise
+                log.info("the interrupted annotation was made with other inputs: starting it again")
+                annotate(original, both, load_model(model_dir))
     prob_only = tables / "phrase-table.rnn.gz"
-    if not prob_only.exists():
+    made_from = {"two-column table": file_identity(both)}
+    stale = changed_keys(read_json(str(prob_only) + ".json") if prob_only.exists() else None, made_from)
+    if stale:
+        if prob_only.exists():
+            log.info("%s is out of date (%s changed): writing it again", prob_only, ", ".join(stale))
         log.info("writing the table without the unknown-word column")
         drop_last_columns(both, prob_only, 1)
+        write_text_atomically(str(prob_only) + ".json", json.dumps(made_from, indent=1) + "\n")
     return {"baseline": original, "rnn": os.fspath(prob_only), "rnn+wp": os.fspath(both)}
 
 
@@ -131,7 +208,8 @@ def system_ini(moses_ini: PathLike, system: System, table: str, out: Path) -> Pa
     if system.added_columns == 0:
         with_absolute_paths(moses_ini, path)
     else:
-        patch_moses_ini(moses_ini, path, phrase_table=table, add_features=system.added_columns, absolute_paths=True,
+        patch_moses_ini(moses_ini, path, phrase_table=table, add_features=system.added_columns,
+                        initial_weights=start_weights(COLUMNS[: system.added_columns]), absolute_paths=True,
                         check_table=True)
     return path
 
@@ -163,12 +241,15 @@ def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[
         for seed in range(1, options.runs + 1):
             run_dir = folder / f"run-{seed}"
             done = run_dir / "result.json"
-            if done.exists():
-                report.runs.append(RunResult(**json.loads(done.read_text())))
-                log.info("%s, seed %d: already done (test BLEU %.2f)", system.name, seed, report.runs[-1].test_bleu)
+            inputs = run_inputs(ini, tables[system.folder], dev, test, replace(tune_options, seed=seed), options)
+            finished = reusable_run(run_dir, inputs)
+            if finished is not None:
+                report.runs.append(finished)
+                log.info("%s, seed %d: already done (test BLEU %.2f)", system.name, seed, finished.test_bleu)
                 continue
             log.info("%s, seed %d: tuning", system.name, seed)
             run_dir.mkdir(exist_ok=True)
+            write_text_atomically(run_dir / RUN_INPUTS, json.dumps(inputs, indent=1) + "\n")
             tuned = run_dir / "tuned.ini"
             result = tune(ini, dev[0], dev[1], tuned, moses=moses, options=replace(tune_options, seed=seed),
                           working_dir=run_dir / "tune")
@@ -191,6 +272,36 @@ def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[
     write_text_atomically(work / "results.json", json.dumps(
         {"runs": [asdict(r) for r in report.runs], "significance": report.significance}, indent=1) + "\n")
     return report
+
+
+RUN_INPUTS = "inputs.json"
+
+
+def run_inputs(system_ini_path: PathLike, table: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike],
+               tune_options: TuneOptions, options: ExperimentOptions) -> Dict[str, object]:
+    """What a tuning run's results depend on, as recorded in ``run-<seed>/inputs.json``."""
+    return json.loads(json.dumps({
+        "system ini sha256": sha256_of(system_ini_path),
+        "phrase table": file_identity(table),
+        "dev": [file_identity(p) for p in dev],
+        "test": [file_identity(p) for p in test],
+        "tuning options": asdict(tune_options),
+        "scoring options": {"references": options.references, "lang": options.lang},
+    }))
+
+
+def reusable_run(run_dir: Path, inputs: Dict[str, object]) -> Optional[RunResult]:
+    """The finished run in ``run_dir`` if it was made from ``inputs``; a run (finished or not) made
+    from other inputs is deleted, so that it is redone from scratch."""
+    if not run_dir.exists():
+        return None
+    stale = changed_keys(read_json(run_dir / RUN_INPUTS), inputs)
+    if stale:
+        log.info("%s was made with other inputs (%s changed): removing it to run it again", run_dir, ", ".join(stale))
+        shutil.rmtree(run_dir)
+        return None
+    done = read_json(run_dir / "result.json")
+    return RunResult(**done) if done is not None else None
 
 
 def significance(runs: Sequence[RunResult], references: Sequence[str], options: ExperimentOptions) -> Dict[str, List[float]]:

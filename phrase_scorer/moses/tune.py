@@ -28,7 +28,7 @@ from phrase_scorer.moses.installation import MosesInstallation, parse_mert_progr
 
 log = logging.getLogger(__name__)
 
-WORKDIR_MARK = ".phrase-scorer-tune"
+WORKDIR_MARK = ".phrase-scorer-{verb}"  # in a working directory: which verb made it
 
 
 @dataclass
@@ -52,15 +52,15 @@ def with_absolute_paths(ini: PathLike, output: PathLike) -> None:
                     feature_name=table.name)
 
 
-def fresh_directory(path: Path) -> Path:
-    """Create ``path`` empty; an old one is removed only if a previous tuning run made it."""
+def fresh_directory(path: Path, verb: str = "tune") -> Path:
+    """Create ``path`` empty; an old one is removed only if a previous run of ``verb`` made it."""
     if path.exists():
-        if not (path / WORKDIR_MARK).exists():
-            raise PhraseScorerError("working directory exists and was not made by phrase-scorer tune", path=path,
+        if not (path / WORKDIR_MARK.format(verb=verb)).exists():
+            raise PhraseScorerError(f"working directory exists and was not made by phrase-scorer {verb}", path=path,
                                     hint="choose another --working-dir or remove it")
         shutil.rmtree(path)
     path.mkdir(parents=True)
-    (path / WORKDIR_MARK).write_text("made by phrase-scorer tune; removed by the next run with this working dir\n")
+    (path / WORKDIR_MARK.format(verb=verb)).write_text(f"made by phrase-scorer {verb}; removed by the next run with this working dir\n")
     return path
 
 

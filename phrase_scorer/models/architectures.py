@@ -1,0 +1,31 @@
+"""config.json's model ``arch`` -> the class that builds it."""
+
+from __future__ import annotations
+
+from typing import Dict, Type
+
+import torch
+
+from phrase_scorer.config import AnyModelConfig, ModelConfig, RNNsearchConfig
+from phrase_scorer.model import RNNEncoderDecoder
+from phrase_scorer.models.base import TranslationModel, count_parameters
+from phrase_scorer.models.rnnsearch import RNNsearch
+from phrase_scorer.vocab import SPECIALS
+
+ARCHITECTURES: Dict[str, Type[TranslationModel]] = {
+    ModelConfig.ARCH: RNNEncoderDecoder,
+    RNNsearchConfig.ARCH: RNNsearch,
+}
+
+
+def build_model(config: AnyModelConfig, source_vocab_size: int, target_vocab_size: int) -> TranslationModel:
+    """A freshly initialised model of ``config``'s architecture."""
+    return ARCHITECTURES[config.arch](config, source_vocab_size, target_vocab_size)
+
+
+def full_size_parameters(config: AnyModelConfig) -> int:
+    """Parameters of ``config``'s network with full shortlists (their words, <pad>, </s>, <unk>);
+    counted on the meta device, so no weight is allocated."""
+    with torch.device("meta"):
+        model = build_model(config, config.source_shortlist + len(SPECIALS), config.target_shortlist + len(SPECIALS))
+    return count_parameters(model)

@@ -1,0 +1,238 @@
+"""RNNsearch: the attention model of Bahdanau, Cho and Bengio (2015), appendices A and B.
+
+Notation follows the paper: a source x_1..x_Tx, a target y_1..y_Ty, embeddings E (one matrix per
+side), encoder states ->h_j and <-h_j, decoder state s_i. Tensors are batch-first; B = batch,
+S = source positions, N = decoder rows, m = embedding size, n = GRU units (per encoder direction
+and in the decoder), n' = alignment units, l = maxout units, V = target vocabulary.
+
+    encoder    ->h_j = (1 - ->z_j) * ->h_{j-1} + ->z_j * tanh(->W E x_j + ->U [->r_j * ->h_{j-1}])
+               ->z_j = sigmoid(->W_z E x_j + ->U_z ->h_{j-1}),  ->r_j = sigmoid(->W_r E x_j + ->U_r ->h_{j-1})
+               ->h_0 = 0; <-h_j alike over x_Tx..x_1 with its own matrices (E is shared)
+               h_j = [->h_j ; <-h_j]                                           (2n)
+    decoder    s_0  = tanh(W_s <-h_1)
+               e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)          (U_a h_j once per source)
+               a_ij = exp(e_ij) / sum_k exp(e_ik), over the real source words only
+               c_i  = sum_j a_ij h_j
+               s_i  = (1 - z_i) * s_{i-1} + z_i * tanh(W E y_{i-1} + U [r_i * s_{i-1}] + C c_i)
+               z_i  = sigmoid(W_z E y_{i-1} + U_z s_{i-1} + C_z c_i)
+               r_i  = sigmoid(W_r E y_{i-1} + U_r s_{i-1} + C_r c_i),   E y_0 = 0
+    readout    t~_i = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i                  (2l)
+               t_i,k = max(t~_i,2k-1, t~_i,2k)                               (l)
+               p(y_i | y_<i, x) = softmax(W_o t_i)     over </s>, <unk> and the words
+
+The reset gate multiplies the state *before* U (unlike ``torch.nn.GRU``, which applies it to
+U h + b), and z weights the new candidate, so the recurrences are written out here. The paper
+omits biases from its equations; each input-side affine term carries one (W, W_z, W_r of every
+GRU, W_s, U_a, U_o, W_o), all starting at 0. Initialisation (appendix B): U, U_z, U_r of every
+GRU random orthogonal; W_a and U_a from N(0, 0.001^2); v_a and the biases 0; every other weight
+from N(0, 0.01^2). Note s_{i-1}, not s_i, in the alignment model and in the readout: the
+features that predict y_i come from the state *before* the step that reads y_{i-1}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+import torch
+from torch import Tensor, nn
+
+from phrase_scorer.config import RNNsearchConfig
+from phrase_scorer.models.base import (
+    FIRST_OUTPUT_ID,
+    Memory,
+    TranslationModel,
+    embed_previous,
+    next_word_labels,
+    orthogonal_like,
+    previous_words,
+)
+from phrase_scorer.vocab import PAD_ID
+
+
+class GatedUnit(nn.Module):
+    """The paper's GRU: h = (1 - z) * h_prev + z * tanh(W x + U [r * h_prev]).
+
+    ``input_proj`` holds W_z, W_r and W (with their biases) stacked in that order, (z, r, new).
+    """
+
+    def __init__(self, input_dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.input_proj = nn.Linear(input_dim, 3 * hidden_dim)  # W_z, W_r, W (+ biases)
+        self.gate_recurrent = nn.Linear(hidden_dim, 2 * hidden_dim, bias=False)  # U_z, U_r
+        self.recurrent = nn.Linear(hidden_dim, hidden_dim, bias=False)  # U
+
+    def step(self, x_proj: Tensor, h: Tensor) -> Tensor:
+        """x_proj: every input term, W x (+ C c) (N, 3n); h: h_prev (N, n) -> the new state (N, n)."""
+        n = self.hidden_dim
+        z, r = torch.sigmoid(x_proj[:, : 2 * n] + self.gate_recurrent(h)).chunk(2, -1)  # (N, n) each
+        candidate = torch.tanh(x_proj[:, 2 * n :] + self.recurrent(r * h))  # (N, n)
+        return h + z * (candidate - h)  # (1 - z) h + z candidate
+
+    def scan(self, x: Tensor, mask: Tensor, reverse: bool = False) -> Tensor:
+        """States over a padded batch: x (B, S, in), mask (B, S) -> (B, S, n), 0 at padding.
+
+        ``reverse`` reads each sequence from its last real word back to its first; the state
+        stays at h_0 = 0 across the padding, so padding changes nothing.
+        """
+        B, S, _ = x.shape
+        x_proj = self.input_proj(x)  # (B, S, 3n)
+        h = x_proj.new_zeros((B, self.hidden_dim))  # h_0 = 0
+        states = [h] * S
+        for j in (reversed(range(S)) if reverse else range(S)):
+            h = torch.where(mask[:, j : j + 1], self.step(x_proj[:, j], h), h)  # (B, n)
+            states[j] = h
+        return torch.stack(states, 1) * mask.unsqueeze(2).to(x_proj.dtype)  # (B, S, n)
+
+
+class BidirectionalEncoder(nn.Module):
+    """Annotations h_j = [->h_j ; <-h_j] of a padded batch of sources."""
+
+    def __init__(self, config: RNNsearchConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, config.embedding_dim, padding_idx=PAD_ID)  # E, both directions
+        self.forward_unit = GatedUnit(config.embedding_dim, config.hidden_dim)
+        self.backward_unit = GatedUnit(config.embedding_dim, config.hidden_dim)
+
+    def forward(self, src: Tensor, src_len: Tensor) -> Tuple[Tensor, Tensor]:
+        """src (B, S), src_len (B,) -> annotations (B, S, 2n) (0 at padding), mask (B, S)."""
+        mask = torch.arange(src.size(1), device=src.device) < src_len.unsqueeze(1)  # (B, S)
+        emb = self.embed(src)  # (B, S, m)
+        forward_states = self.forward_unit.scan(emb, mask)  # (B, S, n)
+        backward_states = self.backward_unit.scan(emb, mask, reverse=True)  # (B, S, n)
+        return torch.cat([forward_states, backward_states], 2), mask  # (B, S, 2n)
+
+
+class Alignment(nn.Module):
+    """a_ij = softmax_j v_a^T tanh(W_a s_{i-1} + U_a h_j), over the real source words."""
+
+    def __init__(self, config: RNNsearchConfig) -> None:
+        super().__init__()
+        n, n_a = config.hidden_dim, config.alignment_dim
+        self.query = nn.Linear(n, n_a, bias=False)  # W_a
+        self.key = nn.Linear(2 * n, n_a)  # U_a (+ bias)
+        self.score = nn.Linear(n_a, 1, bias=False)  # v_a
+
+    def forward(self, s_prev: Tensor, keys: Tensor, mask: Tensor) -> Tensor:
+        """s_prev (N, n), keys U_a h_j (N, S, n'), mask (N, S) -> a_i. (N, S), 0 at padding."""
+        hidden = torch.tanh(self.query(s_prev).unsqueeze(1) + keys)  # (N, S, n')
+        energy = self.score(hidden).squeeze(2)  # (N, S) e_ij
+        energy = energy.masked_fill(~mask, float("-inf"))
+        return torch.softmax(energy, 1)  # (N, S)
+
+
+class MaxoutReadout(nn.Module):
+    """t_i = maxout(U_o s_{i-1} + V_o E y_{i-1} + C_o c_i): the features (l) of W_o's softmax."""
+
+    def __init__(self, config: RNNsearchConfig, vocab_size: int) -> None:
+        super().__init__()
+        n, m = config.hidden_dim, config.embedding_dim
+        self.units, self.pieces = config.maxout_units, config.maxout_pieces
+        width = self.units * self.pieces
+        self.state = nn.Linear(n, width)  # U_o (+ bias)
+        self.prev_word = nn.Linear(m, width, bias=False)  # V_o
+        self.context = nn.Linear(2 * n, width, bias=False)  # C_o
+        self.output = nn.Linear(self.units, vocab_size - FIRST_OUTPUT_ID)  # W_o (+ bias)
+
+    def features(self, s_prev: Tensor, prev_emb: Tensor, context: Tensor) -> Tensor:
+        """(N, n), (N, m), (N, 2n) -> t_i (N, l)."""
+        t = self.state(s_prev) + self.prev_word(prev_emb) + self.context(context)  # (N, 2l)
+        return t.unflatten(-1, (self.units, self.pieces)).amax(-1)  # (N, l)
+
+
+@dataclass
+class RNNsearchMemory(Memory):
+    """An encoded batch of sources."""
+
+    annotations: Tensor  # (B, S, 2n) h_j, 0 at padding
+    mask: Tensor  # (B, S) True at real source words
+    keys: Tensor  # (B, S, n') U_a h_j
+    init_state: Tensor  # (B, n) s_0 = tanh(W_s <-h_1)
+
+
+class RNNsearch(TranslationModel):
+    """p(y|x) by RNNsearch; see the module docstring."""
+
+    has_alignments = True
+
+    def __init__(self, config: RNNsearchConfig, source_vocab_size: int, target_vocab_size: int) -> None:
+        super().__init__()
+        n, m = config.hidden_dim, config.embedding_dim
+        self.config = config
+        self.source_vocab_size = source_vocab_size
+        self.target_vocab_size = target_vocab_size
+        self.encoder = BidirectionalEncoder(config, source_vocab_size)
+        self.init_state = nn.Linear(n, n)  # W_s (+ bias)
+        self.alignment = Alignment(config)
+        self.embed = nn.Embedding(target_vocab_size, m, padding_idx=PAD_ID)  # target E
+        self.unit = GatedUnit(m, n)  # W, W_z, W_r, U, U_z, U_r of the decoder
+        self.context_proj = nn.Linear(2 * n, 3 * n, bias=False)  # C_z, C_r, C
+        self.readout = MaxoutReadout(config, target_vocab_size)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Appendix B: orthogonal U's; N(0, 0.001^2) W_a, U_a; v_a and biases 0; others N(0, 0.01^2)."""
+        cfg = self.config
+        units = (self.encoder.forward_unit, self.encoder.backward_unit, self.unit)
+        recurrent = {id(u.gate_recurrent.weight) for u in units} | {id(u.recurrent.weight) for u in units}
+        alignment = {id(self.alignment.query.weight), id(self.alignment.key.weight)}
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                if id(param) in recurrent:
+                    for block in param.split(cfg.hidden_dim, 0):  # U_z, U_r, U: n x n each
+                        block.copy_(orthogonal_like(block))
+                elif id(param) in alignment:
+                    param.normal_(0.0, cfg.alignment_init_std)
+                elif name.endswith("bias") or param is self.alignment.score.weight:
+                    param.zero_()
+                else:
+                    param.normal_(0.0, cfg.init_std)
+            self.encoder.embed.weight[PAD_ID].zero_()
+            self.embed.weight[PAD_ID].zero_()
+
+    # --- the interface ---------------------------------------------------------------------------
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        return self.readout.output
+
+    def encode(self, src: Tensor, src_len: Tensor) -> RNNsearchMemory:
+        """src (B, S), src_len (B,) -> annotations, mask, U_a h_j and s_0 of each source."""
+        annotations, mask = self.encoder(src, src_len)  # (B, S, 2n), (B, S)
+        first_backward = annotations[:, 0, self.config.hidden_dim :]  # (B, n) <-h_1
+        return RNNsearchMemory(
+            annotations=annotations,
+            mask=mask,
+            keys=self.alignment.key(annotations),  # (B, S, n')
+            init_state=torch.tanh(self.init_state(first_backward)),  # (B, n)
+        )
+
+    def start(self, memory: RNNsearchMemory) -> Tensor:
+        return memory.init_state  # (N, n) s_0
+
+    def step(self, memory: RNNsearchMemory, state: Tensor, prev: Tensor) -> Tuple[Tensor, Tensor]:
+        """memory (N rows), s_{i-1} (N, n), y_{i-1} (N,) -> s_i (N, n), t_i (N, l)."""
+        state, features, _ = self.step_with_alignment(memory, state, prev)
+        return state, features
+
+    def step_with_alignment(self, memory: RNNsearchMemory, state: Tensor, prev: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """As :meth:`step`, with the alignment weights a_i. (N, S) used for c_i."""
+        prev_emb = embed_previous(self.embed, prev)  # (N, m) E y_{i-1}, 0 for y_0
+        alpha = self.alignment(state, memory.keys, memory.mask)  # (N, S)
+        context = torch.bmm(alpha.unsqueeze(1), memory.annotations).squeeze(1)  # (N, 2n) c_i
+        features = self.readout.features(state, prev_emb, context)  # (N, l) from s_{i-1}
+        inputs = self.unit.input_proj(prev_emb) + self.context_proj(context)  # (N, 3n)
+        return self.unit.step(inputs, state), features, alpha
+
+    def alignments(self, src: Tensor, src_len: Tensor, tgt: Tensor, tgt_len: Tensor) -> Tensor:
+        """Teacher-forced a_ij: (B, T+1, S); row i is the step that predicts y_i (then </s>).
+        Rows past a target's </s> and columns past its source are 0."""
+        memory = self.encode(src, src_len)
+        state = self.start(memory)
+        weights = []
+        for prev in previous_words(tgt).unbind(1):  # (B,) each
+            state, _, alpha = self.step_with_alignment(memory, state, prev)
+            weights.append(alpha)
+        _, valid = next_word_labels(tgt, tgt_len)  # (B, T+1)
+        return torch.stack(weights, 1) * valid.unsqueeze(2).to(memory.annotations.dtype)  # (B, T+1, S)

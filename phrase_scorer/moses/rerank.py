@@ -1,0 +1,477 @@
+"""Re-tuning the weights of an n-best list's features with Moses' own optimisers, and reranking.
+
+::
+
+    dev n-best list --extractor--> features.dat + scores.dat --mert or kbmira, one run per seed--> weights
+    test n-best list --weights--> the best hypothesis of each sentence, one line per sentence
+
+The lists are fixed: nothing is decoded again. Every dense feature of the lists is weighted,
+the decoder's and those ``rescore`` appended. The optimiser starts from the decoder's weights,
+read from the ``[weight]`` section of its moses.ini (features it does not name start at 0), or,
+without a moses.ini, fitted by least squares to the totals of the dev list (the total Moses
+prints is the weighted sum of the features). ``mert`` runs with ``restarts`` random starting
+points (``-n``, drawn between 0 and 1 for every weight, as mert-moses.pl does) besides the
+decoder's; ``kbmira`` (batch MIRA) runs ``mira_iterations`` epochs. Each seed is one run of the
+optimiser (``mert -r`` / ``kbmira --random-seed``); the run whose weights give the best BLEU on
+the dev list is kept. Every BLEU here is Moses' own (the optimisers' corpus BLEU, computed from
+the extractor's statistics), on the dev list as reranked by the weights.
+
+A sentence's best hypothesis is the first of those with the largest weighted sum of the dense
+features; it is written as its hypothesis field with the surrounding spaces removed, which is
+what Moses prints as the 1-best translation. A sentence id that the test list skips gets an
+empty line, so line k + 1 is always sentence k.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from phrase_scorer import __version__
+from phrase_scorer.config import RerankOptions
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import STDIO, AtomicOutput, PathLike, write_text_atomically
+from phrase_scorer.io.moses_ini import MosesIni
+from phrase_scorer.io.nbest import NBestEntry, check_sentence_order, dense_feature_vector, group_by_sentence, read_nbest
+from phrase_scorer.moses.installation import MosesInstallation, read_lines, require_program, run_logged, write_lines
+from phrase_scorer.moses.tune import fresh_directory
+
+log = logging.getLogger(__name__)
+
+BLEU_ORDER = 4  # Moses' BleuScorer: n-grams up to 4, statistics (matches, total) per order, then the reference length
+MIN_WEIGHT, MAX_WEIGHT = 0.0, 1.0  # where mert draws its random starting points (mert-moses.pl's default range)
+
+Layout = Tuple[Tuple[str, int], ...]  # the dense features of a line: (name, number of values), in order
+
+
+def dense_layout(entry: NBestEntry) -> Layout:
+    """The dense features of an entry (labels without ``_``), as the extractor reads them."""
+    return tuple((name, len(values)) for name, values in entry.features if "_" not in name)
+
+
+def describe_layout(layout: Layout) -> str:
+    return " ".join(f"{name}=x{count}" if count > 1 else f"{name}=" for name, count in layout)
+
+
+@dataclass
+class Weights:
+    """One weight per dense feature value, in the lists' order."""
+
+    layout: Layout
+    values: List[float]
+
+    def by_name(self) -> Dict[str, List[float]]:
+        out: Dict[str, List[float]] = {}
+        position = 0
+        for name, count in self.layout:
+            out[name] = self.values[position : position + count]
+            position += count
+        return out
+
+    def value_names(self) -> List[str]:
+        """Each value's feature name, repeated for a feature with several values (mert-moses.pl's
+        dense weight file)."""
+        return [name for name, count in self.layout for _ in range(count)]
+
+
+@dataclass
+class OptimiserRun:
+    seed: int
+    weights: List[float]
+    dev_bleu: float  # x 100, Moses' BLEU of the dev list reranked with these weights
+    reported_bleu: Optional[float]  # x 100, what the optimiser printed as its best
+
+
+@dataclass
+class RerankResult:
+    output: str
+    sentences: int
+    weights: Dict[str, List[float]]
+    start_weights: Dict[str, List[float]]
+    start_from: str  # the moses.ini, or "n-best totals"
+    start_dev_bleu: float  # x 100
+    dev_bleu: float  # x 100, of the weights kept
+    best_seed: int
+    runs: List[OptimiserRun] = field(default_factory=list)
+    working_dir: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- the dev list: checking it, and what the extractor made of it -----------------------------------
+
+
+@dataclass
+class DevList:
+    layout: Layout
+    sentences: int  # largest id + 1
+    gram: np.ndarray  # X'X of the dense features, for the fit to the totals
+    moment: np.ndarray  # X'y
+    totals_square: float  # y'y
+    lines: int
+
+
+def copy_checked(nbest: PathLike, copy: Path) -> DevList:
+    """Copy ``nbest`` to ``copy`` as plain text, checking that its ids are grouped in increasing
+    order and that every line has the same dense features, as the optimisers need.
+
+    Accumulates what the least-squares fit to the totals needs, with features and totals taken
+    relative to their sentence's mean: a total also holds features Moses leaves out of n-best
+    lists (the unknown-word penalty, -100 per word passed through), which are the same for every
+    hypothesis of a sentence."""
+    layout: Optional[Layout] = None
+    gram = moment = None
+    totals_square = 0.0
+    last_id = -1
+    count = 0
+    with open(copy, "wb") as out:
+        for _, entries in group_by_sentence(read_nbest(nbest)):
+            for entry in entries:
+                found = dense_layout(entry)
+                if layout is None:
+                    layout = found
+                    if not layout:
+                        raise PhraseScorerError("the n-best list has no dense features", path=nbest, line=entry.line_number)
+                elif found != layout:
+                    raise PhraseScorerError(
+                        f"the dense features are {describe_layout(found)}, not {describe_layout(layout)} as on the "
+                        "first line", path=nbest, line=entry.line_number,
+                        hint="every line must carry the same features, in the same order")
+                check_sentence_order(entry, last_id, nbest)
+                last_id = entry.sentence_id
+                out.write(entry.to_line().encode("utf-8"))
+            features = np.array([dense_feature_vector(e) for e in entries])  # (H, D)
+            totals = np.array([e.total for e in entries])  # (H,)
+            features -= features.mean(0)
+            totals -= totals.mean()
+            if gram is None:
+                gram, moment = np.zeros((features.shape[1],) * 2), np.zeros(features.shape[1])
+            gram += features.T @ features
+            moment += features.T @ totals
+            totals_square += float(totals @ totals)
+            count += len(entries)
+    if count == 0:
+        raise PhraseScorerError("the n-best list is empty", path=nbest)
+    return DevList(layout, last_id + 1, gram, moment, totals_square, count)
+
+
+@dataclass
+class MertData:
+    """The extractor's files for the dev list: per sentence, its hypotheses' dense features and
+    BLEU statistics."""
+
+    features: List[np.ndarray]  # per sentence (H, D)
+    stats: List[np.ndarray]  # per sentence (H, 2 * BLEU_ORDER + 1)
+
+
+_BEGIN = re.compile(r"^(FEATURES|SCORES)_TXT_BEGIN_0 (\S+) (\d+) (\d+)")
+
+
+def read_blocks(path: Path, width: int) -> Iterator[Tuple[str, np.ndarray]]:
+    """(sentence index, (H, width) values) for each block of a text features.dat or scores.dat;
+    sparse features after the first ``width`` values are ignored."""
+    with open(path, encoding="utf-8") as f:
+        number = 0
+        for line in f:
+            number += 1
+            match = _BEGIN.match(line)
+            if not match:
+                raise PhraseScorerError("expected a *_TXT_BEGIN_0 header", path=path, line=number,
+                                        hint="the extractor's output looks damaged")
+            index, rows, columns = match.group(2), int(match.group(3)), int(match.group(4))
+            if columns != width:
+                raise PhraseScorerError(f"{columns} values per hypothesis, expected {width}", path=path, line=number)
+            block = np.empty((rows, width))
+            for r in range(rows):
+                number += 1
+                block[r] = [float(v) for v in next(f).split()[:width]]
+            number += 1
+            next(f)  # *_TXT_END_0
+            yield index, block
+
+
+def read_mert_data(features_path: Path, scores_path: Path, dimensions: int) -> MertData:
+    features, stats = [], []
+    for (f_index, f_block), (s_index, s_block) in zip(read_blocks(features_path, dimensions),
+                                                      read_blocks(scores_path, 2 * BLEU_ORDER + 1)):
+        if f_index != s_index or len(f_block) != len(s_block):
+            raise PhraseScorerError(f"sentence {f_index} of the features does not match sentence {s_index} of the scores",
+                                    path=scores_path)
+        features.append(f_block)
+        stats.append(s_block)
+    return MertData(features, stats)
+
+
+def moses_bleu(stats: np.ndarray) -> float:
+    """Corpus BLEU from summed statistics, as Moses' BleuScorer computes it (x 100)."""
+    log_bleu = 0.0
+    for n in range(BLEU_ORDER):
+        matches, total = stats[2 * n], stats[2 * n + 1]
+        if matches == 0:
+            return 0.0
+        log_bleu += math.log(matches) - math.log(total)
+    log_bleu /= BLEU_ORDER
+    brevity = 1.0 - stats[2 * BLEU_ORDER] / stats[1]
+    if brevity < 0.0:
+        log_bleu += brevity
+    return 100.0 * math.exp(log_bleu)
+
+
+def reranked_bleu(data: MertData, weights: Sequence[float]) -> float:
+    """BLEU (x 100) of the dev list's best hypotheses under ``weights``."""
+    w = np.asarray(weights, np.float64)
+    total = np.zeros(2 * BLEU_ORDER + 1)
+    for features, stats in zip(data.features, data.stats):
+        total += stats[int(np.argmax(features @ w))]
+    return moses_bleu(total)
+
+
+# --- starting weights ----------------------------------------------------------------------------
+
+
+def weights_from_ini(ini: PathLike, layout: Layout) -> Weights:
+    """The decoder's weights for the lists' features; features the ini does not weight start at 0."""
+    parsed = MosesIni.read(ini)
+    named = {line.content.split()[0][:-1] for line in parsed.section_lines("weight") if line.content.split()[0].endswith("=")}
+    values: List[float] = []
+    for name, count in layout:
+        if name not in named:
+            log.info("%s is not in %s; its weights start at 0", name, ini)
+            values += [0.0] * count
+            continue
+        found = parsed.weight_line(name)
+        if len(found.weights) != count:
+            raise parsed.error(f"{name} has {len(found.weights)} weights, but the n-best list has {count} values of it",
+                               found.line.number, "give the moses.ini the n-best lists were decoded with")
+        values += found.weights
+    return Weights(layout, values)
+
+
+def weights_from_totals(dev: DevList) -> Tuple[Weights, float]:
+    """Least-squares weights that reproduce the differences between the totals of a sentence's
+    hypotheses from their dense features, and the root-mean-square difference left."""
+    solution = np.linalg.lstsq(dev.gram, dev.moment, rcond=None)[0]
+    residual = dev.totals_square - 2 * solution @ dev.moment + solution @ dev.gram @ solution
+    return Weights(dev.layout, [float(v) for v in solution]), math.sqrt(max(residual, 0.0) / dev.lines)
+
+
+# --- the optimisers ------------------------------------------------------------------------------
+
+
+_BEST_POINT = re.compile(r"^Best point:(.*)=>\s*(\S+)")
+_MIRA_WEIGHT = re.compile(r"^F(\d+) (\S+)$")
+_MIRA_BLEU = re.compile(r"^Best BLEU = (\S+)")
+
+
+def run_mert(mert: Path, data_dir: Path, run_dir: Path, start: Weights, seed: int, options: RerankOptions) -> Tuple[List[float], float]:
+    size = len(start.values)
+    with open(run_dir / "init.opt", "w", encoding="utf-8") as f:
+        f.write(" ".join(repr(v) for v in start.values) + "\n")
+        f.write(" ".join([repr(MIN_WEIGHT)] * size) + "\n")
+        f.write(" ".join([repr(MAX_WEIGHT)] * size) + "\n")
+    args = [mert, "-d", str(size), "--sctype", "BLEU", "--scfile", data_dir / "dev.scores.dat",
+            "--ffile", data_dir / "dev.features.dat", "--ifile", run_dir / "init.opt",
+            "-n", str(options.restarts), "-r", str(seed)]
+    if options.threads > 1:
+        args += ["--threads", str(options.threads)]
+    log_path = run_dir / "mert.log"
+    run_logged(args, log_path, cwd=run_dir)
+    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        match = _BEST_POINT.match(line)
+        if match:
+            weights = [float(v) for v in match.group(1).split()]
+            if len(weights) != size:
+                break
+            return weights, 100 * float(match.group(2))
+    raise PhraseScorerError("mert finished without a 'Best point' line of the expected size", path=log_path)
+
+
+def run_kbmira(kbmira: Path, data_dir: Path, run_dir: Path, start: Weights, seed: int, options: RerankOptions) -> Tuple[List[float], Optional[float]]:
+    size = len(start.values)
+    write_lines(run_dir / "init.dense", [f"{name}= {value!r}" for name, value in zip(start.value_names(), start.values)])
+    args = [kbmira, "--sctype", "BLEU", "--dense-init", run_dir / "init.dense",
+            "--ffile", data_dir / "dev.features.dat", "--scfile", data_dir / "dev.scores.dat",
+            "--random-seed", str(seed), "--iters", str(options.mira_iterations), "-o", run_dir / "weights.txt"]
+    log_path = run_dir / "kbmira.log"
+    run_logged(args, log_path, cwd=run_dir)
+    weights = [0.0] * size
+    out = run_dir / "weights.txt"
+    if not out.exists():
+        raise PhraseScorerError("kbmira wrote no weights (no epoch improved on BLEU 0)", path=log_path)
+    for line in out.read_text(encoding="utf-8").splitlines():
+        match = _MIRA_WEIGHT.match(line)
+        if match and int(match.group(1)) < size:
+            weights[int(match.group(1))] = float(match.group(2))
+    norm = sum(abs(w) for w in weights)
+    if norm < 1e-9:
+        raise PhraseScorerError("kbmira's weights are all zero", path=out)
+    reported = None
+    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        match = _MIRA_BLEU.match(line)
+        if match:
+            reported = 100 * float(match.group(1))
+    return [w / norm for w in weights], reported  # L1-normalised, as mert-moses.pl does
+
+
+# --- learning and applying ----------------------------------------------------------------------
+
+
+@dataclass
+class Learned:
+    weights: Weights
+    start: Weights
+    start_from: str
+    start_dev_bleu: float
+    best: OptimiserRun
+    runs: List[OptimiserRun]
+
+
+def mert_programs(moses: Optional[MosesInstallation], options: RerankOptions) -> Tuple[Path, Path]:
+    """The extractor and the optimiser, checked to be there."""
+    if options.method not in ("mert", "mira"):
+        raise PhraseScorerError("--method takes mert or mira")
+    if options.mertdir:
+        folder = Path(options.mertdir).resolve()
+    elif moses is not None:
+        folder = moses.bin
+    else:
+        raise PhraseScorerError("no Moses installation given",
+                                hint="pass --moses-home DIR or set MOSES_HOME (or --mertdir to mert's programs)")
+    hint = "build Moses' mert programs, or point --mertdir or --moses-home elsewhere"
+    optimiser = "mert" if options.method == "mert" else "kbmira"
+    return (require_program(folder / "extractor", "mert program extractor", hint),
+            require_program(folder / optimiser, f"mert program {optimiser}", hint))
+
+
+def learn_weights(dev_nbest: PathLike, dev_reference: PathLike, work: Path, *, moses: Optional[MosesInstallation],
+                  options: RerankOptions = RerankOptions(), start_ini: Optional[PathLike] = None) -> Learned:
+    """Weights for every dense feature of ``dev_nbest``, tuned on it against ``dev_reference``."""
+    extractor, optimiser = mert_programs(moses, options)
+    work = Path(work).resolve()  # the programs run inside it and get absolute paths
+    if not options.seeds:
+        raise PhraseScorerError("no optimiser seed given", hint="pass --seed at least once")
+    dev = copy_checked(dev_nbest, work / "dev.nbest")
+    references = read_lines(dev_reference)
+    if len(references) != dev.sentences:
+        raise PhraseScorerError(
+            f"the reference has {len(references)} lines, but the n-best list's sentence ids go up to {dev.sentences - 1}",
+            path=dev_reference, hint="give the references of the sentences the n-best list was decoded from")
+    write_lines(work / "dev.ref", references)
+    run_logged([extractor, "--sctype", "BLEU", "--scfile", work / "dev.scores.dat", "--ffile", work / "dev.features.dat",
+                "-r", work / "dev.ref", "-n", work / "dev.nbest"], work / "extractor.log", cwd=work)
+    size = sum(n for _, n in dev.layout)
+    data = read_mert_data(work / "dev.features.dat", work / "dev.scores.dat", size)
+    (work / "dev.nbest").unlink()  # a plain copy of the whole list; the extractor's files hold what is needed
+
+    if start_ini is not None:
+        start, start_from = weights_from_ini(start_ini, dev.layout), os.path.abspath(start_ini)
+    else:
+        start, rms = weights_from_totals(dev)
+        start_from = "n-best totals"
+        log.info("starting weights fitted to the dev list's totals (root-mean-square difference %.3g)", rms)
+    start_bleu = reranked_bleu(data, start.values)
+    log.info("dev BLEU with the starting weights: %.2f", start_bleu)
+
+    runs = []
+    for seed in options.seeds:
+        run_dir = work / f"seed{seed}"
+        run_dir.mkdir()
+        run = run_mert if options.method == "mert" else run_kbmira
+        weights, reported = run(optimiser, work, run_dir, start, seed, options)
+        bleu = reranked_bleu(data, weights)
+        runs.append(OptimiserRun(seed, weights, bleu, reported))
+        log.info("%s seed %d: dev BLEU %.2f", options.method, seed, bleu)
+    best = max(runs, key=lambda r: r.dev_bleu)  # the first of equals
+    return Learned(Weights(dev.layout, best.weights), start, start_from, start_bleu, best, runs)
+
+
+def apply_weights(nbest: PathLike, weights: Weights, output: PathLike) -> int:
+    """Write the best hypothesis of each sentence of ``nbest`` under ``weights``; returns the
+    number of lines written (largest sentence id + 1)."""
+    w = np.asarray(weights.values, np.float64)
+    written = 0
+
+    def best_lines() -> Iterator[bytes]:
+        nonlocal written
+        last_id, best, best_score = -1, None, -math.inf
+        for entry in read_nbest(nbest):
+            found = dense_layout(entry)
+            if found != weights.layout:
+                raise PhraseScorerError(
+                    f"the dense features are {describe_layout(found)}, but the weights are for "
+                    f"{describe_layout(weights.layout)}", path=nbest, line=entry.line_number,
+                    hint="rerank lists made by the same decoder and rescored with the same models")
+            check_sentence_order(entry, last_id, nbest)
+            if entry.sentence_id != last_id:
+                if best is not None:
+                    yield best
+                    written += 1
+                for _ in range(written, entry.sentence_id):  # a sentence with no hypotheses
+                    yield b"\n"
+                    written += 1
+                last_id, best, best_score = entry.sentence_id, None, -math.inf
+            score = float(np.asarray(dense_feature_vector(entry)) @ w)
+            if score > best_score:
+                best, best_score = (entry.hypothesis.strip(" ") + "\n").encode("utf-8"), score
+        if best is not None:
+            yield best
+            written += 1
+
+    with AtomicOutput(output) as out:
+        chunk: List[bytes] = []
+        for line in best_lines():
+            chunk.append(line)
+            if len(chunk) == 4096:
+                out.write(b"".join(chunk))
+                chunk = []
+        out.write(b"".join(chunk))
+        if written == 0:
+            raise PhraseScorerError("the n-best list is empty", path=nbest)
+        out.commit()
+    return written
+
+
+def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, output: PathLike, *,
+           moses: Optional[MosesInstallation], options: RerankOptions = RerankOptions(),
+           start_ini: Optional[PathLike] = None, working_dir: Optional[PathLike] = None) -> RerankResult:
+    """Tune the weights on the dev list, then write the test list's 1-best to ``output`` and the
+    weights, runs and dev BLEU to ``output.json``."""
+    output = os.fspath(output)
+    if output == STDIO:
+        raise PhraseScorerError("rerank needs a named output file (its weights go beside it, in OUTPUT.json)")
+    for path in (dev_nbest, test_nbest):
+        if os.fspath(path) == STDIO:
+            raise PhraseScorerError("rerank reads its n-best lists twice; give them as files, not '-'")
+    mert_programs(moses, options)  # before any work
+    work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="rerank")
+    learned = learn_weights(dev_nbest, dev_reference, work, moses=moses, options=options, start_ini=start_ini)
+    sentences = apply_weights(test_nbest, learned.weights, output)
+    result = RerankResult(
+        output=output, sentences=sentences, weights=learned.weights.by_name(), start_weights=learned.start.by_name(),
+        start_from=learned.start_from, start_dev_bleu=learned.start_dev_bleu, dev_bleu=learned.best.dev_bleu,
+        best_seed=learned.best.seed, runs=learned.runs, working_dir=os.fspath(work),
+    )
+    signature = {
+        "tool": "phrase-scorer rerank",
+        "dev": {"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
+        "test": {"nbest": os.path.abspath(test_nbest)},
+        "options": asdict(options),
+        "bleu": "Moses' BleuScorer on the dev list (x 100)",
+        **result.to_dict(),
+        "package_version": __version__,
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    write_text_atomically(output + ".json", json.dumps(signature, indent=2) + "\n")
+    log.info("test 1-best: %s (%d sentences); weights of seed %d, dev BLEU %.2f (start %.2f), in %s.json",
+             output, sentences, result.best_seed, result.dev_bleu, result.start_dev_bleu, output)
+    return result

@@ -1,0 +1,361 @@
+"""Rescoring Moses n-best lists: the models' log-probabilities as new dense features.
+
+Each line ``id ||| hypothesis ||| features ||| total [||| ...]`` of an n-best list gets one
+feature per model appended to its features field, in Moses' ``Name= value`` form::
+
+    0 ||| un homme  ||| LM0= -40.8 ... TranslationModel0= -5.3 -12.1 -5.9 -8.3 RNN0= -17.2736 ||| -3.10178
+
+The value is the natural-log log p(hypothesis | source sentence) under the model (Moses keeps its
+features in the log domain in n-best lists), or, with ``normalize``, that divided by the number
+of predicted tokens (the words and ``</s>``). A *reverse* model, trained on target -> source
+sentence pairs, gives log p(source sentence | hypothesis) instead. Values are rounded to the 6
+significant digits Moses prints its own feature values with, and written with ``%g``. Every
+other byte of the line is kept: id, hypothesis, the features already there, total, the fields
+after it (segmentation, alignment) and the newline.
+
+The work runs in the :class:`~phrase_scorer.io.parallel.Pipeline` annotate uses: a reader thread cuts
+the list into windows of whole sentences (about ``window_lines`` lines) and looks up word ids in
+each model's vocabularies; the main thread asks :class:`~phrase_scorer.scoring.BatchScorer` for
+log p, one call per model and window, so each source sentence is encoded once for all its
+hypotheses and the hypotheses' shared prefixes are decoded once; a writer thread appends the
+features and writes the window as one chunk with a resume record. Output is atomic, resumable
+(``resume``) and signed (``OUT.json``).
+
+The n-best list must be grouped by sentence id, in increasing order (as Moses writes it); the
+source file has line k + 1 for sentence id k, and exactly as many lines as the largest id + 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from phrase_scorer import __version__
+from phrase_scorer.annotate import ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable
+from phrase_scorer.annotate_work import check_finite, per_token
+from phrase_scorer.config import FORWARD_FEATURE_PREFIX, REVERSE_FEATURE_PREFIX, RescoreOptions, ScoringOptions
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import (
+    GZIP_LIBRARY,
+    STDIO,
+    OutputLock,
+    PathLike,
+    gzip_member,
+    is_gzip_name,
+    open_input,
+    read_gzip_error,
+)
+from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order, moses_rounded
+from phrase_scorer.io.parallel import Pipeline
+from phrase_scorer.io.phrase_table import split_words
+from phrase_scorer.progress import progress_bar
+
+log = logging.getLogger(__name__)
+
+# A dense Moses feature name: no '_' (the extractor reads a name with '_' as a sparse feature).
+FEATURE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+VALUE_FORMAT = "%g: 6 significant digits, as Moses prints feature values"
+
+
+@dataclass
+class FeatureModel:
+    """A model and the feature it adds. ``reverse``: it scores the source given the hypothesis."""
+
+    name: str
+    loaded: Any  # a LoadedModel
+    reverse: bool = False
+
+    def describe(self) -> Dict[str, Any]:
+        return {"name": self.name, "reverse": self.reverse, "directory": os.path.abspath(self.loaded.directory),
+                "weights_sha256": self.loaded.weights_sha256, "config": self.loaded.config.to_dict()}
+
+
+def feature_models(forward: Sequence[PathLike], reverse: Sequence[PathLike] = (), names: Sequence[str] = (),
+                   reverse_names: Sequence[str] = (), device: Any = "cpu") -> List[FeatureModel]:
+    """Load the models, forward ones first, naming their features ``names`` / ``reverse_names``
+    (by default RNN0, RNN1, ... and RNNReverse0, ...)."""
+    from phrase_scorer.model_dir import load_model
+
+    for dirs, given, option in ((forward, names, "--name"), (reverse, reverse_names, "--reverse-name")):
+        if given and len(given) != len(dirs):
+            raise PhraseScorerError(f"{len(given)} {option} for {len(dirs)} models", hint=f"give {option} once per model, in order")
+    names = list(names) or [f"{FORWARD_FEATURE_PREFIX}{i}" for i in range(len(forward))]
+    reverse_names = list(reverse_names) or [f"{REVERSE_FEATURE_PREFIX}{i}" for i in range(len(reverse))]
+    check_feature_names(names + reverse_names)
+    return ([FeatureModel(n, load_model(d, device)) for n, d in zip(names, forward)]
+            + [FeatureModel(n, load_model(d, device), reverse=True) for n, d in zip(reverse_names, reverse)])
+
+
+def check_feature_names(names: Sequence[str]) -> None:
+    """Names Moses and its optimisers read as distinct dense features."""
+    for name in names:
+        if not FEATURE_NAME.fullmatch(name):
+            raise PhraseScorerError(f"feature name {name!r} is not letters and digits starting with a letter",
+                                    hint="Moses reads a name with '_' as a sparse feature; use e.g. RNN0")
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise PhraseScorerError(f"feature name {name} is given twice", hint="give each model its own --name")
+        seen.add(name)
+
+
+@dataclass
+class NBestWindow:
+    """Whole sentences of the n-best list, with word ids per model (filled by the reader thread)."""
+
+    index: int
+    first_line: int
+    lines: List[NBestEntry]
+    inputs: List[Tuple[List[List[int]], List[List[int]]]]  # per model: (source ids, target ids) per line
+    scores: List[np.ndarray] = field(default_factory=list)  # per model: the feature value per line
+
+
+class SourceSentences:
+    """The source file, read forward as the n-best list asks for sentence ids."""
+
+    def __init__(self, path: PathLike, nbest: PathLike) -> None:
+        self.path = path
+        self.nbest = nbest
+        self._input = open_input(path)
+        self._lines = iter(self._input)
+        self.lines_read = 0
+
+    def words(self, sentence_id: int, nbest_line: int) -> List[str]:
+        """The words of source line ``sentence_id + 1``; ids must increase from call to call."""
+        data = None
+        while self.lines_read <= sentence_id:
+            data = self._next()
+            if data is None:
+                raise PhraseScorerError(
+                    f"sentence id {sentence_id} needs source line {sentence_id + 1}, but {self._name()} has only "
+                    f"{self.lines_read} lines", path=self.nbest, line=nbest_line,
+                    hint="give the source sentences the n-best list was decoded from, one per line")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=self.path,
+                                    line=self.lines_read) from None
+        return split_words(text[:-1] if text.endswith("\n") else text)
+
+    def check_all_read(self, last_id: int) -> None:
+        """The source must not have lines beyond the n-best list's last sentence."""
+        if self._next() is not None:
+            raise PhraseScorerError(
+                f"{self._name()} has more lines than the n-best list has sentences (its last sentence id is {last_id})",
+                path=self.path, line=self.lines_read,
+                hint="give the source sentences the n-best list was decoded from, one per line")
+
+    def _next(self) -> Optional[bytes]:
+        try:
+            data = next(self._lines, None)
+        except (EOFError, OSError, ValueError) as exc:
+            raise PhraseScorerError(f"cannot read after line {self.lines_read}: {read_gzip_error(exc) or exc}",
+                                    path=self.path) from None
+        if data is not None:
+            self.lines_read += 1
+        return data
+
+    def _name(self) -> str:
+        return "<stdin>" if os.fspath(self.path) == STDIO else os.fspath(self.path)
+
+    def close(self) -> None:
+        self._input.close()
+
+
+@dataclass
+class RescoreResult:
+    output: str
+    lines: int
+    sentences: int
+    features: List[str]
+    signature: Dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    stats: List[Any] = field(default_factory=list)  # per model, the scorer's ScoringStats
+
+
+def rescore(
+    nbest: PathLike,
+    source: PathLike,
+    output: PathLike,
+    models: Sequence[FeatureModel],
+    options: RescoreOptions = RescoreOptions(),
+    scoring_options: Optional[ScoringOptions] = None,
+    *,
+    resume: bool = False,
+) -> RescoreResult:
+    """Append each model's feature to every line of ``nbest``, writing ``output`` atomically."""
+    from phrase_scorer.scoring import BatchScorer
+
+    if not models:
+        raise PhraseScorerError("no model given", hint="pass -m MODEL (and/or --reverse-model MODEL)")
+    names = [m.name for m in models]
+    check_feature_names(names)
+    scoring_options = scoring_options or ScoringOptions()
+    output = os.fspath(output)
+    to_stdout = output == STDIO
+    for path in (nbest, source):
+        if not to_stdout and os.fspath(path) != STDIO and os.path.abspath(path) == os.path.abspath(output):
+            raise PhraseScorerError("the output would overwrite an input", path=output)
+    if os.fspath(nbest) == STDIO and os.fspath(source) == STDIO:
+        raise PhraseScorerError("the n-best list and the source cannot both be read from stdin")
+    compress = not to_stdout and is_gzip_name(output)
+    devices = sorted({str(next(m.loaded.model.parameters()).device) for m in models})
+    settings = {
+        "input": input_identity(nbest),
+        "source": input_identity(source),
+        "models": [m.describe() for m in models],
+        "options": asdict(options),
+        "precision": scoring_options.precision,
+        "devices": devices,
+        "gzip": GZIP_LIBRARY if compress else False,  # another library writes other bytes
+        "package_version": __version__,
+    }
+    settings = json.loads(json.dumps(settings))  # as the resume record will hold it
+    started = time.monotonic()
+    with OutputLock(output):
+        done_lines, done_bytes, progress_path = start_resumable(nbest, output, settings, resume)
+        with resumable_output(output, done_bytes) as out:
+            reader = NBestReader(nbest, skip=done_lines)
+            sources = SourceSentences(source, nbest)
+            scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
+            writer = FeatureWriter(out, progress_path, settings, options, compress, done_lines, names)
+            counts = {"sentences": 0}
+
+            def work(window: NBestWindow) -> NBestWindow:
+                for scorer, (src_ids, tgt_ids) in zip(scorers, window.inputs):
+                    log_probs = scorer.score(src_ids, tgt_ids)
+                    check_finite(log_probs, settings["input"]["path"], window.first_line)
+                    window.scores.append(per_token(log_probs, np.fromiter(map(len, tgt_ids), np.int64, len(tgt_ids)))
+                                         if options.normalize else log_probs)
+                window.inputs = []  # the ids are not needed any more
+                return window
+
+            try:
+                with progress_bar("rescoring", reader) as progress:
+                    Pipeline().run(
+                        lambda put: read_windows(reader, sources, models, options.window_lines, done_lines, put,
+                                                 progress, counts),
+                        work,
+                        writer.write_window,
+                    )
+            finally:
+                sources.close()
+            total_lines = writer.lines_done
+            if total_lines == 0:
+                raise PhraseScorerError("the n-best list is empty", path=nbest)
+            signature = {
+                "tool": "phrase-scorer rescore",
+                **settings,
+                "output": os.path.abspath(output) if not to_stdout else STDIO,
+                "lines": total_lines,
+                "features": names,
+                "value": "log p per predicted token (words + </s>)" if options.normalize else "log p (natural log)",
+                "value_format": VALUE_FORMAT,
+                "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }
+            out.commit()
+        finish_resumable(output, progress_path, signature)
+    log.info("rescored %d lines with %s", total_lines, ", ".join(names))
+    return RescoreResult(output=output, lines=total_lines, sentences=counts["sentences"], features=names,
+                         signature=signature, seconds=time.monotonic() - started,
+                         stats=[scorer.stats for scorer in scorers])
+
+
+def read_windows(reader: NBestReader, sources: SourceSentences, models: Sequence[FeatureModel], window_lines: int,
+                 first_line: int, put, progress, counts: Dict[str, Any]) -> None:
+    """Reader thread body: cut the list into windows of whole sentences and look up word ids."""
+    names = {m.name for m in models}
+    lines: List[NBestEntry] = []
+    sentence_words: List[List[str]] = []  # per line: the source words (one list per sentence, shared)
+    index = 0
+    first = first_line + 1
+    last_id = -1
+    words: List[str] = []
+
+    def flush() -> bool:
+        nonlocal lines, sentence_words, index, first
+        progress.advance(len(lines))
+        inputs = [model_inputs(m, lines, sentence_words, sources.path, reader.path) for m in models]
+        ok = put(NBestWindow(index, first, lines, inputs))
+        index += 1
+        first += len(lines)
+        lines, sentence_words = [], []
+        return ok
+
+    for entry in reader:
+        if entry.sentence_id != last_id:
+            check_sentence_order(entry, last_id, reader.path)
+            if len(lines) >= window_lines and not flush():
+                return
+            words = sources.words(entry.sentence_id, entry.line_number)
+            last_id = entry.sentence_id
+            counts["sentences"] += 1
+        taken = names.intersection(label for label, _ in entry.features)
+        if taken:
+            raise PhraseScorerError(f"the line already has a feature {sorted(taken)[0]}=", path=reader.path,
+                                    line=entry.line_number, hint="choose other names with --name/--reverse-name")
+        lines.append(entry)
+        sentence_words.append(words)
+    if lines and not flush():
+        return
+    if last_id >= 0:
+        sources.check_all_read(last_id)
+
+
+def model_inputs(model: FeatureModel, lines: List[NBestEntry], sentence_words: List[List[str]],
+                 source_path: PathLike, nbest_path: PathLike) -> Tuple[List[List[int]], List[List[int]]]:
+    """(source ids, target ids) per line for ``model``: source sentence and hypothesis, or the
+    reverse. Each distinct source sentence is looked up once."""
+    loaded = model.loaded
+    cache: Dict[int, List[int]] = {}
+    sentence_side = loaded.target_vocab if model.reverse else loaded.source_vocab
+    hypothesis_side = loaded.source_vocab if model.reverse else loaded.target_vocab
+    from_sentence, from_hypothesis = [], []
+    for entry, words in zip(lines, sentence_words):
+        ids = cache.get(id(words))
+        if ids is None:
+            ids = cache[id(words)] = sentence_side.encode(words)
+            if not ids and not model.reverse:
+                raise PhraseScorerError(f"the source sentence is empty; model {model.name} cannot score a translation "
+                                        "of nothing", path=source_path, line=entry.sentence_id + 1,
+                                        hint="remove empty lines from the input before decoding")
+        from_sentence.append(ids)
+        from_hypothesis.append(hypothesis_side.encode(split_words(entry.hypothesis)))
+        if model.reverse and not from_hypothesis[-1]:
+            raise PhraseScorerError(f"the hypothesis is empty; the reverse model {model.name} cannot condition on it",
+                                    path=nbest_path, line=entry.line_number,
+                                    hint="rescore this list with forward models only")
+    return (from_hypothesis, from_sentence) if model.reverse else (from_sentence, from_hypothesis)
+
+
+class FeatureWriter(ChunkWriter):
+    """Writer thread body: appends the features to each line of a window and writes it as one chunk."""
+
+    def __init__(self, out, progress_path, settings, options: RescoreOptions, compress: bool, lines_done: int,
+                 names: Sequence[str]) -> None:
+        super().__init__(out, progress_path, settings, lines_done)
+        self.options = options
+        self.compress = compress
+        self.names = list(names)
+
+    def format(self, window: NBestWindow) -> bytes:
+        parts = []
+        for i, entry in enumerate(window.lines):
+            for name, values in zip(self.names, window.scores):
+                entry.features.append((name, [moses_rounded(float(values[i]))]))
+            parts.append(entry.to_line().encode("utf-8"))
+        return b"".join(parts)
+
+    def write_window(self, window: NBestWindow) -> None:
+        data = self.format(window)
+        if self.compress:
+            data = gzip_member(data, self.options.compress_level)
+        self.write(len(window.lines), data)

@@ -1,0 +1,208 @@
+"""rerank: weights for every feature of a fixed n-best list, and the 1-best they pick.
+
+The default tests check the pure-Python parts on the tuned Multi30k system's real 100-best list
+(3 sentences, tests/data); the `moses` tests run Moses' extractor, mert and kbmira (they need
+MOSES_HOME/bin/extractor) and, for the oracle test, the whole 100-sentence list of ../shared.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import DATA, SHARED, SHARED_SYSTEM
+from phrase_scorer.cli import cli
+from phrase_scorer.config import RerankOptions
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
+from phrase_scorer.moses.rerank import (
+    BLEU_ORDER, Weights, apply_weights, copy_checked, dense_layout, moses_bleu, read_mert_data, weights_from_ini,
+    weights_from_totals,
+)
+
+NBEST = DATA / "val.nbest.head.gz"
+TUNED_INI = DATA / "moses.tuned.ini"  # the weights the lists were decoded with
+SHARED_NBEST = SHARED_SYSTEM / "val.nbest.gz"
+VAL_FR = SHARED / "multi30k-en-fr" / "val.tok.fr.gz"
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def layout_of(path) -> tuple:
+    return dense_layout(next(iter(read_nbest(path))))
+
+
+def decoder_1best(path) -> list:
+    """What Moses printed as the 1-best: the first entry of each sentence, without the spaces around it."""
+    return [entries[0].hypothesis.strip(" ") for _, entries in group_by_sentence(read_nbest(path))]
+
+
+def test_the_decoders_weights_pick_the_decoders_1best(tmp_path):
+    weights = weights_from_ini(TUNED_INI, layout_of(NBEST))
+    assert weights.by_name()["TranslationModel0"] == [0.0731793, 0.00306417, 0.0673578, 0.0464722]
+    out = tmp_path / "1best.txt"
+    assert apply_weights(NBEST, weights, out) == 3
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert lines[:3] == decoder_1best(NBEST) and lines[3] == ""
+    assert lines[0] == "un groupe d&apos; hommes chargeant coton dans un camion"
+
+
+def test_weights_fitted_to_the_totals_are_the_decoders(tmp_path):
+    dev = copy_checked(NBEST, tmp_path / "copy.nbest")
+    assert (tmp_path / "copy.nbest").read_bytes() == gzip.decompress(NBEST.read_bytes())
+    fitted, rms = weights_from_totals(dev)
+    # Moses prints 6 significant digits of every value, so the fit is that close, no closer
+    np.testing.assert_allclose(fitted.values, weights_from_ini(TUNED_INI, dev.layout).values, atol=1e-5)
+    assert rms < 1e-4
+
+
+def test_features_the_ini_does_not_weight_start_at_zero(tmp_path):
+    entries = list(read_nbest(NBEST))
+    for e in entries:
+        e.features.append(("RNN0", [-3.5]))
+    write_nbest(entries, tmp_path / "rescored.txt")
+    weights = weights_from_ini(TUNED_INI, layout_of(tmp_path / "rescored.txt"))
+    assert weights.by_name()["RNN0"] == [0.0] and weights.value_names()[-2:] == ["TranslationModel0", "RNN0"]
+    # a feature the ini weights with a different number of values is refused
+    entries[0].features[-2] = ("TranslationModel0", [1.0, 2.0])
+    write_nbest(entries[:1], tmp_path / "odd.txt")
+    with pytest.raises(PhraseScorerError, match=r"moses.tuned.ini line \d+: TranslationModel0 has 4 weights, but the n-best list has 2"):
+        weights_from_ini(TUNED_INI, layout_of(tmp_path / "odd.txt"))
+
+
+def test_moses_bleu_is_sacrebleus_bleu():
+    from sacrebleu.metrics import BLEU
+
+    hypotheses = decoder_1best(NBEST)
+    references = (DATA / "val.tok.fr.head").read_text(encoding="utf-8").splitlines()
+    score = BLEU(tokenize="none").corpus_score(hypotheses, [references])
+    stats = [v for n in range(BLEU_ORDER) for v in (score.counts[n], score.totals[n])] + [score.ref_len]
+    assert moses_bleu(np.array(stats, float)) == pytest.approx(score.score, rel=1e-12)
+    stats[2 * 3] = 0  # no 4-gram matches: BLEU 0, as Moses has it
+    assert moses_bleu(np.array(stats, float)) == 0.0
+
+
+def test_lists_must_keep_their_features_and_order(tmp_path):
+    entries = list(read_nbest(NBEST))
+    del entries[5].features[1]  # line 6 lacks Distortion0
+    write_nbest(entries, tmp_path / "missing.txt")
+    with pytest.raises(PhraseScorerError, match=r"missing.txt line 6: the dense features are .* not .* as on the first line"):
+        copy_checked(tmp_path / "missing.txt", tmp_path / "copy")
+    weights = weights_from_ini(TUNED_INI, layout_of(NBEST))
+    with pytest.raises(PhraseScorerError, match=r"missing.txt line 6: the dense features are .*but the weights are for"):
+        apply_weights(tmp_path / "missing.txt", weights, tmp_path / "out.txt")
+    assert not (tmp_path / "out.txt").exists()
+
+    entries = list(read_nbest(NBEST))
+    write_nbest(entries[100:133] + entries[:100], tmp_path / "shuffled.txt")
+    with pytest.raises(PhraseScorerError, match=r"shuffled.txt line 34: sentence id 0 comes after 1"):
+        apply_weights(tmp_path / "shuffled.txt", weights, tmp_path / "out.txt")
+
+
+def test_a_sentence_without_hypotheses_gets_an_empty_line(tmp_path):
+    entries = [e for e in read_nbest(NBEST) if e.sentence_id != 1]
+    write_nbest(entries, tmp_path / "gap.txt")
+    apply_weights(tmp_path / "gap.txt", weights_from_ini(TUNED_INI, layout_of(NBEST)), tmp_path / "out.txt")
+    first, _, third = decoder_1best(NBEST)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == f"{first}\n\n{third}\n"
+
+
+def test_rerank_without_moses_says_so(tmp_path, monkeypatch):
+    monkeypatch.delenv("MOSES_HOME", raising=False)
+    args = ["rerank", "--dev", NBEST, DATA / "val.tok.fr.head", "--test", NBEST, "-o", tmp_path / "out.txt"]
+    result = run(*args)
+    assert result.exit_code == 1 and "no Moses installation given" in result.stderr
+    (tmp_path / "moses" / "bin").mkdir(parents=True)
+    result = run(*args, "--moses-home", tmp_path / "moses")
+    assert result.exit_code == 1 and re.search(r"bin/extractor: mert program extractor is missing", result.stderr)
+    assert not (tmp_path / "out.txt").exists() and not (tmp_path / "out.txt.work").exists()
+
+
+# --- with Moses' programs ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moses():
+    home = os.environ.get("MOSES_HOME")
+    if not home or not (Path(home) / "bin" / "extractor").exists():
+        pytest.skip("set MOSES_HOME to a Moses build with its mert programs (bin/extractor, bin/mert, bin/kbmira)")
+    from phrase_scorer.moses.installation import MosesInstallation
+
+    return MosesInstallation.find(home)
+
+
+@pytest.mark.moses
+def test_the_extractor_reads_the_rescored_list(moses, tmp_path, loaded_tiny):
+    from phrase_scorer.moses.installation import run_logged
+    from phrase_scorer.rescore import FeatureModel, rescore
+
+    rescored = tmp_path / "val.rescored.gz"
+    rescore(NBEST, DATA / "val.tok.en.head", rescored,
+            [FeatureModel("RNN0", loaded_tiny), FeatureModel("RNNReverse0", loaded_tiny, reverse=True)])
+    run_logged([moses.program("extractor"), "--sctype", "BLEU", "--scfile", tmp_path / "scores.dat",
+                "--ffile", tmp_path / "features.dat", "-r", DATA / "val.tok.fr.head", "-n", rescored],
+               tmp_path / "extractor.log")
+    header = (tmp_path / "features.dat").read_text().splitlines()[0].split()
+    assert header[3] == "16" and header[-2:] == ["RNN0_0", "RNNReverse0_0"]
+    data = read_mert_data(tmp_path / "features.dat", tmp_path / "scores.dat", 16)
+    assert len(data.features) == 3
+    for features, (_, entries) in zip(data.features, group_by_sentence(read_nbest(rescored))):
+        from_list = np.unique(np.array([[v for _, vs in e.features for v in vs] for e in entries]), axis=0)
+        # the extractor drops duplicate hypotheses and keeps every value as the list has it
+        np.testing.assert_allclose(np.unique(features, axis=0), from_list, rtol=1e-6)
+
+
+def with_oracle(entries, references, first_id: int):
+    """The entries of sentences first_id.., renumbered from 0, with `Oracle=` their sentence BLEU."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU(tokenize="none", effective_order=True)
+    out = []
+    for e in entries:
+        e.sentence_id -= first_id
+        e.features.append(("Oracle", [round(bleu.sentence_score(e.text, [references[e.sentence_id + first_id]]).score / 100, 6)]))
+        out.append(e)
+    return out
+
+
+@pytest.mark.moses
+@pytest.mark.parametrize("method", ["mert", "mira"])
+def test_rerank_recovers_the_oracle(moses, tmp_path, method):
+    """A feature that is each hypothesis' sentence BLEU: tuning must learn to trust it."""
+    from sacrebleu.metrics import BLEU
+
+    if not SHARED_NBEST.exists():
+        pytest.skip(f"needs the Multi30k system's n-best list {SHARED_NBEST}")
+    with gzip.open(VAL_FR, "rt", encoding="utf-8") as f:
+        references = [next(f).rstrip("\n") for _ in range(100)]
+    entries = list(read_nbest(SHARED_NBEST))
+    write_nbest(with_oracle([e for e in entries if e.sentence_id < 50], references, 0), tmp_path / "dev.nbest.gz")
+    write_nbest(with_oracle([e for e in entries if e.sentence_id >= 50], references, 50), tmp_path / "test.nbest.gz")
+    (tmp_path / "dev.ref").write_text("\n".join(references[:50]) + "\n", encoding="utf-8")
+
+    out = tmp_path / "test.1best"
+    result = run("rerank", "--dev", tmp_path / "dev.nbest.gz", tmp_path / "dev.ref", "--test", tmp_path / "test.nbest.gz",
+                 "-o", out, "--ini", TUNED_INI, "--method", method, "--moses-home", moses.home)
+    assert result.exit_code == 0, result.stderr
+    signature = json.loads(Path(str(out) + ".json").read_text())
+    assert [r["seed"] for r in signature["runs"]] == list(RerankOptions.seeds)
+    assert signature["start_weights"]["Oracle"] == [0.0] and signature["weights"]["Oracle"][0] > 0
+    assert signature["dev_bleu"] > signature["start_dev_bleu"] + 1
+
+    test_references = references[50:]
+    reranked = out.read_text(encoding="utf-8").splitlines()
+    moses_1best = decoder_1best(tmp_path / "test.nbest.gz")
+    assert len(reranked) == 50
+    bleu = BLEU(tokenize="none")
+    before = bleu.corpus_score(moses_1best, [test_references]).score
+    after = bleu.corpus_score(reranked, [test_references]).score
+    assert after > before + 1, (before, after)

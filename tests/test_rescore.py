@@ -1,0 +1,218 @@
+"""rescore: model log-probabilities appended to a real Moses n-best list.
+
+The list is the first three sentences (221 lines) of the tuned Multi30k system's 100-best list of
+val, with word alignments; the sources are the first three lines of val.tok.en.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import DATA
+from phrase_scorer.cli import cli
+from phrase_scorer.config import RescoreOptions
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.nbest import read_nbest
+from phrase_scorer.io.phrase_table import split_words
+from phrase_scorer.rescore import FeatureModel, FeatureWriter, rescore
+
+NBEST = DATA / "val.nbest.head.gz"
+SOURCE = DATA / "val.tok.en.head"
+
+
+def raw_lines(path: Path) -> list:
+    with gzip.open(path, "rb") if gzip_file(path) else open(path, "rb") as f:
+        return f.read().splitlines(keepends=True)
+
+
+def gzip_file(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def model_scores(model_dir, sources, targets, tmp_path) -> np.ndarray:
+    """What `phrase-scorer score` prints for these (source, target) pairs."""
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("".join(f"{' '.join(s)} ||| {' '.join(t)}\n" for s, t in zip(sources, targets)), encoding="utf-8")
+    scores = tmp_path / "scores.txt"
+    result = run("score", "-m", model_dir, pairs, "-o", scores)
+    assert result.exit_code == 0, result.stderr
+    return np.array([float(v) for v in scores.read_text().split()])
+
+
+def as_printed(values: np.ndarray) -> np.ndarray:
+    return np.array([float(f"{v:g}") for v in values])
+
+
+@pytest.fixture(scope="module")
+def rescored(tmp_path_factory, tiny_model):
+    out = tmp_path_factory.mktemp("rescore") / "val.rescored.gz"
+    result = run("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-r", tiny_model, "-o", out,
+                 "--window-lines", "50")
+    assert result.exit_code == 0, result.stderr
+    return out
+
+
+def test_every_line_and_field_is_kept(rescored):
+    before, after = raw_lines(NBEST), raw_lines(rescored)
+    assert len(before) == len(after) == 221
+    for old, new in zip(before, after):
+        old_fields, new_fields = old.split(b"|||"), new.split(b"|||")
+        assert len(old_fields) == len(new_fields) == 5
+        # id, hypothesis (with Moses' two spaces), total, alignment and newline: byte for byte
+        assert new_fields[:2] == old_fields[:2] and new_fields[3:] == old_fields[3:]
+        # the features field: as it was, then the two new features
+        assert new_fields[2].startswith(old_fields[2])
+        added = new_fields[2][len(old_fields[2]):].decode().split()
+        assert added[0::2] == ["RNN0=", "RNNReverse0="] and new_fields[2].endswith(b" ")
+    entries = list(read_nbest(rescored))
+    assert [e.features[:-2] for e in entries] == [e.features for e in read_nbest(NBEST)]
+
+
+def test_features_equal_what_score_gives(rescored, tiny_model, tmp_path):
+    entries = list(read_nbest(rescored))
+    sentences = [split_words(line) for line in SOURCE.read_text(encoding="utf-8").splitlines()]
+    sources = [sentences[e.sentence_id] for e in entries]
+    hypotheses = [split_words(e.hypothesis) for e in entries]
+    forward = model_scores(tiny_model, sources, hypotheses, tmp_path)
+    reverse = model_scores(tiny_model, hypotheses, sources, tmp_path)
+    written_forward = np.array([e.feature("RNN0")[0] for e in entries])
+    written_reverse = np.array([e.feature("RNNReverse0")[0] for e in entries])
+    # the scores differ from hypothesis to hypothesis, and are log-probabilities, not probabilities
+    assert len(set(written_forward)) > 100 and (written_forward < 0).all()
+    # `score` prints 9 significant digits, rescore 6 as Moses does: equal once rounded alike
+    np.testing.assert_allclose(written_forward, as_printed(forward), rtol=1e-9)
+    np.testing.assert_allclose(written_reverse, as_printed(reverse), rtol=1e-9)
+
+
+def test_normalized_feature_is_per_predicted_token(tmp_path, loaded_tiny, tiny_model):
+    out = tmp_path / "norm.txt"
+    rescore(NBEST, SOURCE, out, [FeatureModel("Norm", loaded_tiny)], RescoreOptions(normalize=True))
+    entries = list(read_nbest(out))
+    sentences = [split_words(line) for line in SOURCE.read_text(encoding="utf-8").splitlines()]
+    hypotheses = [split_words(e.hypothesis) for e in entries]
+    log_p = model_scores(tiny_model, [sentences[e.sentence_id] for e in entries], hypotheses, tmp_path)
+    per_token = log_p / np.array([len(h) + 1 for h in hypotheses])
+    np.testing.assert_allclose([e.feature("Norm")[0] for e in entries], as_printed(per_token), rtol=1e-9)
+
+
+def test_each_source_is_encoded_once_and_shared_prefixes_decoded_once(tmp_path, loaded_tiny):
+    result = rescore(NBEST, SOURCE, tmp_path / "o.txt", [FeatureModel("F", loaded_tiny), FeatureModel("R", loaded_tiny, reverse=True)])
+    forward, reverse = result.stats
+    assert forward.pairs == reverse.pairs == 221
+    assert forward.distinct_sources == 3  # three sentences, 100 + 33 + 88 hypotheses
+    assert forward.decoder_steps < 0.7 * forward.target_steps  # hypotheses share their beginnings
+    # the reverse model reads the hypotheses: each distinct one (as word ids) is encoded once
+    encode = loaded_tiny.source_vocab.encode
+    assert reverse.distinct_sources == len({tuple(encode(split_words(e.hypothesis))) for e in read_nbest(NBEST)})
+
+
+def test_resume_after_an_interruption_gives_the_same_bytes(tmp_path, loaded_tiny, monkeypatch):
+    models = [FeatureModel("RNN0", loaded_tiny)]
+    options = RescoreOptions(window_lines=30)
+    reference = tmp_path / "ref.gz"
+    rescore(NBEST, SOURCE, reference, models, options)
+
+    out = tmp_path / "cut.gz"
+    write = FeatureWriter.write_window
+    calls = []
+
+    def stop_after_two_windows(self, window):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(window.first_line)
+        write(self, window)
+
+    monkeypatch.setattr(FeatureWriter, "write_window", stop_after_two_windows)
+    with pytest.raises(KeyboardInterrupt):
+        rescore(NBEST, SOURCE, out, models, options)
+    monkeypatch.setattr(FeatureWriter, "write_window", write)
+    assert not out.exists()
+    record = json.loads(Path(str(out) + ".part.json").read_text())
+    # windows end at sentence boundaries: sentence 0 has 100 lines, sentence 1 has 33
+    assert calls == [1, 101] and record["lines_done"] == 133
+
+    with pytest.raises(PhraseScorerError, match="options changed since the interrupted run"):
+        rescore(NBEST, SOURCE, out, models, RescoreOptions(window_lines=30, normalize=True), resume=True)
+    rescore(NBEST, SOURCE, out, models, options, resume=True)
+    assert out.read_bytes() == reference.read_bytes()
+    assert json.loads(Path(str(out) + ".json").read_text())["lines"] == 221
+
+
+def test_stdin_and_stdout(tmp_path, tiny_model, rescored):
+    plain = tmp_path / "list.txt"
+    plain.write_bytes(b"".join(raw_lines(NBEST)))
+    result = CliRunner().invoke(
+        cli, ["rescore", "-", "--source", str(SOURCE), "-m", str(tiny_model), "-r", str(tiny_model), "-o", "-"],
+        input=plain.read_bytes(), catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout_bytes == b"".join(raw_lines(rescored))
+
+
+def write_lines(path: Path, lines) -> Path:
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+@pytest.mark.parametrize("case, message", [
+    ("short source", r"list.txt line 134: sentence id 2 needs source line 3, but .*src.txt has only 2 lines"),
+    ("long source", r"src.txt line 4: .*src.txt has more lines than the n-best list has sentences \(its last sentence id is 2\)"),
+    ("ungrouped", r"list.txt line 34: sentence id 0 comes after 1"),
+    ("feature exists", r"list.txt line 1: the line already has a feature LM0="),
+    ("bad line", r"list.txt line 5: expected at least 4 fields"),
+    ("empty source", r"src.txt line 2: the source sentence is empty"),
+])
+def test_bad_input_gets_a_clear_error_and_no_output(tmp_path, loaded_tiny, case, message):
+    lines = raw_lines(NBEST)
+    source = SOURCE.read_bytes().splitlines(keepends=True)
+    name = "RNN0"
+    if case == "short source":
+        source = source[:2]
+    elif case == "long source":
+        source = source + [b"one more sentence\n"]
+    elif case == "ungrouped":
+        lines = lines[100:133] + lines[:100] + lines[133:]
+    elif case == "feature exists":
+        name = "LM0"
+    elif case == "bad line":
+        lines[4] = b"0 ||| a line cut short\n"
+    elif case == "empty source":
+        source[1] = b"\n"
+    nbest = write_lines(tmp_path / "list.txt", lines)
+    out = tmp_path / "out.gz"
+    with pytest.raises(PhraseScorerError, match=message):
+        rescore(nbest, write_lines(tmp_path / "src.txt", source), out, [FeatureModel(name, loaded_tiny)],
+                RescoreOptions(window_lines=40))
+    assert not out.exists() and not Path(str(out) + ".json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--name", "RNN_0"], "feature name 'RNN_0' is not letters and digits"),
+    (["--name", "A", "--name", "B"], "2 --name for 1 models"),
+    (["-r", "MODEL", "--reverse-name", "A", "--name", "A"], "feature name A is given twice"),
+])
+def test_feature_names_are_checked(tmp_path, tiny_model, args, message):
+    args = [str(tiny_model) if a == "MODEL" else a for a in args]
+    result = run("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-o", tmp_path / "o.gz", *args)
+    assert result.exit_code == 1 and message in result.stderr
+
+
+def test_the_reverse_model_needs_a_hypothesis(tmp_path, loaded_tiny):
+    lines = raw_lines(NBEST)
+    lines[2] = b"0 |||  ||| LM0= -1 ||| -1\n"
+    with pytest.raises(PhraseScorerError, match="list.txt line 3: the hypothesis is empty"):
+        rescore(write_lines(tmp_path / "list.txt", lines), SOURCE, tmp_path / "o.txt",
+                [FeatureModel("R", loaded_tiny, reverse=True)])
+    # a forward model scores an empty hypothesis: log p(</s> | source)
+    result = rescore(tmp_path / "list.txt", SOURCE, tmp_path / "o.txt", [FeatureModel("F", loaded_tiny)])
+    assert result.lines == 221
