@@ -36,7 +36,7 @@ BLOCKS = ROOT / "moses_configs" / "ems"
 DOCUMENTED = "phrase-scorer ems-config --preset small"
 TRAIN_SENTENCES, DEV_SENTENCES, TEST_SENTENCES = 3000, 100, 100
 # train-model.perl steps 4-9 and tuning need these; GIZA++ is not needed with the alignment given
-PROGRAMS = ("moses", "extract", "score", "consolidate", "lexical-reo-scorer",
+PROGRAMS = ("moses", "extract", "score", "consolidate", "lexical-reordering-score",
             "extractor", "mert", "kbmira", "pro", "evaluator")
 STEPS_AFTER_CREATE_CONFIG = {"TRAINING:binarize-config", "TUNING:tune", "TUNING:apply-weights",
                              "EVALUATION:test:decode", "EVALUATION:test:multi-bleu", "REPORTING:report"}
