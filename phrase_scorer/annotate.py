@@ -1,29 +1,34 @@
 """The streaming pipeline around :class:`BatchScorer`: ``score`` and ``annotate``.
 
-Three threads overlap the work, so the model never waits on I/O::
+``annotate`` spreads a window's host work over worker processes and keeps the model busy::
 
-    reader thread:  read + gunzip + parse + look up ids   -> windows of lines
-    main thread:    BatchScorer (torch releases the GIL)   -> log p per line
-    writer thread:  format + gzip + write, one chunk per window, with a resume record
+    reader thread:    read + gunzip, cut windows of whole lines (no parsing)   [this process]
+    worker processes: parse + check + look up ids                              [annotate_work]
+    main thread:      BatchScorer (torch releases the GIL)   -> log p per line [this process]
+    worker processes: columns + format + gzip, one gzip member per window      [annotate_work]
+    writer thread:    write the members in input order, with a resume record   [this process]
 
-A window is ``window_lines`` lines; memory holds a few windows at a time whatever the table's
-size. The output keeps every line, in order, and every field but the score field byte for byte.
+A window is ``window_lines`` lines (window k is lines k * window_lines + 1 onwards, however the
+run started); the queues hold a few windows per worker whatever the table's size. The output
+keeps every line, in order, and every field but the score field byte for byte. The column
+encoding is described in :mod:`phrase_scorer.annotate_work`.
 
-Column encoding. Moses takes the natural log of every phrase-table column when it loads the table
-and floors it at -100 (see docs/moses.md). So the model's column holds p(y|x) = exp(log p), and
-the unknown-word column holds exp(n_unk), n_unk being the number of words outside the model's
-shortlists; Moses then sees log p(y|x) and n_unk as features. A log p below -100 is written as
-exp(-100) (about 3.7e-44), which Moses reads as its own floor, -100; values never reach 0, NaN
-or a negative number. All values are printed with 9 significant digits.
+Under torchrun each rank annotates a contiguous run of whole windows into a shard file and rank
+0 joins the shards (:func:`annotate_sharded`), byte for byte what one process writes.
 
 Resuming. The output is written to ``OUT.part``; after each chunk the writer records, in
 ``OUT.part.json``, how many input lines are done and how many bytes they took. ``--resume``
 truncates ``OUT.part`` to that size, skips those lines and carries on; since each chunk is a
 complete gzip member (or plain text) and chunk boundaries do not depend on where the run
 stopped, the result is byte-identical to an uninterrupted run. A resumed run must use the same
-input, model, options, device and precision (a chunk scored in bf16 next to one in fp32 would
-differ silently). At the end ``OUT.part`` is renamed to ``OUT`` and a signature, ``OUT.json``,
-records what made the table, the device and precision of the scores included.
+input, model, options, device, precision and gzip library (a chunk scored in bf16 next to one in
+fp32 would differ silently): :func:`annotation_settings` defines them once, for the resume
+record, the signature and the check that an output is already finished. At the end ``OUT.part``
+is renamed to ``OUT`` and a signature, ``OUT.json``, records what made the table, the device and
+precision of the scores included. ``--resume`` with no record to resume from (a run killed
+before its first chunk, or no run at all) starts afresh and says so; with an output already
+finished by the same command it does nothing. A failed run keeps ``OUT.part`` only when
+``--resume`` can continue it, and says which (:func:`keep_or_remove_partial`).
 """
 
 from __future__ import annotations
@@ -31,8 +36,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -41,26 +44,27 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from phrase_scorer import __version__
+from phrase_scorer import __version__, distributed
+from phrase_scorer.annotate_work import LOG_FLOOR  # noqa: F401  (the column encoding lives there)
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import (
+    GZIP_LIBRARY,
     STDIO,
     AtomicOutput,
     OutputLock,
     PathLike,
-    gzip_member,
     is_gzip_name,
     part_path,
     write_text_atomically,
 )
+from phrase_scorer.io.parallel import Pipeline, WorkerPool
 from phrase_scorer.io.phrase_table import PhraseTableReader, TableLine
+from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_count
 from phrase_scorer.progress import progress_bar
 from phrase_scorer.resume import refuse_changed_settings
 
 log = logging.getLogger(__name__)
-
-LOG_FLOOR = -100.0  # Moses floors the log of every column here (LOWEST_SCORE in moses/TypeDef.h)
 
 
 # --- windows of lines ---------------------------------------------------------------------------
@@ -77,89 +81,6 @@ class Window:
     target_ids: List[List[int]]
     unknown: np.ndarray  # per line, for the unk column
     log_probs: Optional[np.ndarray] = None
-
-
-class Pipeline:
-    """Runs ``produce`` (reader) and ``consume`` (writer) in threads around the caller's loop.
-
-    Exceptions in either thread stop the whole pipeline and are raised in the caller's thread.
-    """
-
-    DONE = object()
-
-    def __init__(self, depth: int = 2) -> None:
-        self.inbox: "queue.Queue" = queue.Queue(maxsize=depth)
-        self.outbox: "queue.Queue" = queue.Queue(maxsize=depth)
-        self.error: Optional[BaseException] = None
-        self.stopping = threading.Event()
-
-    def _put(self, q: "queue.Queue", item) -> bool:
-        while not self.stopping.is_set():
-            try:
-                q.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _get(self, q: "queue.Queue"):
-        while True:
-            try:
-                return q.get(timeout=0.2)
-            except queue.Empty:
-                if self.stopping.is_set():
-                    return self.DONE
-                if self.error is not None:
-                    return self.DONE
-
-    def _guard(self, target: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                target()
-            except BaseException as exc:  # handed to the main thread
-                if self.error is None:
-                    self.error = exc
-                self.stopping.set()
-
-        return run
-
-    def run(self, produce: Callable[[Callable[[Any], bool]], None], work: Callable[[Any], Any], consume: Callable[[Any], None]) -> None:
-        def reader() -> None:
-            produce(lambda item: self._put(self.inbox, item))
-            self._put(self.inbox, self.DONE)
-
-        def writer() -> None:
-            while True:
-                item = self._get(self.outbox)
-                if item is self.DONE:
-                    return
-                consume(item)
-
-        threads = [
-            threading.Thread(target=self._guard(reader), name="phrase-scorer-reader", daemon=True),
-            threading.Thread(target=self._guard(writer), name="phrase-scorer-writer", daemon=True),
-        ]
-        for t in threads:
-            t.start()
-        try:
-            while True:
-                item = self._get(self.inbox)
-                if item is self.DONE:
-                    break
-                if not self._put(self.outbox, work(item)):
-                    break
-            if self.error is None:
-                self._put(self.outbox, self.DONE)
-                threads[1].join()
-        except BaseException:
-            self.stopping.set()
-            raise
-        finally:
-            self.stopping.set()
-            for t in threads:
-                t.join(timeout=10)
-        if self.error is not None:
-            raise self.error
 
 
 def read_windows(reader: PhraseTableReader, loaded, options_window: int, unk_side: str, put, progress) -> None:
@@ -218,18 +139,20 @@ def input_identity(path: PathLike) -> Dict[str, Any]:
 def annotation_settings(table: PathLike, output: PathLike, loaded, options: AnnotateOptions,
                         scoring: Dict[str, str]) -> Dict[str, Any]:
     """What makes an annotated table: its input, model, options, where and in which precision it
-    was scored (``BatchScorer.describe()``) and its format, as JSON holds them.
+    was scored (``BatchScorer.describe()``) and its format (gzip and the library that compressed
+    it: another library writes other bytes), as JSON holds them.
 
-    The resume record and the signature ``OUT.json`` both carry these; equal settings mean an
-    equal output.
+    The resume record (of a whole run or of one shard) and the signature ``OUT.json`` both carry
+    these; equal settings mean an equal output.
     """
+    compress = os.fspath(output) != STDIO and is_gzip_name(output)
     settings = {
         "input": input_identity(table),
         "model": {"directory": os.path.abspath(loaded.directory), "weights_sha256": loaded.weights_sha256,
                   "config": loaded.config.to_dict()},
         "options": asdict(options),
         "scoring": scoring,  # device and precision: a resumed run must not mix them
-        "gzip": os.fspath(output) != STDIO and is_gzip_name(output),
+        "gzip": GZIP_LIBRARY if compress else False,
         "package_version": __version__,
     }
     return json.loads(json.dumps(settings))  # as JSON reads them back (tuples -> lists)
@@ -239,8 +162,14 @@ def finished_annotation(table: PathLike, output: PathLike, loaded, options: Anno
                         scoring: Dict[str, str]) -> Optional[Dict[str, Any]]:
     """The signature of ``output`` if it is a finished annotation of ``table`` with these
     settings (so making it again would give the same bytes), else None."""
-    signature_path = Path(os.fspath(output) + ".json")
-    if not os.path.isfile(output) or not signature_path.is_file():
+    return finished_signature(output, annotation_settings(table, output, loaded, options, scoring))
+
+
+def finished_signature(output: PathLike, settings: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The signature of ``output`` if it is finished and was made with ``settings``, else None."""
+    output = os.fspath(output)
+    signature_path = Path(output + ".json")
+    if output == STDIO or not os.path.isfile(output) or not signature_path.is_file():
         return None
     try:
         signature = json.loads(signature_path.read_text(encoding="utf-8"))
@@ -248,7 +177,6 @@ def finished_annotation(table: PathLike, output: PathLike, loaded, options: Anno
         return None
     if not isinstance(signature, dict) or signature.get("output") != os.path.abspath(output):
         return None
-    settings = annotation_settings(table, output, loaded, options, scoring)
     if any(signature.get(key) != value for key, value in settings.items()):
         return None
     return signature
@@ -262,8 +190,16 @@ def annotate(
     scoring_options=None,
     *,
     resume: bool = False,
+    workers: Optional[int] = None,
+    constant_log_prob: Optional[float] = None,
 ) -> AnnotateResult:
-    """Append the model's columns to every line of ``table``, writing ``output`` atomically."""
+    """Append the model's columns to every line of ``table``, writing ``output`` atomically.
+
+    ``workers`` processes do the host work (None: as many as the cores allow, 0: none, all in
+    this process). Under torchrun every rank annotates its shard and rank 0 joins the shards
+    (:func:`annotate_sharded`). ``constant_log_prob`` replaces the model by a constant, to
+    measure the host pipeline alone (benchmarks only; the signature says so).
+    """
     from phrase_scorer.scoring import BatchScorer
 
     scoring_options = scoring_options or ScoringOptions()
@@ -274,56 +210,243 @@ def annotate(
     compress = not to_stdout and is_gzip_name(output)
     scorer = BatchScorer(loaded.model, scoring_options)
     settings = annotation_settings(table, output, loaded, options, scorer.describe())
-    started = time.monotonic()
-    with OutputLock(output):
-        done_lines, done_bytes, progress_path = start_resumable(table, output, settings, resume)
-        with resumable_output(output, resume, done_bytes) as out:
-            reader = PhraseTableReader(table, min_fields=3, check_scores=True, skip=done_lines)
-            writer = ChunkWriter(out, progress_path, settings, options, compress, done_lines)
+    if constant_log_prob is not None:
+        settings["model"]["scores"] = f"constant log p = {constant_log_prob} (host-pipeline benchmark, not the model)"
+    current = distributed.world()
+    if workers is None:
+        workers = default_workers(distributed.cores_per_process(current))
+    job = AnnotateJob(table, loaded, options, scorer, settings, compress, workers, constant_log_prob)
+    if current.distributed:
+        return annotate_sharded(job, output, current, resume=resume)
+    if resume and job.finished(output, settings):
+        return job.result_of(output)
+    return job.run(output, resume=resume)
 
-            def work(window: Window) -> Window:
-                window.log_probs = scorer.score(window.source_ids, window.target_ids)
-                return window
 
-            try:
-                with progress_bar("annotating", reader) as progress:
-                    Pipeline().run(
-                        lambda put: read_windows(reader, loaded, options.window_lines, options.unk_side, put, progress),
-                        work,
-                        writer.write,
-                    )
-            except PhraseScorerError as exc:
-                if to_stdout:
+def default_workers(cores: int) -> int:
+    """Worker processes for the host work: all the cores (the scorer's threads and the workers
+    take turns), at least one, at most 8 (about 1M lines/s, past what a GPU scores)."""
+    return max(1, min(8, cores))
+
+
+@dataclass
+class AnnotateJob:
+    """One ``annotate`` command: what to read, the model, its scorer and the options, and the
+    settings that make its output (:func:`annotation_settings`; the same on every rank)."""
+
+    table: PathLike
+    loaded: Any
+    options: AnnotateOptions
+    scorer: Any  # a BatchScorer
+    settings: Dict[str, Any]
+    compress: bool
+    workers: int
+    constant_log_prob: Optional[float] = None
+
+    def finished(self, output: str, settings: Dict[str, Any]) -> bool:
+        """True when ``output`` is already finished with ``settings`` (a job re-run with
+        --resume after it had finished has nothing to do)."""
+        done = finished_signature(output, settings) is not None
+        if done:
+            log.info("%s is already finished (its signature matches this command): nothing to do", output)
+        return done
+
+    def signature(self, output: str, lines: int, num_scores: Optional[int], **extra) -> Dict[str, Any]:
+        return {
+            "tool": "phrase-scorer annotate",
+            **self.settings,
+            "output": os.path.abspath(output) if output != STDIO else STDIO,
+            "lines": lines,
+            "columns": list(self.options.columns),
+            "num_scores_before": num_scores,
+            "num_scores_after": (num_scores or 0) + len(self.options.columns),
+            **extra,
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    def result_of(self, output: str, seconds: float = 0.0) -> AnnotateResult:
+        signature = json.loads(Path(output + ".json").read_text())
+        return AnnotateResult(output=output, lines=signature["lines"], num_scores_before=signature["num_scores_before"],
+                              num_scores_after=signature["num_scores_after"], signature=signature, seconds=seconds)
+
+    def run(self, output: str, *, resume: bool = False, lines: Optional[Tuple[int, int]] = None,
+            settings: Optional[Dict[str, Any]] = None) -> AnnotateResult:
+        """Annotate lines ``lines`` = [start, stop) (None: all) into ``output``; see the module
+        docstring for the resume record. ``settings`` replaces the job's in the record and the
+        signature (a shard's record names its shard)."""
+        settings = settings or self.settings
+        to_stdout = output == STDIO
+        started = time.monotonic()
+        first, stop = lines if lines is not None else (0, None)
+        with OutputLock(output):
+            done_lines, done_bytes, progress_path = start_resumable(self.table, output, settings, resume)
+            with resumable_output(output, done_bytes) as out:
+                windows = RawWindows(self.table, self.options.window_lines, first + done_lines, stop)
+                writer = ChunkWriter(out, progress_path, settings, done_lines)
+                try:
+                    num_scores = self._stream(windows, writer)
+                except PhraseScorerError as exc:
+                    if to_stdout:
+                        raise
+                    raise keep_or_remove_partial(exc, out, progress_path, settings["input"]["path"]) from None
+                except KeyboardInterrupt:
+                    if progress_path is not None and not progress_path.exists():
+                        out.keep_on_failure = False  # not one chunk finished: nothing to resume from
                     raise
-                raise keep_or_remove_partial(exc, out, progress_path, settings["input"]["path"]) from None
-            except KeyboardInterrupt:
-                if progress_path is not None and not progress_path.exists():
-                    out.keep_on_failure = False  # not one chunk finished: nothing to resume from
-                raise
-            total_lines = writer.lines_done
-            if total_lines == 0:
-                raise PhraseScorerError("the phrase table is empty", path=table)
-            num_scores = reader.num_scores if reader.num_scores is not None else writer.num_scores
-            signature = {
-                "tool": "phrase-scorer annotate",
-                **settings,
-                "output": os.path.abspath(output) if not to_stdout else STDIO,
-                "lines": total_lines,
-                "columns": list(options.columns),
-                "num_scores_before": num_scores,
-                "num_scores_after": (num_scores or 0) + len(options.columns),
-                "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            }
-            out.commit()
-        finish_resumable(output, progress_path, signature)
-    return AnnotateResult(
-        output=output,
-        lines=total_lines,
-        num_scores_before=signature["num_scores_before"],
-        num_scores_after=signature["num_scores_after"],
-        signature=signature,
-        seconds=time.monotonic() - started,
-    )
+                total_lines = writer.lines_done
+                if total_lines == 0 and lines is None:
+                    raise PhraseScorerError("the phrase table is empty", path=self.table)
+                signature = self.signature(output, total_lines, num_scores)
+                if "shard" in settings:
+                    signature["shard"] = settings["shard"]
+                out.commit()
+            finish_resumable(output, progress_path, signature)
+        return AnnotateResult(
+            output=output,
+            lines=total_lines,
+            num_scores_before=signature["num_scores_before"],
+            num_scores_after=signature["num_scores_after"],
+            signature=signature,
+            seconds=time.monotonic() - started,
+        )
+
+    def _stream(self, windows: RawWindows, writer: "ChunkWriter") -> Optional[int]:
+        """Read, prepare (workers), score (here), finish (workers) and write every window, in
+        order. Returns the table's score count (None if no window was read)."""
+        from phrase_scorer.annotate_work import WindowWork
+
+        if self.constant_log_prob is None:
+            score = lambda prepared: self.scorer.score(prepared.source_ids, prepared.target_ids)  # noqa: E731
+        else:
+            score = lambda prepared: np.full(len(prepared.source_ids), self.constant_log_prob)  # noqa: E731
+        pipeline = Pipeline(depth=max(2, self.workers + 1))
+        handler_args = (os.fspath(self.table), self.loaded.source_vocab.tokens, self.loaded.target_vocab.tokens,
+                        self.options, self.compress)
+        num_scores: List[Optional[int]] = [None]
+
+        with WorkerPool(WindowWork, handler_args, ["prepare", "finish"], self.workers, pipeline.stopping) as pool, \
+                progress_bar("annotating", windows) as progress:
+
+            def read(put) -> None:
+                expected = None
+                for window in windows:
+                    if expected is None:
+                        expected = first_score_count(window)
+                    pool.submit("prepare", window.index, window, expected)
+                    progress.advance(window.lines)
+                    if not put((window.index, window.lines)):
+                        return
+
+            def work(item):
+                prepared = pool.result("prepare", item[0])
+                if num_scores[0] is None:
+                    num_scores[0] = prepared.num_scores
+                pool.submit("finish", item[0], score(prepared))
+                return item
+
+            def write(item) -> None:
+                writer.write(item[1], pool.result("finish", item[0]))
+
+            pipeline.run(read, work, write)
+        return num_scores[0]
+
+
+def shard_output(output: str, rank: int, size: int) -> str:
+    return f"{output}.shard-{rank + 1:05d}-of-{size:05d}"
+
+
+def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = False) -> AnnotateResult:
+    """Every rank annotates its shard of whole windows into its own file (resumable on its own);
+    rank 0 then joins the shards, in order, into ``output``: byte-identical to one process.
+
+    Every rank's settings must be the same (:func:`annotation_settings`: the same input, model,
+    options, device and precision), or the shards would not make one table. The shard files sit
+    beside ``output``, so ranks on several machines need a shared file system. Every rank
+    returns the joined output's result."""
+    if output == STDIO or os.fspath(job.table) == STDIO:
+        raise PhraseScorerError("a sharded run (torchrun) needs named input and output files, not '-'")
+    started = time.monotonic()
+    with distributed.ProcessGroup(current) as group:
+        ranks_settings = group.all_gather(job.settings)
+        if any(s != job.settings for s in ranks_settings):
+            other = next(r for r, s in enumerate(ranks_settings) if s != job.settings)
+            raise PhraseScorerError(
+                f"rank {other}'s annotation settings differ from rank {current.rank}'s: "
+                f"{describe_difference(ranks_settings[other], job.settings)}", path=output,
+                hint="every rank needs the same input, model, options, kind of device and precision")
+        done = resume and job.finished(output, job.settings)
+        if group.all_gather(done) != [done] * current.size:
+            raise PhraseScorerError("the ranks disagree on whether the output is finished", path=output,
+                                    hint="do all machines see the same files?")
+        if done:
+            if current.is_writer:  # a join killed before it removed the shards
+                remove_shards([shard_output(output, r, current.size) for r in range(current.size)])
+            return job.result_of(output)
+        total = group.broadcast(count_lines(job.table) if current.is_writer else None)
+        start, stop = distributed.shard_lines(total, job.options.window_lines, current.rank, current.size)
+        part = shard_output(output, current.rank, current.size)
+        settings = {**job.settings, "shard": {"rank": current.rank, "ranks": current.size, "lines": [start, stop]}}
+        failure = None
+        try:
+            if not (resume and job.finished(part, settings)):
+                job.run(part, resume=resume, lines=(start, stop), settings=settings)
+        except Exception as exc:  # reported to the other ranks, then raised
+            failure = exc
+        failures = group.all_gather(None if failure is None else str(failure))
+        if failure is not None:
+            raise failure
+        if any(failures):
+            raise PhraseScorerError(f"rank {next(i for i, f in enumerate(failures) if f)} failed: "
+                                    f"{next(f for f in failures if f)}", path=output)
+        if current.is_writer:
+            join_shards(job, output, [shard_output(output, r, current.size) for r in range(current.size)])
+        group.all_gather(None)  # every rank returns after the join
+    result = job.result_of(output, time.monotonic() - started)
+    return result
+
+
+def describe_difference(theirs: Dict[str, Any], ours: Dict[str, Any]) -> str:
+    """The first differing setting, as ``key: theirs -> ours`` (dotted for nested ones)."""
+    for key in [*ours, *(k for k in theirs if k not in ours)]:
+        a, b = theirs.get(key), ours.get(key)
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):
+                return f"{key}.{describe_difference(a, b)}"
+            return f"{key}: {a!r} -> {b!r}"
+    return "none"
+
+
+def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
+    """Concatenate the shard files into ``output`` (atomically), write its signature, remove
+    the shards."""
+    signatures = [json.loads(Path(p + ".json").read_text()) for p in parts]
+    lines = sum(s["lines"] for s in signatures)
+    counts = [(s["num_scores_before"], s["shard"]["lines"][0] + 1) for s in signatures if s["lines"]]
+    num_scores = counts[0][0] if counts else None
+    for count, first_line in counts:
+        if count != num_scores:
+            raise PhraseScorerError(f"found {count} scores where the first line has {num_scores}", path=job.table,
+                                    line=first_line, hint="every line of a phrase table needs the same number of scores")
+    with OutputLock(output), AtomicOutput(output) as out:
+        for p in parts:
+            with open(p, "rb") as f:
+                while block := f.read(1 << 22):
+                    out.write(block)
+        if lines == 0:
+            raise PhraseScorerError("the phrase table is empty", path=job.table)
+        signature = job.signature(output, lines, num_scores, ranks=len(parts))
+        out.commit()
+    write_text_atomically(output + ".json", json.dumps(signature, indent=2) + "\n")
+    remove_shards(parts)
+
+
+def remove_shards(parts: List[str]) -> None:
+    for p in parts:
+        for path in (p + ".json", p):
+            Path(path).unlink(missing_ok=True)
+
+
+# --- resumable outputs (annotate and rescore) ----------------------------------------------------
 
 
 def keep_or_remove_partial(exc: PhraseScorerError, out: AtomicOutput, progress_path: Path,
@@ -348,30 +471,37 @@ def keep_or_remove_partial(exc: PhraseScorerError, out: AtomicOutput, progress_p
     hint = f"{exc.hint}; {note}" if exc.hint else note
     return PhraseScorerError(exc.message, path=exc.path, line=exc.line, hint=hint)
 
+
 def start_resumable(source: PathLike, output: str, settings: Dict[str, Any], resume: bool) -> Tuple[int, int, Optional[Path]]:
     """Before a resumable run writes ``output`` (under its :class:`OutputLock`): the input lines
-    and output bytes already done (0, 0 unless ``resume``), and the resume record's path (None
-    for stdout). A fresh run removes a stale record."""
+    and output bytes already done (0, 0 unless resuming), and the resume record's path (None
+    for stdout). ``resume`` with no record to resume from starts afresh and says so; a fresh run
+    removes a stale record."""
     to_stdout = output == STDIO
     done_lines, done_bytes = 0, 0
     progress_path = Path(str(part_path(output)) + ".json") if not to_stdout else None
+    record = None
     if resume:
         if to_stdout or os.fspath(source) == STDIO:
             raise PhraseScorerError("--resume needs named input and output files, not '-'")
-        done_lines, done_bytes = read_resume_record(progress_path, settings)
-        log.info("resuming after %d lines (%d bytes already written)", done_lines, done_bytes)
-    elif progress_path is not None and progress_path.exists():
+        record = read_resume_record(progress_path, settings)
+        if record is None:
+            log.warning("nothing to resume for %s (no interrupted run left a record): starting afresh", output)
+        else:
+            done_lines, done_bytes = record
+            log.info("resuming after %d lines (%d bytes already written)", done_lines, done_bytes)
+    if record is None and progress_path is not None and progress_path.exists():
         progress_path.unlink()
-    if not to_stdout and os.path.exists(output) and not resume:
+    if not to_stdout and os.path.exists(output) and record is None:
         log.info("%s exists and will be replaced when the new output is complete", output)
     return done_lines, done_bytes, progress_path
 
 
-def resumable_output(output: str, resume: bool, done_bytes: int) -> AtomicOutput:
-    """``output``'s temporary file, kept on failure for a later resume, cut to ``done_bytes``
-    when resuming."""
-    out = AtomicOutput(output, append=resume, keep_on_failure=output != STDIO)
-    if resume:
+def resumable_output(output: str, done_bytes: int) -> AtomicOutput:
+    """``output``'s temporary file, kept on failure for a later resume; a resumed run (one with
+    ``done_bytes`` already written) cuts it to those bytes and writes on from there."""
+    out = AtomicOutput(output, append=done_bytes > 0, keep_on_failure=output != STDIO)
+    if done_bytes:
         out.file.truncate(done_bytes)
         out.file.seek(done_bytes)
     return out
@@ -384,11 +514,12 @@ def finish_resumable(output: str, progress_path: Optional[Path], signature: Dict
         write_text_atomically(output + ".json", json.dumps(signature, indent=2) + "\n")
 
 
-def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Tuple[int, int]:
+def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Optional[Tuple[int, int]]:
+    """(lines done, bytes written) of the interrupted run, or None when no run left a record
+    (a run killed before its first chunk leaves none: it starts afresh)."""
     part = Path(str(progress_path)[: -len(".json")])
     if not progress_path.exists() or not part.exists():
-        raise PhraseScorerError("nothing to resume: no interrupted run of this output", path=part,
-                                hint="run again without --resume")
+        return None
     try:
         record = json.loads(progress_path.read_text())
         lines, size, saved = int(record["lines_done"]), int(record["bytes_done"]), record["settings"]
@@ -401,55 +532,22 @@ def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Tuple[i
     return lines, size
 
 
-def check_finite(log_probs: np.ndarray, path: PathLike, first_line: int) -> None:
-    """Refuse a NaN or infinite score; ``first_line`` is the input line of ``log_probs[0]``."""
-    if not np.isfinite(log_probs).all():
-        bad = int(np.flatnonzero(~np.isfinite(log_probs))[0])
-        raise PhraseScorerError("the model gave a non-finite score", path=path, line=first_line + bad,
-                                hint="the model weights are damaged")
-
-
-def per_token(log_probs: np.ndarray, target_ids) -> np.ndarray:
-    """log p divided by the number of predicted tokens, the target words and ``</s>``."""
-    lengths = np.fromiter((len(t) + 1 for t in target_ids), np.float64, len(target_ids))
-    return log_probs / lengths
-
-
 class ChunkWriter:
-    """Writer thread body: formats a window, writes it as one chunk, records progress."""
+    """Writer thread body: writes a window's finished bytes as one chunk, records progress.
+
+    Subclasses that format their own windows (rescore) turn a window into bytes in ``format``
+    and hand it to :meth:`write_window`."""
 
     def __init__(self, out: AtomicOutput, progress_path: Optional[Path], settings: Dict[str, Any],
-                 options: AnnotateOptions, compress: bool, lines_done: int) -> None:
+                 lines_done: int) -> None:
         self.out = out
         self.progress_path = progress_path
         self.settings = settings
-        self.options = options
-        self.compress = compress
         self.lines_done = lines_done
-        self.num_scores: Optional[int] = None
 
-    def format(self, window: Window) -> bytes:
-        opts = self.options
-        log_probs = window.log_probs
-        check_finite(log_probs, self.settings["input"]["path"], window.first_line)
-        if opts.length_normalize:
-            log_probs = per_token(log_probs, window.target_ids)
-        probs = np.exp(np.maximum(log_probs, LOG_FLOOR))
-        counts = np.exp(window.unknown.astype(np.float64))
-        parts = []
-        for i, line in enumerate(window.lines):
-            values = []
-            for column in opts.columns:
-                values.append("%.9g" % (probs[i] if column == "prob" else counts[i]))
-            parts.append(line.with_scores_appended(" ".join(values).encode("ascii")))
-        return b"".join(parts)
-
-    def write(self, window: Window) -> None:
-        data = self.format(window)
-        if self.compress:
-            data = gzip_member(data, self.options.compress_level)
+    def write(self, lines: int, data: bytes) -> None:
         self.out.write(data)
-        self.lines_done += len(window.lines)
+        self.lines_done += lines
         if self.progress_path is not None:
             self.out.flush()
             record = {"lines_done": self.lines_done, "bytes_done": self.out.tell(), "settings": self.settings}

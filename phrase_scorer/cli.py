@@ -173,7 +173,8 @@ precision_option = click.option(
     help="fp32 on every device by default. bf16/fp16 (GPU only): autocast, so the decoder state and "
          "the output layer run in half precision and log p moves by about 1e-3 (fp16) to 1e-2 (bf16) nats "
          "(docs/precision.md); only the log-softmax stays fp32. A CPU always scores in fp32.")
-resume_option = click.option("--resume", is_flag=True, help="Continue an interrupted run of the same command.")
+resume_option = click.option("--resume", is_flag=True,
+                             help="Continue an interrupted run of the same command (starts afresh when there is nothing to resume).")
 model_option = click.option("-m", "--model", "model_dir", required=True, type=click.Path(file_okay=False),
                             help="Model directory made by 'phrase-scorer train'.")
 
@@ -361,27 +362,38 @@ def column_options(function):
 @device_option
 @precision_option
 @threads_option
+@click.option("--workers", type=click.IntRange(min=0), default=None,
+              help="Processes that read, check, format and compress the table beside the model "
+                   "(0: none, all in one process) [default: the cores, at most 8].")
 @resume_option
 @click.option("--ini", "moses_ini", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Also write this moses.ini, patched for the new table, to --ini-output.")
 @click.option("--ini-output", type=click.Path(dir_okay=False), default=None,
               help="Where --ini writes the patched moses.ini [default: OUTPUT's name + .moses.ini].")
 def annotate(table, model_dir, output, columns, unk_side, length_normalize, batch_tokens, window_lines,
-             device, precision, threads, resume, moses_ini, ini_output):
-    """Append the model's p(y|x) and unknown-word columns to every line of TABLE."""
+             device, precision, threads, workers, resume, moses_ini, ini_output):
+    """Append the model's p(y|x) and unknown-word columns to every line of TABLE.
+
+    Under torchrun (torchrun --nproc-per-node N -m phrase_scorer annotate ...) every process
+    annotates a part of TABLE and the parts are joined into OUTPUT, byte for byte what one
+    process writes."""
     set_threads(threads)
     from phrase_scorer.annotate import annotate as run_annotate
-    from phrase_scorer.model_dir import load_model
     from phrase_scorer.device import resolve_device
+    from phrase_scorer.distributed import local_device, world
+    from phrase_scorer.model_dir import load_model
 
     options = AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
                               window_lines=window_lines)
-    loaded = load_model(model_dir, resolve_device(device))
+    loaded = load_model(model_dir, local_device(resolve_device(device)))
     try:
         result = run_annotate(table, output, loaded, options,
-                              ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume)
+                              ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
+                              workers=workers)
     except KeyboardInterrupt:
         raise interrupted_resumable(output) from None
+    if not world().is_writer:  # under torchrun, rank 0 reports for the job
+        return
     click.echo(
         f"annotated {result.lines:,} lines in {result.seconds:.0f}s ({result.lines / max(result.seconds, 1e-9):,.0f} lines/s)"
         + ("" if output == "-" else f": {output}, signature {output}.json"),

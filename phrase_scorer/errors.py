@@ -31,6 +31,9 @@ class PhraseScorerError(Exception):
         self.hint = hint
         super().__init__(str(self))
 
+    def __reduce__(self):  # keep path, line and hint across processes (worker pools)
+        return _rebuild, (self.message, self.path, self.line, self.hint)
+
     def __str__(self) -> str:
         where = ""
         if self.path is not None:
@@ -42,3 +45,7 @@ class PhraseScorerError(Exception):
         if self.hint:
             text += f" ({self.hint})"
         return text
+
+
+def _rebuild(message, path, line, hint) -> PhraseScorerError:
+    return PhraseScorerError(message, path=path, line=line, hint=hint)

@@ -13,7 +13,7 @@ significant digits Moses prints its own feature values with, and written with ``
 other byte of the line is kept: id, hypothesis, the features already there, total, the fields
 after it (segmentation, alignment) and the newline.
 
-The work is the annotate pipeline's (see :mod:`phrase_scorer.annotate`): a reader thread cuts
+The work runs in the :class:`~phrase_scorer.io.parallel.Pipeline` annotate uses: a reader thread cuts
 the list into windows of whole sentences (about ``window_lines`` lines) and looks up word ids in
 each model's vocabularies; the main thread asks :class:`~phrase_scorer.scoring.BatchScorer` for
 log p, one call per model and window, so each source sentence is encoded once for all its
@@ -39,20 +39,22 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from phrase_scorer import __version__
-from phrase_scorer.annotate import (
-    ChunkWriter,
-    Pipeline,
-    check_finite,
-    finish_resumable,
-    input_identity,
-    per_token,
-    resumable_output,
-    start_resumable,
-)
+from phrase_scorer.annotate import ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable
+from phrase_scorer.annotate_work import check_finite, per_token
 from phrase_scorer.config import FORWARD_FEATURE_PREFIX, REVERSE_FEATURE_PREFIX, RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import STDIO, OutputLock, PathLike, is_gzip_name, open_input, read_gzip_error
+from phrase_scorer.io.files import (
+    GZIP_LIBRARY,
+    STDIO,
+    OutputLock,
+    PathLike,
+    gzip_member,
+    is_gzip_name,
+    open_input,
+    read_gzip_error,
+)
 from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order, moses_rounded
+from phrase_scorer.io.parallel import Pipeline
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.progress import progress_bar
 
@@ -213,14 +215,14 @@ def rescore(
         "options": asdict(options),
         "precision": scoring_options.precision,
         "devices": devices,
-        "gzip": compress,
+        "gzip": GZIP_LIBRARY if compress else False,  # another library writes other bytes
         "package_version": __version__,
     }
     settings = json.loads(json.dumps(settings))  # as the resume record will hold it
     started = time.monotonic()
     with OutputLock(output):
         done_lines, done_bytes, progress_path = start_resumable(nbest, output, settings, resume)
-        with resumable_output(output, resume, done_bytes) as out:
+        with resumable_output(output, done_bytes) as out:
             reader = NBestReader(nbest, skip=done_lines)
             sources = SourceSentences(source, nbest)
             scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
@@ -231,7 +233,8 @@ def rescore(
                 for scorer, (src_ids, tgt_ids) in zip(scorers, window.inputs):
                     log_probs = scorer.score(src_ids, tgt_ids)
                     check_finite(log_probs, settings["input"]["path"], window.first_line)
-                    window.scores.append(per_token(log_probs, tgt_ids) if options.normalize else log_probs)
+                    window.scores.append(per_token(log_probs, np.fromiter(map(len, tgt_ids), np.int64, len(tgt_ids)))
+                                         if options.normalize else log_probs)
                 window.inputs = []  # the ids are not needed any more
                 return window
 
@@ -241,7 +244,7 @@ def rescore(
                         lambda put: read_windows(reader, sources, models, options.window_lines, done_lines, put,
                                                  progress, counts),
                         work,
-                        writer.write,
+                        writer.write_window,
                     )
             finally:
                 sources.close()
@@ -338,7 +341,9 @@ class FeatureWriter(ChunkWriter):
 
     def __init__(self, out, progress_path, settings, options: RescoreOptions, compress: bool, lines_done: int,
                  names: Sequence[str]) -> None:
-        super().__init__(out, progress_path, settings, options, compress, lines_done)
+        super().__init__(out, progress_path, settings, lines_done)
+        self.options = options
+        self.compress = compress
         self.names = list(names)
 
     def format(self, window: NBestWindow) -> bytes:
@@ -348,3 +353,9 @@ class FeatureWriter(ChunkWriter):
                 entry.features.append((name, [moses_rounded(float(values[i]))]))
             parts.append(entry.to_line().encode("utf-8"))
         return b"".join(parts)
+
+    def write_window(self, window: NBestWindow) -> None:
+        data = self.format(window)
+        if self.compress:
+            data = gzip_member(data, self.options.compress_level)
+        self.write(len(window.lines), data)

@@ -217,8 +217,6 @@ def test_resume_refuses_changed_settings(tmp_path, loaded_tiny, tiny_model):
     assert json.loads(Path(str(out) + ".part.json").read_text())["lines_done"] == 300
     with pytest.raises(PhraseScorerError, match="options changed since the interrupted run"):
         annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300, unk_side="both"), resume=True)
-    with pytest.raises(PhraseScorerError, match="nothing to resume"):
-        annotate(EXAMPLE_TABLE, tmp_path / "other.gz", loaded_tiny, resume=True)
 
 
 def test_an_output_in_a_missing_folder_names_the_folder(tmp_path, tiny_model):

@@ -124,7 +124,7 @@ def test_resume_after_an_interruption_gives_the_same_bytes(tmp_path, loaded_tiny
     rescore(NBEST, SOURCE, reference, models, options)
 
     out = tmp_path / "cut.gz"
-    write = FeatureWriter.write
+    write = FeatureWriter.write_window
     calls = []
 
     def stop_after_two_windows(self, window):
@@ -133,10 +133,10 @@ def test_resume_after_an_interruption_gives_the_same_bytes(tmp_path, loaded_tiny
         calls.append(window.first_line)
         write(self, window)
 
-    monkeypatch.setattr(FeatureWriter, "write", stop_after_two_windows)
+    monkeypatch.setattr(FeatureWriter, "write_window", stop_after_two_windows)
     with pytest.raises(KeyboardInterrupt):
         rescore(NBEST, SOURCE, out, models, options)
-    monkeypatch.setattr(FeatureWriter, "write", write)
+    monkeypatch.setattr(FeatureWriter, "write_window", write)
     assert not out.exists()
     record = json.loads(Path(str(out) + ".part.json").read_text())
     # windows end at sentence boundaries: sentence 0 has 100 lines, sentence 1 has 33

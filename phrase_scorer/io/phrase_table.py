@@ -70,11 +70,7 @@ class TableLine:
         Everything else, including the spacing around the fields and the newline, is kept byte
         for byte.
         """
-        parts = self.raw.split(b"|||", 3)
-        if len(parts) < 3:
-            raise ValueError("line has no score field")
-        # end of the last score, before the spaces that lead to the next field
-        end = len(parts[0]) + len(parts[1]) + 2 * len(b"|||") + len(parts[2].rstrip())
+        end = scores_end(self.raw.split(b"|||", 3))
         return self.raw[:end] + b" " + values + self.raw[end:] + self.eol
 
 
@@ -88,6 +84,14 @@ class TableLine:
             raise ValueError(f"line {self.line_number} has fewer than {count + 1} scores")
         parts[2] = pieces[0] + trailing
         return b"|||".join(parts) + self.eol
+
+
+def scores_end(parts: List[bytes]) -> int:
+    """Where new scores go in a line split on ``|||``: the end of its last score, before the
+    spaces that lead to the next field."""
+    if len(parts) < 3:
+        raise ValueError("line has no score field")
+    return len(parts[0]) + len(parts[1]) + 2 * len(b"|||") + len(parts[2].rstrip())
 
 
 class PhraseTableReader(ReadProgress):

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Benchmark annotate's host pipeline: gzip libraries, worker processes, a large table, and the
+whole command with a trained model before and after.
+
+* gzip     -- decompressing the table and compressing 20,000-line windows with each installed
+              library (the standard library's zlib, ISA-L `isal`, `zlib-ng`, `rapidgzip`).
+* host     -- `annotate` with the model replaced by a constant (the host pipeline alone: read,
+              gunzip, parse, look up ids, format, gzip, write) on 0 (all in one process), 1, 2,
+              4, ... worker processes; the reference is 0 workers, measured in the same run.
+* large    -- the host pipeline on the table repeated --repeat times, and the time that rate
+              gives for 100M lines.
+* model    -- `phrase-scorer annotate` end to end with --trained MODEL; with --reference-src DIR
+              (a checkout of an earlier version) the same command with that version's code,
+              measured in the same run, and whether both wrote the same lines.
+
+Each measurement runs in its own process; results go to docs/benchmarks.md (--write) and stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import benchlib  # noqa: E402
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+
+
+def gzip_libraries(table: Path) -> str:
+    raw = table.read_bytes()
+    text = gzip.decompress(raw)
+    window = 20000
+    lines = text.splitlines(keepends=True)[: 10 * window]
+    windows = [b"".join(lines[i : i + window]) for i in range(0, len(lines), window)]
+    plain = sum(map(len, windows))
+    candidates = [("zlib (standard library)", gzip, (1, 6))]
+    try:
+        from isal import igzip
+
+        candidates.append(("isal (ISA-L)", igzip, (1, 3)))
+    except ImportError:
+        pass
+    try:
+        from zlib_ng import gzip_ng
+
+        candidates.append(("zlib-ng", gzip_ng, (1, 6)))
+    except ImportError:
+        pass
+    rows = []
+    for name, module, levels in candidates:
+        compress = lambda data, level: module.compress(data, level, mtime=0)  # noqa: E731
+        start = time.perf_counter()
+        size = 0
+        with module.open(table, "rb") as f:  # streamed in 1 MB reads, as annotate reads
+            while block := f.read(1 << 20):
+                size += len(block)
+        assert size == len(text)
+        read = len(text) / (time.perf_counter() - start) / 1e6
+        for level in levels:
+            start = time.perf_counter()
+            packed = [compress(w, level) for w in windows]
+            seconds = time.perf_counter() - start
+            assert zlib.decompress(packed[0], 31) == windows[0]  # plain gzip
+            ratio = sum(map(len, packed)) / plain
+            rows.append([name, f"{read:,.0f}", level, f"{plain / seconds / 1e6:,.0f}", f"{ratio:.3f}"])
+            print(rows[-1], flush=True)
+    try:
+        import rapidgzip
+
+        start = time.perf_counter()
+        with rapidgzip.open(str(table), parallelization=os.cpu_count()) as f:
+            size = 0
+            while block := f.read(1 << 20):
+                size += len(block)
+        rows.append([f"rapidgzip ({os.cpu_count()} threads)", f"{size / (time.perf_counter() - start) / 1e6:,.0f}",
+                     "", "(reads only)", ""])
+    except ImportError:
+        pass
+    return (
+        f"Reading `{table.name}` ({len(raw) / 1e6:.0f} MB gzip, {len(text) / 1e6:.0f} MB of text) and compressing "
+        f"its first {len(windows)} windows of {window:,} lines, each as one gzip member; MB/s of text.\n\n"
+        + benchlib.markdown_table(["library", "decompress MB/s", "level", "compress MB/s", "compressed / text"], rows)
+    )
+
+
+def host_run(table: Path, model_dir: Path, workers: int, work: Path):
+    out = work / "host.gz"
+    stdout, _, seconds, peak = benchlib.run_measured(benchlib.python_command(
+        HERE, "host-worker", "--table", table, "--model-dir", model_dir, "--workers", workers, "--out", out))
+    result = json.loads(stdout.strip().splitlines()[-1])
+    out.unlink()
+    return result, seconds, peak
+
+
+def host_worker(args) -> None:
+    """One host-pipeline run (constant scores) in this process; prints its figures."""
+    from phrase_scorer.annotate import annotate
+    from phrase_scorer.model_dir import load_model
+
+    loaded = load_model(args.model_dir)
+    start = time.perf_counter()
+    result = annotate(args.table, args.out, loaded, workers=args.workers, constant_log_prob=-1.0)
+    import resource
+
+    workers_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+    print(json.dumps({"lines": result.lines, "seconds": time.perf_counter() - start, "peak_mb": benchlib.peak_rss_mb(),
+                      "worker_peak_mb": workers_peak}))
+
+
+def host(args, work: Path, model_dir: Path) -> str:
+    table = Path(args.table)
+    cores = os.cpu_count() or 1
+    counts = sorted({0, 1, 2, 4, cores} | ({8, 16} if cores >= 8 else set()))
+    rows, rates = [], {}
+    for workers in counts:
+        result, seconds, peak = host_run(table, model_dir, workers, work)
+        rates[workers] = result["lines"] / result["seconds"]
+        rows.append([workers, f"{result['lines']:,}", f"{result['seconds']:.1f}", f"**{rates[workers]:,.0f}**",
+                     f"{rates[workers] / rates[0]:.2f}x", f"{result['peak_mb']:,.0f}",
+                     f"{result['worker_peak_mb']:,.0f}" if workers else ""])
+        print(rows[-1], flush=True)
+    return (
+        f"`annotate` with the model replaced by a constant (`annotate(..., constant_log_prob=-1)`, a benchmark hook) "
+        f"on `{table.name}`: read, gunzip, parse and check, look up ids, format, gzip and write. Machine: {machine()}. "
+        f"*vs 0* = rate / the rate with 0 workers (everything in one process), measured in the same run; peak RSS of "
+        f"the main process (model loaded) and of the largest worker.\n\n"
+        + benchlib.markdown_table(["workers", "lines", "seconds", "lines/s", "vs 0", "main peak RSS MB",
+                                   "worker peak RSS MB"], rows)
+    )
+
+
+def large(args, work: Path, model_dir: Path) -> str:
+    table = Path(args.table)
+    big = benchlib.repeated_table(table, work / f"table-x{args.repeat}.gz", times=args.repeat)
+    workers = args.large_workers or os.cpu_count()
+    result, seconds, peak = host_run(big, model_dir, workers, work)
+    rate = result["lines"] / result["seconds"]
+    return (
+        f"The host pipeline ({workers} workers, constant scores) on `{table.name}` repeated {args.repeat} times "
+        f"({result['lines']:,} lines, {os.path.getsize(big) / 1e6:,.0f} MB gzip): {result['seconds']:.0f} s, "
+        f"**{rate:,.0f} lines/s**, peak RSS {result['peak_mb']:,.0f} MB (main process), "
+        f"{result['worker_peak_mb']:,.0f} MB (largest worker). At that rate 100M lines take "
+        f"**{1e8 / rate / 60:.1f} minutes** of host work on this machine; the pipeline's rate grows with the workers "
+        f"a machine has (table above).\n"
+    )
+
+
+def model(args, work: Path) -> str:
+    if not args.trained:
+        return ""
+    table = Path(args.table)
+    if args.model_lines:
+        sliced = work / f"first-{args.model_lines}.gz"
+        if not sliced.exists():
+            from bench_annotate import write_slice
+
+            write_slice(table, args.model_lines, sliced)
+        table = sliced
+    runs = []
+    if args.reference_src:
+        runs.append(("before (reference)", args.reference_src, []))
+    runs.append(("after", str(ROOT), []))
+    rows, outputs, rates = [], {}, {}
+    for name, src, extra in runs:
+        out = work / f"{name.split()[0]}.gz"
+        env = dict(os.environ, PYTHONPATH=src)
+        _, _, seconds, peak = benchlib.run_measured(
+            [sys.executable, "-m", "phrase_scorer", "-q", "annotate", str(table), "-m", args.trained, "-o", str(out),
+             *extra], env=env)
+        lines = json.loads(Path(str(out) + ".json").read_text())["lines"]
+        rates[name] = lines / seconds
+        outputs[name] = out
+        rows.append([name, f"{lines:,}", f"{seconds:,.0f}", f"**{rates[name]:,.0f}**", f"{peak:,.0f}"])
+        print(rows[-1], flush=True)
+    text = ""
+    if len(runs) == 2:
+        same = same_lines(*outputs.values())
+        speedup = rates["after"] / rates["before (reference)"]
+        text = (f"\nSpeed-up: **{speedup:.2f}x**, measured in the same run. The two outputs hold "
+                f"{'the same lines, byte for byte once decompressed' if same else 'DIFFERENT lines'} "
+                f"(the gzip bytes differ: the earlier version compressed with zlib).\n")
+    config = json.loads((Path(args.trained) / "config.json").read_text())
+    return (
+        f"`phrase-scorer annotate {table.name} -m MODEL -o OUT.gz` (default options; "
+        f"{'the first ' + format(args.model_lines, ',') + ' lines of ' + Path(args.table).name if args.model_lines else 'the whole table'}), MODEL a `{config['preset']}` "
+        f"model trained on that table, fp32 on CPU; machine: {machine()}. *before*: the same command with the "
+        f"code of an earlier checkout (`--reference-src`).\n\n"
+        + benchlib.markdown_table(["code", "lines", "seconds", "lines/s", "peak RSS MB"], rows) + "\n" + text
+    )
+
+
+def same_lines(a: Path, b: Path) -> bool:
+    with gzip.open(a, "rb") as fa, gzip.open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(1 << 22), fb.read(1 << 22)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+def machine() -> str:
+    info = benchlib.machine()
+    load = os.getloadavg()[0]
+    return f"{info['cpu']}, {info['cores']} cores, load average {load:.1f} at the end"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    w = sub.add_parser("host-worker")
+    w.add_argument("--table", required=True)
+    w.add_argument("--model-dir", required=True)
+    w.add_argument("--workers", type=int, required=True)
+    w.add_argument("--out", required=True)
+    parser.add_argument("--table", default=str(benchlib.DEFAULT_TABLE))
+    parser.add_argument("--repeat", type=int, default=10, help="copies of the table in the large table")
+    parser.add_argument("--large-workers", type=int, default=None)
+    parser.add_argument("--trained", default=None, metavar="MODEL", help="a trained model for the end-to-end run")
+    parser.add_argument("--model-lines", type=int, default=None, help="end-to-end runs on the first N lines only")
+    parser.add_argument("--reference-src", default=None, metavar="DIR",
+                        help="a checkout of an earlier version, measured in the same run as the reference")
+    parser.add_argument("--parts", default="gzip,host,large,model")
+    parser.add_argument("--work-dir", default=None)
+    parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    args = parser.parse_args()
+    if args.command == "host-worker":
+        host_worker(args)
+        return
+    from bench_annotate import make_model_dir
+
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="bench-host-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = Path(args.trained) if args.trained else make_model_dir(
+        work / "tiny", "tiny", Path(args.table), work / "counts.json")
+    sections = {
+        "gzip": ("bench_host_gzip", "Host pipeline: gzip libraries", lambda: gzip_libraries(Path(args.table))),
+        "host": ("bench_host_workers", "Host pipeline: worker processes", lambda: host(args, work, model_dir)),
+        "large": ("bench_host_large", "Host pipeline: a large table", lambda: large(args, work, model_dir)),
+        "model": ("bench_host_model", "Annotate end to end with a trained model, before and after",
+                  lambda: model(args, work)),
+    }
+    for part in args.parts.split(","):
+        name, title, measure = sections[part]
+        body = measure()
+        if not body:
+            continue
+        text = f"## {title} (`tools/bench_host.py --parts {part}`)\n\n{body}"
+        print(text, flush=True)
+        if args.write:
+            benchlib.update_section(name, text)
+    if not args.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
