@@ -54,6 +54,7 @@ from phrase_scorer.io.files import (
     AtomicOutput,
     OutputLock,
     PathLike,
+    file_identity,
     is_gzip_name,
     part_path,
     write_text_atomically,
@@ -130,10 +131,7 @@ class AnnotateResult:
 
 
 def input_identity(path: PathLike) -> Dict[str, Any]:
-    if os.fspath(path) == STDIO:
-        return {"path": STDIO}
-    stat = os.stat(path)
-    return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {"path": STDIO} if os.fspath(path) == STDIO else file_identity(path)
 
 
 def annotation_settings(table: PathLike, output: PathLike, loaded, options: AnnotateOptions,

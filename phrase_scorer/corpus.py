@@ -32,10 +32,10 @@ from typing import ClassVar, Dict, Iterator, List, Optional, Tuple
 
 from phrase_scorer.config import TrainConfig
 from phrase_scorer.data import (
-    MAX_PHRASE_WORDS, file_identity, id_dtype_for, reuse_cache, source_hash, vocab_digest, write_cache,
+    MAX_PHRASE_WORDS, id_dtype_for, reuse_cache, source_hash, vocab_digest, write_cache,
 )
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, open_input, read_gzip_error
+from phrase_scorer.io.files import PathLike, file_identity, open_input, read_gzip_error
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary

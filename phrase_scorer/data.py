@@ -38,7 +38,7 @@ import numpy as np
 
 from phrase_scorer.config import TrainConfig
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.files import PathLike, file_identity
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.progress import progress_bar
 from phrase_scorer.resume import refuse_changed_settings
@@ -112,12 +112,6 @@ def vocab_digest(vocab: Vocabulary) -> str:
 def id_dtype_for(source_vocab: Vocabulary, target_vocab: Vocabulary) -> str:
     """The narrowest unsigned type that holds every word id of both shortlists."""
     return "uint16" if max(len(source_vocab), len(target_vocab)) <= np.iinfo(np.uint16).max + 1 else "uint32"
-
-
-def file_identity(path: PathLike) -> dict:
-    """What tells a changed input file apart: its absolute path, size and modification time."""
-    stat = os.stat(path)
-    return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def expected_meta(table: PathLike, source_vocab: Vocabulary, target_vocab: Vocabulary, valid_fraction: float, seed: int) -> CacheMeta:

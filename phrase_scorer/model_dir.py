@@ -15,7 +15,6 @@ checked against the config and vocabularies before a model is built.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -29,7 +28,7 @@ import torch
 from phrase_scorer import __version__
 from phrase_scorer.config import AnyModelConfig, model_config_from_dict
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, write_text_atomically
+from phrase_scorer.io.files import PathLike, file_sha256, write_text_atomically
 from phrase_scorer.models.architectures import build_model
 from phrase_scorer.models.base import TranslationModel
 from phrase_scorer.vocab import Vocabulary
@@ -43,14 +42,6 @@ TRAIN_LOG = "train.log.jsonl"
 CACHE = "cache"
 MODEL_FORMAT = "phrase-scorer-model"
 MODEL_FILES = (CONFIG, SOURCE_VOCAB, TARGET_VOCAB, BEST_WEIGHTS, CHECKPOINT, TRAIN_LOG)
-
-
-def file_sha256(path: PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def safe_torch_load(path: PathLike, map_location: Any = "cpu") -> Any:

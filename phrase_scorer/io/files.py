@@ -19,6 +19,7 @@ docs/benchmarks.md), and writes plain gzip. Without it the standard library is u
 from __future__ import annotations
 
 import errno
+import hashlib
 import fcntl
 import gzip
 import io
@@ -347,3 +348,19 @@ def read_gzip_error(exc: BaseException) -> Optional[str]:
     if isinstance(exc, GZIP_ERRORS):
         return f"corrupt gzip data ({exc})"
     return None
+
+
+def file_identity(path: PathLike) -> dict:
+    """What tells one version of a file from another without reading it: its absolute path, size
+    and modification time."""
+    stat = os.stat(path)
+    return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def file_sha256(path: PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -35,7 +35,6 @@ Layout of the working directory::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -50,7 +49,7 @@ from typing import Dict, List, Optional, Sequence
 from phrase_scorer import __version__
 from phrase_scorer.config import COLUMNS, ExperimentOptions, TuneOptions, start_weights
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import AtomicOutput, PathLike, write_text_atomically
+from phrase_scorer.io.files import AtomicOutput, PathLike, file_identity, file_sha256, write_text_atomically
 from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.io.phrase_table import PhraseTableReader
@@ -115,20 +114,6 @@ def drop_last_columns(table: PathLike, output: PathLike, count: int) -> int:
     return lines
 
 
-def file_identity(path: PathLike) -> Dict[str, object]:
-    """What tells one version of a file from another without reading it: path, size, mtime."""
-    stat = os.stat(path)
-    return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
-def sha256_of(path: PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_json(path: PathLike) -> Optional[dict]:
     try:
         return json.loads(Path(path).read_text())
@@ -151,7 +136,7 @@ def stale_annotation(table: Path, original: str, model_dir: PathLike) -> List[st
     if signature is None:
         return ["no finished annotated table"]
     weights = Path(model_dir) / "model.pt"
-    current = {"model weights": sha256_of(weights) if weights.exists() else None,
+    current = {"model weights": file_sha256(weights) if weights.exists() else None,
                "input table": file_identity(original), "annotate options": json.loads(json.dumps(asdict(AnnotateOptions())))}
     recorded = {"model weights": signature.get("model", {}).get("weights_sha256"),
                 "input table": signature.get("input"), "annotate options": signature.get("options")}
@@ -281,7 +266,7 @@ def run_inputs(system_ini_path: PathLike, table: PathLike, dev: Sequence[PathLik
                tune_options: TuneOptions, options: ExperimentOptions) -> Dict[str, object]:
     """What a tuning run's results depend on, as recorded in ``run-<seed>/inputs.json``."""
     return json.loads(json.dumps({
-        "system ini sha256": sha256_of(system_ini_path),
+        "system ini sha256": file_sha256(system_ini_path),
         "phrase table": file_identity(table),
         "dev": [file_identity(p) for p in dev],
         "test": [file_identity(p) for p in test],
