@@ -21,7 +21,7 @@ import click
 from phrase_scorer import __version__, progress
 from phrase_scorer.config import (
     ARCH_PRESETS, COLUMNS, PRECISIONS, TRAIN_PRECISIONS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions,
-    RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TranslateOptions, TuneOptions,
+    RescoreExperimentOptions, RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TranslateOptions, TuneOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
 
@@ -850,9 +850,11 @@ def tune(moses_ini, dev, output, working_dir, seed, moses_home, **options):
               help="For the extractor's files and the optimiser runs, made fresh [default: OUTPUT.work].")
 @click.option("--mertdir", type=click.Path(file_okay=False, exists=True), default=None,
               help="Folder of extractor, mert and kbmira [default: MOSES_HOME/bin].")
+@click.option("--ignore-feature", "ignore_features", multiple=True,
+              help="A dense feature of the lists to leave out, neither tuned nor used (repeatable).")
 @moses_home_option
 def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads, working_dir, mertdir,
-           moses_home):
+           ignore_features, moses_home):
     """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
     then write the best hypothesis of each sentence of the test n-best list."""
     from phrase_scorer.moses.installation import MosesInstallation
@@ -860,7 +862,7 @@ def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_ite
 
     moses = MosesInstallation.find(moses_home) if moses_home or not mertdir else None
     options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
-                            threads=threads, mertdir=mertdir)
+                            threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features))
     result = run_rerank(dev[0], dev[1], test_nbest, output, moses=moses, options=options, start_ini=start_ini,
                         working_dir=working_dir)
     runs = ", ".join(f"seed {r.seed}: {r.dev_bleu:.2f}" for r in result.runs)
@@ -928,6 +930,92 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
     result = run_experiment(moses_ini, dev, test, work_dir, moses=MosesInstallation.find(moses_home),
                             model_dir=model_dir, annotated=annotated, tune_options=make_tune_options(**options),
                             options=ExperimentOptions(runs=runs, references=references, lang=lang))
+    if report:
+        from phrase_scorer.io.files import write_text_atomically
+
+        write_text_atomically(report, result.markdown)
+    click.echo(result.markdown)
+
+
+@cli.command("rescore-experiment")
+@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
+@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Dev source and reference: the optimiser tunes on its n-best list.")
+@click.option("--test", "tests", nargs=2, multiple=True, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="A test source and reference (repeatable).")
+@click.option("--dev-nbest", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The dev n-best list, already decoded with MOSES_INI [default: decode it].")
+@click.option("--test-nbest", "test_nbests", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="The n-best list of each --test, in their order, already decoded with MOSES_INI.")
+@click.option("-m", "--model", "models", multiple=True, metavar="NAME=DIR",
+              help="A model scoring the hypothesis given the source, as feature NAME (repeatable).")
+@click.option("-r", "--reverse-model", "reverse_models", multiple=True, metavar="NAME=DIR",
+              help="A target-to-source model scoring the source given the hypothesis, as feature NAME (repeatable).")
+@click.option("--row", "rows", multiple=True, metavar="LABEL=NAME[,NAME...]",
+              help="A system of the report: the decoder's features plus these (repeatable) "
+                   "[default: one row per model and one with all].")
+@click.option("-o", "--output", "work_dir", required=True, type=click.Path(file_okay=False),
+              help="Working directory (the lists, the runs, report.md and results.json); resumable.")
+@click.option("--nbest-size", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_size,
+              help="Distinct hypotheses per sentence.")
+@click.option("--runs", type=click.IntRange(min=1), default=RescoreExperimentOptions.runs,
+              help="Optimiser runs per row (seeds 1..RUNS).")
+@click.option("--method", type=click.Choice(["mert", "mira"]), default=RescoreExperimentOptions.method,
+              help="Moses' mert or kbmira (batch MIRA).")
+@click.option("--restarts", type=click.IntRange(min=0), default=RescoreExperimentOptions.restarts,
+              help="mert's random starting points per run.")
+@click.option("--normalize/--no-normalize", default=RescoreExperimentOptions.normalize,
+              help="Features are log p per predicted token (words + </s>) instead of log p.")
+@click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=RescoreExperimentOptions.references)
+@click.option("--lang", default=RescoreExperimentOptions.lang, help="Target language.")
+@click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
+              help="Threads of the decoder and of mert [default: all cores].")
+@click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags, help="More decoder options.")
+@click.option("--decoder", default=RescoreExperimentOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
+@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown report here.")
+@batch_tokens_option
+@device_option
+@precision_option
+@threads_option
+@moses_home_option
+def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, reverse_models, rows, work_dir, nbest_size,
+                       runs, method, restarts, normalize, references, lang, decoder_threads, decoder_flags, decoder,
+                       report, batch_tokens, device, precision, threads, moses_home):
+    """What rescoring MOSES_INI's n-best lists with sentence models buys: decode dev and test
+    n-best lists, rescore them, re-tune and rerank each row --runs times, and report BLEU, chrF
+    and paired bootstrap tests against Moses' 1-best."""
+    set_threads(threads)
+    from phrase_scorer.device import resolve_device
+    from phrase_scorer.moses.installation import MosesInstallation
+    from phrase_scorer.rescore import feature_models
+    from phrase_scorer.rescore_experiment import EvalSet, parse_row, run_rescore_experiment, set_name
+
+    if test_nbests and len(test_nbests) != len(tests):
+        raise PhraseScorerError(f"{len(test_nbests)} --test-nbest for {len(tests)} --test",
+                                hint="give one --test-nbest per --test, in the same order, or none")
+    sets = [EvalSet(set_name(dev[0]), dev[0], dev[1], dev_nbest)]
+    sets += [EvalSet(set_name(src), src, ref, test_nbests[i] if test_nbests else None) for i, (src, ref) in enumerate(tests)]
+
+    def named(values, option):
+        pairs = []
+        for value in values:
+            name, sep, directory = value.partition("=")
+            if not sep or not name or not directory:
+                raise PhraseScorerError(f"{option} {value!r} is not NAME=DIR", hint=f"e.g. {option} RNNsearch=models/rnnsearch")
+            pairs.append((name, directory))
+        return pairs
+
+    forward, reverse = named(models, "--model"), named(reverse_models, "--reverse-model")
+    if not forward and not reverse:
+        raise PhraseScorerError("no model given", hint="pass --model NAME=DIR (and/or --reverse-model NAME=DIR)")
+    loaded = feature_models([d for _, d in forward], [d for _, d in reverse], [n for n, _ in forward],
+                            [n for n, _ in reverse], resolve_device(device))
+    options = RescoreExperimentOptions(
+        nbest_size=nbest_size, decoder=decoder, decoder_flags=decoder_flags, threads=decoder_threads,
+        normalize=normalize, runs=runs, method=method, restarts=restarts, references=references, lang=lang)
+    result = run_rescore_experiment(moses_ini, sets, work_dir, moses=MosesInstallation.find(moses_home), models=loaded,
+                                    rows=[parse_row(r) for r in rows], options=options,
+                                    scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision))
     if report:
         from phrase_scorer.io.files import write_text_atomically
 

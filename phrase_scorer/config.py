@@ -238,6 +238,7 @@ class RerankOptions:
     mira_iterations: int = 60  # kbmira's epochs (-J)
     threads: int = 1  # mert's threads
     mertdir: Optional[str] = None  # folder of extractor, mert, kbmira (default: MOSES_HOME/bin)
+    ignore_features: Tuple[str, ...] = ()  # dense features of the lists left out (neither tuned nor used)
 
 
 @dataclass(frozen=True)
@@ -287,3 +288,21 @@ class ExperimentOptions:
     references: str = "auto"  # auto | tokenized | raw
     lang: str = "fr"  # target language, for detokenising raw references
     bootstrap_samples: int = 1000
+
+
+@dataclass(frozen=True)
+class RescoreExperimentOptions:
+    """``rescore-experiment``: the n-best lists, the rescoring, the reranking runs and the scoring."""
+
+    nbest_size: int = 500  # distinct hypotheses per sentence (Moses' -n-best-list FILE N distinct)
+    decoder: str = TuneOptions.decoder
+    decoder_flags: str = TuneOptions.decoder_flags
+    threads: Optional[int] = None  # decoder and mert threads (default: all cores)
+    normalize: bool = RescoreOptions.normalize  # per-token log p instead of log p
+    runs: int = ExperimentOptions.runs  # optimiser runs per row, seeds 1..runs
+    method: str = RerankOptions.method
+    restarts: int = RerankOptions.restarts
+    mertdir: Optional[str] = None
+    references: str = ExperimentOptions.references
+    lang: str = ExperimentOptions.lang
+    bootstrap_samples: int = ExperimentOptions.bootstrap_samples

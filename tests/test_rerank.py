@@ -206,3 +206,22 @@ def test_rerank_recovers_the_oracle(moses, tmp_path, method):
     before = bleu.corpus_score(moses_1best, [test_references]).score
     after = bleu.corpus_score(reranked, [test_references]).score
     assert after > before + 1, (before, after)
+
+
+def test_ignored_features_are_neither_tuned_nor_used(tmp_path):
+    """A feature that would pick the worst hypothesis changes nothing once it is ignored."""
+    entries = list(read_nbest(NBEST))
+    for _, group in group_by_sentence(entries):
+        for rank, entry in enumerate(group):
+            entry.features.append(("Worst", [float(rank)]))  # largest for the last hypothesis
+    with_extra = tmp_path / "extra.nbest.gz"
+    write_nbest(entries, with_extra)
+    decoder = weights_from_ini(TUNED_INI, layout_of(NBEST))
+    out = tmp_path / "1best.txt"
+    apply_weights(with_extra, decoder, out, ignore=("Worst",))
+    assert out.read_text(encoding="utf-8").split("\n")[:3] == decoder_1best(NBEST)
+    with pytest.raises(PhraseScorerError, match="dense features"):
+        apply_weights(with_extra, decoder, tmp_path / "refused.txt")  # not ignored: the layouts differ
+    dev = copy_checked(with_extra, tmp_path / "copy.nbest", ignore=("Worst",))
+    assert dev.layout == layout_of(NBEST)
+    assert "Worst" not in (tmp_path / "copy.nbest").read_text(encoding="utf-8")

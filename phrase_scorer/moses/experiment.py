@@ -291,27 +291,36 @@ def reusable_run(run_dir: Path, inputs: Dict[str, object]) -> Optional[RunResult
 
 def significance(runs: Sequence[RunResult], references: Sequence[str], options: ExperimentOptions) -> Dict[str, List[float]]:
     """Paired bootstrap p-values of each system's run against the baseline run with the same seed."""
-    import sacrebleu
-    from sacrebleu.significance import PairedTest
-
     baseline = {r.seed: r for r in runs if r.system == SYSTEMS[0].name}
-    kind = references_kind(references, options.references)
     out: Dict[str, List[float]] = {}
     for run in runs:
         if run.system == SYSTEMS[0].name or run.seed not in baseline:
             continue
-        hyps = [read_lines(baseline[run.seed].hypotheses), read_lines(run.hypotheses)]
-        if kind == "raw":
-            from sacremoses import MosesDetokenizer
-
-            detok = MosesDetokenizer(lang=options.lang)
-            hyps = [[detok.detokenize(h.split()) for h in side] for side in hyps]
-        metric = sacrebleu.BLEU(tokenize="none" if kind == "tokenized" else "13a")
-        test = PairedTest([("baseline", hyps[0]), (run.system, hyps[1])], {"BLEU": metric}, [list(references)],
-                          test_type="bs", n_samples=options.bootstrap_samples)
-        _, scores = test()
-        out.setdefault(run.system, []).append(float(scores["BLEU"][1].p_value))
+        out.setdefault(run.system, []).append(paired_bootstrap_p(
+            read_lines(baseline[run.seed].hypotheses), read_lines(run.hypotheses), references,
+            kind=options.references, lang=options.lang, samples=options.bootstrap_samples))
     return out
+
+
+def paired_bootstrap_p(baseline: Sequence[str], system: Sequence[str], references: Sequence[str], *, kind: str = "auto",
+                       lang: str = "fr", samples: int = 1000) -> float:
+    """p of sacrebleu's paired bootstrap resampling test of ``system`` against ``baseline`` (BLEU,
+    scored as :func:`phrase_scorer.moses.evaluate.score` scores them)."""
+    import sacrebleu
+    from sacrebleu.significance import PairedTest
+
+    hyps = [list(baseline), list(system)]
+    kind = references_kind(references, kind)
+    if kind == "raw":
+        from sacremoses import MosesDetokenizer
+
+        detok = MosesDetokenizer(lang=lang)
+        hyps = [[detok.detokenize(h.split()) for h in side] for side in hyps]
+    metric = sacrebleu.BLEU(tokenize="none" if kind == "tokenized" else "13a")
+    test = PairedTest([("baseline", hyps[0]), ("system", hyps[1])], {"BLEU": metric}, [list(references)],
+                      test_type="bs", n_samples=samples)
+    _, scores = test()
+    return float(scores["BLEU"][1].p_value)
 
 
 _BEST_ITERATION = re.compile(r"copying weights from best iteration \((\d+),")

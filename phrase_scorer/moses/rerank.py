@@ -18,7 +18,7 @@ the extractor's statistics), on the dev list as reranked by the weights.
 
 A sentence's best hypothesis is the first of those with the largest weighted sum of the dense
 features; it is written as its hypothesis field with the surrounding spaces removed, which is
-what Moses prints as the 1-best translation. A sentence id that the test list skips gets an
+the words Moses prints as the 1-best translation (it ends that line with a space). A sentence id that the test list skips gets an
 empty line, so line k + 1 is always sentence k.
 """
 
@@ -29,7 +29,7 @@ import logging
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -51,6 +51,14 @@ BLEU_ORDER = 4  # Moses' BleuScorer: n-grams up to 4, statistics (matches, total
 MIN_WEIGHT, MAX_WEIGHT = 0.0, 1.0  # where mert draws its random starting points (mert-moses.pl's default range)
 
 Layout = Tuple[Tuple[str, int], ...]  # the dense features of a line: (name, number of values), in order
+
+
+def without_features(entry: NBestEntry, ignore: Sequence[str]) -> NBestEntry:
+    """``entry`` without the features labelled with a name in ``ignore`` (``entry`` itself when
+    there are none to remove)."""
+    if not ignore or not any(name in ignore for name, _ in entry.features):
+        return entry
+    return replace(entry, features=[(name, values) for name, values in entry.features if name not in ignore])
 
 
 def dense_layout(entry: NBestEntry) -> Layout:
@@ -121,9 +129,9 @@ class DevList:
     lines: int
 
 
-def copy_checked(nbest: PathLike, copy: Path) -> DevList:
-    """Copy ``nbest`` to ``copy`` as plain text, checking that its ids are grouped in increasing
-    order and that every line has the same dense features, as the optimisers need.
+def copy_checked(nbest: PathLike, copy: Path, ignore: Sequence[str] = ()) -> DevList:
+    """Copy ``nbest`` to ``copy`` as plain text, without the features in ``ignore``, checking
+    that its ids are grouped in increasing order and that every line has the same dense features, as the optimisers need.
 
     Accumulates what the least-squares fit to the totals needs, with features and totals taken
     relative to their sentence's mean: a total also holds features Moses leaves out of n-best
@@ -135,7 +143,7 @@ def copy_checked(nbest: PathLike, copy: Path) -> DevList:
     last_id = -1
     count = 0
     with open(copy, "wb") as out:
-        for _, entries in group_by_sentence(read_nbest(nbest)):
+        for _, entries in group_by_sentence(without_features(e, ignore) for e in read_nbest(nbest)):
             for entry in entries:
                 found = dense_layout(entry)
                 if layout is None:
@@ -360,7 +368,7 @@ def learn_weights(dev_nbest: PathLike, dev_reference: PathLike, work: Path, *, m
     work = Path(work).resolve()  # the programs run inside it and get absolute paths
     if not options.seeds:
         raise PhraseScorerError("no optimiser seed given", hint="pass --seed at least once")
-    dev = copy_checked(dev_nbest, work / "dev.nbest")
+    dev = copy_checked(dev_nbest, work / "dev.nbest", options.ignore_features)
     references = read_lines(dev_reference)
     if len(references) != dev.sentences:
         raise PhraseScorerError(
@@ -395,9 +403,9 @@ def learn_weights(dev_nbest: PathLike, dev_reference: PathLike, work: Path, *, m
     return Learned(Weights(dev.layout, best.weights), start, start_from, start_bleu, best, runs)
 
 
-def apply_weights(nbest: PathLike, weights: Weights, output: PathLike) -> int:
-    """Write the best hypothesis of each sentence of ``nbest`` under ``weights``; returns the
-    number of lines written (largest sentence id + 1)."""
+def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: Sequence[str] = ()) -> int:
+    """Write the best hypothesis of each sentence of ``nbest`` under ``weights`` (the features in
+    ``ignore`` left out); returns the number of lines written (largest sentence id + 1)."""
     w = np.asarray(weights.values, np.float64)
     written = 0
 
@@ -405,7 +413,7 @@ def apply_weights(nbest: PathLike, weights: Weights, output: PathLike) -> int:
         nonlocal written
         last_id, best, best_score = -1, None, -math.inf
         for entry in read_nbest(nbest):
-            found = dense_layout(entry)
+            found = dense_layout(without_features(entry, ignore))
             if found != weights.layout:
                 raise PhraseScorerError(
                     f"the dense features are {describe_layout(found)}, but the weights are for "
@@ -420,7 +428,7 @@ def apply_weights(nbest: PathLike, weights: Weights, output: PathLike) -> int:
                     yield b"\n"
                     written += 1
                 last_id, best, best_score = entry.sentence_id, None, -math.inf
-            score = float(np.asarray(dense_feature_vector(entry)) @ w)
+            score = float(np.asarray(dense_feature_vector(without_features(entry, ignore))) @ w)
             if score > best_score:
                 best, best_score = (entry.hypothesis.strip(" ") + "\n").encode("utf-8"), score
         if best is not None:
@@ -455,7 +463,7 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
     mert_programs(moses, options)  # before any work
     work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="rerank")
     learned = learn_weights(dev_nbest, dev_reference, work, moses=moses, options=options, start_ini=start_ini)
-    sentences = apply_weights(test_nbest, learned.weights, output)
+    sentences = apply_weights(test_nbest, learned.weights, output, options.ignore_features)
     result = RerankResult(
         output=output, sentences=sentences, weights=learned.weights.by_name(), start_weights=learned.start.by_name(),
         start_from=learned.start_from, start_dev_bleu=learned.start_dev_bleu, dev_bleu=learned.best.dev_bleu,

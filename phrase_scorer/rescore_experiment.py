@@ -1,0 +1,432 @@
+"""What n-best rescoring buys on the user's own Moses system: one command, resumable.
+
+::
+
+    tuned moses.ini --moses, N distinct--> dev and test n-best lists       nbest/<set>.nbest
+        --rescore, every model at once--> rescored lists                   rescored/<set>.nbest.gz
+        --rerank, per row and optimiser seed--> the 1-best of every set    rows/<row>/seed<k>/<set>.hyp
+        --sacrebleu--> BLEU, chrF, paired bootstrap against Moses' 1-best  report.md, results.json
+
+Rows. *Moses* is the decoder's own 1-best (the first hypothesis of each sentence of its n-best
+list), untouched. *Moses, re-tuned on the lists* reranks the lists with the decoder's features
+only, tuned on the dev list like every other row: what re-tuning on a fixed list does by itself.
+Every other row adds the rescoring features it names (``--row LABEL=FEATURE,...``) to the
+decoder's; the features of the other models are left out (neither tuned nor used). Each tuned row
+runs ``runs`` times, with optimiser seeds 1..runs, starting from the tuned moses.ini's weights
+(new features from 0).
+
+What limits the gain is measured beside it: the number of distinct hypotheses per sentence, and
+the oracle BLEU of the lists cut to their first 1, 10, 100, ... hypotheses (per sentence, the
+hypothesis with the best smoothed sentence BLEU; then the corpus BLEU of those, scored as every
+other figure).
+
+Every step records what made it (``<file>.inputs.json`` / ``inputs.json``) and is redone, with a
+log line naming what changed, when that differs; an interrupted experiment resumes at the step it
+was in (rescoring resumes inside the list).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from phrase_scorer import __version__
+from phrase_scorer.config import RerankOptions, RescoreExperimentOptions, RescoreOptions, ScoringOptions
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import PathLike, file_identity, file_sha256, part_path, write_text_atomically
+from phrase_scorer.io.nbest import group_by_sentence, read_nbest
+from phrase_scorer.moses.evaluate import Evaluation, decode, score
+from phrase_scorer.moses.experiment import changed_keys, mean_sd, paired_bootstrap_p, read_json
+from phrase_scorer.moses.installation import MosesInstallation, read_lines, write_lines
+from phrase_scorer.moses.rerank import apply_weights, learn_weights
+from phrase_scorer.moses.tune import fresh_directory
+
+log = logging.getLogger(__name__)
+
+MOSES_ROW = "Moses"
+RETUNED_ROW = "Moses, re-tuned on the lists"
+ORACLE_SIZES = (1, 10, 100, 1000)  # and the whole list
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    features: Tuple[str, ...]  # the rescoring features added to the decoder's; () for the decoder's alone
+
+    @property
+    def folder(self) -> str:
+        return re.sub(r"[^A-Za-z0-9]+", "-", self.label).strip("-").lower() or "row"
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One set: its name in the report, its source and reference, and (optionally) an n-best list
+    already decoded with the tuned system."""
+
+    name: str
+    source: str
+    reference: str
+    nbest: Optional[str] = None
+
+
+def parse_row(text: str) -> Row:
+    """``LABEL=FEATURE,FEATURE`` (the label may hold anything but the last ``=``)."""
+    label, sep, names = text.rpartition("=")
+    features = tuple(n.strip() for n in names.split(",") if n.strip())
+    if not sep or not label.strip() or not features:
+        raise PhraseScorerError(f"--row {text!r} is not LABEL=FEATURE[,FEATURE...]",
+                                hint="e.g. --row 'RNNsearch, both directions=RNNsearch,RNNsearchReverse'")
+    return Row(label.strip(), features)
+
+
+def default_rows(features: Sequence[str]) -> List[Row]:
+    """One row per rescoring feature, and one with all of them."""
+    rows = [Row(f"+ {name}", (name,)) for name in features]
+    if len(features) > 1:
+        rows.append(Row("+ all", tuple(features)))
+    return rows
+
+
+def set_name(source: PathLike) -> str:
+    """``val.tok.en.gz`` -> ``val``."""
+    return os.path.basename(os.fspath(source)).split(".")[0] or "set"
+
+
+@dataclass
+class RowRun:
+    row: str
+    seed: Optional[int]  # None for the decoder's own 1-best
+    scores: Dict[str, Dict[str, float]]  # set name -> {"bleu", "chrf"}
+    hypotheses: Dict[str, str]  # set name -> file
+    weights: Dict[str, List[float]] = field(default_factory=dict)
+    tuned_dev_bleu: Optional[float] = None  # Moses' BLEU of the reranked dev list (the optimiser's)
+
+
+@dataclass
+class RescoreExperimentReport:
+    runs: List[RowRun]
+    significance: Dict[str, Dict[str, List[float]]]  # set -> row -> p per seed
+    oracle: Dict[str, Dict[str, float]]  # set -> {"hypotheses per sentence", "1", "10", ..., "all"}
+    signatures: Dict[str, str]
+    markdown: str = ""
+
+
+# --- steps ---------------------------------------------------------------------------------------
+
+
+def reuse_or_clear(record_path: Path, inputs: dict, outputs: Sequence[Path]) -> bool:
+    """True when every output exists and ``record_path`` records ``inputs``; otherwise the outputs
+    (and their partial files) are removed so that the step runs afresh."""
+    recorded = read_json(record_path)
+    if recorded is not None and not changed_keys(recorded, inputs) and all(p.exists() for p in outputs):
+        return True
+    if recorded is not None:
+        log.info("%s was made from other inputs (%s changed): making it again", record_path.parent,
+                 ", ".join(changed_keys(recorded, inputs)))
+        for path in outputs:
+            for leftover in (path, part_path(path), Path(str(part_path(path)) + ".json")):
+                leftover.unlink(missing_ok=True)
+    return False
+
+
+def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstallation,
+                  options: RescoreExperimentOptions) -> Path:
+    """The set's n-best list: the one given, or decoded with ``ini`` (``N distinct``)."""
+    if eval_set.nbest is not None:
+        return Path(eval_set.nbest)
+    folder = work / "nbest"
+    folder.mkdir(exist_ok=True)
+    nbest = folder / f"{eval_set.name}.nbest"
+    inputs = json.loads(json.dumps({"moses.ini sha256": file_sha256(ini), "source": file_identity(eval_set.source),
+                                    "size": options.nbest_size, "decoder": options.decoder,
+                                    "decoder flags": options.decoder_flags}))
+    record = folder / f"{eval_set.name}.inputs.json"
+    if reuse_or_clear(record, inputs, [nbest]):
+        log.info("%s: n-best list already decoded", eval_set.name)
+        return nbest
+    part = part_path(nbest)
+    flags = f"{options.decoder_flags} -n-best-list {part} {options.nbest_size} distinct".strip()
+    log.info("%s: decoding %d-best lists", eval_set.name, options.nbest_size)
+    decode(ini, eval_set.source, folder / f"{eval_set.name}.1best", moses=moses, threads=options.threads,
+           decoder_flags=flags, decoder=options.decoder)
+    os.replace(part, nbest)
+    write_text_atomically(record, json.dumps(inputs, indent=1) + "\n")
+    return nbest
+
+
+def rescored_nbest(nbest: Path, eval_set: EvalSet, work: Path, models: Sequence, options: RescoreExperimentOptions,
+                   scoring_options: ScoringOptions) -> Path:
+    """The set's list with every model's feature appended (``rescore``, resumed if interrupted)."""
+    from phrase_scorer.rescore import rescore
+
+    folder = work / "rescored"
+    folder.mkdir(exist_ok=True)
+    out = folder / f"{eval_set.name}.nbest.gz"
+    rescore_options = RescoreOptions(normalize=options.normalize)
+    inputs = json.loads(json.dumps({"nbest": file_identity(nbest), "source": file_identity(eval_set.source),
+                                    "models": [m.describe() for m in models], "options": asdict(rescore_options),
+                                    "precision": scoring_options.precision}))
+    record = folder / f"{eval_set.name}.inputs.json"
+    if reuse_or_clear(record, inputs, [out]):
+        log.info("%s: n-best list already rescored", eval_set.name)
+        return out
+    write_text_atomically(record, json.dumps({**inputs, "finished": False}, indent=1) + "\n")
+    rescore(nbest, eval_set.source, out, models, rescore_options, scoring_options, resume=part_path(out).exists())
+    write_text_atomically(record, json.dumps(inputs, indent=1) + "\n")
+    return out
+
+
+def first_hypotheses(nbest: PathLike) -> List[str]:
+    """The decoder's 1-best: each sentence's first hypothesis, the words Moses prints (without the
+    space it ends its 1-best lines with)."""
+    out: List[str] = []
+    for sentence_id, entries in group_by_sentence(read_nbest(nbest)):
+        out.extend([""] * (sentence_id - len(out)))
+        out.append(entries[0].hypothesis.strip(" "))
+    return out
+
+
+def scores_of(hypotheses: Sequence[str], references: Sequence[str], options: RescoreExperimentOptions) -> Evaluation:
+    return score(hypotheses, references, kind=options.references, lang=options.lang)
+
+
+def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence[EvalSet], all_features: Sequence[str],
+                  ini: Path, work: Path, moses: MosesInstallation, options: RescoreExperimentOptions) -> RowRun:
+    """Tune ``row``'s features on the dev list with one optimiser seed and rerank every set."""
+    run_dir = work / "rows" / row.folder / f"seed{seed}"
+    ignore = tuple(f for f in all_features if f not in row.features)
+    rerank_options = RerankOptions(method=options.method, seeds=(seed,), restarts=options.restarts,
+                                   threads=options.threads or os.cpu_count() or 1, ignore_features=ignore,
+                                   mertdir=options.mertdir)
+    inputs = json.loads(json.dumps({"row": asdict(row), "lists": {s.name: file_identity(rescored[s.name]) for s in sets},
+                                    "references": {s.name: file_identity(s.reference) for s in sets},
+                                    "start ini sha256": file_sha256(ini), "rerank options": asdict(rerank_options),
+                                    "scoring": {"references": options.references, "lang": options.lang}}))
+    result_path = run_dir / "result.json"
+    if reuse_or_clear(run_dir / "inputs.json", inputs, [result_path]):
+        return RowRun(**read_json(result_path))
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    write_text_atomically(run_dir / "inputs.json", json.dumps(inputs, indent=1) + "\n")
+    dev = sets[0]
+    learned = learn_weights(rescored[dev.name], dev.reference, fresh_directory(run_dir / "tune", verb="rerank"),
+                            moses=moses, options=rerank_options, start_ini=ini)
+    run = RowRun(row=row.label, seed=seed, scores={}, hypotheses={}, weights=learned.weights.by_name(),
+                 tuned_dev_bleu=learned.best.dev_bleu)
+    for eval_set in sets:
+        hyp = run_dir / f"{eval_set.name}.hyp"
+        apply_weights(rescored[eval_set.name], learned.weights, hyp, ignore)
+        evaluation = scores_of(read_lines(hyp), read_lines(eval_set.reference), options)
+        run.scores[eval_set.name] = {"bleu": evaluation.bleu, "chrf": evaluation.chrf}
+        run.hypotheses[eval_set.name] = os.fspath(hyp)
+    write_text_atomically(result_path, json.dumps(asdict(run), indent=1) + "\n")
+    log.info("%s, seed %d: %s", row.label, seed,
+             ", ".join(f"{name} BLEU {s['bleu']:.2f}" for name, s in run.scores.items()))
+    return run
+
+
+# --- what limits the gain ---------------------------------------------------------------------------
+
+
+def ngram_stats(hypothesis: Sequence[str], reference_counts: List[Counter], reference_length: int) -> List[int]:
+    """Moses' BLEU statistics of one hypothesis: (matches, total) per order 1-4, reference length."""
+    stats: List[int] = []
+    for n in range(1, 5):
+        counts = Counter(tuple(hypothesis[i:i + n]) for i in range(len(hypothesis) - n + 1))
+        stats += [sum(min(c, reference_counts[n - 1][g]) for g, c in counts.items()), max(len(hypothesis) - n + 1, 0)]
+    return stats + [reference_length]
+
+
+def smoothed_sentence_bleu(stats: Sequence[int]) -> float:
+    """Sentence BLEU with add-one smoothing of the orders above 1 (Lin and Och 2004), as Moses'
+    sentence-level BLEU: for ranking a sentence's hypotheses."""
+    if stats[1] == 0:
+        return 0.0
+    log_bleu = 0.0
+    for n in range(4):
+        add = 0 if n == 0 else 1
+        matches, total = stats[2 * n] + add, stats[2 * n + 1] + add
+        if matches == 0:
+            return 0.0
+        log_bleu += math.log(matches / total) / 4
+    return math.exp(log_bleu + min(0.0, 1 - stats[8] / stats[1]))
+
+
+def oracle_figures(nbest: PathLike, references: Sequence[str], options: RescoreExperimentOptions) -> Dict[str, float]:
+    """Distinct hypotheses per sentence, and the oracle BLEU of the list cut to its first k
+    hypotheses, k in ORACLE_SIZES below the list's size, and of the whole list."""
+    sizes = oracle_sizes(options)
+    picks: Dict[int, List[str]] = {k: [""] * len(references) for k in sizes}
+    hypotheses = 0
+    sentences = 0
+    for sentence_id, entries in group_by_sentence(read_nbest(nbest)):
+        reference = references[sentence_id].split()
+        counts = [Counter(tuple(reference[i:i + n]) for i in range(len(reference) - n + 1)) for n in range(1, 5)]
+        values = [smoothed_sentence_bleu(ngram_stats(e.text.split(), counts, len(reference))) for e in entries]
+        for k in sizes:
+            best = max(range(min(k, len(entries))), key=values.__getitem__)  # the first of equals
+            picks[k][sentence_id] = entries[best].hypothesis.strip(" ")
+        hypotheses += len(entries)
+        sentences += 1
+    figures: Dict[str, float] = {"hypotheses per sentence": hypotheses / max(sentences, 1)}
+    for k in sizes:
+        figures[str(k)] = scores_of(picks[k], references, options).bleu
+    return figures
+
+
+def oracle_sizes(options: RescoreExperimentOptions) -> List[int]:
+    return [k for k in ORACLE_SIZES if k < options.nbest_size] + [options.nbest_size]
+
+
+def significance(runs: Sequence[RowRun], sets: Sequence[EvalSet], options: RescoreExperimentOptions) -> Dict[str, Dict[str, List[float]]]:
+    """Paired bootstrap p of every tuned run against the decoder's 1-best, per test set."""
+    out: Dict[str, Dict[str, List[float]]] = {}
+    baseline = next(r for r in runs if r.seed is None)
+    for eval_set in sets[1:]:
+        references = read_lines(eval_set.reference)
+        base = read_lines(baseline.hypotheses[eval_set.name])
+        for run in runs:
+            if run.seed is None:
+                continue
+            p = paired_bootstrap_p(base, read_lines(run.hypotheses[eval_set.name]), references,
+                                   kind=options.references, lang=options.lang, samples=options.bootstrap_samples)
+            out.setdefault(eval_set.name, {}).setdefault(run.row, []).append(p)
+    return out
+
+
+# --- the whole experiment ------------------------------------------------------------------------
+
+
+def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_dir: PathLike, *,
+                           moses: MosesInstallation, models: Sequence, rows: Sequence[Row] = (),
+                           options: RescoreExperimentOptions = RescoreExperimentOptions(),
+                           scoring_options: ScoringOptions = ScoringOptions()) -> RescoreExperimentReport:
+    """Run (or resume) the experiment. ``sets[0]`` is the dev set (the optimiser tunes on it);
+    ``models`` are :class:`phrase_scorer.rescore.FeatureModel`s."""
+    if len(sets) < 2:
+        raise PhraseScorerError("the experiment needs a dev set and at least one test set")
+    names = [s.name for s in sets]
+    if len(set(names)) != len(names):
+        raise PhraseScorerError(f"two sets share the name {max(names, key=names.count)!r}",
+                                hint="give sets whose file names differ before their first '.'")
+    features = [m.name for m in models]
+    rows = list(rows) or default_rows(features)
+    for row in rows:
+        unknown = [f for f in row.features if f not in features]
+        if unknown:
+            raise PhraseScorerError(f"row {row.label!r} names {', '.join(unknown)}, which no model gives",
+                                    hint=f"the models' features are {', '.join(features)}")
+    ini = Path(moses_ini).resolve()
+    work = Path(work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+
+    lists = {s.name: decoded_nbest(ini, s, work, moses, options) for s in sets}
+    rescored = {s.name: rescored_nbest(lists[s.name], s, work, models, options, scoring_options) for s in sets}
+
+    moses_dir = work / "rows" / "moses"
+    moses_dir.mkdir(parents=True, exist_ok=True)
+    baseline = RowRun(row=MOSES_ROW, seed=None, scores={}, hypotheses={})
+    signatures: Dict[str, str] = {}
+    oracle: Dict[str, Dict[str, float]] = {}
+    for s in sets:
+        hyp = moses_dir / f"{s.name}.hyp"
+        write_lines(hyp, first_hypotheses(lists[s.name]))
+        references = read_lines(s.reference)
+        evaluation = scores_of(read_lines(hyp), references, options)
+        baseline.scores[s.name] = {"bleu": evaluation.bleu, "chrf": evaluation.chrf}
+        baseline.hypotheses[s.name] = os.fspath(hyp)
+        signatures = {"BLEU": evaluation.bleu_signature, "chrF": evaluation.chrf_signature}
+        oracle[s.name] = oracle_figures(lists[s.name], references, options)
+
+    runs = [baseline]
+    for row in [Row(RETUNED_ROW, ()), *rows]:
+        for seed in range(1, options.runs + 1):
+            runs.append(tuned_row_run(row, seed, rescored, sets, features, ini, work, moses, options))
+
+    report = RescoreExperimentReport(runs, significance(runs, sets, options), oracle, signatures)
+    report.markdown = markdown(report, ini, sets, models, rows, options)
+    write_text_atomically(work / "report.md", report.markdown)
+    write_text_atomically(work / "results.json", json.dumps(
+        {"runs": [asdict(r) for r in runs], "significance": report.significance, "oracle": oracle,
+         "signatures": signatures}, indent=1) + "\n")
+    return report
+
+
+def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet], models: Sequence,
+             rows: Sequence[Row], options: RescoreExperimentOptions) -> str:
+    dev = sets[0].name
+    by_row: Dict[str, List[RowRun]] = {}
+    for run in report.runs:
+        by_row.setdefault(run.row, []).append(run)
+    moses_scores = by_row[MOSES_ROW][0].scores
+    added = {RETUNED_ROW: "–", MOSES_ROW: "–", **{r.label: ", ".join(r.features) for r in rows}}
+    parts = []
+    for eval_set in sets[1:]:
+        name = eval_set.name
+        lines = [f"**{name}** (dev: {dev})", "",
+                 f"| System | features added | BLEU {dev} | BLEU {name} | Δ BLEU | chrF {name} | p vs Moses (per seed) |",
+                 "|---|---|---|---|---|---|---|"]
+        for label, runs in by_row.items():
+            bleu = [r.scores[name]["bleu"] for r in runs]
+            delta = statistics.mean(bleu) - moses_scores[name]["bleu"]
+            p_values = report.significance.get(name, {}).get(label)
+            lines.append(
+                f"| {label} | {added.get(label, '')} | {mean_sd([r.scores[dev]['bleu'] for r in runs])} | {mean_sd(bleu)} | "
+                f"{'–' if label == MOSES_ROW else f'{delta:+.2f}'} | {mean_sd([r.scores[name]['chrf'] for r in runs])} | "
+                f"{'–' if not p_values else ' / '.join(f'{p:.3f}' for p in p_values)} |")
+        parts.append("\n".join(lines))
+    per_run = ["| System | seed | BLEU " + " | BLEU ".join(s.name for s in sets) + " | tuned dev BLEU (Moses' scorer) |",
+               "|---|---|" + "---|" * len(sets) + "---|"]
+    for run in report.runs:
+        per_run.append(f"| {run.row} | {'–' if run.seed is None else run.seed} | "
+                       + " | ".join(f"{run.scores[s.name]['bleu']:.2f}" for s in sets)
+                       + f" | {'–' if run.tuned_dev_bleu is None else f'{run.tuned_dev_bleu:.2f}'} |")
+    weight_rows = []
+    for row in rows:
+        runs = by_row.get(row.label, [])
+        cells = []
+        for feature in row.features:
+            values = [r.weights[feature][0] / sum(abs(w) for ws in r.weights.values() for w in ws) for r in runs]
+            cells.append(f"{feature} {mean_sd(values)}")
+        weight_rows.append(f"| {row.label} | {'; '.join(cells)} |")
+    sizes = oracle_sizes(options)
+    oracle_rows = ["| set | hypotheses per sentence | Moses 1-best | " + " | ".join(f"oracle of {k}" for k in sizes) + " |",
+                   "|---|---|---|" + "---|" * len(sizes)]
+    for s in sets:
+        figures = report.oracle[s.name]
+        oracle_rows.append(f"| {s.name} | {figures['hypotheses per sentence']:.1f} | {moses_scores[s.name]['bleu']:.2f} | "
+                           + " | ".join(f"{figures[str(k)]:.2f}" for k in sizes) + " |")
+    model_lines = [f"- {m.name}: `{m.loaded.directory}` ({m.loaded.config.arch}, "
+                   f"{'target→source' if m.reverse else 'source→target'}, weights sha256 `{m.loaded.weights_sha256[:16]}…`)"
+                   for m in models]
+    return (
+        "\n\n".join(parts) + "\n\n"
+        f"Mean ± standard deviation over {options.runs} optimiser runs per tuned row (seeds 1–{options.runs}); "
+        f"*Moses* is the decoder's 1-best, one run. BLEU {dev} is of the reranked dev set the weights were tuned on. "
+        f"p: paired bootstrap resampling (sacrebleu, {options.bootstrap_samples} samples) of each run against "
+        "Moses' 1-best.\n\n"
+        "Per run:\n\n" + "\n".join(per_run) + "\n\n"
+        "Weights of the added features (each divided by the sum of the absolute values of all weights; "
+        "mean ± sd over runs):\n\n| System | weights |\n|---|---|\n" + "\n".join(weight_rows) + "\n\n"
+        "The lists: distinct hypotheses per sentence, and BLEU of the oracle (per sentence the hypothesis with the "
+        "best smoothed sentence BLEU) among the first k hypotheses:\n\n" + "\n".join(oracle_rows) + "\n\n"
+        "Settings:\n\n"
+        f"- Moses config: `{ini}`; n-best lists of {options.nbest_size} distinct hypotheses, decoder flags "
+        f"`{options.decoder_flags}`\n"
+        + "\n".join(model_lines) + "\n"
+        f"- rescoring: {'log p per predicted token' if options.normalize else 'log p (natural log)'}; reranking: "
+        f"{options.method}, {options.restarts} random restarts per run, starting from the moses.ini's weights\n"
+        f"- sacrebleu signatures: BLEU `{report.signatures.get('BLEU', '')}`, chrF `{report.signatures.get('chrF', '')}`\n"
+        f"- phrase-scorer {__version__}, report written {datetime.now(timezone.utc).isoformat(timespec='seconds')}\n"
+    )

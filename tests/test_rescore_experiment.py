@@ -1,0 +1,172 @@
+"""rescore-experiment: n-best lists rescored, reranked per row and seed, and reported.
+
+The default tests check the oracle and the rows' parsing; the `moses` tests run the whole
+experiment with Moses' extractor and mert on the tuned Multi30k system's 100-best list of val
+(../shared), cut into a dev and a test list, and decode a few sentences to check the decoding step.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import SHARED, SHARED_SYSTEM, require_shared
+from phrase_scorer.config import RescoreExperimentOptions
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
+from phrase_scorer.moses.evaluate import score
+from phrase_scorer.rescore_experiment import (
+    MOSES_ROW, RETUNED_ROW, Row, EvalSet, first_hypotheses, oracle_figures, parse_row, run_rescore_experiment,
+    smoothed_sentence_bleu, ngram_stats,
+)
+
+VAL_EN = SHARED / "multi30k-en-fr" / "val.tok.en.gz"
+VAL_FR = SHARED / "multi30k-en-fr" / "val.tok.fr.gz"
+TUNED_INI = SHARED_SYSTEM / "moses.tuned.ini"
+
+
+def test_rows_are_parsed_and_bad_ones_refused():
+    assert parse_row("RNNsearch, both directions=RNNsearch, RNNsearchReverse") == Row(
+        "RNNsearch, both directions", ("RNNsearch", "RNNsearchReverse"))
+    assert Row("+ RNN (both)", ("RNN",)).folder == "rnn-both"
+    for bad in ("RNN", "=RNN", "label="):
+        with pytest.raises(PhraseScorerError, match="LABEL=FEATURE"):
+            parse_row(bad)
+
+
+def test_sentence_bleu_ranks_the_reference_first():
+    reference = "un chien court sur l&apos; herbe".split()
+    from collections import Counter
+
+    counts = [Counter(tuple(reference[i:i + n]) for i in range(len(reference) - n + 1)) for n in range(1, 5)]
+    exact = smoothed_sentence_bleu(ngram_stats(reference, counts, len(reference)))
+    assert exact == pytest.approx(1.0)
+    close = smoothed_sentence_bleu(ngram_stats("un chien court sur herbe".split(), counts, len(reference)))
+    far = smoothed_sentence_bleu(ngram_stats("deux chats dorment".split(), counts, len(reference)))
+    assert exact > close > far >= 0.0
+
+
+def test_the_oracle_finds_the_reference_in_the_list(tmp_path):
+    """A list whose third hypothesis is the reference: the oracle of 1 is the 1-best, of 3 and more the reference."""
+    from phrase_scorer.io.nbest import NBestEntry
+
+    references = ["un chien court", "une femme lit un livre"]
+    hypotheses = [["le chien", "un chat court", "un chien court"], ["une femme lit", "une femme lit un livre"]]
+    entries = [NBestEntry(i, f" {h} ", [("LM0", [-1.0])], -1.0) for i, hs in enumerate(hypotheses) for h in hs]
+    nbest = tmp_path / "list.nbest"
+    write_nbest(entries, nbest)
+    figures = oracle_figures(nbest, references, RescoreExperimentOptions(nbest_size=3))
+    assert figures["hypotheses per sentence"] == 2.5
+    assert figures["1"] == pytest.approx(score(first_hypotheses(nbest), references).bleu)
+    assert figures["3"] == pytest.approx(100.0)
+    assert figures["1"] < figures["3"]
+
+
+# --- with Moses ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moses():
+    home = os.environ.get("MOSES_HOME")
+    if not home:
+        pytest.skip("set MOSES_HOME to a Moses build (bin/moses, extractor, mert) to run Moses tests")
+    require_shared()
+    from phrase_scorer.moses.installation import MosesInstallation
+
+    return MosesInstallation.find(home)
+
+
+def split_list(tmp_path: Path, cut: int):
+    """The shared 100-best list of val's first 100 sentences as a dev list (sentences 0..cut-1) and a
+    test list (cut..99, renumbered from 0), with their sources and references."""
+    entries = list(read_nbest(SHARED_SYSTEM / "val.nbest.gz"))
+    with gzip.open(VAL_EN, "rt", encoding="utf-8") as f:
+        sources = [next(f) for _ in range(100)]
+    with gzip.open(VAL_FR, "rt", encoding="utf-8") as f:
+        references = [next(f) for _ in range(100)]
+    sets = []
+    for name, first, last in (("dev", 0, cut), ("test", cut, 100)):
+        write_nbest([replace(e, sentence_id=e.sentence_id - first, _origin=None)
+                     for e in entries if first <= e.sentence_id < last], tmp_path / f"{name}.nbest.gz")
+        (tmp_path / f"{name}.en").write_text("".join(sources[first:last]), encoding="utf-8")
+        (tmp_path / f"{name}.fr").write_text("".join(references[first:last]), encoding="utf-8")
+        sets.append(EvalSet(name, str(tmp_path / f"{name}.en"), str(tmp_path / f"{name}.fr"), str(tmp_path / f"{name}.nbest.gz")))
+    return sets
+
+
+@pytest.mark.moses
+def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_tiny, caplog):
+    from phrase_scorer.rescore import FeatureModel
+
+    sets = split_list(tmp_path, 50)
+    models = [FeatureModel("RNN", loaded_tiny), FeatureModel("RNNReverse", loaded_tiny, reverse=True)]
+    options = RescoreExperimentOptions(nbest_size=100, runs=2, restarts=2, bootstrap_samples=100)
+    work = tmp_path / "work"
+    report = run_rescore_experiment(TUNED_INI, sets, work, moses=moses, models=models, options=options)
+
+    rows = [r.row for r in report.runs]
+    assert rows == [MOSES_ROW] + [RETUNED_ROW] * 2 + ["+ RNN"] * 2 + ["+ RNNReverse"] * 2 + ["+ all"] * 2
+    moses_run = report.runs[0]
+    test_hyps = first_hypotheses(sets[1].nbest)
+    assert Path(moses_run.hypotheses["test"]).read_text(encoding="utf-8").splitlines() == test_hyps
+    assert moses_run.scores["test"]["bleu"] == pytest.approx(score(test_hyps, Path(sets[1].reference).read_text().splitlines()).bleu)
+    for run in report.runs[1:]:
+        assert len(Path(run.hypotheses["test"]).read_text(encoding="utf-8").splitlines()) == 50
+        assert run.tuned_dev_bleu is not None
+    # each row weights only its own features
+    assert {"RNN"} <= set(report.runs[3].weights) and "RNNReverse" not in report.runs[3].weights
+    assert "RNN" not in report.runs[1].weights and "RNNReverse" not in report.runs[1].weights
+    assert {"RNN", "RNNReverse"} <= set(report.runs[7].weights)
+    # one p per seed and row, against Moses' 1-best
+    assert set(report.significance["test"]) == {RETUNED_ROW, "+ RNN", "+ RNNReverse", "+ all"}
+    assert all(len(p) == 2 and all(0.0 <= v <= 1.0 for v in p) for p in report.significance["test"].values())
+    # the oracle of the 1-best is the 1-best; longer lists hold better hypotheses
+    oracle = report.oracle["test"]
+    assert oracle["1"] == pytest.approx(moses_run.scores["test"]["bleu"])
+    assert oracle["1"] < oracle["10"] <= oracle["100"]
+    assert "| + all | RNN, RNNReverse |" in report.markdown and (work / "report.md").exists()
+
+    # run again: every step is reused
+    stamps = {p: p.stat().st_mtime_ns for p in work.rglob("result.json")}
+    stamps[work / "rescored" / "dev.nbest.gz"] = (work / "rescored" / "dev.nbest.gz").stat().st_mtime_ns
+    caplog.set_level("INFO")
+    again = run_rescore_experiment(TUNED_INI, sets, work, moses=moses, models=models, options=options)
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert [r.scores for r in again.runs] == [r.scores for r in report.runs]
+    assert "already rescored" in caplog.text
+
+    # another number of restarts: the reranking runs are redone, the rescored lists are not
+    changed = run_rescore_experiment(TUNED_INI, sets, work, moses=moses, models=models,
+                                     options=replace(options, restarts=3, runs=1))
+    assert len(changed.runs) == 1 + 4
+    assert (work / "rescored" / "dev.nbest.gz").stat().st_mtime_ns == stamps[work / "rescored" / "dev.nbest.gz"]
+
+
+@pytest.mark.moses
+def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tiny):
+    from phrase_scorer.rescore import FeatureModel
+
+    sets = []
+    with gzip.open(VAL_EN, "rt", encoding="utf-8") as f:
+        sources = [next(f) for _ in range(6)]
+    with gzip.open(VAL_FR, "rt", encoding="utf-8") as f:
+        references = [next(f) for _ in range(6)]
+    for name, lines in (("dev", slice(0, 3)), ("test", slice(3, 6))):
+        (tmp_path / f"{name}.en").write_text("".join(sources[lines]), encoding="utf-8")
+        (tmp_path / f"{name}.fr").write_text("".join(references[lines]), encoding="utf-8")
+        sets.append(EvalSet(name, str(tmp_path / f"{name}.en"), str(tmp_path / f"{name}.fr")))
+    options = RescoreExperimentOptions(nbest_size=20, runs=1, restarts=1, bootstrap_samples=50, threads=2)
+    report = run_rescore_experiment(TUNED_INI, sets, tmp_path / "work", moses=moses,
+                                    models=[FeatureModel("RNN", loaded_tiny)], options=options)
+    nbest = tmp_path / "work" / "nbest" / "test.nbest"
+    groups = [entries for _, entries in group_by_sentence(read_nbest(nbest))]
+    assert len(groups) == 3 and all(1 < len(g) <= 20 for g in groups)
+    assert all(len({e.text for e in g}) == len(g) for g in groups)  # distinct
+    moses_1best = (tmp_path / "work" / "nbest" / "test.1best").read_text(encoding="utf-8").splitlines()
+    # the same words as the decoder printed (it ends each line with a space)
+    assert Path(report.runs[0].hypotheses["test"]).read_text(encoding="utf-8").splitlines() == [
+        line.rstrip(" ") for line in moses_1best]
