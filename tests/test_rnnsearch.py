@@ -19,7 +19,7 @@ from phrase_scorer.config import (
     RNNsearchConfig,
     model_config_from_dict,
 )
-from phrase_scorer.model import RNNEncoderDecoder
+from phrase_scorer.models.encdec import RNNEncoderDecoder
 from phrase_scorer.model_dir import SOURCE_VOCAB, TARGET_VOCAB, BEST_WEIGHTS, ModelDirectory, load_model
 from phrase_scorer.models.architectures import ARCHITECTURES, build_model
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, next_word_labels, previous_words

@@ -207,7 +207,7 @@ def phrase_vectors(loaded, phrases: Sequence[Sequence[str]]) -> np.ndarray:
 
     from phrase_scorer.scoring import pad
 
-    from phrase_scorer.model import RNNEncoderDecoder
+    from phrase_scorer.models.encdec import RNNEncoderDecoder
 
     model = loaded.model
     if not isinstance(model, RNNEncoderDecoder):
