@@ -720,7 +720,8 @@ def compare(model_dir, table, frequent, rare, sources, top, min_words, min_targe
 
 @cli.group()
 def plot():
-    """Figures: model against table scores (Fig. 3), maps of representations (Figs. 4-5)."""
+    """Figures: model against table scores (Fig. 3), maps of representations (Figs. 4-5), and
+    RNNsearch's soft alignments."""
 
 
 @plot.command("scores")
@@ -769,6 +770,43 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
     result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,
                  method=method, seed=seed, labels=labels, html_output=html_output)
     click.echo(f"{output}: {result.method} map of {result.points:,} {kind}" + (f"; {html_output}" if html_output else ""))
+
+
+@plot.command("alignments")
+@model_option
+@click.option("--source", "source", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Tokenised source sentences (plain or gzip), one per line.")
+@click.option("--target", "target", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Their translations, line n translating line n: references or 'translate' output.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="OUT.png: each pair is drawn into OUT-LINE.png.")
+@click.option("--lines", default=None, help="Plot these lines (numbers from 1, comma-separated), e.g. 1,5,9.")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="Without --lines: plot this many pairs drawn at random (fixed by --seed) [default: 4].")
+@click.option("--seed", type=int, default=1)
+@click.option("--max-words", type=click.IntRange(min=1), default=30,
+              help="Longest side plotted; --count draws among the pairs within it.")
+@device_option
+def plot_alignments(model_dir, source, target, output, lines, count, seed, max_words, device):
+    """Heat maps of an RNNsearch model's soft alignments (Bahdanau et al. 2015, Fig. 3).
+
+    For each chosen pair of SOURCE and TARGET, one PNG: the weight alpha_ij of source word j
+    (along the top) when the model predicts target word i (down the left, then </s>), fed the
+    TARGET words, in grey scale from black (0) to white (1). An encoder-decoder model has no
+    alignment and is refused.
+    """
+    from phrase_scorer.analysis.alignments import DEFAULT_COUNT, parse_line_numbers, plot_alignments as run
+    from phrase_scorer.device import resolve_device
+    from phrase_scorer.model_dir import load_model
+
+    if lines is not None and count is not None:
+        raise UserError("give --lines or --count, not both")
+    numbers = parse_line_numbers(lines) if lines is not None else None
+    loaded = load_model(model_dir, resolve_device(device))
+    plots = run(loaded, source, target, output, lines=numbers, count=count or DEFAULT_COUNT, seed=seed,
+                max_words=max_words)
+    for p in plots:
+        click.echo(f"{p.png}: line {p.pair.line}, {len(p.pair.source)} source and {len(p.pair.target)} target words")
 
 
 # --- Moses: tune, evaluate, experiment -------------------------------------------------------------

@@ -43,7 +43,7 @@ from phrase_scorer.device import device_label, precision_context, resolve_device
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock
 from phrase_scorer.config import ARCH_PRESETS, AnyModelConfig, ModelConfig, TrainConfig
-from phrase_scorer.model import forward_flops
+from phrase_scorer.models.encdec import forward_flops
 from phrase_scorer.models.architectures import build_model
 from phrase_scorer.models.base import TranslationModel, count_parameters
 from phrase_scorer.model_dir import (

@@ -20,6 +20,12 @@ A_MAN_TABLE = DATA / "phrase-table.a-man.gz"
 SHARED = ROOT.parent / "shared" / "data"
 SHARED_SYSTEM = SHARED / "moses-multi30k-en-fr"
 SHARED_TABLE = SHARED_SYSTEM / "phrase-table.gz"
+# The first 500 sentence pairs of the Multi30k training set (gzip) and 100 of its validation set
+# (plain), tokenised as the Moses system's data.
+TRAIN_EN = DATA / "multi30k.train500.en.gz"
+TRAIN_FR = DATA / "multi30k.train500.fr.gz"
+VAL_EN = DATA / "multi30k.val100.en"
+VAL_FR = DATA / "multi30k.val100.fr"
 
 
 PAUSE_AT = Path(__file__).resolve().parent / "pause_at.py"
@@ -80,6 +86,28 @@ def tiny_model(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("models") / "tiny"
     train(EXAMPLE_TABLE, out, TrainConfig(preset="tiny", max_steps=400, valid_every=200, valid_pairs=300, seed=3))
     return out
+
+
+@pytest.fixture(scope="session")
+def sentence_models(tmp_path_factory):
+    """``sentence_models(arch)``: the directory of a tiny model of ``arch`` trained briefly on the
+    500 Multi30k sentence pairs, trained on first use and shared by the session."""
+    from phrase_scorer.config import TrainConfig
+    from phrase_scorer.corpus import SentenceCorpus
+    from phrase_scorer.train import train
+
+    made = {}
+
+    def model(arch: str) -> Path:
+        if arch not in made:
+            out = tmp_path_factory.mktemp("sentences") / arch
+            train(SentenceCorpus(str(TRAIN_EN), str(TRAIN_FR)), out,
+                  TrainConfig(arch=arch, preset="tiny", max_length=12, max_steps=30, valid_every=30, valid_pairs=50,
+                              seed=2))
+            made[arch] = out
+        return made[arch]
+
+    return model
 
 
 @pytest.fixture(scope="session")

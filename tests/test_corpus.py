@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DATA
+from conftest import DATA, TRAIN_EN, TRAIN_FR, VAL_EN, VAL_FR
 from test_train import assert_same_state, checkpoint_state
 from phrase_scorer.config import TrainConfig
 from phrase_scorer.corpus import PAPER_WINDOW_BATCHES, SentenceCorpus, read_sentence_pairs
@@ -23,12 +23,6 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.train import train
 from phrase_scorer.vocab import Vocabulary
 
-# The first 500 sentence pairs of the Multi30k training set (gzip) and 100 of its validation set
-# (plain), tokenised as the Moses system's data.
-TRAIN_EN = DATA / "multi30k.train500.en.gz"
-TRAIN_FR = DATA / "multi30k.train500.fr.gz"
-VAL_EN = DATA / "multi30k.val100.en"
-VAL_FR = DATA / "multi30k.val100.fr"
 QUICK = dict(preset="tiny", batch_size=16, valid_every=20, seed=11)
 
 

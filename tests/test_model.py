@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from phrase_scorer.config import PRESETS, ModelConfig
-from phrase_scorer.model import RNNEncoderDecoder, forward_flops
+from phrase_scorer.models.encdec import RNNEncoderDecoder, forward_flops
 from phrase_scorer.scoring import pad
 from phrase_scorer.vocab import EOS_ID, PAD_ID
 

@@ -60,13 +60,40 @@ def decode(moses, ini: Path, source: Path, *extra: str, program: str = "moses") 
     return result.stdout.decode("utf-8").splitlines()
 
 
-def test_annotated_table_loads_and_translates(moses, annotated_table, tmp_path):
-    from phrase_scorer.io.moses_ini import patch_moses_ini
-    from phrase_scorer.moses.tune import with_absolute_paths
+@pytest.fixture(scope="module")
+def rnnsearch_slice(tmp_path_factory):
+    """The pairs of the table for the first 60 test sentences, and that slice annotated by a tiny
+    RNNsearch model trained on it."""
+    from phrase_scorer.annotate import annotate
+    from phrase_scorer.config import TrainConfig
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.train import train
 
+    work = tmp_path_factory.mktemp("rnnsearch")
+    source = first_lines(TEST_EN, 60, work / "test.en")
+    table = table_for_sentences(SHARED_TABLE, source.read_text().splitlines(), work / "pt.gz")
+    train(table, work / "model", TrainConfig(arch="rnnsearch", preset="tiny", max_steps=40, valid_every=20,
+                                             valid_pairs=200, seed=3))
+    annotated = work / "pt.rnn.gz"
+    annotate(table, annotated, load_model(work / "model"))
+    return table, annotated
+
+
+@pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])
+def test_annotated_table_loads_and_translates(moses, arch, request, tmp_path):
+    """Moses loads a table annotated by each architecture and uses its new columns: the whole
+    table annotated by the tiny encoder-decoder, or the test sentences' slice annotated by a tiny
+    RNNsearch trained on that slice."""
+    from phrase_scorer.io.moses_ini import patch_moses_ini
+
+    if arch == "encdec":
+        table, annotated_table = SHARED_TABLE, request.getfixturevalue("annotated_table")
+    else:
+        table, annotated_table = request.getfixturevalue("rnnsearch_slice")
     source = first_lines(TEST_EN, 60, tmp_path / "test.en")
     baseline_ini = tmp_path / "baseline.ini"
-    with_absolute_paths(SHARED_SYSTEM / "moses.tuned.ini", baseline_ini)
+    patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", baseline_ini, phrase_table=table, add_features=0,
+                    absolute_paths=True)
     zero_ini = tmp_path / "rnn-zero.ini"
     result = patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", zero_ini, phrase_table=annotated_table,
                              add_features=2, initial_weights=0.0, absolute_paths=True)

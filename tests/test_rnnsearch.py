@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from phrase_scorer.config import (
     RNNsearchConfig,
     model_config_from_dict,
 )
-from phrase_scorer.model import RNNEncoderDecoder
+from phrase_scorer.models.encdec import RNNEncoderDecoder
 from phrase_scorer.model_dir import SOURCE_VOCAB, TARGET_VOCAB, BEST_WEIGHTS, ModelDirectory, load_model
 from phrase_scorer.models.architectures import ARCHITECTURES, build_model
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, next_word_labels, previous_words
@@ -367,7 +368,7 @@ def test_model_directory_builds_the_recorded_architecture(tmp_path, arch):
                                   forward_log_probs(model, sources, targets))
 
 
-def test_encdec_is_the_same_class_under_both_names():
+def test_encdec_names_the_encoder_decoder():
     assert ARCHITECTURES["encdec"] is RNNEncoderDecoder
 
 
@@ -383,3 +384,15 @@ def test_docs_tables_follow_the_code():
         row = (f"| {name} | {c.embedding_dim} | {c.hidden_dim} | {c.alignment_dim} | {c.maxout_units} | "
                f"{c.source_shortlist:,} |")
         assert row in doc
+
+
+def test_training_doc_lists_each_architectures_presets():
+    """docs/training.md's --arch table names every architecture with exactly its presets."""
+    from phrase_scorer.config import ARCH_PRESETS, DEFAULT_PRESET
+
+    doc = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    for arch, presets in ARCH_PRESETS.items():
+        (row,) = [line for line in doc.splitlines() if line.startswith(f"| `{arch}` |")]
+        listed = row.split(" | ")[1]
+        assert set(re.findall(r"`(\w+)`", listed)) == set(presets)
+        assert f"`{DEFAULT_PRESET}` (default)" in listed

@@ -115,3 +115,41 @@ def test_resume_keeps_the_architecture_and_refuses_another(tmp_path):
     assert resumed.exit_code == 0, resumed.output
     assert isinstance(load_model(out).model, RNNsearch)
     assert json.loads((out / "config.json").read_text())["model"]["arch"] == "rnnsearch"
+
+
+def test_compare_ranks_targets_by_the_rnnsearch_score(search_model):
+    """compare (Table 2) with an RNNsearch model: each source's top targets by the model are the
+    targets with the highest teacher-forced log p, with those scores."""
+    from phrase_scorer.analysis.compare import CompareOptions, compare
+    from phrase_scorer.io.phrase_table import read_phrase_table
+
+    loaded = load_model(search_model)
+    result = compare(A_MAN_TABLE, loaded, CompareOptions(frequent=2, rare=2, top=3))
+    assert [c.group for c in result] == ["frequent"] * 2 + ["rare"] * 2
+    lines = list(read_phrase_table(A_MAN_TABLE))
+    for c in result:
+        pairs = [l for l in lines if l.source == c.source]
+        scores = log_probs_by_forward(loaded.model, [loaded.source_vocab.encode(l.source_words) for l in pairs],
+                                      [loaded.target_vocab.encode(l.target_words) for l in pairs])
+        best = sorted(zip(scores, (l.target for l in pairs)), key=lambda x: (-x[0], x[1]))[:3]
+        assert [t for t, _ in c.by_model] == [t for _, t in best]
+        assert [s for _, s in c.by_model] == pytest.approx([float(s) for s, _ in best], abs=1e-4)
+    shown = run("compare", "-m", search_model, A_MAN_TABLE, "--source", "a man in a blue shirt", "--json", "--top", 2)
+    assert shown.exit_code == 0, shown.output
+    (entry,) = json.loads(shown.stdout)
+    assert entry["source"] == "a man in a blue shirt" and len(entry["by_model"]) == 2
+
+
+def test_word_maps_work_and_phrase_maps_are_refused(tmp_path, search_model):
+    """RNNsearch has word embeddings to map, but no fixed-length summary c of a phrase."""
+    words = tmp_path / "words.png"
+    result = run("plot", "embeddings", "-m", search_model, "-o", words, "--words", 60, "--method", "tsne")
+    assert result.exit_code == 0, result.output
+    assert words.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    phrases = tmp_path / "phrases.png"
+    refused = CliRunner().invoke(cli, ["plot", "embeddings", "-m", str(search_model), "-o", str(phrases), "--kind",
+                                       "phrases", "--table", str(A_MAN_TABLE), "--method", "tsne"])
+    assert refused.exit_code == 1
+    (line,) = refused.stderr.strip().splitlines()
+    assert "(rnnsearch) has no fixed-length summary" in line and "--kind words" in line
+    assert not phrases.exists()

@@ -9,7 +9,7 @@ import torch
 from conftest import A_MAN_TABLE
 from phrase_scorer.config import ModelConfig, RNNsearchConfig, ScoringOptions
 from phrase_scorer.io.phrase_table import read_phrase_table
-from phrase_scorer.model import RNNEncoderDecoder
+from phrase_scorer.models.encdec import RNNEncoderDecoder
 from phrase_scorer.models.architectures import build_model
 from phrase_scorer.scoring import BatchScorer, build_trie, log_probs_by_forward, pad
 from phrase_scorer.vocab import Vocabulary

@@ -15,7 +15,7 @@ from phrase_scorer.scoring import BatchScorer, pad
 from phrase_scorer.translate import translate_sentences
 from phrase_scorer.vocab import EOS_ID, PAD_ID, UNK_ID
 
-from test_corpus import TRAIN_EN, TRAIN_FR, VAL_EN
+from conftest import VAL_EN
 
 
 def run(*args):
@@ -23,13 +23,9 @@ def run(*args):
 
 
 @pytest.fixture(scope="module", params=["encdec", "rnnsearch"])
-def sentence_model(request, tmp_path_factory):
+def sentence_model(request, sentence_models):
     """A tiny model of each architecture trained briefly on 500 Multi30k sentence pairs."""
-    out = tmp_path_factory.mktemp("translate") / request.param
-    result = run("train", "--corpus", TRAIN_EN, TRAIN_FR, "-o", out, "--arch", request.param, "--preset", "tiny",
-                 "--max-length", 12, "--max-steps", 30, "--valid-every", 30, "--valid-pairs", 50, "--seed", 2)
-    assert result.exit_code == 0, result.output
-    return out
+    return sentence_models(request.param)
 
 
 @pytest.fixture(scope="module")

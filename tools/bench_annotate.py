@@ -58,7 +58,7 @@ def make_model_dir(directory: Path, preset: str, table: Path, counts_cache: Path
 
     from phrase_scorer.config import PRESETS
     from phrase_scorer.data import count_words
-    from phrase_scorer.model import RNNEncoderDecoder
+    from phrase_scorer.models.encdec import RNNEncoderDecoder
     from phrase_scorer.model_dir import BEST_WEIGHTS, SOURCE_VOCAB, TARGET_VOCAB, ModelDirectory
     from phrase_scorer.vocab import Vocabulary
     from collections import Counter
@@ -98,7 +98,7 @@ def worker(args) -> None:
 
     from phrase_scorer.config import AnnotateOptions, ScoringOptions
     from phrase_scorer.io.phrase_table import read_phrase_table
-    from phrase_scorer.model import forward_flops
+    from phrase_scorer.models.encdec import forward_flops
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.scoring import BatchScorer, log_probs_by_forward
 

@@ -51,7 +51,7 @@ def emulated_gpu_autocast(dtype):
     """CUDA autocast's policy for the scorer's ops, on the CPU (see the module docstring)."""
     import torch
 
-    from phrase_scorer.model import Encoder
+    from phrase_scorer.models.encdec import Encoder
 
     original = Encoder.step
 

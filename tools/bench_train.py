@@ -43,7 +43,7 @@ def worker(args) -> None:
 
     from phrase_scorer.config import TrainConfig
     from phrase_scorer.data import PairSet
-    from phrase_scorer.model import forward_flops
+    from phrase_scorer.models.encdec import forward_flops
     from phrase_scorer.train import train
     from phrase_scorer.model_dir import ModelDirectory
 

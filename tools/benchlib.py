@@ -1,5 +1,5 @@
-"""Helpers shared by the benchmark scripts: machine description, matmul rate, peak memory of a
-child process, and updating one section of docs/benchmarks.md."""
+"""Helpers shared by the benchmark and report scripts: machine description, matmul rate, peak
+memory of a child process, and replacing one marked section of a page of docs/."""
 
 from __future__ import annotations
 
@@ -110,15 +110,28 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def replace_marked(path: Path, begin: str, end: str, markdown: str, *, append: bool = False) -> None:
+    """Replace the text between the marker lines ``begin`` and ``end`` of ``path`` with
+    ``markdown``; where the markers are missing, append them with it (``append``) or stop."""
+    block = f"{begin}\n{markdown.rstrip()}\n{end}"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    elif append:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    else:
+        raise SystemExit(f"{path}: no {begin} ... {end} block to replace")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
 def update_section(name: str, markdown: str, path: Path = BENCHMARKS_MD) -> None:
     """Replace (or append) the section between ``<!-- name:start -->`` and ``<!-- name:end -->``."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    block = f"{start}\n{markdown.rstrip()}\n{end}"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# Benchmarks\n", encoding="utf-8")
+    replace_marked(path, f"<!-- {name}:start -->", f"<!-- {name}:end -->", markdown, append=True)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -11,12 +11,14 @@ output matrices.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import benchlib  # noqa: E402
 
 from phrase_scorer.config import ARCH_PRESETS  # noqa: E402
 from phrase_scorer.models.architectures import full_size_parameters  # noqa: E402
@@ -35,11 +37,7 @@ def sizes_table() -> str:
 
 
 def write_table(table: str, path: Path = DOC) -> None:
-    text = path.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
-    if not pattern.search(text):
-        raise SystemExit(f"{path}: no {BEGIN} ... {END} block to replace")
-    path.write_text(pattern.sub(lambda _: f"{BEGIN}\n{table}{END}", text), encoding="utf-8")
+    benchlib.replace_marked(path, BEGIN, END, table)
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """Figures 3-5 of the paper: model scores against table scores, and 2-D maps of the learned word
-and phrase representations. Needs the ``plots`` extra (matplotlib, scikit-learn; UMAP is used
-when ``umap-learn`` is installed and asked for).
+and phrase representations; and the helpers every plot uses to get matplotlib and write a figure.
+Needs the ``plots`` extra (matplotlib, scikit-learn; UMAP is used when ``umap-learn`` is installed
+and asked for).
 """
 
 from __future__ import annotations
@@ -31,6 +32,20 @@ def require_matplotlib():
     except ImportError:
         raise PhraseScorerError("plotting needs matplotlib, which is not installed", hint=INSTALL_HINT) from None
     return plt
+
+
+def save_figure(fig, output: PathLike) -> None:
+    """Write ``fig`` to ``output`` under a temporary name, renamed into place when complete; the
+    format is the name's extension (PNG without one)."""
+    import io
+
+    from phrase_scorer.io.files import AtomicOutput
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(output).suffix.lstrip(".").lower() or "png")
+    with AtomicOutput(output) as out:
+        out.write(buffer.getvalue())
+        out.commit()
 
 
 # --- Fig. 3: scores ----------------------------------------------------------------------------------
@@ -122,7 +137,7 @@ def plot_scores(table: PathLike, output: PathLike, *, table_column: int = 0, mod
     ax.set_ylabel("log p(y|x), RNN Encoder–Decoder")
     ax.set_title(f"{len(x):,} of {lines:,} phrase pairs: Pearson r = {pearson:.3f}, Spearman ρ = {spearman:.3f}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(output)
+    save_figure(fig, output)
     plt.close(fig)
     return ScoreStats(points=len(x), lines=lines, pearson=pearson, spearman=spearman, table_column=table_column,
                       model_column=model_column)
@@ -207,7 +222,7 @@ def phrase_vectors(loaded, phrases: Sequence[Sequence[str]]) -> np.ndarray:
 
     from phrase_scorer.scoring import pad
 
-    from phrase_scorer.model import RNNEncoderDecoder
+    from phrase_scorer.models.encdec import RNNEncoderDecoder
 
     model = loaded.model
     if not isinstance(model, RNNEncoderDecoder):
@@ -236,7 +251,7 @@ def plot_map(coords: np.ndarray, labels: Sequence[str], output: PathLike, *, tit
     ax.set_xticks([])
     ax.set_yticks([])
     fig.tight_layout()
-    fig.savefig(output)
+    save_figure(fig, output)
     plt.close(fig)
 
 

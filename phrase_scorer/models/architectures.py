@@ -7,7 +7,7 @@ from typing import Dict, Type
 import torch
 
 from phrase_scorer.config import AnyModelConfig, ModelConfig, RNNsearchConfig
-from phrase_scorer.model import RNNEncoderDecoder
+from phrase_scorer.models.encdec import RNNEncoderDecoder
 from phrase_scorer.models.base import TranslationModel, count_parameters
 from phrase_scorer.models.rnnsearch import RNNsearch
 from phrase_scorer.vocab import SPECIALS

@@ -25,20 +25,18 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from phrase_scorer.config import ModelConfig
-from phrase_scorer.models.base import (  # noqa: F401  (at_least_fp32, count_parameters: imported from here too)
+from phrase_scorer.models.base import (
     FIRST_OUTPUT_ID,
     Memory,
     TranslationModel,
-    at_least_fp32,
-    count_parameters,
     embed_previous,
     orthogonal_like,
+    previous_words,
 )
-from phrase_scorer.vocab import EOS_ID, PAD_ID
+from phrase_scorer.vocab import PAD_ID
 
 
 class Encoder(nn.Module):
@@ -88,11 +86,6 @@ class Decoder(nn.Module):
         self.recurrent = nn.Linear(H, 3 * H, bias=False)  # U'_r, U'_z, U'
         self.context_proj = nn.Linear(H, 3 * H, bias=False)  # C_r, C_z, C
 
-    def first_input(self, n: int) -> Tensor:
-        """e(y_0) = 0 (n, E): the previous-word embedding of the first decoder step, for n rows.
-        Every path that runs the decoder (training, scoring, sampling) starts with it."""
-        return self.embed.weight.new_zeros((n, self.embed.embedding_dim))
-
     def start(self, c: Tensor) -> Tuple[Tensor, Tensor]:
         """Per-source terms: h'_0 = tanh(V' c) (B, H) and the context gate inputs C c (B, 3H)."""
         return torch.tanh(self.init_state(c)), self.context_proj(c)
@@ -105,16 +98,6 @@ class Decoder(nn.Module):
         r, z = gates[:, :H], gates[:, H:]
         candidate = torch.tanh(x_proj[:, 2 * H :] + r * (rec[:, 2 * H :] + ctx[:, 2 * H :]))  # (N, H)
         return candidate + z * (h - candidate)  # z h + (1 - z) candidate
-
-    def forward(self, c: Tensor, prev_emb: Tensor) -> Tensor:
-        """c: (B, H); prev_emb: e(y_0..y_{T-1}) (B, T, E). Returns h'_1..h'_T (B, T, H)."""
-        h, ctx = self.start(c)
-        x_proj = self.input_proj(prev_emb)  # (B, T, 3H)
-        states = []
-        for t in range(prev_emb.size(1)):
-            h = self.step(x_proj[:, t], h, ctx)
-            states.append(h)
-        return torch.stack(states, 1)  # (B, T, H)
 
 
 class Readout(nn.Module):
@@ -141,25 +124,6 @@ class Readout(nn.Module):
         s = self.hidden(h) + self.prev_word(prev_emb) + source_term  # (..., P*M)
         s = s.unflatten(-1, (self.units, self.pieces)).amax(-1)  # (..., M): max of s_{2i-1}, s_{2i}
         return self.rank(s)
-
-    def logits(self, features: Tensor) -> Tensor:
-        """(N, R) -> (N, V - 1); column k is target id k + FIRST_OUTPUT_ID."""
-        return self.output(features)
-
-    def token_log_probs(self, features: Tensor, token_ids: Tensor, chunk_rows: Optional[int] = None) -> Tensor:
-        """log p of ``token_ids`` (N,) under the distributions of ``features`` (N, R), in fp32.
-
-        With ``chunk_rows`` the N x V logits are formed ``chunk_rows`` rows at a time, so a large
-        batch never holds them all.
-        """
-        classes = token_ids - FIRST_OUTPUT_ID
-        n = features.size(0)
-        step = n if not chunk_rows else chunk_rows
-        parts = []
-        for start in range(0, n, max(step, 1)):
-            logits = at_least_fp32(self.logits(features[start : start + step]))  # (n', V - 1)
-            parts.append(-F.cross_entropy(logits, classes[start : start + step], reduction="none"))
-        return torch.cat(parts) if len(parts) != 1 else parts[0]
 
 
 @dataclass
@@ -205,29 +169,6 @@ class RNNEncoderDecoder(TranslationModel):
             self.encoder.embed.weight[PAD_ID].zero_()
             self.decoder.embed.weight[PAD_ID].zero_()
 
-    def forward(self, src: Tensor, src_len: Tensor, tgt: Tensor, tgt_len: Tensor) -> Tensor:
-        """log p(y|x) for each pair, teacher-forced.
-
-        src: (B, S), tgt: (B, T) ids padded with <pad>; src_len, tgt_len: (B,) word counts.
-        Returns (B,) fp32 natural-log probabilities, </s> included.
-        """
-        B, T = tgt.shape
-        c, mean_emb = self.encoder(src, src_len)  # (B, H), (B, E)
-        steps = torch.arange(T + 1, device=tgt.device)
-        labels = torch.cat([tgt, tgt.new_full((B, 1), PAD_ID)], 1)  # (B, T+1)
-        labels = labels.masked_fill(steps == tgt_len.unsqueeze(1), EOS_ID)  # </s> after y_M
-        valid = steps <= tgt_len.unsqueeze(1)  # (B, T+1)
-
-        tgt_emb = self.decoder.embed(tgt)  # (B, T, E)
-        prev_emb = torch.cat([self.decoder.first_input(B).unsqueeze(1), tgt_emb], 1)  # (B, T+1, E)
-        states = self.decoder(c, prev_emb)  # (B, T+1, H)
-        source_term = self.readout.source_term(c, mean_emb).unsqueeze(1)  # (B, 1, P*M)
-        features = self.readout.features(states, prev_emb, source_term)  # (B, T+1, R)
-        token_lp = self.readout.token_log_probs(features[valid], labels[valid])  # (n_valid,)
-        out = token_lp.new_zeros((B, T + 1))
-        out[valid] = token_lp
-        return out.sum(1)  # (B,)
-
     # --- the interface of phrase_scorer.models.base ---------------------------------------------
 
     @property
@@ -267,6 +208,23 @@ class RNNEncoderDecoder(TranslationModel):
         prev_emb = embed_previous(decoder.embed, prev)  # (N, E), 0 for y_0
         state = decoder.step(decoder.input_proj(prev_emb), state, memory.context_gates)  # (N, H)
         return state, self.readout.features(state, prev_emb, memory.source_term)  # (N, R)
+
+    def teacher_forced_features(self, memory: EncDecMemory, tgt: Tensor) -> Tensor:
+        """The features :meth:`step` gives at each step, for all steps at once: (B, T) -> (B, T+1, R).
+
+        The decoder's input products and the readout do not depend on the state, so they run
+        on the whole target in one product each; only the GRU recurrence is stepped.
+        """
+        decoder = self.decoder
+        prev_emb = embed_previous(decoder.embed, previous_words(tgt))  # (B, T+1, E), 0 for y_0
+        x_proj = decoder.input_proj(prev_emb)  # (B, T+1, 3H)
+        state = self.start(memory)  # (B, H)
+        states = []
+        for t in range(x_proj.size(1)):
+            state = decoder.step(x_proj[:, t], state, memory.context_gates)  # (B, H)
+            states.append(state)
+        states = torch.stack(states, 1)  # (B, T+1, H)
+        return self.readout.features(states, prev_emb, memory.source_term.unsqueeze(1))  # (B, T+1, R)
 
 
 def mean_embedding(emb: Tensor, lengths: Tensor) -> Tensor:
