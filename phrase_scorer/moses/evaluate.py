@@ -83,7 +83,7 @@ def score(hypotheses: Sequence[str], references: Sequence[str], *, kind: str = "
         hypotheses = [detokenizer.detokenize(h.split()) for h in hypotheses]
         bleu = sacrebleu.BLEU()
     else:
-        bleu = sacrebleu.BLEU(tokenize="none")
+        bleu = sacrebleu.BLEU(tokenize="none", force=True)  # tokenised on purpose: no warning
     chrf = sacrebleu.CHRF()
     bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
     chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])

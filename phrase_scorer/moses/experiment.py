@@ -316,7 +316,7 @@ def paired_bootstrap_p(baseline: Sequence[str], system: Sequence[str], reference
 
         detok = MosesDetokenizer(lang=lang)
         hyps = [[detok.detokenize(h.split()) for h in side] for side in hyps]
-    metric = sacrebleu.BLEU(tokenize="none" if kind == "tokenized" else "13a")
+    metric = sacrebleu.BLEU(tokenize="none" if kind == "tokenized" else "13a", force=kind == "tokenized")
     test = PairedTest([("baseline", hyps[0]), ("system", hyps[1])], {"BLEU": metric}, [list(references)],
                       test_type="bs", n_samples=samples)
     _, scores = test()
