@@ -170,3 +170,13 @@ def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tin
     # the same words as the decoder printed (it ends each line with a space)
     assert Path(report.runs[0].hypotheses["test"]).read_text(encoding="utf-8").splitlines() == [
         line.rstrip(" ") for line in moses_1best]
+
+
+def test_identical_outputs_are_not_significantly_different():
+    from phrase_scorer.moses.experiment import paired_bootstrap_p
+
+    references = ["un chien court .", "une femme lit un livre .", "deux enfants jouent ."] * 10
+    same = ["un chien court .", "une femme lit .", "deux enfants jouent dehors ."] * 10
+    assert paired_bootstrap_p(same, list(same), references, samples=50) == 1.0
+    better = paired_bootstrap_p(same, references, references, samples=200)
+    assert better < 0.05

@@ -305,7 +305,10 @@ def significance(runs: Sequence[RunResult], references: Sequence[str], options: 
 def paired_bootstrap_p(baseline: Sequence[str], system: Sequence[str], references: Sequence[str], *, kind: str = "auto",
                        lang: str = "fr", samples: int = 1000) -> float:
     """p of sacrebleu's paired bootstrap resampling test of ``system`` against ``baseline`` (BLEU,
-    scored as :func:`phrase_scorer.moses.evaluate.score` scores them)."""
+    scored as :func:`phrase_scorer.moses.evaluate.score` scores them). Identical outputs get 1:
+    sacrebleu would give them its smallest p, 1 / (samples + 1)."""
+    if list(baseline) == list(system):
+        return 1.0
     import sacrebleu
     from sacrebleu.significance import PairedTest
 
