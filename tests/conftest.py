@@ -77,6 +77,18 @@ def head_lines(path: Path, n: int) -> list:
     return out
 
 
+@pytest.fixture(scope="module")
+def moses():
+    """The Moses installation of MOSES_HOME (and the shared Multi30k system); skips without them."""
+    home = os.environ.get("MOSES_HOME")
+    if not home:
+        pytest.skip("set MOSES_HOME to a Moses build (bin/moses, the mert tools, scripts/) to run Moses tests")
+    require_shared()
+    from phrase_scorer.moses.installation import MosesInstallation
+
+    return MosesInstallation.find(home)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny model trained for a few hundred steps on the bundled example table."""

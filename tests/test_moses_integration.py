@@ -7,13 +7,12 @@ scripts/), and ../shared beside the repository for the Multi30k system.
 from __future__ import annotations
 
 import gzip
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import SHARED, SHARED_SYSTEM, SHARED_TABLE, require_shared
+from conftest import SHARED, SHARED_SYSTEM, SHARED_TABLE
 
 pytestmark = pytest.mark.moses
 
@@ -21,17 +20,6 @@ TEST_EN = SHARED / "multi30k-en-fr" / "test_2016_flickr.tok.en.gz"
 TEST_FR = SHARED / "multi30k-en-fr" / "test_2016_flickr.tok.fr.gz"
 VAL_EN = SHARED / "multi30k-en-fr" / "val.tok.en.gz"
 VAL_FR = SHARED / "multi30k-en-fr" / "val.tok.fr.gz"
-
-
-@pytest.fixture(scope="module")
-def moses():
-    home = os.environ.get("MOSES_HOME")
-    if not home:
-        pytest.skip("set MOSES_HOME to a Moses build (bin/moses, the mert tools, scripts/) to run Moses tests")
-    require_shared()
-    from phrase_scorer.moses.installation import MosesInstallation
-
-    return MosesInstallation.find(home)
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,12 @@ experiment with Moses' extractor and mert on the tuned Multi30k system's 100-bes
 from __future__ import annotations
 
 import gzip
-import os
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from conftest import SHARED, SHARED_SYSTEM, require_shared
+from conftest import SHARED, SHARED_SYSTEM
 from phrase_scorer.config import RescoreExperimentOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
@@ -67,17 +66,6 @@ def test_the_oracle_finds_the_reference_in_the_list(tmp_path):
 
 
 # --- with Moses ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def moses():
-    home = os.environ.get("MOSES_HOME")
-    if not home:
-        pytest.skip("set MOSES_HOME to a Moses build (bin/moses, extractor, mert) to run Moses tests")
-    require_shared()
-    from phrase_scorer.moses.installation import MosesInstallation
-
-    return MosesInstallation.find(home)
 
 
 def split_list(tmp_path: Path, cut: int):
