@@ -214,7 +214,7 @@ def annotate(
     if workers is None:
         workers = default_workers(distributed.cores_per_process(current))
     job = AnnotateJob(table, loaded, options, scorer, settings, compress, workers, constant_log_prob)
-    if current.distributed:
+    if current.is_distributed:
         return annotate_sharded(job, output, current, resume=resume)
     if resume and job.finished(output, settings):
         return job.result_of(output)
@@ -364,8 +364,8 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
     if output == STDIO or os.fspath(job.table) == STDIO:
         raise PhraseScorerError("a sharded run (torchrun) needs named input and output files, not '-'")
     started = time.monotonic()
-    with distributed.ProcessGroup(current) as group:
-        ranks_settings = group.all_gather(job.settings)
+    with distributed.joined():
+        ranks_settings = distributed.all_gather_object(job.settings)
         if any(s != job.settings for s in ranks_settings):
             other = next(r for r, s in enumerate(ranks_settings) if s != job.settings)
             raise PhraseScorerError(
@@ -373,14 +373,14 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
                 f"{describe_difference(ranks_settings[other], job.settings)}", path=output,
                 hint="every rank needs the same input, model, options, kind of device and precision")
         done = resume and job.finished(output, job.settings)
-        if group.all_gather(done) != [done] * current.size:
+        if distributed.all_gather_object(done) != [done] * current.size:
             raise PhraseScorerError("the ranks disagree on whether the output is finished", path=output,
                                     hint="do all machines see the same files?")
         if done:
-            if current.is_writer:  # a join killed before it removed the shards
+            if current.is_main:  # a join killed before it removed the shards
                 remove_shards([shard_output(output, r, current.size) for r in range(current.size)])
             return job.result_of(output)
-        total = group.broadcast(count_lines(job.table) if current.is_writer else None)
+        total = distributed.broadcast_object(count_lines(job.table) if current.is_main else None)
         start, stop = distributed.shard_lines(total, job.options.window_lines, current.rank, current.size)
         part = shard_output(output, current.rank, current.size)
         settings = {**job.settings, "shard": {"rank": current.rank, "ranks": current.size, "lines": [start, stop]}}
@@ -390,15 +390,15 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
                 job.run(part, resume=resume, lines=(start, stop), settings=settings)
         except Exception as exc:  # reported to the other ranks, then raised
             failure = exc
-        failures = group.all_gather(None if failure is None else str(failure))
+        failures = distributed.all_gather_object(None if failure is None else str(failure))
         if failure is not None:
             raise failure
         if any(failures):
             raise PhraseScorerError(f"rank {next(i for i, f in enumerate(failures) if f)} failed: "
                                     f"{next(f for f in failures if f)}", path=output)
-        if current.is_writer:
+        if current.is_main:
             join_shards(job, output, [shard_output(output, r, current.size) for r in range(current.size)])
-        group.all_gather(None)  # every rank returns after the join
+        distributed.all_gather_object(None)  # every rank returns after the join
     result = job.result_of(output, time.monotonic() - started)
     return result
 

@@ -264,7 +264,7 @@ def train(ctx, table, corpus, dev, output, threads, resume, overwrite, **setting
     from phrase_scorer import distributed
     from phrase_scorer.corpus import SentenceCorpus
 
-    if not distributed.is_main():  # under torchrun, rank 0 alone reports progress
+    if not distributed.world().is_main:  # under torchrun, rank 0 alone reports progress
         log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
         progress.show_bars = False
     from phrase_scorer.train import TrainingInterrupted, train as run_training
@@ -380,19 +380,19 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
     set_threads(threads)
     from phrase_scorer.annotate import annotate as run_annotate
     from phrase_scorer.device import resolve_device
-    from phrase_scorer.distributed import local_device, world
+    from phrase_scorer.distributed import device_for_rank, world
     from phrase_scorer.model_dir import load_model
 
     options = AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
                               window_lines=window_lines)
-    loaded = load_model(model_dir, local_device(resolve_device(device)))
+    loaded = load_model(model_dir, device_for_rank(resolve_device(device)))
     try:
         result = run_annotate(table, output, loaded, options,
                               ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
                               workers=workers)
     except KeyboardInterrupt:
         raise interrupted_resumable(output) from None
-    if not world().is_writer:  # under torchrun, rank 0 reports for the job
+    if not world().is_main:  # under torchrun, rank 0 reports for the job
         return
     click.echo(
         f"annotated {result.lines:,} lines in {result.seconds:.0f}s ({result.lines / max(result.seconds, 1e-9):,.0f} lines/s)"

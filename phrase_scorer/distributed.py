@@ -1,8 +1,16 @@
 """Running under ``torchrun``: who this process is, which part of the work is its own, and the
-few collective steps the ranks share.
+few collective steps the ranks share. ``train`` and ``annotate`` both use this one view.
 
-Nothing else in the package reads ``RANK`` or ``WORLD_SIZE``. A process not started by torchrun
-is rank 0 of a world of 1, and none of this starts a process group.
+``torchrun`` starts one process per GPU (or per CPU slot) and tells each its place through the
+environment: ``RANK`` (0 .. WORLD_SIZE-1 over all machines), ``WORLD_SIZE``, ``LOCAL_RANK`` (the
+GPU on its machine), ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` / ``MASTER_PORT`` (where they meet).
+Nothing else in the package reads these variables (:func:`world`). A process not started by
+torchrun is rank 0 of a world of 1; every collective here is then a no-op and no process group
+is started, so the same code runs alone and under torchrun.
+
+Rank 0 is the *main* process: the one writer of files and logs. The backend is ``nccl`` on CUDA
+and ``gloo`` on a CPU; small control messages (stop requests, agreed clocks, Python objects)
+always go through a ``gloo`` group, so deciding them never waits on the GPU.
 
 Sharding a table. The ranks split the table into contiguous runs of whole windows (see
 :mod:`phrase_scorer.io.table_windows`: window ``k`` is lines ``k * window_lines + 1`` onwards,
@@ -13,14 +21,24 @@ dropped (unlike a ``DistributedSampler``, which pads the last shard with repeate
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Tuple
 
-# A rank waits this long for the others (the slowest shard) before giving up.
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+# Collectives wait this long for a peer before failing: ranks wait for the slowest shard of a
+# large table, and for rank 0 building the pair cache of one, so it is long. A rank that dies
+# is noticed sooner: torchrun stops the others.
 COLLECTIVE_TIMEOUT = datetime.timedelta(days=7)
+
+_control_group: Any = None
 
 
 @dataclass(frozen=True)
@@ -31,12 +49,12 @@ class World:
     local_size: int = 1  # processes of this job on this machine
 
     @property
-    def is_writer(self) -> bool:
-        """Rank 0 writes what the job writes once (the joined output, signatures, logs)."""
+    def is_main(self) -> bool:
+        """Rank 0 writes what the job writes once (outputs, checkpoints, signatures, logs)."""
         return self.rank == 0
 
     @property
-    def distributed(self) -> bool:
+    def is_distributed(self) -> bool:
         return self.size > 1
 
 
@@ -50,8 +68,9 @@ def world() -> World:
                  local_size=int(env.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def cores_per_process(current: World) -> int:
+def cores_per_process(current: Optional[World] = None) -> int:
     """The CPU cores this process may use, sharing the machine with the job's other local ranks."""
+    current = current or world()
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -59,15 +78,16 @@ def cores_per_process(current: World) -> int:
     return max(1, cores // current.local_size)
 
 
-def local_device(device):
+def device_for_rank(device) -> "torch.device":
     """The device this rank uses: under torchrun, a CUDA device means the GPU of index
     ``LOCAL_RANK`` (one GPU per rank on each machine)."""
     import torch
 
+    device = torch.device(device)
     current = world()
-    if current.distributed and torch.device(device).type == "cuda":
+    if current.is_distributed and device.type == "cuda":
         return torch.device("cuda", current.local_rank)
-    return torch.device(device)
+    return device
 
 
 def shard_lines(total_lines: int, window_lines: int, rank: int, size: int) -> Tuple[int, int]:
@@ -78,140 +98,37 @@ def shard_lines(total_lines: int, window_lines: int, rank: int, size: int) -> Tu
     return min(first * window_lines, total_lines), min(last * window_lines, total_lines)
 
 
-class ProcessGroup:
-    """The job's process group (gloo: the ranks only exchange a few small objects), for the
-    duration of a ``with`` block; nothing at all in a world of one."""
-
-    def __init__(self, current: World) -> None:
-        self.world = current
-        self._started = False
-
-    def __enter__(self) -> "ProcessGroup":
-        if self.world.distributed:
-            import torch.distributed as dist
-
-            if not dist.is_initialized():
-                dist.init_process_group("gloo", timeout=COLLECTIVE_TIMEOUT)
-                self._started = True
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._started:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-
-    def broadcast(self, value: Any) -> Any:
-        """Rank 0's ``value``, on every rank."""
-        if not self.world.distributed:
-            return value
-        import torch.distributed as dist
-
-        box: List[Any] = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def all_gather(self, value: Any) -> List[Any]:
-        """Every rank's ``value``, in rank order, on every rank (also a barrier)."""
-        if not self.world.distributed:
-            return [value]
-        import torch.distributed as dist
-
-        out: List[Any] = [None] * self.world.size
-        dist.all_gather_object(out, value)
-        return out
+def shard(items, index: Optional[int] = None, count: Optional[int] = None):
+    """This rank's contiguous part of ``items`` (a global batch): sizes differ by at most one."""
+    current = world()
+    index = current.rank if index is None else index
+    count = current.size if count is None else count
+    n = len(items)
+    start, stop = n * index // count, n * (index + 1) // count
+    return items[start:stop]
 
 
-# --- training under torchrun: process group, one writer, agreement between ranks ---------------
-#
-# Many processes under ``torchrun``: rank, world size, one writer, agreement between ranks.
-#
-# ``torchrun`` starts one process per GPU (or per CPU slot) and tells each its place through the
-# environment: ``RANK`` (0 .. WORLD_SIZE-1 over all machines), ``WORLD_SIZE``, ``LOCAL_RANK`` (the
-# GPU on its machine), ``MASTER_ADDR`` / ``MASTER_PORT`` (where they meet). Nothing else in the
-# package reads these variables. Without them everything here is a one-process no-op, so the same
-# code runs alone and under torchrun.
-#
-# Rank 0 is the *main* process: the one writer of files and logs. The backend is ``nccl`` on CUDA
-# and ``gloo`` on a CPU; small control messages (stop requests, agreed clocks) always go through a
-# ``gloo`` group, so deciding them never waits on the GPU.
-
-log = logging.getLogger(__name__)
-
-# Collectives wait this long for a peer before failing. Rank 0 may build the pair cache of a
-# large table while the others wait at a barrier, so it is long.
-TIMEOUT = datetime.timedelta(hours=6)
-
-_control_group: Any = None
+# --- the process group -------------------------------------------------------------------------
 
 
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-def world_size() -> int:
-    """How many processes train together (1 when not under torchrun)."""
-    import torch
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size()
-    return _env_int("WORLD_SIZE", 1)
-
-
-def rank() -> int:
-    """This process's rank among all of them (0 when not under torchrun)."""
-    import torch
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return _env_int("RANK", 0)
-
-
-def local_rank() -> int:
-    """This process's rank on its machine: the GPU it uses."""
-    return _env_int("LOCAL_RANK", 0)
-
-
-def is_distributed() -> bool:
-    return world_size() > 1
-
-
-def is_main() -> bool:
-    """True in the one process that writes files and logs."""
-    return rank() == 0
-
-
-def backend_for(device: torch.device) -> str:
-    import torch
-
+def backend_for(device: "torch.device") -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def device_for_rank(device: torch.device) -> torch.device:
-    """Under torchrun on GPUs, each process takes the GPU numbered by its local rank."""
-    import torch
-
-    if device.type == "cuda" and is_distributed():
-        return torch.device("cuda", local_rank())
-    return device
-
-
-def init(device: torch.device) -> bool:
+def init(device: "torch.device") -> bool:
     """Join the other ranks (from the torchrun environment) when there are several; returns
     whether this call started the process group (and so should end it with :func:`shutdown`)."""
     import torch
 
     global _control_group
-    if not is_distributed() or torch.distributed.is_initialized():
+    current = world()
+    if not current.is_distributed or torch.distributed.is_initialized():
         return False
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    torch.distributed.init_process_group(backend=backend_for(device), timeout=TIMEOUT)
+    torch.distributed.init_process_group(backend=backend_for(device), timeout=COLLECTIVE_TIMEOUT)
     _control_group = None
-    log.info("rank %d of %d (%s backend)", rank(), world_size(), backend_for(device))
+    log.info("rank %d of %d (%s backend)", current.rank, current.size, backend_for(device))
     return True
 
 
@@ -224,6 +141,20 @@ def shutdown() -> None:
     _control_group = None
 
 
+@contextlib.contextmanager
+def joined(device: Optional["torch.device"] = None) -> Iterator[World]:
+    """The ranks' process group for the duration of a ``with`` block (started here unless it
+    already runs; a CPU group unless ``device`` is a GPU); nothing at all in a world of one."""
+    import torch
+
+    started = init(device if device is not None else torch.device("cpu"))
+    try:
+        yield world()
+    finally:
+        if started:
+            shutdown()
+
+
 def control_group():
     """A gloo group for small CPU messages (the default group itself when it is gloo)."""
     import torch
@@ -233,15 +164,18 @@ def control_group():
         if torch.distributed.get_backend() == "gloo":
             _control_group = torch.distributed.group.WORLD
         else:
-            _control_group = torch.distributed.new_group(backend="gloo", timeout=TIMEOUT)
+            _control_group = torch.distributed.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
     return _control_group
 
 
+# --- collectives (no-ops in a world of one) -----------------------------------------------------
+
+
 def barrier() -> None:
-    """Wait until every rank gets here (no-op alone)."""
+    """Wait until every rank gets here."""
     import torch
 
-    if is_distributed():
+    if world().is_distributed:
         torch.distributed.barrier(group=control_group())
 
 
@@ -249,37 +183,40 @@ def broadcast_object(value: Any = None, source: int = 0) -> Any:
     """Rank ``source``'s ``value`` (any picklable object), on every rank."""
     import torch
 
-    if not is_distributed():
+    if not world().is_distributed:
         return value
     box: List[Any] = [value]
     torch.distributed.broadcast_object_list(box, src=source, group=control_group())
     return box[0]
 
 
-def max_over_ranks(values: List[float]) -> List[float]:
-    """Element-wise maximum of ``values`` over the ranks (a CPU message; no-op alone)."""
+def all_gather_object(value: Any) -> List[Any]:
+    """Every rank's ``value`` (any picklable object), in rank order, on every rank (also a barrier)."""
     import torch
 
-    if not is_distributed():
+    current = world()
+    if not current.is_distributed:
+        return [value]
+    out: List[Any] = [None] * current.size
+    torch.distributed.all_gather_object(out, value, group=control_group())
+    return out
+
+
+def max_over_ranks(values: List[float]) -> List[float]:
+    """Element-wise maximum of ``values`` over the ranks (a CPU message)."""
+    import torch
+
+    if not world().is_distributed:
         return list(values)
     tensor = torch.tensor(values, dtype=torch.float64)
     torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX, group=control_group())
     return tensor.tolist()
 
 
-def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
-    """The sum of ``tensor`` over the ranks, in place, on its device (no-op alone)."""
+def sum_over_ranks(tensor: "torch.Tensor") -> "torch.Tensor":
+    """The sum of ``tensor`` over the ranks, in place, on its device."""
     import torch
 
-    if is_distributed():
+    if world().is_distributed:
         torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
     return tensor
-
-
-def shard(items, index: Optional[int] = None, count: Optional[int] = None):
-    """This rank's contiguous part of ``items`` (a global batch): sizes differ by at most one."""
-    index = rank() if index is None else index
-    count = world_size() if count is None else count
-    n = len(items)
-    start, stop = n * index // count, n * (index + 1) // count
-    return items[start:stop]

@@ -216,7 +216,7 @@ def train(data: TrainingData | os.PathLike | str, output: os.PathLike | str, con
     output = Path(output)
     started = distributed.init(distributed.device_for_rank(resolve_device(config.device)))
     try:
-        if distributed.is_main():
+        if distributed.world().is_main:
             output.parent.mkdir(parents=True, exist_ok=True)
             lock = OutputLock(output.resolve())  # a second run aimed at the same directory is refused
         else:
@@ -294,9 +294,9 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
 
 def agree_on_setup(run: Callable[[], RunSetup]) -> RunSetup:
     """Rank 0 runs ``run``; the others wait for its outcome (an error there is an error everywhere)."""
-    if not distributed.is_distributed():
+    if not distributed.world().is_distributed:
         return run()
-    if distributed.is_main():
+    if distributed.world().is_main:
         try:
             setup = run()
         except BaseException as exc:
@@ -322,7 +322,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
         raise PhraseScorerError("no pairs left for training after holding out the validation set", path=data.path,
                                 hint="lower --valid-pairs")
     log.info("pair cache: %d training pairs, %d validation pairs", len(train_pairs), len(valid_pairs))
-    world = distributed.world_size()
+    world = distributed.world().size
     if config.batch_size % world:
         raise PhraseScorerError(f"--batch-size {config.batch_size} (the global batch) does not divide among {world} processes",
                                 hint=f"use a multiple of {world}")
@@ -348,7 +348,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
             log.warning("the interrupted run trained on %s in %s; it goes on on %s in %s",
                         state.device or "an unrecorded device", state.precision or "an unrecorded precision",
                         device_label(device), precision)
-        if distributed.is_main():
+        if distributed.world().is_main:
             directory.truncate_log(state.step)  # records of steps the checkpoint does not include are redone
     elif resuming:
         log.info("no checkpoint yet: starting from step 0 with the saved settings")
@@ -417,7 +417,8 @@ class TrainingLoop:
         self.directory, self.config, self.state = directory, config, state
         self.sampler, self.train_pairs, self.valid_pairs = sampler, train_pairs, valid_pairs
         self.device, self.precision = device, precision
-        self.world, self.rank = distributed.world_size(), distributed.rank()
+        current = distributed.world()
+        self.world, self.rank = current.size, current.rank
         self.reset_interval()
 
     def reset_interval(self) -> None:
@@ -562,7 +563,7 @@ class TrainingLoop:
         totals = torch.stack([self.interval_loss, torch.tensor(float(self.interval_tokens), dtype=torch.float64,
                                                                  device=self.device)])
         loss_sum, tokens = distributed.sum_over_ranks(totals).tolist()
-        if distributed.is_main():
+        if distributed.world().is_main:
             metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
             elapsed = time.monotonic() - self.interval_start
             record = {
@@ -597,7 +598,7 @@ class TrainingLoop:
         self.reset_interval()
 
     def save_checkpoint(self) -> None:
-        if not distributed.is_main():
+        if not distributed.world().is_main:
             return
         self.directory.save_weights(
             {
