@@ -639,6 +639,8 @@ class StopRequests:
     def __enter__(self) -> "StopRequests":
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
+                if signal.getsignal(sig) is signal.SIG_IGN:
+                    continue  # ignored when we were started (a background job, nohup): it stays so
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,8 +32,21 @@ VAL_FR = DATA / "multi30k.val100.fr"
 PAUSE_AT = Path(__file__).resolve().parent / "pause_at.py"
 
 
-def start_halted(point: str, args, ready: Path, timeout: float = 600.0) -> subprocess.Popen:
-    """Start ``phrase-scorer ARGS`` under tests/pause_at.py and return once it has halted at ``point``.
+def default_sigint() -> None:
+    """``preexec_fn`` of a child a test interrupts with SIGINT. A test run started in the
+    background by a script (``make test &``) has SIGINT ignored, and a child inherits that: it
+    would then ignore Ctrl-C as every program started that way does, and the test would wait."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def ignored_sigint() -> None:
+    """``preexec_fn`` of a child started as a script's background job is: SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def start_halted(point: str, args, ready: Path, timeout: float = 600.0, *, sigint_ignored: bool = False) -> subprocess.Popen:
+    """Start ``phrase-scorer ARGS`` under tests/pause_at.py and return once it has halted at ``point``
+    (with SIGINT ignored from the start where ``sigint_ignored``, else with its default action).
 
     The run cannot move past the point, so a signal sent next arrives exactly there, however busy
     the machine is. Fails (with the run's stderr) if the run ends first; ``timeout`` only bounds a
@@ -41,7 +55,8 @@ def start_halted(point: str, args, ready: Path, timeout: float = 600.0) -> subpr
     ready = Path(ready)
     ready.unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, str(PAUSE_AT), point, str(ready), "--", *map(str, args)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ignored_sigint if sigint_ignored else default_sigint)
     deadline = time.monotonic() + timeout
     while not ready.exists():
         if proc.poll() is not None:

@@ -27,7 +27,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import EXAMPLE_TABLE, kill, start_halted
+from conftest import EXAMPLE_TABLE, default_sigint, kill, start_halted
 from phrase_scorer.cli import cli
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.moses_ini import MosesIni
@@ -298,7 +298,8 @@ def test_annotate_ctrl_c_keeps_the_part_and_says_how_to_resume(tmp_path, tiny_mo
     os.mkfifo(fifo)
     out = tmp_path / "out.gz"
     proc = subprocess.Popen(phrase_scorer("annotate", fifo, "-m", tiny_model, "-o", out, "--window-lines", 200,
-                                          "--threads", 1), stderr=subprocess.PIPE, text=True)
+                                          "--threads", 1), stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     record_path = Path(str(out) + ".part.json")
     with open(fifo, "wb") as feed:
         feed.write(b"".join(lines[:1000]))  # five whole windows, and the pipe stays open

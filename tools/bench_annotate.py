@@ -29,12 +29,10 @@ those rows. Results go to docs/benchmarks.md (--write) and stdout.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import itertools
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -297,14 +295,11 @@ def whole_table(args, work: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command")
-    w = sub.add_parser("worker")
+    parser, w = benchlib.bench_parser(__doc__, "worker")
     w.add_argument("--model-dir", required=True)
     w.add_argument("--pairs", required=True)
     w.add_argument("--strategy", required=True)
     w.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--table", default=str(benchlib.DEFAULT_TABLE))
     parser.add_argument("--lines", type=int, default=8000)
     parser.add_argument("--presets", default="tiny,small,paper")
     parser.add_argument("--threads", type=int, default=None)
@@ -312,25 +307,17 @@ def main() -> None:
                         help="use this trained model for PRESET instead of an untrained one (repeatable)")
     parser.add_argument("--memory", action="store_true", help="measure peak memory on the table and on 10 copies")
     parser.add_argument("--whole-table", action="store_true", help="annotate the whole table with each --trained model")
-    parser.add_argument("--work-dir", default=None, help="keep models and generated tables here")
-    parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args()
     if args.command == "worker":
         worker(args)
         return
-    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="bench-annotate-"))
-    work.mkdir(parents=True, exist_ok=True)
-    if args.memory:
-        section, text = "bench_annotate_memory", memory(args, work)
-    elif args.whole_table:
-        section, text = "bench_annotate_whole", whole_table(args, work)
-    else:
-        section, text = "bench_annotate", speed(args, work)
-    print(text)
-    if args.write:
-        benchlib.update_section(section, text)
-    if not args.work_dir:
-        shutil.rmtree(work, ignore_errors=True)
+    with benchlib.work_dir(args.work_dir, "bench-annotate-") as work:
+        if args.memory:
+            benchlib.report("bench_annotate_memory", memory(args, work), args.write)
+        elif args.whole_table:
+            benchlib.report("bench_annotate_whole", whole_table(args, work), args.write)
+        else:
+            benchlib.report("bench_annotate", speed(args, work), args.write)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,10 @@ Each measurement runs in its own process; results go to docs/benchmarks.md (--wr
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -218,14 +215,11 @@ def machine() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command")
-    w = sub.add_parser("host-worker")
+    parser, w = benchlib.bench_parser(__doc__, "host-worker")
     w.add_argument("--table", required=True)
     w.add_argument("--model-dir", required=True)
     w.add_argument("--workers", type=int, required=True)
     w.add_argument("--out", required=True)
-    parser.add_argument("--table", default=str(benchlib.DEFAULT_TABLE))
     parser.add_argument("--repeat", type=int, default=10, help="copies of the table in the large table")
     parser.add_argument("--large-workers", type=int, default=None)
     parser.add_argument("--trained", default=None, metavar="MODEL", help="a trained model for the end-to-end run")
@@ -233,36 +227,27 @@ def main() -> None:
     parser.add_argument("--reference-src", default=None, metavar="DIR",
                         help="a checkout of an earlier version, measured in the same run as the reference")
     parser.add_argument("--parts", default="gzip,host,large,model")
-    parser.add_argument("--work-dir", default=None)
-    parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args()
     if args.command == "host-worker":
         host_worker(args)
         return
     from bench_annotate import make_model_dir
 
-    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="bench-host-"))
-    work.mkdir(parents=True, exist_ok=True)
-    model_dir = Path(args.trained) if args.trained else make_model_dir(
-        work / "tiny", "tiny", Path(args.table), work / "counts.json")
-    sections = {
-        "gzip": ("bench_host_gzip", "Host pipeline: gzip libraries", lambda: gzip_libraries(Path(args.table))),
-        "host": ("bench_host_workers", "Host pipeline: worker processes", lambda: host(args, work, model_dir)),
-        "large": ("bench_host_large", "Host pipeline: a large table", lambda: large(args, work, model_dir)),
-        "model": ("bench_host_model", "Annotate end to end with a trained model, before and after",
-                  lambda: model(args, work)),
-    }
-    for part in args.parts.split(","):
-        name, title, measure = sections[part]
-        body = measure()
-        if not body:
-            continue
-        text = f"## {title} (`tools/bench_host.py --parts {part}`)\n\n{body}"
-        print(text, flush=True)
-        if args.write:
-            benchlib.update_section(name, text)
-    if not args.work_dir:
-        shutil.rmtree(work, ignore_errors=True)
+    with benchlib.work_dir(args.work_dir, "bench-host-") as work:
+        model_dir = Path(args.trained) if args.trained else make_model_dir(
+            work / "tiny", "tiny", Path(args.table), work / "counts.json")
+        sections = {
+            "gzip": ("bench_host_gzip", "Host pipeline: gzip libraries", lambda: gzip_libraries(Path(args.table))),
+            "host": ("bench_host_workers", "Host pipeline: worker processes", lambda: host(args, work, model_dir)),
+            "large": ("bench_host_large", "Host pipeline: a large table", lambda: large(args, work, model_dir)),
+            "model": ("bench_host_model", "Annotate end to end with a trained model, before and after",
+                      lambda: model(args, work)),
+        }
+        for part in args.parts.split(","):
+            name, title, measure = sections[part]
+            body = measure()
+            if body:
+                benchlib.report(name, f"## {title} (`tools/bench_host.py --parts {part}`)\n\n{body}", args.write)
 
 
 if __name__ == "__main__":

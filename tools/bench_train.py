@@ -18,12 +18,10 @@ Results go to docs/benchmarks.md with --write.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -207,14 +205,11 @@ def memory(args, work: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command")
-    w = sub.add_parser("worker")
+    parser, w = benchlib.bench_parser(__doc__, "worker")
     w.add_argument("--table", required=True)
     w.add_argument("--preset", required=True)
     w.add_argument("--out", required=True)
     w.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--table", default=str(benchlib.DEFAULT_TABLE))
     parser.add_argument("--presets", default="tiny,small,paper")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--throughput", action="store_true")
@@ -223,27 +218,19 @@ def main() -> None:
     parser.add_argument("--model-out", default=None, help="where --learning keeps its model")
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--processes", action="store_true", help="1 against 2 torchrun processes on the CPU")
-    parser.add_argument("--work-dir", default=None)
-    parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args()
     if args.command == "worker":
         worker(args)
         return
     if not (args.throughput or args.learning or args.memory or args.processes):
         args.throughput = args.learning = args.memory = args.processes = True
-    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="bench-train-"))
-    work.mkdir(parents=True, exist_ok=True)
-    for enabled, name, function in ((args.throughput, "bench_train_throughput", throughput),
-                                    (args.learning, "bench_train_learning", learning),
-                                    (args.memory, "bench_train_memory", memory),
-                                    (args.processes, "bench_train_processes", processes)):
-        if enabled:
-            text = function(args, work)
-            print(text, flush=True)
-            if args.write:
-                benchlib.update_section(name, text)
-    if not args.work_dir:
-        shutil.rmtree(work, ignore_errors=True)
+    with benchlib.work_dir(args.work_dir, "bench-train-") as work:
+        for enabled, name, function in ((args.throughput, "bench_train_throughput", throughput),
+                                        (args.learning, "bench_train_learning", learning),
+                                        (args.memory, "bench_train_memory", memory),
+                                        (args.processes, "bench_train_processes", processes)):
+            if enabled:
+                benchlib.report(name, function(args, work), args.write)
 
 
 if __name__ == "__main__":

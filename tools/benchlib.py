@@ -1,22 +1,61 @@
-"""Helpers shared by the benchmark and report scripts: machine description, matmul rate, peak
-memory of a child process, and replacing one marked section of a page of docs/."""
+"""Helpers shared by the benchmark and report scripts: their command line and work folder,
+machine description, matmul rate, peak memory of a child process, and replacing one marked
+section of a page of docs/."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
 DEFAULT_TABLE = ROOT.parent / "shared" / "data" / "moses-multi30k-en-fr" / "phrase-table.gz"
+
+
+def bench_parser(description: str, worker_command: Optional[str] = None
+                 ) -> Tuple[argparse.ArgumentParser, Optional[argparse.ArgumentParser]]:
+    """The command line every benchmark shares (--table, --work-dir, --write), and the
+    sub-command its measured child processes run as (``worker_command``, where it has one)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    worker = parser.add_subparsers(dest="command").add_parser(worker_command) if worker_command else None
+    parser.add_argument("--table", default=str(DEFAULT_TABLE))
+    parser.add_argument("--work-dir", default=None, help="keep models and generated tables here")
+    parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    return parser, worker
+
+
+@contextlib.contextmanager
+def work_dir(kept: Optional[str], prefix: str) -> Iterator[Path]:
+    """``kept`` (created if needed and left in place), or a temporary folder removed afterwards."""
+    if kept:
+        path = Path(kept)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def report(name: str, markdown: str, write: bool) -> None:
+    """Print a measured section, and with ``write`` put it into docs/benchmarks.md."""
+    print(markdown, flush=True)
+    if write:
+        update_section(name, markdown)
 
 
 def machine() -> Dict[str, str]:

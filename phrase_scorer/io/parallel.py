@@ -27,6 +27,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from phrase_scorer.errors import PhraseScorerError
 
 POLL_SECONDS = 0.2
+# After a failure or Ctrl-C, how long the writer thread may take to finish the chunk it is writing.
+WRITER_STOP_SECONDS = 10
 
 
 class Stopped(Exception):
@@ -111,8 +113,12 @@ class Pipeline:
             raise
         finally:
             self.stopping.set()
-            for t in threads:
-                t.join(timeout=10)
+            reader, writer = threads
+            writer.join(timeout=WRITER_STOP_SECONDS)  # a chunk being written is finished
+            # The reader stops at its next hand-over; one blocked on an input that never comes
+            # (a pipe held open) is left behind: it is a daemon thread and holds nothing the
+            # caller needs, so Ctrl-C does not wait on the input.
+            reader.join(timeout=POLL_SECONDS)
         if self.error is not None:
             raise self.error
 

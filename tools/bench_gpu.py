@@ -1,0 +1,204 @@
+"""Annotate and train on one device, with the figures that decide the scale settings.
+
+    python tools/bench_gpu.py --write                      # on a machine with a CUDA GPU
+    python tools/bench_gpu.py --device cpu --preset small  # the same measurements on the CPU
+
+* annotate -- `phrase-scorer annotate` end to end on the first --lines lines of the table (the
+              whole table by default) with a --preset model (--trained MODEL, or the preset's
+              initial weights), once per --batch-tokens value: lines/s, and on a GPU the share
+              of the run during which the GPU was busy (nvidia-smi's utilisation, sampled every
+              200 ms; n/a where nvidia-smi is absent). Whether the outputs of the batch sizes hold
+              the same lines is checked and printed.
+* train    -- `phrase-scorer train --preset P` once per --batch-sizes value, each for the same
+              number of training pairs (--pairs) with a validation every --valid-pairs-every
+              pairs: training pairs/s (the same validations in every run, their time included:
+              the log's ``train_seconds``), and the validation NLL per token
+              against pairs seen and against training time, so that a larger batch is kept only
+              where it learns at least as well per pair as the paper's 64.
+
+Each run is its own process. The section written into docs/benchmarks.md names the device.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+from bench_annotate import make_model_dir, write_slice  # noqa: E402
+
+
+class BusySampler:
+    """The mean utilisation (%) nvidia-smi reports for GPU ``index`` while the block runs; None
+    where nvidia-smi is absent or the device is not a GPU."""
+
+    def __init__(self, device: str, index: int = 0) -> None:
+        self.enabled = device.startswith("cuda") and shutil.which("nvidia-smi") is not None
+        self.index = index
+        self.samples: List[float] = []
+
+    def __enter__(self) -> "BusySampler":
+        if self.enabled:
+            self._proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200",
+                 "-i", str(self.index)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            try:
+                self.samples.append(float(line.strip()))
+            except ValueError:
+                pass
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self._proc.terminate()
+            self._proc.wait()
+            self._reader.join(timeout=5)
+
+    @property
+    def busy(self) -> Optional[float]:
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def percent(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.0f}%"
+
+
+def phrase_scorer(*args) -> List[str]:
+    return [sys.executable, "-m", "phrase_scorer", "-q", *map(str, args)]
+
+
+def annotate(args, work: Path) -> str:
+    table = Path(args.table)
+    if args.lines:
+        sliced = work / f"first-{args.lines}.gz"
+        if not sliced.exists():
+            write_slice(table, args.lines, sliced)
+        table = sliced
+    model = Path(args.trained) if args.trained else make_model_dir(
+        work / f"{args.preset}-initial", args.preset, Path(args.table), work / "counts.json")
+    rows, outputs = [], []
+    for tokens in [int(t) for t in args.batch_tokens.split(",")]:
+        out = work / f"annotated-{tokens}.gz"
+        with BusySampler(args.device) as sampler:
+            _, _, seconds, peak = benchlib.run_measured(phrase_scorer(
+                "annotate", table, "-m", model, "-o", out, "--device", args.device, "--batch-tokens", tokens,
+                *(["--threads", args.threads] if args.threads else [])))
+        lines = json.loads(Path(str(out) + ".json").read_text())["lines"]
+        rows.append([f"{tokens:,}", f"{lines:,}", f"{seconds:.1f}", f"**{lines / seconds:,.0f}**", percent(sampler.busy),
+                     f"{peak:,.0f}"])
+        outputs.append(out)
+        print(rows[-1], flush=True)
+    same = all(same_lines(outputs[0], other) for other in outputs[1:])
+    weights = "trained" if args.trained else "initial"
+    return (
+        f"`phrase-scorer annotate {table.name} -m MODEL -o OUT.gz --device {args.device} --batch-tokens N`, MODEL the "
+        f"`{args.preset}` preset ({weights} weights), fp32. *GPU busy*: mean of nvidia-smi's utilisation during the run. "
+        f"The outputs of the batch sizes hold {'the same lines' if same else 'lines that differ in the last digits'}.\n\n"
+        + benchlib.markdown_table(["batch tokens", "lines", "seconds", "lines/s", "GPU busy", "peak RSS MB"], rows) + "\n"
+    )
+
+
+def same_lines(a: Path, b: Path) -> bool:
+    with gzip.open(a, "rb") as fa, gzip.open(b, "rb") as fb:
+        return fa.read() == fb.read()
+
+
+def train(args, work: Path) -> str:
+    curves: Dict[int, List[dict]] = {}
+    rates: Dict[int, float] = {}
+    busy: Dict[int, Optional[float]] = {}
+    for batch in [int(b) for b in args.batch_sizes.split(",")]:
+        out = work / f"train-{batch}"
+        steps = math.ceil(args.pairs / batch)
+        every = max(1, round(args.valid_pairs_every / batch))
+        with BusySampler(args.device) as sampler:
+            benchlib.run_measured(phrase_scorer(
+                "train", args.table, "-o", out, "--preset", args.preset, "--device", args.device, "--batch-size", batch,
+                "--max-steps", steps, "--valid-every", every, "--patience", 10**6, "--seed", 1, "--overwrite",
+                *(["--threads", args.threads] if args.threads else [])))
+        records = [json.loads(line) for line in (out / "train.log.jsonl").read_text().splitlines()]
+        curves[batch] = records
+        rates[batch] = records[-1]["pairs_seen"] / max(records[-1]["train_seconds"], 1e-9)
+        busy[batch] = sampler.busy
+        print(batch, f"{rates[batch]:,.0f} pairs/s", [round(r["valid_nll_token"], 3) for r in records], flush=True)
+        shutil.rmtree(out / "cache", ignore_errors=True)
+
+    batches = sorted(curves)
+    # the validation NLL at the same pairs seen (the points every batch size validated at, nearly)
+    checkpoints = [r["pairs_seen"] for r in curves[batches[0]]]
+    rows = []
+    for pairs in checkpoints:
+        row = [f"{pairs:,}"]
+        for batch in batches:
+            near = min(curves[batch], key=lambda r: abs(r["pairs_seen"] - pairs))
+            row.append(f"{near['valid_nll_token']:.3f}")
+        rows.append(row)
+    # and at the same training time: the longest time every run reached
+    common = min(curves[b][-1]["train_seconds"] for b in batches)
+    at_time = []
+    for batch in batches:
+        reached = [r for r in curves[batch] if r["train_seconds"] <= common * 1.001]
+        last = reached[-1] if reached else curves[batch][0]
+        at_time.append(f"{last['valid_nll_token']:.3f}")
+    speed = [[f"{b:,}", f"**{rates[b]:,.0f}**", percent(busy[b]), f"{curves[b][-1]['valid_nll_token']:.3f}"] for b in batches]
+    return (
+        f"`phrase-scorer train {Path(args.table).name} --preset {args.preset} --device {args.device} --batch-size B` "
+        f"for {args.pairs:,} training pairs per batch size (seed 1), a validation every {args.valid_pairs_every:,} "
+        f"pairs. *pairs/s*: training pairs per second of the run (the log's `train_seconds`: the same validations and "
+        f"checkpoints in every run, their time included).\n\n"
+        + benchlib.markdown_table(["batch size", "pairs/s", "GPU busy", f"valid NLL/token after {args.pairs:,} pairs"], speed)
+        + "\n\nValidation NLL per token against training pairs seen:\n\n"
+        + benchlib.markdown_table(["pairs seen", *[f"batch {b}" for b in batches]], rows)
+        + f"\n\nAt the same training time ({common:,.0f} s, the shortest run's): "
+        + ", ".join(f"batch {b}: {v}" for b, v in zip(batches, at_time)) + ".\n"
+    )
+
+
+def main() -> None:
+    parser, _ = benchlib.bench_parser(__doc__)
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
+    parser.add_argument("--preset", default="paper", choices=["paper", "small", "tiny"])
+    parser.add_argument("--trained", default=None, metavar="MODEL", help="annotate with this trained model")
+    parser.add_argument("--lines", type=int, default=None, help="annotate the first N lines only")
+    parser.add_argument("--batch-tokens", default="8192,32768,131072")
+    parser.add_argument("--batch-sizes", default="64,256,1024")
+    parser.add_argument("--pairs", type=int, default=2_000_000, help="training pairs per batch size")
+    parser.add_argument("--valid-pairs-every", type=int, default=200_000)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--parts", default="annotate,train")
+    args = parser.parse_args()
+    info = benchlib.machine()
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device here: run on a GPU machine, or pass --device cpu")
+        where = f"{torch.cuda.get_device_name(torch.device(args.device))}, {info['cores']} CPU cores"
+    else:
+        where = f"CPU: {info['cpu']}, {info['cores']} cores"
+    parts = {"annotate": ("Annotate", annotate), "train": ("Train: batch size, speed and learning", train)}
+    with benchlib.work_dir(args.work_dir, "bench-gpu-") as work:
+        for part in args.parts.split(","):
+            title, measure = parts[part]
+            body = measure(args, work)
+            kind = "gpu" if args.device.startswith("cuda") else "cpu"
+            benchlib.report(f"bench_device_{kind}_{part}",
+                            f"## {title} on {where} (`tools/bench_gpu.py --device {args.device} --parts {part}`)\n\n"
+                            f"torch {info['torch']}.\n\n{body}", args.write)
+
+
+if __name__ == "__main__":
+    main()
