@@ -18,6 +18,10 @@ this scorer; nothing else computes one. Given a window of pairs it
    (log-softmax in fp32), and
 6. returns the scores in the input order.
 
+On a GPU the host waits for the device once per batch, when it reads the batch's scores: ids
+and indices go over in pinned memory without waiting, and the softmax's rare overflow (below)
+is counted on the device and handled by scoring that batch again.
+
 The scorer talks to the model only through :mod:`phrase_scorer.models.base`, so it scores with
 either architecture.
 
@@ -143,7 +147,18 @@ class BatchScorer:
                 batch_sources = [tuple(k) for k in source_keys]
                 pair_index = [p for group in pair_groups for p in group]
                 pair_source = [i for i, group in enumerate(pair_groups) for _ in group]
-                scores = self._score_batch(batch_sources, [targets[p] for p in pair_index], pair_source)
+                batch_targets = [targets[p] for p in pair_index]
+                scores, overflowed = self._score_batch(batch_sources, batch_targets, pair_source)
+                scores = scores.cpu().numpy()  # the batch's one wait for the device
+                overflowed_rows = int(overflowed)
+                if overflowed_rows:  # rare: score the batch again, those rows' normaliser exactly
+                    counted, self.stats = self.stats, ScoringStats()
+                    try:
+                        scores = self._score_batch(batch_sources, batch_targets, pair_source, exact_overflow=True)[0]
+                        scores = scores.cpu().numpy()
+                    finally:
+                        self.stats = counted
+                    self.stats.exact_softmax_rows += overflowed_rows
                 out[pair_index] = scores
         return out
 
@@ -182,7 +197,13 @@ class BatchScorer:
     # --- the model, trie by trie -----------------------------------------------------------------
 
     def _tensor(self, array) -> Tensor:
-        return torch.as_tensor(array, dtype=torch.long, device=self.device)
+        """Ids or indices as a long tensor on the device. To a GPU the copy goes through pinned
+        memory without waiting (a plain copy from pageable memory would wait for the device
+        at every depth of every trie)."""
+        tensor = torch.as_tensor(array, dtype=torch.long)
+        if self.device.type == "cuda":
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.to(self.device)
 
     def _encode(self, sources: List[Tuple[int, ...]]) -> Memory:
         """The memory of distinct sources (one row each). A model whose encoder reads left to
@@ -209,7 +230,12 @@ class BatchScorer:
         self.stats.encoder_steps += trie.num_nodes
         return model.encode_from_final_states(final_states, src, src_len)
 
-    def _score_batch(self, sources: List[Tuple[int, ...]], targets: List[Sequence[int]], pair_source: List[int]) -> np.ndarray:
+    def _score_batch(self, sources: List[Tuple[int, ...]], targets: List[Sequence[int]], pair_source: List[int],
+                     exact_overflow: bool = False) -> Tuple[Tensor, Tensor]:
+        """log p of each pair (float64, on the device) and the number of softmax rows whose
+        shifted sum overflowed (a 0-dim tensor, read after the batch: their pairs' scores are
+        not finite unless ``exact_overflow``, which recomputes those rows exactly, see
+        :class:`OutputSoftmax`). Nothing here waits for the device."""
         model = self.model
         memory = self._encode(sources)  # S rows
 
@@ -218,6 +244,7 @@ class BatchScorer:
         trie = build_trie(sequences, self.options.share_target_prefixes)
         lengths = np.fromiter((len(t) for t in targets), np.int64, len(targets))  # M per pair
         scores = torch.zeros(len(targets), dtype=torch.float64, device=self.device)
+        overflowed = torch.zeros((), dtype=torch.long, device=self.device)
         states = None
         node_source = None
         for d, (keys, parents) in enumerate(zip(trie.keys, trie.parents)):
@@ -240,20 +267,25 @@ class BatchScorer:
                 (targets[p][d] if lengths[p] > d else EOS_ID for p in reaching), np.int64, len(reaching)
             )
             edge_nodes = trie.node_of[d][reaching]
-            scores[self._tensor(reaching)] += self._edge_log_probs(features, edge_nodes, labels)
+            log_probs, depth_overflowed = self._edge_log_probs(features, edge_nodes, labels, exact_overflow)
+            scores[self._tensor(reaching)] += log_probs
+            overflowed += depth_overflowed
         self.stats.pairs += len(targets)
         self.stats.distinct_sources += len(sources)
         self.stats.target_steps += int(lengths.sum()) + len(targets)
         self.stats.decoder_steps += trie.num_nodes
-        return scores.cpu().numpy()
+        return scores, overflowed
 
-    def _edge_log_probs(self, features: Tensor, edge_nodes: np.ndarray, labels: np.ndarray) -> Tensor:
-        """log p(label | node) for each edge; logits formed ``chunk_rows`` nodes at a time.
+    def _edge_log_probs(self, features: Tensor, edge_nodes: np.ndarray, labels: np.ndarray,
+                        exact_overflow: bool) -> Tuple[Tensor, Tensor]:
+        """log p(label | node) for each edge, and the count of overflowed rows (0-dim tensor);
+        logits formed ``chunk_rows`` nodes at a time.
 
         ``edge_nodes`` is sorted (pairs are visited in trie order), so each chunk of nodes owns a
         contiguous run of edges.
         """
         out = torch.empty(len(edge_nodes), dtype=torch.float64, device=self.device)
+        overflowed = torch.zeros((), dtype=torch.long, device=self.device)
         rows = max(1, self.options.chunk_rows)
         order = np.argsort(edge_nodes, kind="stable")
         sorted_nodes = edge_nodes[order]
@@ -263,10 +295,11 @@ class BatchScorer:
             if lo == hi:
                 continue
             local = self._tensor(sorted_nodes[lo:hi] - start)
-            picked, exact_rows = self.softmax.log_probs(features[start : start + rows], local, classes[lo:hi])
+            picked, chunk_overflowed = self.softmax.log_probs(features[start : start + rows], local, classes[lo:hi],
+                                                              exact_overflow)
             out[self._tensor(order[lo:hi])] = picked.double()
-            self.stats.exact_softmax_rows += exact_rows
-        return out
+            overflowed += chunk_overflowed
+        return out, overflowed
 
     @property
     def softmax(self) -> "OutputSoftmax":
@@ -306,22 +339,24 @@ class OutputSoftmax:
     def exact(self, features: Tensor) -> Tensor:
         return torch.logsumexp(at_least_fp32(self.output_layer(features)), -1)
 
-    def log_probs(self, features: Tensor, rows: Tensor, classes: Tensor) -> Tuple[Tensor, int]:
+    def log_probs(self, features: Tensor, rows: Tensor, classes: Tensor,
+                  exact_overflow: bool = False) -> Tuple[Tensor, Tensor]:
         """log p(classes[i] | features[rows[i]]): features (n, R); rows, classes (k,) -> (k,);
-        and the number of rows whose normaliser was recomputed exactly."""
+        and the number of rows whose shifted sum overflowed (a 0-dim tensor). Their log p is
+        not finite unless ``exact_overflow`` recomputes their normaliser exactly, which waits for
+        the device; without it nothing here does."""
         if features.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled():
             logits = at_least_fp32(self.output_layer(features))  # (n, V')
-            return logits[rows, classes] - torch.logsumexp(logits, -1)[rows], 0
+            return logits[rows, classes] - torch.logsumexp(logits, -1)[rows], features.new_zeros((), dtype=torch.long)
         with_bias = torch.cat([features, features.new_ones((features.size(0), 1))], 1)  # (n, R+1)
         shift = (with_bias @ self.probe_t).amax(1, keepdim=True)  # (n, 1) = U
         shifted = torch.cat([with_bias, -shift], 1) @ self.weight_t  # (n, V') = logits - U
         picked = shifted[rows, classes]  # (k,)
         log_sum = shifted.exp_().sum(1).log_()  # (n,) = logsumexp - U, >= 0 unless it overflowed
-        overflowed = ~torch.isfinite(log_sum)
-        exact_rows = int(overflowed.sum())
-        if exact_rows:
+        overflowed = ~torch.isfinite(log_sum)  # (n,)
+        if exact_overflow and bool(overflowed.any()):
             log_sum[overflowed] = self.exact(features[overflowed]) - shift[overflowed, 0]
-        return picked - log_sum[rows], exact_rows
+        return picked - log_sum[rows], overflowed.sum()
 
 
 def log_probs_by_forward(model: TranslationModel, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], batch_size: int = 64) -> np.ndarray:
