@@ -21,7 +21,8 @@ import click
 from phrase_scorer import __version__, progress
 from phrase_scorer.config import (
     ARCH_PRESETS, COLUMNS, PRECISIONS, TRAIN_PRECISIONS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions,
-    RescoreExperimentOptions, RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TranslateOptions, TuneOptions,
+    SYSTEMS, RescoreExperimentOptions, RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TranslateOptions,
+    TuneOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
 
@@ -956,9 +957,12 @@ def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, 
 @click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=ExperimentOptions.references)
 @click.option("--lang", default=ExperimentOptions.lang, help="Target language.")
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown report here.")
+@click.option("--system", "systems", multiple=True, type=click.Choice([s.name for s in SYSTEMS]),
+              help="Tune and report only this system (repeatable) [default: all three].")
 @tune_options
 @moses_home_option
-def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, references, lang, report, moses_home, **options):
+def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, references, lang, report, systems, moses_home,
+               **options):
     """The paper's Table 1: baseline, + p(y|x), + p(y|x) + unknown words, each tuned --runs times."""
     from phrase_scorer.moses.experiment import run_experiment
     from phrase_scorer.moses.installation import MosesInstallation
@@ -967,7 +971,8 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
         raise PhraseScorerError("give exactly one of --model and --annotated")
     result = run_experiment(moses_ini, dev, test, work_dir, moses=MosesInstallation.find(moses_home),
                             model_dir=model_dir, annotated=annotated, tune_options=make_tune_options(**options),
-                            options=ExperimentOptions(runs=runs, references=references, lang=lang))
+                            options=ExperimentOptions(runs=runs, references=references, lang=lang),
+                            systems=[s for s in SYSTEMS if not systems or s.name in systems])
     if report:
         from phrase_scorer.io.files import write_text_atomically
 
@@ -992,6 +997,10 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
 @click.option("--row", "rows", multiple=True, metavar="LABEL=NAME[,NAME...]",
               help="A system of the report: the decoder's features plus these (repeatable) "
                    "[default: one row per model and one with all].")
+@click.option("--system", "systems", multiple=True, metavar="LABEL=MOSES_INI[,MOSES_INI...]",
+              help="Another decoder system in the report (e.g. Moses with the phrase columns, as `experiment` "
+                   "tunes it): the tuned moses.ini of each of its tuning runs, each decoded and scored as a run "
+                   "(repeatable).")
 @click.option("-o", "--output", "work_dir", required=True, type=click.Path(file_okay=False),
               help="Working directory (the lists, the runs, report.md and results.json); resumable.")
 @click.option("--nbest-size", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_size,
@@ -1016,7 +1025,7 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
 @precision_option
 @threads_option
 @moses_home_option
-def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, reverse_models, rows, work_dir, nbest_size,
+def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, reverse_models, rows, systems, work_dir, nbest_size,
                        runs, method, restarts, normalize, references, lang, decoder_threads, decoder_flags, decoder,
                        report, batch_tokens, device, precision, threads, moses_home):
     """What rescoring MOSES_INI's n-best lists with sentence models buys: decode dev and test
@@ -1026,7 +1035,7 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     from phrase_scorer.device import resolve_device
     from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.rescore import feature_models
-    from phrase_scorer.rescore_experiment import EvalSet, parse_row, run_rescore_experiment, set_name
+    from phrase_scorer.rescore_experiment import EvalSet, parse_row, parse_system, run_rescore_experiment, set_name
 
     if test_nbests and len(test_nbests) != len(tests):
         raise PhraseScorerError(f"{len(test_nbests)} --test-nbest for {len(tests)} --test",
@@ -1052,7 +1061,8 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
         nbest_size=nbest_size, decoder=decoder, decoder_flags=decoder_flags, threads=decoder_threads,
         normalize=normalize, runs=runs, method=method, restarts=restarts, references=references, lang=lang)
     result = run_rescore_experiment(moses_ini, sets, work_dir, moses=MosesInstallation.find(moses_home), models=loaded,
-                                    rows=[parse_row(r) for r in rows], options=options,
+                                    rows=[parse_row(r) for r in rows], systems=[parse_system(d) for d in systems],
+                                    options=options,
                                     scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision))
     if report:
         from phrase_scorer.io.files import write_text_atomically

@@ -281,6 +281,18 @@ class TuneOptions:
 
 
 @dataclass(frozen=True)
+class System:
+    """A system of the Table 1 experiment."""
+
+    name: str  # as in the report
+    folder: str
+    added_columns: int  # model columns kept from the annotated table
+
+
+SYSTEMS = (System("Baseline", "baseline", 0), System("RNN", "rnn", 1), System("RNN + WP", "rnn+wp", 2))
+
+
+@dataclass(frozen=True)
 class ExperimentOptions:
     """The paper's Table 1 comparison: how many tuning runs, and how to score."""
 

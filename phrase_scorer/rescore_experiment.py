@@ -8,7 +8,9 @@
         --sacrebleu--> BLEU, chrF, paired bootstrap against Moses' 1-best  report.md, results.json
 
 Rows. *Moses* is the decoder's own 1-best (the first hypothesis of each sentence of its n-best
-list), untouched. *Moses, re-tuned on the lists* reranks the lists with the decoder's features
+list), untouched. A decoder system given beside it (``--system LABEL=INI[,INI...]``: for example
+Moses with the phrase-table columns, as ``experiment`` tunes it) is decoded with each of its tuned
+moses.ini files, one run each, and scored and tested against Moses' 1-best like every row. *Moses, re-tuned on the lists* reranks the lists with the decoder's features
 only, tuned on the dev list like every other row: what re-tuning on a fixed list does by itself.
 Every other row adds the rescoring features it names (``--row LABEL=FEATURE,...``) to the
 decoder's; the features of the other models are left out (neither tuned nor used). Each tuned row
@@ -58,6 +60,11 @@ RETUNED_ROW = "Moses, re-tuned on the lists"
 ORACLE_SIZES = (1, 10, 100, 1000)  # and the whole list
 
 
+def folder_name(label: str) -> str:
+    """A row's folder under ``rows/``: its label in lowercase letters, digits and dashes."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-").lower() or "row"
+
+
 @dataclass(frozen=True)
 class Row:
     label: str
@@ -65,7 +72,19 @@ class Row:
 
     @property
     def folder(self) -> str:
-        return re.sub(r"[^A-Za-z0-9]+", "-", self.label).strip("-").lower() or "row"
+        return folder_name(self.label)
+
+
+@dataclass(frozen=True)
+class DecodedSystem:
+    """Another decoder system in the report, decoded with the tuned moses.ini of each of its runs."""
+
+    label: str
+    inis: Tuple[str, ...]
+
+    @property
+    def folder(self) -> str:
+        return folder_name(self.label)
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,19 @@ def parse_row(text: str) -> Row:
         raise PhraseScorerError(f"--row {text!r} is not LABEL=FEATURE[,FEATURE...]",
                                 hint="e.g. --row 'RNNsearch, both directions=RNNsearch,RNNsearchReverse'")
     return Row(label.strip(), features)
+
+
+def parse_system(text: str) -> DecodedSystem:
+    """``LABEL=INI[,INI...]``: the label (anything but the last ``=``) and a tuned moses.ini per run."""
+    label, sep, names = text.rpartition("=")
+    inis = tuple(n.strip() for n in names.split(",") if n.strip())
+    if not sep or not label.strip() or not inis:
+        raise PhraseScorerError(f"--system {text!r} is not LABEL=MOSES_INI[,MOSES_INI...]",
+                                hint="e.g. --system 'Moses + phrase columns=exp/rnn+wp/run-1/tuned.ini,exp/rnn+wp/run-2/tuned.ini'")
+    missing = [ini for ini in inis if not os.path.isfile(ini)]
+    if missing:
+        raise PhraseScorerError(f"--system {label.strip()!r}: no such moses.ini", path=missing[0])
+    return DecodedSystem(label.strip(), inis)
 
 
 def default_rows(features: Sequence[str]) -> List[Row]:
@@ -200,6 +232,34 @@ def scores_of(hypotheses: Sequence[str], references: Sequence[str], options: Res
     return score(hypotheses, references, kind=options.references, lang=options.lang)
 
 
+def decoded_system_run(system: DecodedSystem, run: int, sets: Sequence[EvalSet], work: Path, moses: MosesInstallation,
+                       options: RescoreExperimentOptions) -> RowRun:
+    """Run ``run`` (1-based) of a decoder system: every set decoded with its ``run``-th tuned
+    moses.ini (the same decoder and flags as the n-best lists), the words as Moses prints them."""
+    ini = Path(system.inis[run - 1]).resolve()
+    folder = work / "rows" / system.folder / f"run{run}"
+    folder.mkdir(parents=True, exist_ok=True)
+    result = RowRun(row=system.label, seed=run, scores={}, hypotheses={})
+    for s in sets:
+        hyp = folder / f"{s.name}.hyp"
+        inputs = json.loads(json.dumps({"moses.ini sha256": file_sha256(ini), "source": file_identity(s.source),
+                                        "decoder": options.decoder, "decoder flags": options.decoder_flags}))
+        record = folder / f"{s.name}.inputs.json"
+        if reuse_or_clear(record, inputs, [hyp]):
+            log.info("%s, run %d, %s: already decoded", system.label, run, s.name)
+        else:
+            decoded = decode(ini, s.source, folder / f"{s.name}.1best", moses=moses, threads=options.threads,
+                             decoder_flags=options.decoder_flags, decoder=options.decoder)
+            write_lines(hyp, [line.strip(" ") for line in decoded])
+            write_text_atomically(record, json.dumps(inputs, indent=1) + "\n")
+        evaluation = scores_of(read_lines(hyp), read_lines(s.reference), options)
+        result.scores[s.name] = {"bleu": evaluation.bleu, "chrf": evaluation.chrf}
+        result.hypotheses[s.name] = os.fspath(hyp)
+    log.info("%s, run %d: %s", system.label, run,
+             ", ".join(f"{name} BLEU {v['bleu']:.2f}" for name, v in result.scores.items()))
+    return result
+
+
 def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence[EvalSet], all_features: Sequence[str],
                   ini: Path, work: Path, moses: MosesInstallation, options: RescoreExperimentOptions) -> RowRun:
     """Tune ``row``'s features on the dev list with one optimiser seed and rerank every set."""
@@ -310,10 +370,12 @@ def significance(runs: Sequence[RowRun], sets: Sequence[EvalSet], options: Resco
 
 def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_dir: PathLike, *,
                            moses: MosesInstallation, models: Sequence, rows: Sequence[Row] = (),
+                           systems: Sequence[DecodedSystem] = (),
                            options: RescoreExperimentOptions = RescoreExperimentOptions(),
                            scoring_options: ScoringOptions = ScoringOptions()) -> RescoreExperimentReport:
     """Run (or resume) the experiment. ``sets[0]`` is the dev set (the optimiser tunes on it);
-    ``models`` are :class:`phrase_scorer.rescore.FeatureModel`s."""
+    ``models`` are :class:`phrase_scorer.rescore.FeatureModel`s; ``systems`` other decoder
+    systems reported beside Moses."""
     if len(sets) < 2:
         raise PhraseScorerError("the experiment needs a dev set and at least one test set")
     names = [s.name for s in sets]
@@ -327,6 +389,9 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
         if unknown:
             raise PhraseScorerError(f"row {row.label!r} names {', '.join(unknown)}, which no model gives",
                                     hint=f"the models' features are {', '.join(features)}")
+    labels = [MOSES_ROW, RETUNED_ROW, *(r.label for r in rows), *(d.label for d in systems)]
+    if len(set(labels)) != len(labels):
+        raise PhraseScorerError(f"two rows of the report are called {max(labels, key=labels.count)!r}")
     ini = Path(moses_ini).resolve()
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -350,12 +415,15 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
         oracle[s.name] = oracle_figures(lists[s.name], references, options)
 
     runs = [baseline]
+    for system in systems:
+        for run in range(1, len(system.inis) + 1):
+            runs.append(decoded_system_run(system, run, sets, work, moses, options))
     for row in [Row(RETUNED_ROW, ()), *rows]:
         for seed in range(1, options.runs + 1):
             runs.append(tuned_row_run(row, seed, rescored, sets, features, ini, work, moses, options))
 
     report = RescoreExperimentReport(runs, significance(runs, sets, options), oracle, signatures)
-    report.markdown = markdown(report, ini, sets, models, rows, options)
+    report.markdown = markdown(report, ini, sets, models, rows, systems, options)
     write_text_atomically(work / "report.md", report.markdown)
     write_text_atomically(work / "results.json", json.dumps(
         {"runs": [asdict(r) for r in runs], "significance": report.significance, "oracle": oracle,
@@ -364,13 +432,14 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
 
 
 def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet], models: Sequence,
-             rows: Sequence[Row], options: RescoreExperimentOptions) -> str:
+             rows: Sequence[Row], systems: Sequence[DecodedSystem], options: RescoreExperimentOptions) -> str:
     dev = sets[0].name
     by_row: Dict[str, List[RowRun]] = {}
     for run in report.runs:
         by_row.setdefault(run.row, []).append(run)
     moses_scores = by_row[MOSES_ROW][0].scores
-    added = {RETUNED_ROW: "–", MOSES_ROW: "–", **{r.label: ", ".join(r.features) for r in rows}}
+    added = {RETUNED_ROW: "–", MOSES_ROW: "–", **{r.label: ", ".join(r.features) for r in rows},
+             **{d.label: "its own tuned moses.ini" for d in systems}}
     parts = []
     for eval_set in sets[1:]:
         name = eval_set.name
@@ -413,7 +482,10 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
     return (
         "\n\n".join(parts) + "\n\n"
         f"Mean ± standard deviation over {options.runs} optimiser runs per tuned row (seeds 1–{options.runs}); "
-        f"*Moses* is the decoder's 1-best, one run. BLEU {dev} is of the reranked dev set the weights were tuned on. "
+        f"*Moses* is the decoder's 1-best, one run"
+        + (f"; {', '.join(f'*{d.label}*' for d in systems)}: the 1-best of that system, decoded with the tuned "
+           "moses.ini of each of its tuning runs (one run each)" if systems else "")
+        + f". BLEU {dev} is of the reranked dev set the weights were tuned on. "
         f"p: paired bootstrap resampling (sacrebleu, {options.bootstrap_samples} samples) of each run against "
         "Moses' 1-best (1 where a run's output is Moses' own).\n\n"
         "Per run:\n\n" + "\n".join(per_run) + "\n\n"
@@ -423,6 +495,7 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
         "best smoothed sentence BLEU) among the first k hypotheses:\n\n" + "\n".join(oracle_rows) + "\n\n"
         "Settings:\n\n"
         f"- Moses config: `{ini}`; "
+        + "".join(f"{d.label}: `" + "`, `".join(d.inis) + "`; " for d in systems)
         + ("; ".join(f"{s.name}: the n-best list `{s.nbest}`" for s in sets if s.nbest) + "; " if any(s.nbest for s in sets) else "")
         + (f"n-best lists decoded with {options.nbest_size} distinct hypotheses, decoder flags `{options.decoder_flags}`"
            if not all(s.nbest for s in sets) else f"oracle up to {options.nbest_size} hypotheses") + "\n"

@@ -19,8 +19,8 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.moses.evaluate import score
 from phrase_scorer.rescore_experiment import (
-    MOSES_ROW, RETUNED_ROW, Row, EvalSet, first_hypotheses, oracle_figures, parse_row, run_rescore_experiment,
-    smoothed_sentence_bleu, ngram_stats,
+    MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, first_hypotheses, oracle_figures, parse_row, parse_system,
+    run_rescore_experiment, smoothed_sentence_bleu, ngram_stats,
 )
 
 VAL_EN = SHARED / "multi30k-en-fr" / "val.tok.en.gz"
@@ -35,6 +35,20 @@ def test_rows_are_parsed_and_bad_ones_refused():
     for bad in ("RNN", "=RNN", "label="):
         with pytest.raises(PhraseScorerError, match="LABEL=FEATURE"):
             parse_row(bad)
+
+
+def test_decoder_systems_are_parsed_and_bad_ones_refused(tmp_path):
+    runs = [tmp_path / f"run-{k}.ini" for k in (1, 2)]
+    for ini in runs:
+        ini.write_text("[weight]\n", encoding="utf-8")
+    assert parse_system(f"Moses + phrase columns={runs[0]}, {runs[1]}") == DecodedSystem(
+        "Moses + phrase columns", (str(runs[0]), str(runs[1])))
+    assert DecodedSystem("Moses + phrase columns", ()).folder == "moses-phrase-columns"
+    for bad in (str(runs[0]), f"={runs[0]}", "label="):
+        with pytest.raises(PhraseScorerError, match="LABEL=MOSES_INI"):
+            parse_system(bad)
+    with pytest.raises(PhraseScorerError, match="no such moses.ini"):
+        parse_system(f"label={tmp_path / 'missing.ini'}")
 
 
 def test_sentence_bleu_ranks_the_reference_first():
@@ -148,8 +162,9 @@ def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tin
         (tmp_path / f"{name}.fr").write_text("".join(references[lines]), encoding="utf-8")
         sets.append(EvalSet(name, str(tmp_path / f"{name}.en"), str(tmp_path / f"{name}.fr")))
     options = RescoreExperimentOptions(nbest_size=20, runs=1, restarts=1, bootstrap_samples=50, threads=2)
+    again = parse_system(f"Moses, decoded again={TUNED_INI}")  # a decoder system: here Moses itself
     report = run_rescore_experiment(TUNED_INI, sets, tmp_path / "work", moses=moses,
-                                    models=[FeatureModel("RNN", loaded_tiny)], options=options)
+                                    models=[FeatureModel("RNN", loaded_tiny)], systems=[again], options=options)
     nbest = tmp_path / "work" / "nbest" / "test.nbest"
     groups = [entries for _, entries in group_by_sentence(read_nbest(nbest))]
     assert len(groups) == 3 and all(1 < len(g) <= 20 for g in groups)
@@ -158,6 +173,13 @@ def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tin
     # the same words as the decoder printed (it ends each line with a space)
     assert Path(report.runs[0].hypotheses["test"]).read_text(encoding="utf-8").splitlines() == [
         line.rstrip(" ") for line in moses_1best]
+    # the system decoded with the same tuned moses.ini gives Moses' 1-best: same BLEU, p = 1
+    decoded = next(r for r in report.runs if r.row == again.label)
+    assert decoded.seed == 1 and decoded.scores == report.runs[0].scores
+    assert Path(decoded.hypotheses["test"]).read_text(encoding="utf-8") == Path(
+        report.runs[0].hypotheses["test"]).read_text(encoding="utf-8")
+    assert report.significance["test"][again.label] == [1.0]
+    assert f"| {again.label} | its own tuned moses.ini |" in report.markdown
 
 
 def test_identical_outputs_are_not_significantly_different():

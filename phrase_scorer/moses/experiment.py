@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from phrase_scorer import __version__
-from phrase_scorer.config import COLUMNS, ExperimentOptions, TuneOptions, start_weights
+from phrase_scorer.config import COLUMNS, SYSTEMS, ExperimentOptions, System, TuneOptions, start_weights
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import AtomicOutput, PathLike, file_identity, file_sha256, write_text_atomically
 from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
@@ -59,16 +59,6 @@ from phrase_scorer.moses.tune import tune, with_absolute_paths
 from phrase_scorer.progress import progress_bar
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class System:
-    name: str  # as in the report
-    folder: str
-    added_columns: int  # model columns kept from the annotated table
-
-
-SYSTEMS = (System("Baseline", "baseline", 0), System("RNN", "rnn", 1), System("RNN + WP", "rnn+wp", 2))
 
 
 @dataclass
