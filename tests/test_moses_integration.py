@@ -144,16 +144,22 @@ def test_experiment_end_to_end_and_resume(moses, annotated_table, tmp_path):
     """The Table 1 comparison on slices: three systems, one tuning run each, a report; a second
     call reuses every finished run."""
     from phrase_scorer.config import ExperimentOptions, TuneOptions
+    from phrase_scorer.moses.evaluate import decode
     from phrase_scorer.moses.experiment import run_experiment
+    from phrase_scorer.moses.installation import read_lines
 
     dev = (first_lines(VAL_EN, 20, tmp_path / "dev.en"), first_lines(VAL_FR, 20, tmp_path / "dev.fr"))
     test = (first_lines(TEST_EN, 30, tmp_path / "test.en"), first_lines(TEST_FR, 30, tmp_path / "test.fr"))
-    options = dict(tune_options=TuneOptions(max_iterations=1, decoder_flags="-v 0 -s 100", nbest=20),
+    flags = "-v 0 -s 100 -max-phrase-length 2"  # far from Moses' defaults, so that decoding without them shows
+    options = dict(tune_options=TuneOptions(max_iterations=1, decoder_flags=flags, nbest=20),
                    options=ExperimentOptions(runs=1, bootstrap_samples=100))
     report = run_experiment(SHARED_SYSTEM / "moses.ini", dev, test, tmp_path / "work", moses=moses,
                             annotated=annotated_table, **options)
     assert [r.system for r in report.runs] == ["Baseline", "RNN", "RNN + WP"]
     assert all(0 < r.test_bleu < 100 for r in report.runs)
+    # the test set was decoded with the decoder flags the tuning used
+    redo = decode(report.runs[2].tuned_ini, test[0], tmp_path / "redo.hyp", moses=moses, decoder_flags=flags)
+    assert redo == read_lines(report.runs[2].hypotheses)
     assert set(report.significance) == {"RNN", "RNN + WP"}
     assert all(0 <= p <= 1 for ps in report.significance.values() for p in ps)
     for row in ("| Baseline |", "| RNN |", "| RNN + WP |", "weight of log p(y\\|x)", "sacrebleu signatures"):

@@ -228,8 +228,9 @@ def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[
             tuned = run_dir / "tuned.ini"
             result = tune(ini, dev[0], dev[1], tuned, moses=moses, options=replace(tune_options, seed=seed),
                           working_dir=run_dir / "tune")
+            # the test set is decoded as the tuning decoded the dev set: with the same decoder flags
             hypotheses = decode(tuned, test[0], run_dir / "test.hyp", moses=moses, threads=tune_options.threads,
-                                decoder=tune_options.decoder)
+                                decoder_flags=tune_options.decoder_flags, decoder=tune_options.decoder)
             evaluation = score(hypotheses, test_references, kind=options.references, lang=options.lang,
                                hypotheses_path=os.fspath(run_dir / "test.hyp"))
             run = RunResult(system=system.name, seed=seed, dev_bleu=result.dev_bleu, test_bleu=evaluation.bleu,
@@ -261,6 +262,7 @@ def run_inputs(system_ini_path: PathLike, table: PathLike, dev: Sequence[PathLik
         "dev": [file_identity(p) for p in dev],
         "test": [file_identity(p) for p in test],
         "tuning options": asdict(tune_options),
+        "test decoded with": "the tuning's decoder flags",
         "scoring options": {"references": options.references, "lang": options.lang},
     }))
 
