@@ -328,6 +328,8 @@ class AnnotateJob:
             def read(put) -> None:
                 expected = None
                 for window in windows:
+                    if pipeline.stopping.is_set():  # stopped while this thread waited for input
+                        return
                     if expected is None:
                         expected = first_score_count(window)
                     pool.submit("prepare", window.index, window, expected)
