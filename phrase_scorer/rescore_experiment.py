@@ -22,7 +22,8 @@ the oracle BLEU of the lists cut to their first 1, 10, 100, ... hypotheses (per 
 hypothesis with the best smoothed sentence BLEU; then the corpus BLEU of those, scored as every
 other figure).
 
-Every step records what made it (``<file>.inputs.json`` / ``inputs.json``) and is redone, with a
+Every step records what made it (``<file>.inputs.json`` / ``inputs.json``: files by path, size
+and SHA-256, so a copy with a new modification time is the same input) and is redone, with a
 log line naming what changed, when that differs; an interrupted experiment resumes at the step it
 was in (rescoring resumes inside the list).
 """
@@ -45,7 +46,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from phrase_scorer import __version__
 from phrase_scorer.config import RerankOptions, RescoreExperimentOptions, RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, file_identity, file_sha256, part_path, write_text_atomically
+from phrase_scorer.io.files import PathLike, content_identity, file_sha256, part_path, write_text_atomically
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.evaluate import Evaluation, decode, score
 from phrase_scorer.moses.experiment import changed_keys, mean_sd, paired_bootstrap_p, read_json
@@ -179,7 +180,7 @@ def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstalla
     folder = work / "nbest"
     folder.mkdir(exist_ok=True)
     nbest = folder / f"{eval_set.name}.nbest"
-    inputs = json.loads(json.dumps({"moses.ini sha256": file_sha256(ini), "source": file_identity(eval_set.source),
+    inputs = json.loads(json.dumps({"moses.ini sha256": file_sha256(ini), "source": content_identity(eval_set.source),
                                     "size": options.nbest_size, "decoder": options.decoder,
                                     "decoder flags": options.decoder_flags}))
     record = folder / f"{eval_set.name}.inputs.json"
@@ -205,7 +206,7 @@ def rescored_nbest(nbest: Path, eval_set: EvalSet, work: Path, models: Sequence,
     folder.mkdir(exist_ok=True)
     out = folder / f"{eval_set.name}.nbest.gz"
     rescore_options = RescoreOptions(normalize=options.normalize)
-    inputs = json.loads(json.dumps({"nbest": file_identity(nbest), "source": file_identity(eval_set.source),
+    inputs = json.loads(json.dumps({"nbest": content_identity(nbest), "source": content_identity(eval_set.source),
                                     "models": [m.describe() for m in models], "options": asdict(rescore_options),
                                     "precision": scoring_options.precision}))
     record = folder / f"{eval_set.name}.inputs.json"
@@ -242,7 +243,7 @@ def decoded_system_run(system: DecodedSystem, run: int, sets: Sequence[EvalSet],
     result = RowRun(row=system.label, seed=run, scores={}, hypotheses={})
     for s in sets:
         hyp = folder / f"{s.name}.hyp"
-        inputs = json.loads(json.dumps({"moses.ini sha256": file_sha256(ini), "source": file_identity(s.source),
+        inputs = json.loads(json.dumps({"moses.ini sha256": file_sha256(ini), "source": content_identity(s.source),
                                         "decoder": options.decoder, "decoder flags": options.decoder_flags}))
         record = folder / f"{s.name}.inputs.json"
         if reuse_or_clear(record, inputs, [hyp]):
@@ -268,8 +269,8 @@ def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence
     rerank_options = RerankOptions(method=options.method, seeds=(seed,), restarts=options.restarts,
                                    threads=options.threads or os.cpu_count() or 1, ignore_features=ignore,
                                    mertdir=options.mertdir)
-    inputs = json.loads(json.dumps({"row": asdict(row), "lists": {s.name: file_identity(rescored[s.name]) for s in sets},
-                                    "references": {s.name: file_identity(s.reference) for s in sets},
+    inputs = json.loads(json.dumps({"row": asdict(row), "lists": {s.name: content_identity(rescored[s.name]) for s in sets},
+                                    "references": {s.name: content_identity(s.reference) for s in sets},
                                     "start ini sha256": file_sha256(ini), "rerank options": asdict(rerank_options),
                                     "scoring": {"references": options.references, "lang": options.lang}}))
     result_path = run_dir / "result.json"

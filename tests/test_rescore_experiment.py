@@ -20,7 +20,7 @@ from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.moses.evaluate import score
 from phrase_scorer.rescore_experiment import (
     MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, first_hypotheses, oracle_figures, parse_row, parse_system,
-    run_rescore_experiment, smoothed_sentence_bleu, ngram_stats,
+    reuse_or_clear, run_rescore_experiment, smoothed_sentence_bleu, ngram_stats,
 )
 
 VAL_EN = SHARED / "multi30k-en-fr" / "val.tok.en.gz"
@@ -49,6 +49,27 @@ def test_decoder_systems_are_parsed_and_bad_ones_refused(tmp_path):
             parse_system(bad)
     with pytest.raises(PhraseScorerError, match="no such moses.ini"):
         parse_system(f"label={tmp_path / 'missing.ini'}")
+
+
+def test_a_step_is_reused_for_the_same_bytes_and_redone_for_new_ones(tmp_path):
+    """A step's record names its input files by their bytes: a copy with a new modification time
+    (data unpacked again) reuses the step's output; other bytes of the same size redo it."""
+    import json
+    import os
+
+    from phrase_scorer.io.files import content_identity
+
+    source, output, record = tmp_path / "val.en", tmp_path / "val.out", tmp_path / "val.inputs.json"
+    source.write_text("a man .\n", encoding="utf-8")
+    output.write_text("done\n", encoding="utf-8")
+    record.write_text(json.dumps({"source": content_identity(source)}), encoding="utf-8")
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**10))
+    assert reuse_or_clear(record, json.loads(json.dumps({"source": content_identity(source)})), [output])
+    assert output.exists()
+    source.write_text("a dog .\n", encoding="utf-8")  # the same size, other bytes
+    assert not reuse_or_clear(record, json.loads(json.dumps({"source": content_identity(source)})), [output])
+    assert not output.exists()
 
 
 def test_sentence_bleu_ranks_the_reference_first():

@@ -357,6 +357,13 @@ def file_identity(path: PathLike) -> dict:
     return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
+def content_identity(path: PathLike) -> dict:
+    """What tells one version of a file from another by its bytes: its absolute path, size and
+    SHA-256. For the records of experiment steps, whose inputs are small next to the work they
+    save: a copy of the same bytes with a new modification time is the same input."""
+    return {"path": os.path.abspath(path), "size": os.path.getsize(path), "sha256": file_sha256(path)}
+
+
 def file_sha256(path: PathLike) -> str:
     """The SHA-256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()

@@ -21,8 +21,9 @@ Nothing stale is reused. Each artefact records what made it, and is made again w
 * ``phrase-table.rnn.gz``: ``.json`` beside it names the two-column table it was cut from (path,
   size, modification time); it is cut again when that table changed.
 * ``<system>/run-<seed>/``: ``inputs.json`` records the system's config (sha256 of
-  ``system.ini``), its phrase table (path, size, modification time), the dev and test files and
-  the tuning and scoring options; a run whose record differs (or has none) is deleted and redone.
+  ``system.ini``), its phrase table (path, size, modification time), the dev and test files (path,
+  size, sha256) and the tuning and scoring options; a run whose record differs (or has none) is
+  deleted and redone.
 
 Layout of the working directory::
 
@@ -49,7 +50,7 @@ from typing import Dict, List, Optional, Sequence
 from phrase_scorer import __version__
 from phrase_scorer.config import COLUMNS, SYSTEMS, ExperimentOptions, System, TuneOptions, start_weights
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import AtomicOutput, PathLike, file_identity, file_sha256, write_text_atomically
+from phrase_scorer.io.files import AtomicOutput, PathLike, content_identity, file_identity, file_sha256, write_text_atomically
 from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.io.phrase_table import PhraseTableReader
@@ -259,8 +260,8 @@ def run_inputs(system_ini_path: PathLike, table: PathLike, dev: Sequence[PathLik
     return json.loads(json.dumps({
         "system ini sha256": file_sha256(system_ini_path),
         "phrase table": file_identity(table),
-        "dev": [file_identity(p) for p in dev],
-        "test": [file_identity(p) for p in test],
+        "dev": [content_identity(p) for p in dev],
+        "test": [content_identity(p) for p in test],
         "tuning options": asdict(tune_options),
         "test decoded with": "the tuning's decoder flags",
         "scoring options": {"references": options.references, "lang": options.lang},
