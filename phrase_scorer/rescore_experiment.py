@@ -99,27 +99,29 @@ class EvalSet:
     nbest: Optional[str] = None
 
 
-def parse_row(text: str) -> Row:
-    """``LABEL=FEATURE,FEATURE`` (the label may hold anything but the last ``=``)."""
+def labelled_list(text: str, option: str, form: str, example: str) -> Tuple[str, Tuple[str, ...]]:
+    """``LABEL=ITEM[,ITEM...]`` -> (label, items): the label may hold anything but the last ``=``."""
     label, sep, names = text.rpartition("=")
-    features = tuple(n.strip() for n in names.split(",") if n.strip())
-    if not sep or not label.strip() or not features:
-        raise PhraseScorerError(f"--row {text!r} is not LABEL=FEATURE[,FEATURE...]",
-                                hint="e.g. --row 'RNNsearch, both directions=RNNsearch,RNNsearchReverse'")
-    return Row(label.strip(), features)
+    items = tuple(n.strip() for n in names.split(",") if n.strip())
+    if not sep or not label.strip() or not items:
+        raise PhraseScorerError(f"{option} {text!r} is not {form}", hint=f"e.g. {option} '{example}'")
+    return label.strip(), items
+
+
+def parse_row(text: str) -> Row:
+    """``LABEL=FEATURE,FEATURE``: the rescoring features a row adds."""
+    return Row(*labelled_list(text, "--row", "LABEL=FEATURE[,FEATURE...]",
+                              "RNNsearch, both directions=RNNsearch,RNNsearchReverse"))
 
 
 def parse_system(text: str) -> DecodedSystem:
-    """``LABEL=INI[,INI...]``: the label (anything but the last ``=``) and a tuned moses.ini per run."""
-    label, sep, names = text.rpartition("=")
-    inis = tuple(n.strip() for n in names.split(",") if n.strip())
-    if not sep or not label.strip() or not inis:
-        raise PhraseScorerError(f"--system {text!r} is not LABEL=MOSES_INI[,MOSES_INI...]",
-                                hint="e.g. --system 'Moses + phrase columns=exp/rnn+wp/run-1/tuned.ini,exp/rnn+wp/run-2/tuned.ini'")
+    """``LABEL=INI[,INI...]``: a decoder system and a tuned moses.ini per run."""
+    label, inis = labelled_list(text, "--system", "LABEL=MOSES_INI[,MOSES_INI...]",
+                                "Moses + phrase columns=exp/rnn+wp/run-1/tuned.ini,exp/rnn+wp/run-2/tuned.ini")
     missing = [ini for ini in inis if not os.path.isfile(ini)]
     if missing:
-        raise PhraseScorerError(f"--system {label.strip()!r}: no such moses.ini", path=missing[0])
-    return DecodedSystem(label.strip(), inis)
+        raise PhraseScorerError(f"--system {label!r}: no such moses.ini", path=missing[0])
+    return DecodedSystem(label, inis)
 
 
 def default_rows(features: Sequence[str]) -> List[Row]:
