@@ -29,8 +29,6 @@ those rows. Results go to docs/benchmarks.md (--write) and stdout.
 
 from __future__ import annotations
 
-import gzip
-import itertools
 import json
 import os
 import sys
@@ -79,12 +77,6 @@ def make_model_dir(directory: Path, preset: str, table: Path, counts_cache: Path
     torch.manual_seed(0)
     model_dir.save_weights(RNNEncoderDecoder(config, len(source_vocab), len(target_vocab)).state_dict(), BEST_WEIGHTS)
     return directory
-
-
-def write_slice(table: Path, lines: int, out: Path) -> None:
-    with gzip.open(table, "rb") as src, gzip.open(out, "wb", compresslevel=1) as dst:
-        for line in itertools.islice(src, lines):
-            dst.write(line)
 
 
 # --- one measurement per process ---------------------------------------------------------------------
@@ -183,7 +175,7 @@ def trained_models(args) -> Dict[str, str]:
 def speed(args, work: Path) -> str:
     table = Path(args.table)
     pairs = work / "slice.gz"
-    write_slice(table, args.lines, pairs)
+    benchlib.write_slice(table, args.lines, pairs)
     rows = []
     results = {}
     trained = trained_models(args)
@@ -256,7 +248,7 @@ def memory(args, work: Path) -> str:
     for name, path in (("table", table), ("table x 10", big)):
         out = work / "annotated.gz"
         _, _, seconds, peak = benchlib.run_measured(
-            [sys.executable, "-m", "phrase_scorer", "-q", "annotate", str(path), "-m", str(model_dir), "-o", str(out)])
+            benchlib.phrase_scorer_command("annotate", path, "-m", model_dir, "-o", out))
         lines = json.loads(Path(str(out) + ".json").read_text())["lines"]
         peaks[name] = peak
         rows.append([name, f"{lines:,}", f"{os.path.getsize(path) / 1e6:,.0f}", f"{seconds:,.0f}", f"{peak:,.0f}"])
@@ -280,7 +272,7 @@ def whole_table(args, work: Path) -> str:
     for preset, model_dir in trained.items():
         out = work / "annotated.gz"
         _, _, seconds, peak = benchlib.run_measured(
-            [sys.executable, "-m", "phrase_scorer", "-q", "annotate", str(table), "-m", model_dir, "-o", str(out)])
+            benchlib.phrase_scorer_command("annotate", table, "-m", model_dir, "-o", out))
         lines = json.loads(Path(str(out) + ".json").read_text())["lines"]
         rows.append([preset, f"{lines:,}", f"{seconds:,.0f}", f"{lines / seconds:,.0f}", f"{peak:,.0f}"])
         print(rows[-1], flush=True)

@@ -21,7 +21,6 @@ Each run is its own process. The section written into docs/benchmarks.md names t
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import shutil
@@ -33,7 +32,7 @@ from typing import Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
-from bench_annotate import make_model_dir, write_slice  # noqa: E402
+from bench_annotate import make_model_dir  # noqa: E402
 
 
 class BusySampler:
@@ -76,24 +75,17 @@ def percent(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value:.0f}%"
 
 
-def phrase_scorer(*args) -> List[str]:
-    return [sys.executable, "-m", "phrase_scorer", "-q", *map(str, args)]
-
-
 def annotate(args, work: Path) -> str:
     table = Path(args.table)
     if args.lines:
-        sliced = work / f"first-{args.lines}.gz"
-        if not sliced.exists():
-            write_slice(table, args.lines, sliced)
-        table = sliced
+        table = benchlib.table_head(table, args.lines, work)
     model = Path(args.trained) if args.trained else make_model_dir(
         work / f"{args.preset}-initial", args.preset, Path(args.table), work / "counts.json")
     rows, outputs = [], []
     for tokens in [int(t) for t in args.batch_tokens.split(",")]:
         out = work / f"annotated-{tokens}.gz"
         with BusySampler(args.device) as sampler:
-            _, _, seconds, peak = benchlib.run_measured(phrase_scorer(
+            _, _, seconds, peak = benchlib.run_measured(benchlib.phrase_scorer_command(
                 "annotate", table, "-m", model, "-o", out, "--device", args.device, "--batch-tokens", tokens,
                 *(["--threads", args.threads] if args.threads else [])))
         lines = json.loads(Path(str(out) + ".json").read_text())["lines"]
@@ -101,7 +93,7 @@ def annotate(args, work: Path) -> str:
                      f"{peak:,.0f}"])
         outputs.append(out)
         print(rows[-1], flush=True)
-    same = all(same_lines(outputs[0], other) for other in outputs[1:])
+    same = all(benchlib.same_lines(outputs[0], other) for other in outputs[1:])
     weights = "trained" if args.trained else "initial"
     return (
         f"`phrase-scorer annotate {table.name} -m MODEL -o OUT.gz --device {args.device} --batch-tokens N`, MODEL the "
@@ -109,11 +101,6 @@ def annotate(args, work: Path) -> str:
         f"The outputs of the batch sizes hold {'the same lines' if same else 'lines that differ in the last digits'}.\n\n"
         + benchlib.markdown_table(["batch tokens", "lines", "seconds", "lines/s", "GPU busy", "peak RSS MB"], rows) + "\n"
     )
-
-
-def same_lines(a: Path, b: Path) -> bool:
-    with gzip.open(a, "rb") as fa, gzip.open(b, "rb") as fb:
-        return fa.read() == fb.read()
 
 
 def train(args, work: Path) -> str:
@@ -125,7 +112,7 @@ def train(args, work: Path) -> str:
         steps = math.ceil(args.pairs / batch)
         every = max(1, round(args.valid_pairs_every / batch))
         with BusySampler(args.device) as sampler:
-            benchlib.run_measured(phrase_scorer(
+            benchlib.run_measured(benchlib.phrase_scorer_command(
                 "train", args.table, "-o", out, "--preset", args.preset, "--device", args.device, "--batch-size", batch,
                 "--max-steps", steps, "--valid-every", every, "--patience", 10**6, "--seed", 1, "--overwrite",
                 *(["--threads", args.threads] if args.threads else [])))

@@ -159,12 +159,7 @@ def model(args, work: Path) -> str:
         return ""
     table = Path(args.table)
     if args.model_lines:
-        sliced = work / f"first-{args.model_lines}.gz"
-        if not sliced.exists():
-            from bench_annotate import write_slice
-
-            write_slice(table, args.model_lines, sliced)
-        table = sliced
+        table = benchlib.table_head(table, args.model_lines, work)
     runs = []
     if args.reference_src:
         runs.append(("before (reference)", args.reference_src, []))
@@ -174,8 +169,7 @@ def model(args, work: Path) -> str:
         out = work / f"{name.split()[0]}.gz"
         env = dict(os.environ, PYTHONPATH=src)
         _, _, seconds, peak = benchlib.run_measured(
-            [sys.executable, "-m", "phrase_scorer", "-q", "annotate", str(table), "-m", args.trained, "-o", str(out),
-             *extra], env=env)
+            benchlib.phrase_scorer_command("annotate", table, "-m", args.trained, "-o", out, *extra), env=env)
         lines = json.loads(Path(str(out) + ".json").read_text())["lines"]
         rates[name] = lines / seconds
         outputs[name] = out
@@ -183,7 +177,7 @@ def model(args, work: Path) -> str:
         print(rows[-1], flush=True)
     text = ""
     if len(runs) == 2:
-        same = same_lines(*outputs.values())
+        same = benchlib.same_lines(*outputs.values())
         speedup = rates["after"] / rates["before (reference)"]
         text = (f"\nSpeed-up: **{speedup:.2f}x**, measured in the same run. The two outputs hold "
                 f"{'the same lines, byte for byte once decompressed' if same else 'DIFFERENT lines'} "
@@ -196,16 +190,6 @@ def model(args, work: Path) -> str:
         f"code of an earlier checkout (`--reference-src`).\n\n"
         + benchlib.markdown_table(["code", "lines", "seconds", "lines/s", "peak RSS MB"], rows) + "\n" + text
     )
-
-
-def same_lines(a: Path, b: Path) -> bool:
-    with gzip.open(a, "rb") as fa, gzip.open(b, "rb") as fb:
-        while True:
-            x, y = fa.read(1 << 22), fb.read(1 << 22)
-            if x != y:
-                return False
-            if not x:
-                return True
 
 
 def machine() -> str:

@@ -113,8 +113,8 @@ def throughput(args, work: Path) -> str:
 
 def learning(args, work: Path) -> str:
     out = Path(args.model_out) if args.model_out else work / "small"
-    command = [sys.executable, "-m", "phrase_scorer", "-q", "train", args.table, "-o", str(out), "--preset", "small",
-               "--max-time", f"{args.minutes}m", "--overwrite"]
+    command = benchlib.phrase_scorer_command("train", args.table, "-o", out, "--preset", "small",
+                                             "--max-time", f"{args.minutes}m", "--overwrite")
     _, _, seconds, peak = benchlib.run_measured(command)
     records = [json.loads(l) for l in (out / "train.log.jsonl").read_text().splitlines()]
     best = min(records, key=lambda r: r["valid_nll_token"])
@@ -186,9 +186,8 @@ def memory(args, work: Path) -> str:
     rows, peaks = [], {}
     for name, path in (("table", table), ("table x 10", big)):
         out = work / f"model-{len(peaks)}"
-        _, _, seconds, peak = benchlib.run_measured([
-            sys.executable, "-m", "phrase_scorer", "-q", "train", str(path), "-o", str(out), "--preset", "tiny",
-            "--max-steps", "200", "--valid-every", "100", "--overwrite"])
+        _, _, seconds, peak = benchlib.run_measured(benchlib.phrase_scorer_command(
+            "train", path, "-o", out, "--preset", "tiny", "--max-steps", 200, "--valid-every", 100, "--overwrite"))
         config = json.loads((out / "config.json").read_text())
         cache = sum(f.stat().st_size for f in (out / "cache").iterdir())
         peaks[name] = peak

@@ -143,6 +143,37 @@ def repeated_table(table: Path, out: Path, times: int = 10) -> Path:
     return out
 
 
+def write_slice(table: Path, lines: int, out: Path) -> None:
+    """The first ``lines`` lines of ``table`` (gzip) into ``out`` (gzip)."""
+    import gzip
+    import itertools
+
+    with gzip.open(table, "rb") as src, gzip.open(out, "wb", compresslevel=1) as dst:
+        for line in itertools.islice(src, lines):
+            dst.write(line)
+
+
+def table_head(table: Path, lines: int, work: Path) -> Path:
+    """``work/first-LINES.gz``, the first ``lines`` lines of ``table``, written unless it exists."""
+    out = work / f"first-{lines}.gz"
+    if not out.exists():
+        write_slice(table, lines, out)
+    return out
+
+
+def same_lines(a: Path, b: Path) -> bool:
+    """Whether two gzip files hold the same bytes once decompressed (read in 4 MiB blocks)."""
+    import gzip
+
+    with gzip.open(a, "rb") as fa, gzip.open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(1 << 22), fb.read(1 << 22)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
 def peak_rss_mb() -> float:
     import resource
 
@@ -177,6 +208,11 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def phrase_scorer_command(*args: object) -> List[str]:
+    """``phrase-scorer -q ARGS`` run by this Python (the package it imports: PYTHONPATH's, else the installed one)."""
+    return [sys.executable, "-m", "phrase_scorer", "-q", *map(str, args)]
 
 
 def python_command(script: Path, *args: object) -> List[str]:
