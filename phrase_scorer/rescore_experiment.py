@@ -10,8 +10,9 @@
 Rows. *Moses* is the decoder's own 1-best (the first hypothesis of each sentence of its n-best
 list), untouched. A decoder system given beside it (``--system LABEL=INI[,INI...]``: for example
 Moses with the phrase-table columns, as ``experiment`` tunes it) is decoded with each of its tuned
-moses.ini files, one run each, and scored and tested against Moses' 1-best like every row. *Moses, re-tuned on the lists* reranks the lists with the decoder's features
-only, tuned on the dev list like every other row: what re-tuning on a fixed list does by itself.
+moses.ini files, one run each, and scored and tested against Moses' 1-best like every row.
+*Moses, re-tuned on the lists* reranks the lists with the decoder's features only, tuned on the
+dev list like every other row: what re-tuning on a fixed list does by itself.
 Every other row adds the rescoring features it names (``--row LABEL=FEATURE,...``) to the
 decoder's; the features of the other models are left out (neither tuned nor used). Each tuned row
 runs ``runs`` times, with optimiser seeds 1..runs, starting from the tuned moses.ini's weights
@@ -240,12 +241,13 @@ def decoded_system_run(system: DecodedSystem, run: int, sets: Sequence[EvalSet],
     """Run ``run`` (1-based) of a decoder system: every set decoded with its ``run``-th tuned
     moses.ini (the same decoder and flags as the n-best lists), the words as Moses prints them."""
     ini = Path(system.inis[run - 1]).resolve()
+    ini_sha256 = file_sha256(ini)
     folder = work / "rows" / system.folder / f"run{run}"
     folder.mkdir(parents=True, exist_ok=True)
     result = RowRun(row=system.label, seed=run, scores={}, hypotheses={})
     for s in sets:
         hyp = folder / f"{s.name}.hyp"
-        inputs = json.loads(json.dumps({"moses.ini sha256": file_sha256(ini), "source": content_identity(s.source),
+        inputs = json.loads(json.dumps({"moses.ini sha256": ini_sha256, "source": content_identity(s.source),
                                         "decoder": options.decoder, "decoder flags": options.decoder_flags}))
         record = folder / f"{s.name}.inputs.json"
         if reuse_or_clear(record, inputs, [hyp]):
