@@ -78,6 +78,12 @@ def test_section_has_the_table_signatures_training_and_machine(case):
         assert command.startswith("phrase-scorer train --corpus multi30k.train500.en.gz multi30k.train500.fr.gz")
     assert re.search(r"^\| RNNsearch \| rnnsearch \| tiny \| [\d,]+ \| 30 \|", section, re.M)
     assert "Translated and scored on: " in section and " cores" in section
+    made_by = section.split("```")[1].strip()
+    words = made_by.split()
+    assert words[:2] == ["python", "tools/rnnsearch_report.py"]
+    assert not [w for w in words if os.path.isabs(w)]  # paths as typed in the repository's root
+    dev_ref = words[words.index("--dev") + 2]
+    assert (ROOT / dev_ref).resolve() == case["files"]["dev"][1].resolve()
 
 
 def test_images_exist_and_are_linked(case):

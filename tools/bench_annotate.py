@@ -12,7 +12,9 @@ peak memory of
   * annotate    -- the whole command (read, score, write gzip) on the same lines.
 Each runs in its own process, right after measuring that process's fp32 matmul rate. The
 effective rate is (naive FLOPs per pair) x (pairs/s); its share of the matmul rate can pass 1 only
-by doing less work than the naive scorer, which the "work done" column measures.
+by doing less work than the naive scorer, which the "work done" column measures. The "floor" of
+the scorer strategies is the pairs/s their arithmetic would allow at that matmul rate and the
+measured exp rate, with nothing else taking time.
 
 Memory (--memory): peak RSS of `phrase-scorer annotate` on the table and on the table repeated
 ten times.
@@ -148,7 +150,13 @@ def worker(args) -> None:
         unit = parts[0]
         done = (stats.encoder_steps * unit["encoder_step"] + stats.distinct_sources * (unit["context"] + unit["per_source"])
                 + stats.decoder_steps * unit["decoder_step"])
+        # The arithmetic floor: the products this strategy ran at the large-product rate, and one exp
+        # per softmax entry (every decoder step's row of V' logits) at the measured exp rate.
+        outputs = model.output_layer.out_features
+        exps = stats.decoder_steps * outputs
+        floor_seconds = done / rate + exps / benchlib.exp_rate(options.chunk_rows, outputs)
         result.update({
+            "floor_pairs_per_second": len(lines) / floor_seconds,
             "work_done_share": done / (naive_flops * len(lines)),
             "distinct_sources": stats.distinct_sources,
             "encoder_steps_saved": 1 - stats.encoder_steps / stats.source_words,
@@ -207,9 +215,19 @@ def speed(args, work: Path) -> str:
             f"{r['naive_mflops_per_pair']:.1f}", f"{r['matmul_gflops']:.0f}", f"**{r['share_of_matmul']:.2f}**",
             f"{r['work_done_share']:.2f}" if "work_done_share" in r else ("1.00" if strategy in ("naive", "sorted-512") else "as scorer"),
             f"{100 * r['exact_softmax_share']:.1f}%" if "exact_softmax_share" in r else "",
+            f"{r['floor_pairs_per_second']:,.0f}" if "floor_pairs_per_second" in r else "",
             f"{r['peak_rss_mb']:,.0f}",
         ])
     info = benchlib.machine()
+    floors = "".join(
+        f"\n- `{preset}`: the scorer runs at {r['pairs_per_second']:,.0f} pairs/s, "
+        f"{r['pairs_per_second'] / r['floor_pairs_per_second']:.2f} of its floor ({r['floor_pairs_per_second']:,.0f} pairs/s), "
+        f"so a scorer doing the same arithmetic could be at most {r['floor_pairs_per_second'] / r['pairs_per_second']:.1f}x "
+        f"faster on this machine; `annotate`, start-up included, runs at "
+        f"{results[(preset, 'annotate')]['pairs_per_second']:,.0f} pairs/s."
+        for (preset, strategy), r in results.items() if strategy == "scorer")
+    if floors:
+        floors = "\nWhat the floor says, per preset:\n" + floors + "\n"
     scorer = results.get(("paper", "scorer"))
     sharing = ""
     if scorer:
@@ -229,13 +247,15 @@ def speed(args, work: Path) -> str:
         "*share* = naive FLOPs per pair x pairs/s / fp32 matmul rate measured in the same process just before; "
         "*work* = FLOPs the strategy actually runs / naive FLOPs; *vs naive* = speed-up over the naive scorer "
         "(pairs in file order, chunks of 64, every pair encoded on its own); *exact* = share of decoder steps whose "
-        "softmax normaliser had to be recomputed exactly. `annotate` is the whole command "
-        "(read, score, gzip, write).\n\n"
+        "softmax normaliser had to be recomputed exactly; *floor* = the pairs/s the scorer would reach if "
+        "every product it runs went at the large-product rate (2048 x 2048 matrices) and every softmax entry's exp at "
+        "the measured exp rate, with nothing else taking time: an upper bound for any scorer doing the same "
+        "arithmetic. `annotate` is the whole command (read, score, gzip, write).\n\n"
         + benchlib.markdown_table(
             ["preset", "weights", "strategy", "pairs/s", "vs naive", "naive MFLOP/pair", "matmul GFLOP/s", "share", "work",
-             "exact", "peak RSS MB"],
+             "exact", "floor pairs/s", "peak RSS MB"],
             rows)
-        + "\n" + sharing
+        + "\n" + sharing + floors
     )
 
 

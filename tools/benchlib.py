@@ -104,6 +104,24 @@ def matmul_rate(device: str = "cpu", n: int = 2048, seconds: float = 1.0) -> flo
             return best
 
 
+def exp_rate(rows: int, columns: int, seconds: float = 0.5) -> float:
+    """Measured rate of the scorer's in-place exp over a (rows, columns) fp32 block, in
+    elements/s (best of a few timings): the softmax's one elementwise pass that is not a product."""
+    import torch
+
+    block = -20 * torch.rand(rows, columns)  # logits minus the row's reference value
+    out = torch.empty_like(block)
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        start = time.perf_counter()
+        for _ in range(10):
+            torch.exp(block, out=out)
+        best = max(best, 10 * rows * columns / (time.perf_counter() - start))
+        if time.perf_counter() > deadline:
+            return best
+
+
 def run_measured(args: Sequence[str], env=None) -> Tuple[str, str, float, float]:
     """Run a command and return (stdout, stderr, seconds, peak RSS in MB) using wait4."""
     start = time.perf_counter()

@@ -172,6 +172,14 @@ def hours(seconds: Optional[float]) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
+def from_root(argument: str) -> str:
+    """A path argument as the command would be typed in the repository's root (no absolute paths
+    in the page: they name one machine's folders); any other argument as it is."""
+    if os.path.isabs(argument) and os.path.exists(argument):
+        return os.path.relpath(argument, ROOT)
+    return argument
+
+
 def section(args, scores: Dict[str, Dict[str, object]], sizes: Dict[str, int], records: Dict[str, dict],
             options: TranslateOptions, device: str, images: Dict[str, List[Path]], alignment_lines: List[int]) -> str:
     doc_dir = Path(args.doc).resolve().parent
@@ -181,7 +189,7 @@ def section(args, scores: Dict[str, Dict[str, object]], sizes: Dict[str, int], r
 
     evaluation = scores[MOSES]["test"]
     out = [
-        "Made by:", "", "```", shlex.join(["python", "tools/rnnsearch_report.py", *args.argv]), "```", "",
+        "Made by:", "", "```", shlex.join(["python", "tools/rnnsearch_report.py", *map(from_root, args.argv)]), "```", "",
         "| system | BLEU val | BLEU test | chrF test |", "|---|---:|---:|---:|",
     ]
     for system in (MOSES, ENCDEC, RNNSEARCH):
