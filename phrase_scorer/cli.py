@@ -121,16 +121,20 @@ def other_running_tasks(samples: int = 5, interval: float = 0.01) -> Optional[in
 
 
 def set_threads(threads: Optional[int]) -> None:
-    """All cores by default (the same count every run, so results repeat exactly). On a busy
-    machine PyTorch's threads wait on each other and run far slower: say so."""
+    """By default all the cores this process may use (its CPU affinity, shared with the job's
+    other ranks on the machine under torchrun): the same count every run, so results repeat
+    exactly. On a busy machine PyTorch's threads wait on each other and run far slower: say so."""
     import torch
 
-    cores = os.cpu_count() or 1
+    from phrase_scorer.distributed import cores_per_process
+
+    cores = cores_per_process()
     if threads is None:
+        machine = os.cpu_count() or 1
         busy = other_running_tasks()
-        if busy is not None and busy > 0.75 * cores:
+        if busy is not None and busy > 0.75 * machine:
             log.warning("this machine is busy (%d other tasks running on %d cores); if this runs slowly, give it fewer "
-                        "threads with --threads %d", busy, cores, max(1, round(cores - busy)) if busy < cores else 1)
+                        "threads with --threads %d", busy, machine, max(1, min(cores, round(machine - busy))))
     torch.set_num_threads(threads or cores)
 
 
@@ -166,7 +170,8 @@ def cli(quiet: bool, verbose: bool, show_progress: Optional[bool]) -> None:
 device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=TrainConfig.device,
                              help="Where to run the model.")
 threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
-                              help="CPU threads for the model [default: all cores].")
+                              help="CPU threads for the model [default: the cores this process may use, shared "
+                                   "with the other ranks on the machine under torchrun].")
 batch_tokens_option = click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
                                    help="Target tokens per scoring batch.")
 precision_option = click.option(

@@ -170,10 +170,13 @@ class TrainConfig:
 @dataclass(frozen=True)
 class ScoringOptions:
     """How the scorer works. The batching settings change the scores only by fp32 rounding (a few
-    units in the 7th significant digit); ``precision`` changes them by more (docs/precision.md)."""
+    units in the 7th significant digit), so outputs record them beside the device and precision
+    (``BatchScorer.describe``); ``precision`` changes them by more (docs/precision.md)."""
 
     batch_tokens: int = 8192  # target tokens (words + </s>) per decoder batch
-    chunk_rows: int = 128  # rows of the N x V logits formed at once (small: they stay in cache)
+    # Rows of the N x V logits formed at once; None: the device's own (scoring.default_chunk_rows:
+    # cache-sized on a CPU, a few large kernels on a GPU).
+    chunk_rows: Optional[int] = None
     share_source_prefixes: bool = True
     share_target_prefixes: bool = True
     # fp32 on every device by default: bf16 moves log p by hundredths of a nat (docs/precision.md).

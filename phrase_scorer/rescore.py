@@ -207,14 +207,13 @@ def rescore(
     if os.fspath(nbest) == STDIO and os.fspath(source) == STDIO:
         raise PhraseScorerError("the n-best list and the source cannot both be read from stdin")
     compress = not to_stdout and is_gzip_name(output)
-    devices = sorted({str(next(m.loaded.model.parameters()).device) for m in models})
+    scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
     settings = {
         "input": input_identity(nbest),
         "source": input_identity(source),
         "models": [m.describe() for m in models],
         "options": asdict(options),
-        "precision": scoring_options.precision,
-        "devices": devices,
+        "scoring": [scorer.describe() for scorer in scorers],  # device, precision, batches per model
         "gzip": GZIP_LIBRARY if compress else False,  # another library writes other bytes
         "package_version": __version__,
     }
@@ -225,7 +224,6 @@ def rescore(
         with resumable_output(output, done_bytes) as out:
             reader = NBestReader(nbest, skip=done_lines)
             sources = SourceSentences(source, nbest)
-            scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
             writer = FeatureWriter(out, progress_path, settings, options, compress, done_lines, names)
             counts = {"sentences": 0}
 

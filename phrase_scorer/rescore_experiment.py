@@ -204,6 +204,7 @@ def rescored_nbest(nbest: Path, eval_set: EvalSet, work: Path, models: Sequence,
                    scoring_options: ScoringOptions) -> Path:
     """The set's list with every model's feature appended (``rescore``, resumed if interrupted)."""
     from phrase_scorer.rescore import rescore
+    from phrase_scorer.scoring import BatchScorer
 
     folder = work / "rescored"
     folder.mkdir(exist_ok=True)
@@ -211,7 +212,7 @@ def rescored_nbest(nbest: Path, eval_set: EvalSet, work: Path, models: Sequence,
     rescore_options = RescoreOptions(normalize=options.normalize)
     inputs = json.loads(json.dumps({"nbest": content_identity(nbest), "source": content_identity(eval_set.source),
                                     "models": [m.describe() for m in models], "options": asdict(rescore_options),
-                                    "precision": scoring_options.precision}))
+                                    "scoring": [BatchScorer(m.loaded.model, scoring_options).describe() for m in models]}))
     record = folder / f"{eval_set.name}.inputs.json"
     if reuse_or_clear(record, inputs, [out]):
         log.info("%s: n-best list already rescored", eval_set.name)

@@ -15,7 +15,8 @@ this scorer; nothing else computes one. Given a window of pairs it
    sources, one ``model.step`` per depth): targets sharing a prefix share their decoder steps
    and their softmax, and no step is spent on padding;
 5. forms the N x V logits of ``model.output_layer`` in chunks of ``chunk_rows`` rows
-   (log-softmax in fp32), and
+   (log-softmax in fp32; by default 128 rows on a CPU, whose logits stay in cache, and on a GPU
+   as many as fill 256 MiB, so that a chunk's dozen kernel launches are few), and
 6. returns the scores in the input order.
 
 On a GPU the host waits for the device once per batch, when it reads the batch's scores: ids
@@ -115,6 +116,19 @@ def build_trie(sequences: Sequence[Sequence[int]], share_prefixes: bool = True) 
     )
 
 
+CPU_CHUNK_ROWS = 128  # a chunk's logits (128 x V fp32) stay in the CPU's cache
+GPU_CHUNK_BYTES = 256 << 20  # on a GPU, a chunk's fp32 logits fill this much: few, large kernels
+
+
+def default_chunk_rows(device: torch.device, outputs: int) -> int:
+    """Rows of logits formed at once on ``device`` for a softmax over ``outputs`` words when
+    ``ScoringOptions.chunk_rows`` is None. Each chunk costs a dozen kernel launches and host
+    steps, which a GPU would spend more time on than on 128 rows' arithmetic."""
+    if device.type == "cpu":
+        return CPU_CHUNK_ROWS
+    return max(CPU_CHUNK_ROWS, GPU_CHUNK_BYTES // (4 * outputs))
+
+
 class BatchScorer:
     """Scores (source ids, target ids) pairs with ``model``; see the module docstring."""
 
@@ -123,14 +137,21 @@ class BatchScorer:
         self.options = options
         self.device = next(model.parameters()).device
         self.precision = resolve_precision(self.device, options.precision)  # fp32 | bf16 | fp16
+        self.chunk_rows = options.chunk_rows or default_chunk_rows(self.device, model.output_layer.out_features)
         self.stats = ScoringStats()
         self._softmax: Optional[OutputSoftmax] = None
 
     # --- public --------------------------------------------------------------------------------
 
-    def describe(self) -> Dict[str, str]:
-        """Where and in which precision the scores are computed (for signatures)."""
-        return {"device": device_label(self.device), "precision": self.precision}
+    def describe(self) -> Dict[str, object]:
+        """Where, in which precision and in which batches the scores are computed, and on a CPU
+        with how many threads (for signatures: each of these can change an fp32 score's last
+        digits; a CPU's matrix products split their work by the thread count)."""
+        described = {"device": device_label(self.device), "precision": self.precision,
+                     "batch_tokens": self.options.batch_tokens, "chunk_rows": self.chunk_rows}
+        if self.device.type == "cpu":
+            described["threads"] = torch.get_num_threads()
+        return described
 
     def score(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> np.ndarray:
         """Natural-log log p(target | source) for each pair, float64, in input order.
@@ -286,7 +307,7 @@ class BatchScorer:
         """
         out = torch.empty(len(edge_nodes), dtype=torch.float64, device=self.device)
         overflowed = torch.zeros((), dtype=torch.long, device=self.device)
-        rows = max(1, self.options.chunk_rows)
+        rows = self.chunk_rows
         order = np.argsort(edge_nodes, kind="stable")
         sorted_nodes = edge_nodes[order]
         classes = self._tensor(labels[order] - FIRST_OUTPUT_ID)

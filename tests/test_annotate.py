@@ -12,13 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from conftest import A_MAN_TABLE, EXAMPLE_TABLE, SHARED_TABLE, kill, require_shared, start_halted
 from phrase_scorer.cli import cli
-from phrase_scorer.config import AnnotateOptions
+from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.annotate import annotate
+from phrase_scorer.annotate import annotate, finished_annotation
+from phrase_scorer.scoring import BatchScorer
 
 
 def run(*args):
@@ -215,8 +217,30 @@ def test_resume_refuses_changed_settings(tmp_path, loaded_tiny, tiny_model):
     proc = start_halted(f"write:{out}:2:0", annotate_args(EXAMPLE_TABLE, tiny_model, out), tmp_path / "ready")
     kill(proc)
     assert json.loads(Path(str(out) + ".part.json").read_text())["lines_done"] == 300
-    with pytest.raises(PhraseScorerError, match="options changed since the interrupted run"):
+    with pytest.raises(PhraseScorerError, match=r"cannot resume: options(, scoring)? changed since the interrupted run"):
         annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300, unk_side="both"), resume=True)
+
+
+def test_resume_refuses_other_batches(tmp_path, loaded_tiny, tiny_model):
+    """Batching moves an fp32 score's last digits, so a resumed run must batch as the first did."""
+    out = tmp_path / "o.gz"
+    proc = start_halted(f"write:{out}:2:0", annotate_args(EXAMPLE_TABLE, tiny_model, out), tmp_path / "ready")
+    kill(proc)
+    with pytest.raises(PhraseScorerError, match=r"cannot resume: scoring changed .*scoring.batch_tokens: 8192 -> 64"):
+        annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300), ScoringOptions(batch_tokens=64),
+                 resume=True)
+
+
+def test_the_signature_records_the_batches_and_a_finished_output_is_kept_only_for_the_same(tmp_path, loaded_tiny):
+    out = tmp_path / "o.gz"
+    annotate(A_MAN_TABLE, out, loaded_tiny, workers=0)
+    scoring = json.loads(Path(str(out) + ".json").read_text())["scoring"]
+    assert scoring == {"device": "cpu", "precision": "fp32", "batch_tokens": 8192, "chunk_rows": 128,
+                       "threads": torch.get_num_threads()}
+    options = AnnotateOptions()
+    assert finished_annotation(A_MAN_TABLE, out, loaded_tiny, options, BatchScorer(loaded_tiny.model).describe())
+    other = BatchScorer(loaded_tiny.model, ScoringOptions(batch_tokens=64)).describe()
+    assert finished_annotation(A_MAN_TABLE, out, loaded_tiny, options, other) is None
 
 
 def test_an_output_in_a_missing_folder_names_the_folder(tmp_path, tiny_model):

@@ -106,3 +106,25 @@ def test_other_running_tasks_sees_busy_cores():
         for p in spinners:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("local_ranks", [1, 2])
+def test_default_threads_share_this_process_cores_with_the_other_local_ranks(monkeypatch, local_ranks):
+    """Under torchrun each of the ranks on a machine takes its share of the cores it may use
+    (its CPU affinity), not all of them: N ranks x all cores would oversubscribe the machine."""
+    import torch
+
+    from phrase_scorer.cli import set_threads
+
+    if local_ranks > 1:
+        for name, value in (("WORLD_SIZE", "2"), ("RANK", "1"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")):
+            monkeypatch.setenv(name, value)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    before = torch.get_num_threads()
+    try:
+        set_threads(None)
+        assert torch.get_num_threads() == max(1, cores // local_ranks)
+        set_threads(3)
+        assert torch.get_num_threads() == 3  # an explicit --threads wins
+    finally:
+        torch.set_num_threads(before)

@@ -11,7 +11,15 @@ from phrase_scorer.config import ModelConfig, RNNsearchConfig, ScoringOptions
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.models.encdec import RNNEncoderDecoder
 from phrase_scorer.models.architectures import build_model
-from phrase_scorer.scoring import BatchScorer, build_trie, log_probs_by_forward, pad
+from phrase_scorer.scoring import (
+    CPU_CHUNK_ROWS,
+    GPU_CHUNK_BYTES,
+    BatchScorer,
+    build_trie,
+    default_chunk_rows,
+    log_probs_by_forward,
+    pad,
+)
 from phrase_scorer.vocab import Vocabulary
 
 CONFIG = ModelConfig(embedding_dim=8, hidden_dim=12, maxout_units=6, output_rank=4, source_shortlist=150, target_shortlist=150)
@@ -187,3 +195,18 @@ def test_rnnsearch_scorer_encodes_each_source_once_and_shares_target_prefixes(re
     assert stats.encoder_steps == stats.source_words == sum(map(len, distinct))  # no source prefix trie
     n_target_nodes = len({(tuple(s), tuple(t[:k])) for s, t in zip(sources, targets) for k in range(len(t) + 1)})
     assert stats.decoder_steps == n_target_nodes < stats.target_steps
+
+
+def test_chunk_rows_default_to_the_devices_own(loaded_tiny):
+    """A CPU forms cache-sized chunks of logits; a GPU as many rows as fill the byte budget (few
+    kernel launches), whatever the vocabulary; an explicit ``chunk_rows`` wins everywhere."""
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert default_chunk_rows(cpu, 15000) == CPU_CHUNK_ROWS
+    for outputs in (500, 15000, 30000):
+        rows = default_chunk_rows(gpu, outputs)
+        assert rows * outputs * 4 <= GPU_CHUNK_BYTES < (rows + 1) * outputs * 4
+    assert default_chunk_rows(gpu, 10**7) == CPU_CHUNK_ROWS  # never fewer rows than on a CPU
+    model = loaded_tiny.model
+    assert BatchScorer(model).describe()["chunk_rows"] == CPU_CHUNK_ROWS
+    described = BatchScorer(model, ScoringOptions(batch_tokens=99, chunk_rows=7)).describe()
+    assert (described["batch_tokens"], described["chunk_rows"]) == (99, 7)

@@ -214,9 +214,10 @@ def decision(rows) -> str:
         f"{max((r['max'] for r in rows if r['precision'].startswith('fp32')), default=float('nan')):.0e} at most. Half precision thus moves "
         "scores by more than the ~1e-3 nats below which a user's scores would be unchanged for practical purposes, "
         "so **fp32 is the default precision of scoring on every device**. bf16 or fp16 is an explicit choice "
-        "(`annotate --precision`); the device and precision are recorded in the annotated table's signature "
-        "(`OUT.json`, key `scoring`), and `annotate --resume` refuses to continue a run on another device or in "
-        "another precision."
+        "(`annotate --precision`); the device, the precision and the batching (`--batch-tokens` and the rows of "
+        "logits formed at once) are recorded in the annotated table's signature (`OUT.json`, key `scoring`), and "
+        "`annotate --resume` refuses to continue a run on another device, in another precision or with other "
+        "batches."
     )
 
 
