@@ -49,7 +49,8 @@ def test_signature_names_device_and_precision(tmp_path, loaded_tiny):
     table.write_bytes(b"".join(head_lines(EXAMPLE_TABLE, 50)))
     result = annotate(table, tmp_path / "o.txt", loaded_tiny)
     signature = json.loads((tmp_path / "o.txt.json").read_text())
-    assert signature["scoring"] == {"device": "cpu", "precision": "fp32"} == result.signature["scoring"]
+    scoring = signature["scoring"]
+    assert (scoring["device"], scoring["precision"]) == ("cpu", "fp32") and scoring == result.signature["scoring"]
 
 
 @pytest.mark.parametrize("key, saved", [("precision", "bf16"), ("device", "cuda:NVIDIA H100 80GB HBM3")])
