@@ -21,9 +21,9 @@ Nothing stale is reused. Each artefact records what made it, and is made again w
 * ``phrase-table.rnn.gz``: ``.json`` beside it names the two-column table it was cut from (path,
   size, modification time); it is cut again when that table changed.
 * ``<system>/run-<seed>/``: ``inputs.json`` records the system's config (sha256 of
-  ``system.ini``), its phrase table (path, size, modification time), the dev and test files (path,
-  size, sha256) and the tuning and scoring options; a run whose record differs (or has none) is
-  deleted and redone.
+  ``system.ini``), its phrase table and the dev and test files (path, size, sha256: a table
+  annotated or cut again into the same bytes keeps its runs) and the tuning and scoring options;
+  a run whose record differs (or has none) is deleted and redone.
 
 Layout of the working directory::
 
@@ -259,7 +259,7 @@ def run_inputs(system_ini_path: PathLike, table: PathLike, dev: Sequence[PathLik
     """What a tuning run's results depend on, as recorded in ``run-<seed>/inputs.json``."""
     return json.loads(json.dumps({
         "system ini sha256": file_sha256(system_ini_path),
-        "phrase table": file_identity(table),
+        "phrase table": content_identity(table),  # a table annotated again into the same bytes keeps the runs
         "dev": [content_identity(p) for p in dev],
         "test": [content_identity(p) for p in test],
         "tuning options": asdict(tune_options),
