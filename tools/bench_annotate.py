@@ -154,7 +154,7 @@ def worker(args) -> None:
         # per softmax entry (every decoder step's row of V' logits) at the measured exp rate.
         outputs = model.output_layer.out_features
         exps = stats.decoder_steps * outputs
-        floor_seconds = done / rate + exps / benchlib.exp_rate(options.chunk_rows, outputs)
+        floor_seconds = done / rate + exps / benchlib.exp_rate(scorer.chunk_rows, outputs)
         result.update({
             "floor_pairs_per_second": len(lines) / floor_seconds,
             "work_done_share": done / (naive_flops * len(lines)),
