@@ -13,7 +13,7 @@ import torch
 
 from conftest import A_MAN_TABLE
 from phrase_scorer.config import ExperimentOptions, TuneOptions
-from phrase_scorer.moses.experiment import RUN_INPUTS, RunResult, prepare_tables, reusable_run, run_inputs
+from phrase_scorer.moses.experiment import RUN_INPUTS, RunResult, prepare_tables, reusable_run, run_inputs, system_inputs
 
 
 def system(tmp_path: Path) -> Path:
@@ -93,16 +93,16 @@ def test_a_tuning_run_is_reused_only_with_the_same_inputs(tmp_path, caplog):
     for p in dev + test:
         p.write_text("a\n")
     tune, options = TuneOptions(seed=1), ExperimentOptions()
-    inputs = run_inputs(ini, table, dev, test, tune, options)
+    inputs = run_inputs(system_inputs(ini, table, dev, test, options), tune)
 
     run_dir = tmp_path / "rnn" / "run-1"
     result = finished_run(run_dir, inputs)
     assert reusable_run(run_dir, inputs) == result
-    assert reusable_run(run_dir, run_inputs(ini, table, dev, test, tune, options)) == result  # recomputed: same
+    assert reusable_run(run_dir, run_inputs(system_inputs(ini, table, dev, test, options), tune)) == result  # recomputed: same
     # the same bytes with a new modification time (a table annotated again, data copied anew): same
     for path in (table, *dev, *test):
         os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
-    assert reusable_run(run_dir, run_inputs(ini, table, dev, test, tune, options)) == result
+    assert reusable_run(run_dir, run_inputs(system_inputs(ini, table, dev, test, options), tune)) == result
 
     for change, name in [
         (lambda: ini.write_text("[weight]\nTranslationModel0= 0.3\n"), "system ini sha256"),
@@ -113,8 +113,8 @@ def test_a_tuning_run_is_reused_only_with_the_same_inputs(tmp_path, caplog):
         shutil.rmtree(run_dir, ignore_errors=True)
         finished_run(run_dir, inputs)
         change()
-        now = run_inputs(ini, table, dev, test, replace(tune, max_iterations=3) if name == "tuning options" else tune,
-                         options)
+        now = run_inputs(system_inputs(ini, table, dev, test, options),
+                         replace(tune, max_iterations=3) if name == "tuning options" else tune)
         caplog.clear()
         assert reusable_run(run_dir, now) is None
         assert f"({name} changed)" in caplog.text

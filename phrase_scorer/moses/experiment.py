@@ -214,10 +214,11 @@ def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[
         folder = work / system.folder
         folder.mkdir(exist_ok=True)
         ini = system_ini(moses_ini, system, tables[system.folder], folder)
+        inputs_of_system = system_inputs(ini, tables[system.folder], dev, test, options)
         for seed in range(1, options.runs + 1):
             run_dir = folder / f"run-{seed}"
             done = run_dir / "result.json"
-            inputs = run_inputs(ini, tables[system.folder], dev, test, replace(tune_options, seed=seed), options)
+            inputs = run_inputs(inputs_of_system, replace(tune_options, seed=seed))
             finished = reusable_run(run_dir, inputs)
             if finished is not None:
                 report.runs.append(finished)
@@ -254,18 +255,23 @@ def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[
 RUN_INPUTS = "inputs.json"
 
 
-def run_inputs(system_ini_path: PathLike, table: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike],
-               tune_options: TuneOptions, options: ExperimentOptions) -> Dict[str, object]:
-    """What a tuning run's results depend on, as recorded in ``run-<seed>/inputs.json``."""
+def system_inputs(system_ini_path: PathLike, table: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike],
+                  options: ExperimentOptions) -> Dict[str, object]:
+    """What every tuning run of a system depends on: its files, read (and hashed) once per system."""
     return json.loads(json.dumps({
         "system ini sha256": file_sha256(system_ini_path),
         "phrase table": content_identity(table),  # a table annotated again into the same bytes keeps the runs
         "dev": [content_identity(p) for p in dev],
         "test": [content_identity(p) for p in test],
-        "tuning options": asdict(tune_options),
         "test decoded with": "the tuning's decoder flags",
         "scoring options": {"references": options.references, "lang": options.lang},
     }))
+
+
+def run_inputs(system: Dict[str, object], tune_options: TuneOptions) -> Dict[str, object]:
+    """What a tuning run's results depend on, as recorded in ``run-<seed>/inputs.json``: its
+    system's inputs (:func:`system_inputs`) and its tuning options."""
+    return {**system, "tuning options": json.loads(json.dumps(asdict(tune_options)))}
 
 
 def reusable_run(run_dir: Path, inputs: Dict[str, object]) -> Optional[RunResult]:
