@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
@@ -81,6 +81,21 @@ def machine() -> Dict[str, str]:
     return info
 
 
+def best_rate(run: Callable[[], None], amount: float, seconds: float, sync: Callable[[], None] = lambda: None) -> float:
+    """The best of repeated timings of ``run`` (which does ``amount`` units of work), in units/s,
+    timing for about ``seconds``; ``sync`` waits for a device's queued work."""
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        sync()
+        start = time.perf_counter()
+        run()
+        sync()
+        best = max(best, amount / (time.perf_counter() - start))
+        if time.perf_counter() > deadline:
+            return best
+
+
 def matmul_rate(device: str = "cpu", n: int = 2048, seconds: float = 1.0) -> float:
     """Measured fp32 matrix-product rate in FLOP/s (n x n by n x n, best of a few timings)."""
     import torch
@@ -89,19 +104,12 @@ def matmul_rate(device: str = "cpu", n: int = 2048, seconds: float = 1.0) -> flo
     b = torch.randn(n, n, device=device)
     for _ in range(3):
         a @ b
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while True:
-        if device != "cpu":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+
+    def three_products() -> None:
         for _ in range(3):
             a @ b
-        if device != "cpu":
-            torch.cuda.synchronize()
-        best = max(best, 3 * 2 * n**3 / (time.perf_counter() - start))
-        if time.perf_counter() > deadline:
-            return best
+
+    return best_rate(three_products, 3 * 2 * n**3, seconds, torch.cuda.synchronize if device != "cpu" else lambda: None)
 
 
 def exp_rate(rows: int, columns: int, seconds: float = 0.5) -> float:
@@ -111,15 +119,12 @@ def exp_rate(rows: int, columns: int, seconds: float = 0.5) -> float:
 
     block = -20 * torch.rand(rows, columns)  # logits minus the row's reference value
     out = torch.empty_like(block)
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while True:
-        start = time.perf_counter()
+
+    def ten_exps() -> None:
         for _ in range(10):
             torch.exp(block, out=out)
-        best = max(best, 10 * rows * columns / (time.perf_counter() - start))
-        if time.perf_counter() > deadline:
-            return best
+
+    return best_rate(ten_exps, 10 * rows * columns, seconds)
 
 
 def run_measured(args: Sequence[str], env=None) -> Tuple[str, str, float, float]:
