@@ -20,7 +20,8 @@ import click
 
 from phrase_scorer import __version__, progress
 from phrase_scorer.config import (
-    ARCH_PRESETS, COLUMNS, PRECISIONS, TRAIN_PRECISIONS, UNK_SIDES, AnnotateOptions, ExperimentOptions, RerankOptions,
+    ARCH_PRESETS, COLUMNS, INITS, LOSSES, OPTIMIZERS, PRECISIONS, RECIPES, TRAIN_PRECISIONS, UNK_SIDES, VALID_METRICS,
+    AnnotateOptions, ExperimentOptions, RerankOptions,
     SYSTEMS, RescoreExperimentOptions, RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TranslateOptions,
     TuneOptions,
 )
@@ -201,19 +202,46 @@ def training_options(function):
                      help="Source words kept [default: the preset's, 15000 for paper]."),
         click.option("--target-shortlist", type=click.IntRange(min=1), default=None,
                      help="Target words kept [default: the preset's, 15000 for paper]."),
+        click.option("--recipe", type=click.Choice(list(RECIPES)), default=TrainConfig.recipe,
+                     help="How to optimise: 'modern' (Adam, per-token label-smoothed loss, dropout, Glorot "
+                          "initialisation, rate halved on validation plateaus) or 'paper' (the papers' Adadelta and "
+                          "initialisations, for reproductions). The options below override single settings."),
+        click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None, help="[default: the recipe's]"),
+        click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Learning rate [default: the recipe's: 1e-3 for Adam, 1.0 for Adadelta]."),
+        click.option("--lr-decay", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+                     help="Rate times this after --lr-patience validations without improvement (1: never) [default: the recipe's]."),
+        click.option("--lr-patience", type=click.IntRange(min=1), default=None, help="[default: the recipe's]"),
+        click.option("--dropout", type=click.FloatRange(min=0, max=1, max_open=True), default=None,
+                     help="Dropout on embeddings, encoder outputs and readout features, in training only [default: the recipe's]."),
+        click.option("--label-smoothing", type=click.FloatRange(min=0, max=1, max_open=True), default=None,
+                     help="[default: the recipe's]"),
+        click.option("--loss", type=click.Choice(LOSSES), default=None,
+                     help="Mean NLL per pair (the papers) or per target token [default: the recipe's]."),
+        click.option("--init", type=click.Choice(INITS), default=None,
+                     help="Initial weights: the papers' or Glorot-uniform [default: the recipe's]."),
         click.option("--batch-size", type=click.IntRange(min=1), default=TrainConfig.batch_size, help="Pairs per update."),
         click.option("--valid-pairs", type=click.IntRange(min=0), default=TrainConfig.valid_pairs,
                      help="About this many pairs are held out for validation, by source phrase."),
         click.option("--valid-every", type=click.IntRange(min=1), default=TrainConfig.valid_every,
                      help="Steps between validations and checkpoints."),
+        click.option("--valid-metric", type=click.Choice(VALID_METRICS), default=None,
+                     help="What picks the best weights, stops early and decays the rate: validation NLL per token, or "
+                          "the BLEU of the validation translations (sentence pairs only) [default: bleu with --corpus, "
+                          "else nll]."),
+        click.option("--valid-beam", type=click.IntRange(min=1), default=TrainConfig.valid_beam,
+                     help="Beam of the validation translations (1: greedy)."),
+        click.option("--average-checkpoints", type=click.IntRange(min=0), default=TrainConfig.average_checkpoints,
+                     metavar="K", help="When training stops, the mean of the weights of the last K validations "
+                                       "becomes model.pt if it validates better than the best single weights (0: off)."),
         click.option("--patience", type=click.IntRange(min=1), default=TrainConfig.patience,
                      help="Stop after this many validations without improvement."),
         click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many updates."),
         click.option("--max-epochs", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Stop after this many passes over the pairs."),
         click.option("--max-time", type=Duration(), default=None, help="Stop after this long (3600, 90m, 2h, ...)."),
-        click.option("--clip-norm", type=click.FloatRange(min=0, min_open=True), default=TrainConfig.clip_norm,
-                     help="Gradient-norm clipping threshold."),
+        click.option("--clip-norm", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Gradient-norm clipping threshold [default: the recipe's]."),
         click.option("--seed", type=int, default=TrainConfig.seed,
                      help="Random seed (initial weights, validation split, data order)."),
         device_option,

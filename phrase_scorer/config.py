@@ -9,7 +9,7 @@ directory stores the first two as JSON. This module imports neither torch nor nu
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Dict, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
@@ -135,18 +135,76 @@ def model_config_from_dict(data: dict) -> AnyModelConfig:
 
 
 @dataclass(frozen=True)
+class Recipe:
+    """How a network is optimised: the settings a training recipe fixes (each can be given on
+    its own on the command line; config.json records the resolved values)."""
+
+    optimizer: str  # adadelta | adam
+    lr: float  # Adadelta's is 1.0 (its step size comes from its own running averages)
+    clip_norm: float  # gradient-norm clipping
+    loss: str  # pair: mean NLL per pair (the papers) | token: per target token (</s> included)
+    label_smoothing: float  # share of each target's probability spread over the output vocabulary
+    dropout: float  # on embeddings, encoder outputs and readout features, in training only
+    init: str  # paper: the papers' initialisations | glorot: Glorot-uniform matrices, orthogonal recurrences
+    lr_decay: float  # learning rate times this after lr_patience validations without improvement (1: never)
+    lr_patience: int
+    min_lr: float  # the rate is never decayed below this
+
+
+RECIPES: Dict[str, Recipe] = {
+    # Today's runs of the papers: Adadelta (rho 0.95, eps 1e-6), the papers' initialisations,
+    # mean log-likelihood per pair, no dropout, no schedule. For reproductions.
+    "paper": Recipe(optimizer="adadelta", lr=1.0, clip_norm=1.0, loss="pair", label_smoothing=0.0, dropout=0.0,
+                    init="paper", lr_decay=1.0, lr_patience=1, min_lr=0.0),
+    # What trains a model that translates on a CPU in an hour (docs/training.md, docs/benchmarks.md):
+    # Adam, a loss per target token with label smoothing, dropout, an initialisation whose
+    # attention does not start at a saddle, and the rate halved on a validation plateau.
+    "modern": Recipe(optimizer="adam", lr=1e-3, clip_norm=1.0, loss="token", label_smoothing=0.1, dropout=0.2,
+                     init="glorot", lr_decay=0.5, lr_patience=2, min_lr=1e-5),
+}
+DEFAULT_RECIPE = "modern"
+OPTIMIZERS = ("adadelta", "adam")
+LOSSES = ("pair", "token")
+INITS = ("paper", "glorot")
+VALID_METRICS = ("nll", "bleu")
+# At most this share of the pairs is held out for validation (the rest always trains).
+MAX_VALID_SHARE = 0.1
+
+
+@dataclass(frozen=True)
 class TrainConfig:
-    """Training settings. The defaults are the paper's where it gives one."""
+    """Training settings. ``recipe`` names a :class:`Recipe`; the fields that are None take the
+    recipe's values (:meth:`resolved`), so a setting given explicitly overrides the recipe's."""
 
     arch: str = "encdec"  # the architecture: a key of ARCH_PRESETS (encdec | rnnsearch)
     preset: str = DEFAULT_PRESET  # a preset of that architecture
+    recipe: str = DEFAULT_RECIPE  # a key of RECIPES
     batch_size: int = 64  # pairs per update (paper: 64)
-    adadelta_rho: float = 0.95
+    # --- the recipe's settings (None: the recipe's) ---
+    optimizer: Optional[str] = None
+    lr: Optional[float] = None
+    clip_norm: Optional[float] = None
+    loss: Optional[str] = None
+    label_smoothing: Optional[float] = None
+    dropout: Optional[float] = None
+    init: Optional[str] = None
+    lr_decay: Optional[float] = None
+    lr_patience: Optional[int] = None
+    min_lr: Optional[float] = None
+    adadelta_rho: float = 0.95  # Adadelta's (the paper's)
     adadelta_eps: float = 1e-6
-    clip_norm: float = 1.0  # gradient-norm clipping
-    valid_pairs: int = 5000  # about this many pairs held out, by source phrase
+    # --- validation and stopping ---
+    valid_pairs: int = 5000  # about this many pairs held out, by source phrase (at most MAX_VALID_SHARE of them)
     valid_every: int = 1000  # steps between validations (and checkpoints)
+    # What picks the best weights, early stopping and the rate's decay: nll (per token) | bleu
+    # (greedy or --valid-beam translation of the validation pairs; sentence corpora only).
+    # None: bleu for a sentence corpus, nll for a phrase table.
+    valid_metric: Optional[str] = None
+    valid_beam: int = 1  # beam of the validation translations (1: greedy)
     patience: int = 10  # validations without improvement before stopping
+    # When training stops: the mean of the weights of the last K validations, kept as model.pt
+    # when it validates better than the best single weights (0 or 1: no averaging).
+    average_checkpoints: int = 0
     max_steps: Optional[int] = None
     max_epochs: Optional[float] = None
     max_time: Optional[float] = None  # seconds
@@ -156,15 +214,45 @@ class TrainConfig:
     max_length: Optional[int] = None  # sentence corpora: training pairs with a longer side are left out
 
     # Settings that --resume may change; all others must match the saved run.
-    RESUMABLE = ("valid_every", "patience", "max_steps", "max_epochs", "max_time", "device", "precision")
+    RESUMABLE = ("valid_every", "patience", "max_steps", "max_epochs", "max_time", "device", "precision",
+                 "average_checkpoints")
+    RECIPE_SETTINGS = tuple(f.name for f in fields(Recipe))
+
+    def __post_init__(self) -> None:
+        if self.recipe not in RECIPES:
+            raise PhraseScorerError(f"unknown recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
+        for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS), ("loss", self.loss, LOSSES),
+                                     ("init", self.init, INITS), ("valid_metric", self.valid_metric, VALID_METRICS)):
+            if value is not None and value not in allowed:
+                raise PhraseScorerError(f"--{name.replace('_', '-')} takes one of {', '.join(allowed)}, got {value!r}")
+
+    def resolved(self, corpus: bool = False) -> "TrainConfig":
+        """Every None setting filled in: the recipe's values, and the validation metric of the
+        data (``corpus``: sentence pairs)."""
+        recipe = RECIPES[self.recipe]
+        filled = {name: getattr(recipe, name) for name in self.RECIPE_SETTINGS if getattr(self, name) is None}
+        if self.valid_metric is None:
+            filled["valid_metric"] = "bleu" if corpus else "nll"
+        return replace(self, **filled)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "TrainConfig":
+        """Settings saved in config.json. A run saved before recipes existed trained by the
+        paper's recipe, so a saved config without ``recipe`` reads as ``paper``."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        data = {k: v for k, v in data.items() if k in known}
+        if "recipe" not in data:
+            data = {"recipe": "paper", "valid_metric": "nll", **data}
+        return cls(**data)
+
+
+def valid_share(valid_pairs: int, pairs: int) -> float:
+    """The share of ``pairs`` held out for validation: about ``valid_pairs`` of them, and never
+    more than MAX_VALID_SHARE, so that most pairs of a small corpus still train."""
+    return min(valid_pairs, MAX_VALID_SHARE * pairs) / max(pairs, 1)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Dict, Iterator, List, Optional, Tuple
 
-from phrase_scorer.config import TrainConfig
+from phrase_scorer.config import MAX_VALID_SHARE, TrainConfig, valid_share
 from phrase_scorer.data import (
     MAX_PHRASE_WORDS, id_dtype_for, reuse_cache, source_hash, vocab_digest, write_cache,
 )
@@ -167,7 +167,7 @@ class SentenceCorpus:
                     config: TrainConfig, keep_existing: bool) -> dict:
         """Write (or reuse) the pair cache: kept training pairs, and the development pairs (or
         held-out training pairs) as the ``valid`` split. Returns the cache's description."""
-        valid_fraction = None if self.dev_source else min(1.0, config.valid_pairs / max(info.get("pairs", 1), 1))
+        valid_fraction = None if self.dev_source else valid_share(config.valid_pairs, info.get("pairs", 1))
         expected = {
             "format": CORPUS_CACHE_FORMAT,
             "version": CORPUS_CACHE_VERSION,
@@ -203,4 +203,22 @@ class SentenceCorpus:
         if self.dev_source:
             log.info("development set: %d pairs (%d left out for an empty side; no length limit)",
                      description["num_pairs"]["valid"], dev_empty["pairs"])
+        else:
+            log.info("held out %d of %d sentence pairs for validation (about --valid-pairs %d, at most %d%%)",
+                     description["num_pairs"].get("valid", 0), info.get("pairs", 0), config.valid_pairs,
+                     round(100 * MAX_VALID_SHARE))
         return description
+
+    def valid_references(self, valid_pairs, target_vocab: Vocabulary) -> List[str]:
+        """The reference of each validation pair, in the order of the cache's ``valid`` split:
+        the development target sentences as written (``--dev``), or the held-out training
+        targets as the target vocabulary spells them (words outside it as ``<unk>``)."""
+        if not self.dev_source:
+            return [" ".join(target_vocab.decode(valid_pairs.pair(i)[1].tolist())) for i in range(len(valid_pairs))]
+        references = [" ".join(target_words) for _, source_words, target_words
+                      in read_sentence_pairs(self.dev_source, self.dev_target, "reading dev set")
+                      if left_out(source_words, target_words, None) is None]
+        if len(references) != len(valid_pairs):
+            raise PhraseScorerError(f"holds {len(references)} development pairs, the pair cache {len(valid_pairs)}",
+                                    path=self.dev_target, hint="the file changed during training: start a new run")
+        return references

@@ -36,7 +36,7 @@ from typing import ClassVar, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from phrase_scorer.config import TrainConfig
+from phrase_scorer.config import TrainConfig, valid_share
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_identity
 from phrase_scorer.io.phrase_table import read_phrase_table
@@ -309,7 +309,7 @@ class PhraseTableData:
 
     def build_cache(self, cache_dir: Path, source_vocab: Vocabulary, target_vocab: Vocabulary, info: dict,
                     config: TrainConfig, keep_existing: bool) -> dict:
-        valid_fraction = min(1.0, config.valid_pairs / (info.get("unique_pairs") or 1))
+        valid_fraction = valid_share(config.valid_pairs, info.get("unique_pairs") or 1)
         meta = build_cache(self.table, cache_dir, source_vocab, target_vocab, valid_fraction=valid_fraction,
                            seed=config.seed, keep_existing=keep_existing)
         return asdict(meta)

@@ -41,6 +41,7 @@ CHECKPOINT = "checkpoint.pt"
 TRAIN_LOG = "train.log.jsonl"
 CACHE = "cache"
 MODEL_FORMAT = "phrase-scorer-model"
+RECENT_WEIGHTS = "recent"  # folder of the weights of the last validations (train --average-checkpoints)
 MODEL_FILES = (CONFIG, SOURCE_VOCAB, TARGET_VOCAB, BEST_WEIGHTS, CHECKPOINT, TRAIN_LOG)
 
 
@@ -96,6 +97,10 @@ class ModelDirectory:
     def write_config(self, data: Dict[str, Any]) -> None:
         data = {"format": MODEL_FORMAT, "version": 1, "package_version": __version__, **data}
         write_text_atomically(self.path / CONFIG, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+    def update_config(self, **sections: Any) -> None:
+        """Add or replace top-level sections of config.json."""
+        write_text_atomically(self.path / CONFIG, json.dumps({**self.read_config(), **sections}, indent=2) + "\n")
 
     def save_weights(self, state: Dict[str, Any], name: str) -> None:
         """Save a state dict (or checkpoint dict) atomically."""
@@ -211,3 +216,21 @@ def check_state_matches(model: torch.nn.Module, state: Dict[str, Any], path: Pat
 
 def load_model(path: PathLike, device: Any = "cpu") -> LoadedModel:
     return ModelDirectory(path).load(device)
+
+
+def recent_weight_files(folder: Path) -> list:
+    """The kept weight files of ``folder``, oldest first."""
+    return sorted(folder.glob("step-*.pt"), key=lambda p: int(p.stem.split("-")[1])) if folder.is_dir() else []
+
+
+def average_weights(paths) -> Dict[str, torch.Tensor]:
+    """The element-wise mean of the state dicts in ``paths`` (summed in fp64, each tensor back
+    in its own dtype)."""
+    total: Dict[str, torch.Tensor] = {}
+    dtypes: Dict[str, torch.dtype] = {}
+    for path in paths:
+        state = safe_torch_load(path)
+        for name, tensor in state.items():
+            dtypes[name] = tensor.dtype
+            total[name] = total.get(name, 0) + tensor.double()
+    return {name: (tensor / len(paths)).to(dtypes[name]) for name, tensor in total.items()}

@@ -163,6 +163,7 @@ class BatchScorer:
         out = np.zeros(len(sources), np.float64)
         if not sources:
             return out
+        self.model.eval()  # no training dropout, whatever mode a caller left the model in
         with torch.inference_mode(), precision_context(self.device, self.precision):
             for source_keys, pair_groups in self._batches(sources, targets):
                 batch_sources = [tuple(k) for k in source_keys]

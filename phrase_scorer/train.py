@@ -1,13 +1,16 @@
-"""Training: Adadelta on phrase or sentence pairs, as in section 4.1.1 of the paper.
+"""Training on phrase or sentence pairs, by a recipe (:class:`~phrase_scorer.config.Recipe`).
 
 :func:`train` reads a data source: the unique pairs of a phrase table
 (:class:`~phrase_scorer.data.PhraseTableData`) or sentence pairs
 (:class:`~phrase_scorer.corpus.SentenceCorpus`). It builds (or reuses) the vocabularies and the
-pair cache, then runs Adadelta (rho 0.95, eps 1e-6) on batches of 64 pairs (``batch_size``),
-maximising the mean log p(y|x) per pair. Every ``valid_every`` steps it measures the validation
-NLL (per pair and per target token), the perplexity and the margin between true and shuffled
-pairs, keeps the best weights (``model.pt``), saves a resumable checkpoint (``checkpoint.pt``)
-and logs a JSON line. Training stops at ``max_steps`` / ``max_epochs`` / ``max_time`` or after
+pair cache, then optimises batches of 64 pairs (``batch_size``) by the recipe: ``paper`` runs
+Adadelta (rho 0.95, eps 1e-6) on the mean log p(y|x) per pair from the papers' initialisations,
+as section 4.1.1 of Cho et al.; ``modern`` runs Adam on the label-smoothed log-likelihood per
+target token, with dropout, Glorot initialisation and the rate decayed on validation plateaus.
+Every ``valid_every`` steps it measures the validation NLL (per pair and per target token), the
+perplexity and the margin between true and shuffled pairs, and for sentence pairs the BLEU of
+the validation translations; it keeps the best weights by ``valid_metric`` (``model.pt``),
+saves a resumable checkpoint (``checkpoint.pt``) and logs a JSON line. Training stops at ``max_steps`` / ``max_epochs`` / ``max_time`` or after
 ``patience`` validations without improvement. Ctrl-C saves a checkpoint first. The same seed
 gives the same model on the same machine, and ``resume`` continues exactly where the checkpoint
 left off (or starts afresh when there is nothing to resume, so a preempted job can be re-run
@@ -38,28 +41,31 @@ import torch
 
 from phrase_scorer import __version__, distributed
 from phrase_scorer.corpus import SentenceCorpus
-from phrase_scorer.data import BatchSampler, PairSet, PhraseTableData
+from phrase_scorer.data import BatchSampler, PairSet, PhraseTableData, hash_key
 from phrase_scorer.device import device_label, precision_context, resolve_device, resolve_precision
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock
 from phrase_scorer.config import ARCH_PRESETS, AnyModelConfig, ModelConfig, TrainConfig
 from phrase_scorer.models.encdec import forward_flops
 from phrase_scorer.models.architectures import build_model
-from phrase_scorer.models.base import TranslationModel, count_parameters
+from phrase_scorer.models.base import count_parameters
 from phrase_scorer.model_dir import (
     BEST_WEIGHTS,
     CACHE,
     CHECKPOINT,
     MODEL_FILES,
+    RECENT_WEIGHTS,
     SOURCE_VOCAB,
     TARGET_VOCAB,
     ModelDirectory,
+    average_weights,
     check_state_matches,
+    recent_weight_files,
     safe_torch_load,
 )
 from phrase_scorer.prefetch import Prefetcher
 from phrase_scorer.progress import step_bar
-from phrase_scorer.scoring import log_probs_by_forward
+from phrase_scorer.validation import validate, validation_bleu
 from phrase_scorer.resume import refuse_changed_settings
 from phrase_scorer.vocab import Vocabulary
 
@@ -74,9 +80,12 @@ class TrainState:
     epoch: int = 0
     batch_in_epoch: int = 0
     pairs_seen: int = 0
-    best_valid_nll: float = math.inf
+    best_valid_nll: float = math.inf  # at the best step (by valid_metric)
+    best_valid_bleu: float = -math.inf  # at the best step, when BLEU is measured
     best_step: int = 0
     bad_validations: int = 0
+    lr: float = 0.0  # the learning rate now (the recipe's, times its decays); 0: not yet set
+    lr_bad_validations: int = 0  # validations without improvement since the rate last changed
     train_seconds: float = 0.0
     finished: bool = False
     stop_reason: str = ""
@@ -101,7 +110,7 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
     if path.exists() and any(path.iterdir()):
         if not directory.exists():
             # files of a run killed before it wrote config.json may be replaced; anything else may not
-            ours = {*MODEL_FILES, CACHE, CACHE + ".part"}
+            ours = {*MODEL_FILES, CACHE, CACHE + ".part", RECENT_WEIGHTS}
             leftovers = all(p.name in ours or p.name.endswith(".part") for p in path.iterdir())
             if not (leftovers or overwrite):
                 raise PhraseScorerError(
@@ -114,6 +123,8 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
             )
         for name in MODEL_FILES:
             (path / name).unlink(missing_ok=True)
+        for old in recent_weight_files(path / RECENT_WEIGHTS):
+            old.unlink()
     path.mkdir(parents=True, exist_ok=True)
     return False
 
@@ -141,49 +152,6 @@ def check_resume_settings(saved: TrainConfig, asked: TrainConfig, explicit: Set[
         hint="leave them out (the saved ones are used) or start a new run",
     )
     return replace(saved, **{name: getattr(asked, name) for name in TrainConfig.RESUMABLE if name in explicit})
-
-
-# --- validation ---------------------------------------------------------------------------------
-
-
-def derangement(n: int, seed: int) -> np.ndarray:
-    """A fixed permutation of range(n) that moves every element (for n > 1)."""
-    if n < 2:
-        return np.arange(n)
-    perm = np.random.default_rng(seed).permutation(n)
-    return np.roll(perm, 1)[np.argsort(perm)]
-
-
-@torch.no_grad()
-def validate(model: TranslationModel, pairs: PairSet, device: torch.device, precision: str, batch_size: int = 256) -> Dict[str, float]:
-    """NLL per pair and per target token (</s> included), perplexity, and the mean margin in
-    nats between each held-out pair and the same source with another pair's target, computed in
-    the resolved ``precision`` of training."""
-    n = len(pairs)
-    if n == 0:
-        return {}
-    was_training = model.training
-    model.eval()
-    lengths = pairs.all_lengths()  # the validation split is small
-    order = np.lexsort((lengths[:, 0], lengths[:, 1]))
-    shuffled = derangement(n, 12345)
-    true_lp = np.zeros(n)
-    false_lp = np.zeros(n)
-    phrases = [pairs.pair(int(i)) for i in range(n)]  # the validation split is small
-    sources = [phrases[i][0] for i in order]
-    with precision_context(device, precision):
-        true_lp[order] = log_probs_by_forward(model, sources, [phrases[i][1] for i in order], batch_size)
-        false_lp[order] = log_probs_by_forward(model, sources, [phrases[i][1] for i in shuffled[order]], batch_size)
-    model.train(was_training)
-    tokens = float(lengths[:, 1].astype(np.int64).sum() + n)
-    nll_token = -true_lp.sum() / tokens
-    return {
-        "valid_nll_pair": float(-true_lp.mean()),
-        "valid_nll_token": float(nll_token),
-        "valid_ppl": float(math.exp(min(nll_token, 700.0))),
-        "valid_margin_pair": float((true_lp - false_lp).mean()),
-        "valid_true_beats_shuffled": float((true_lp > false_lp).mean()),
-    }
 
 
 # --- the loop -------------------------------------------------------------------------------------
@@ -247,7 +215,8 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
         saved = directory.read_config()
         saved_model = directory.model_config(saved)  # its "arch" is the saved run's architecture
         saved_config = TrainConfig.from_dict({**saved.get("training", {}), "arch": saved_model.arch})
-        config = check_resume_settings(saved_config, config, explicit)
+        saved_config = saved_config.resolved(corpus="corpus" in saved)
+        config = check_resume_settings(saved_config, config.resolved(corpus="corpus" in saved), explicit)
         if model_config is not None:
             names = ("source_shortlist", "target_shortlist")
             refuse_changed_settings({n: getattr(saved_model, n) for n in names}, {n: getattr(model_config, n) for n in names},
@@ -263,7 +232,9 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
         data_info = saved[data.kind]
     else:
         model_config = model_config or preset_config(config)
-        config = replace(config, arch=model_config.arch)
+        config = replace(config, arch=model_config.arch).resolved(corpus=data.kind == "corpus")
+        if config.valid_metric == "bleu" and data.kind != "corpus":
+            raise PhraseScorerError("--valid-metric bleu needs sentence pairs (--corpus); a phrase table validates by nll")
         source_counts, target_counts, data_info = data.count_words(config)
         source_vocab = Vocabulary.from_counts(source_counts, model_config.source_shortlist)
         target_vocab = Vocabulary.from_counts(target_counts, model_config.target_shortlist)
@@ -335,10 +306,14 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
                                 hint="give --device explicitly under torchrun")
     precision = resolve_precision(device, config.precision)
     torch.manual_seed(config.seed)
-    model = build_model(model_config, len(source_vocab), len(target_vocab)).to(device)
-    optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=config.adadelta_rho, eps=config.adadelta_eps)
+    model = build_model(model_config, len(source_vocab), len(target_vocab))
+    if config.init != "paper":  # the constructor initialises as the paper does
+        model.reset_parameters(config.init)
+    model.dropout_p = config.dropout
+    model = model.to(device)
+    optimizer = make_optimizer(config, model.parameters())
     scaler = make_grad_scaler(precision)
-    state = TrainState()
+    state = TrainState(lr=config.lr)
     if resuming and directory.file(CHECKPOINT).exists():
         state = load_checkpoint(directory, model, optimizer, scaler)  # every rank loads it
         if state.finished:
@@ -353,6 +328,9 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     elif resuming:
         log.info("no checkpoint yet: starting from step 0 with the saved settings")
     state.device, state.precision = device_label(device), precision
+    state.lr = state.lr or config.lr  # a checkpoint saved before the rate was recorded ran at the recipe's
+    for group in optimizer.param_groups:
+        group["lr"] = state.lr
     log.info("model: %s, preset %s, %s parameters, device %s, precision %s", model_config.arch, config.preset, f"{count_parameters(model):,}",
              state.device, precision)
 
@@ -361,8 +339,11 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
         train_module = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
     sampler = BatchSampler(train_pairs, config.batch_size, config.seed, window_batches=data.window_batches)
+    references = None
+    if config.valid_metric == "bleu":
+        references = data.valid_references(valid_pairs, target_vocab)
     loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device,
-                        precision, train_module=train_module)
+                        precision, train_module=train_module, target_vocab=target_vocab, references=references)
     loop.run()
     return loop.state
 
@@ -370,6 +351,13 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
 def coverage(counts, vocab: Vocabulary) -> float:
     total = sum(counts.values())
     return sum(c for w, c in counts.items() if w in vocab) / total if total else 0.0
+
+
+def make_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
+    """The recipe's optimiser over ``parameters`` (``config`` resolved)."""
+    if config.optimizer == "adadelta":
+        return torch.optim.Adadelta(parameters, lr=config.lr, rho=config.adadelta_rho, eps=config.adadelta_eps)
+    return torch.optim.Adam(parameters, lr=config.lr)
 
 
 def make_grad_scaler(precision: str):
@@ -386,7 +374,8 @@ def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> Trai
         optimizer.load_state_dict(checkpoint["optimizer"])
         if checkpoint.get("scaler"):
             scaler.load_state_dict(checkpoint["scaler"])
-        return TrainState(**checkpoint["state"])
+        known = {f.name for f in fields(TrainState)}
+        return TrainState(**{k: v for k, v in checkpoint["state"].items() if k in known})
     except (KeyError, TypeError, ValueError) as exc:
         raise PhraseScorerError(f"checkpoint is damaged ({exc})", path=path, hint="start again with --overwrite") from None
 
@@ -398,6 +387,7 @@ class LoadedBatch:
     epoch: int
     batch_in_epoch: int  # the position after this batch
     global_pairs: int  # pairs in the global batch (all ranks)
+    global_tokens: int  # target tokens in the global batch (</s> included)
     tensors: list  # src (B, S), src_len (B,), tgt (B, T), tgt_len (B,) of this rank's pairs
     weight: float  # 0.0 when this rank has no pair of a short last batch (it runs one pair for nothing)
     tokens: int  # this rank's target tokens (</s> included)
@@ -411,8 +401,10 @@ class TrainingLoop:
 
     def __init__(self, model, optimizer, scaler, directory: ModelDirectory, config: TrainConfig, state: TrainState,
                  sampler: BatchSampler, train_pairs: PairSet, valid_pairs: PairSet, device: torch.device,
-                 precision: str = "fp32", train_module: Optional[torch.nn.Module] = None) -> None:
+                 precision: str = "fp32", train_module: Optional[torch.nn.Module] = None,
+                 target_vocab: Optional[Vocabulary] = None, references: Optional[list] = None) -> None:
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.target_vocab, self.references = target_vocab, references
         self.train_module = train_module or model  # the DistributedDataParallel wrapper under torchrun
         self.directory, self.config, self.state = directory, config, state
         self.sampler, self.train_pairs, self.valid_pairs = sampler, train_pairs, valid_pairs
@@ -473,7 +465,9 @@ class TrainingLoop:
         if self.device.type == "cuda":
             tensors = [t.pin_memory() for t in tensors]
         tokens = int(arrays[3].sum() + len(local)) if weight else 0
-        return LoadedBatch(epoch, position, len(batch), tensors, weight, tokens)
+        global_tokens = tokens if self.world == 1 else int(self.train_pairs.lengths_of(batch)[:, 1].sum() + len(batch))
+        return LoadedBatch(epoch, position, global_pairs=len(batch), global_tokens=global_tokens,
+                           tensors=tensors, weight=weight, tokens=tokens)
 
     # the loop ------------------------------------------------------------------------------------
 
@@ -520,6 +514,8 @@ class TrainingLoop:
                             self.validate_and_checkpoint()
                         st.finished, st.stop_reason = True, reason
                         self.save_checkpoint()
+                        if cfg.average_checkpoints > 1 and distributed.world().is_main:
+                            self.average_recent_weights()
                         distributed.barrier()
                         log.info("training stopped: %s; best validation NLL %.4f per token at step %d",
                                  reason, st.best_valid_nll, st.best_step)
@@ -530,15 +526,23 @@ class TrainingLoop:
     def train_step(self, batch: LoadedBatch) -> torch.Tensor:
         """One update on a global batch; returns the summed NLL of this rank's pairs (on the device)."""
         src, src_len, tgt, tgt_len = [t.to(self.device, non_blocking=True) for t in batch.tensors]
+        cfg = self.config
         self.optimizer.zero_grad(set_to_none=True)
+        if cfg.dropout:
+            # dropout masks depend only on (seed, step, rank), so a resumed run draws the same ones
+            torch.manual_seed(hash_key(cfg.seed, self.state.step, self.rank))
         with precision_context(self.device, self.precision):
-            log_probs = self.train_module(src, src_len, tgt, tgt_len)  # (B,)
-        # The mean NLL per pair of the global batch, as the paper maximises mean log-likelihood:
-        # each rank's sum scaled so that the average of the ranks' gradients is the global mean's.
-        loss = -log_probs.sum() * (batch.weight * self.world / batch.global_pairs)
+            if cfg.label_smoothing:
+                log_probs, objective = self.train_module(src, src_len, tgt, tgt_len, cfg.label_smoothing)  # (B,) each
+            else:
+                log_probs = objective = self.train_module(src, src_len, tgt, tgt_len)  # (B,)
+        # The mean over the global batch, per pair (as the papers) or per target token: each
+        # rank's sum scaled so that the average of the ranks' gradients is the global mean's.
+        total = batch.global_pairs if cfg.loss == "pair" else batch.global_tokens
+        loss = -objective.sum() * (batch.weight * self.world / total)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         return -log_probs.detach().sum().double() * batch.weight
@@ -565,6 +569,9 @@ class TrainingLoop:
         loss_sum, tokens = distributed.sum_over_ranks(totals).tolist()
         if distributed.world().is_main:
             metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
+            if self.references is not None:
+                metrics["valid_bleu"] = validation_bleu(self.model, self.valid_pairs, self.target_vocab, self.references,
+                                                        self.config.valid_beam, self.device, self.precision)
             elapsed = time.monotonic() - self.interval_start
             record = {
                 "step": st.step,
@@ -576,26 +583,96 @@ class TrainingLoop:
                 "pairs_per_second": self.interval_pairs / max(elapsed, 1e-9),
                 "batch_size": self.config.batch_size,
                 "processes": self.world,
+                "lr": st.lr,
                 **metrics,
             }
             nll = metrics.get("valid_nll_token", record["train_nll_token"])
-            if nll < st.best_valid_nll - 1e-6:
-                st.best_valid_nll, st.best_step, st.bad_validations = nll, st.step, 0
+            if self.config.average_checkpoints > 1:
+                self.keep_recent_weights()
+            if self.improved(nll, metrics.get("valid_bleu")):
+                st.best_valid_nll, st.best_valid_bleu, st.best_step, st.bad_validations = (
+                    nll, metrics.get("valid_bleu", -math.inf), st.step, 0)
+                st.lr_bad_validations = 0
                 self.directory.save_weights(self.model.state_dict(), BEST_WEIGHTS)
                 record["best"] = True
             else:
                 st.bad_validations += 1
+                st.lr_bad_validations += 1
+                self.decay_learning_rate()
             self.directory.append_log(record)
+            bleu = f", BLEU {metrics['valid_bleu']:.2f}" if "valid_bleu" in metrics else ""
             log.info(
-                "step %d epoch %d: train NLL %.3f/pair, valid NLL %.3f/pair %.3f/token (ppl %.1f), true-vs-shuffled margin %.2f nats, %.0f pairs/s%s",
+                "step %d epoch %d: train NLL %.3f/pair, valid NLL %.3f/pair %.3f/token (ppl %.1f)%s, true-vs-shuffled margin %.2f nats, %.0f pairs/s%s",
                 st.step, st.epoch, record["train_nll_pair"], metrics.get("valid_nll_pair", float("nan")), nll,
-                metrics.get("valid_ppl", float("nan")), metrics.get("valid_margin_pair", float("nan")),
+                metrics.get("valid_ppl", float("nan")), bleu, metrics.get("valid_margin_pair", float("nan")),
                 record["pairs_per_second"], " (best)" if record.get("best") else "",
             )
             self.save_checkpoint()
-        st.best_valid_nll, st.best_step, st.bad_validations = distributed.broadcast_object(
-            (st.best_valid_nll, st.best_step, st.bad_validations))
+        (st.best_valid_nll, st.best_valid_bleu, st.best_step, st.bad_validations, st.lr,
+         st.lr_bad_validations) = distributed.broadcast_object(
+            (st.best_valid_nll, st.best_valid_bleu, st.best_step, st.bad_validations, st.lr, st.lr_bad_validations))
+        self.set_learning_rate(st.lr)
         self.reset_interval()
+
+    def keep_recent_weights(self) -> None:
+        """The weights of this validation into ``recent/``, which keeps the last
+        ``average_checkpoints`` of them."""
+        recent = self.directory.path / RECENT_WEIGHTS
+        recent.mkdir(exist_ok=True)
+        self.directory.save_weights(self.model.state_dict(), f"{RECENT_WEIGHTS}/step-{self.state.step}.pt")
+        for old in recent_weight_files(recent)[: -self.config.average_checkpoints]:
+            old.unlink()
+
+    def average_recent_weights(self) -> None:
+        """Validate the mean of the kept weights; it becomes model.pt when it beats the best
+        single weights by ``valid_metric``. config.json records the outcome under ``averaged``."""
+        st = self.state
+        files = recent_weight_files(self.directory.path / RECENT_WEIGHTS)[-self.config.average_checkpoints :]
+        if len(files) < 2:
+            return
+        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
+        averaged = average_weights(files)
+        self.model.load_state_dict(averaged)
+        metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
+        if self.references is not None:
+            metrics["valid_bleu"] = validation_bleu(self.model, self.valid_pairs, self.target_vocab, self.references,
+                                                    self.config.valid_beam, self.device, self.precision)
+        kept = self.improved(metrics["valid_nll_token"], metrics.get("valid_bleu"))
+        if kept:
+            self.directory.save_weights(averaged, BEST_WEIGHTS)
+        self.model.load_state_dict(trained)
+        self.directory.update_config(averaged={
+            "steps": [int(f.stem.split("-")[1]) for f in files], "kept_as_model": kept,
+            "valid_nll_token": metrics["valid_nll_token"], "valid_bleu": metrics.get("valid_bleu"),
+            "best_single": {"step": st.best_step, "valid_nll_token": st.best_valid_nll,
+                            "valid_bleu": None if st.best_valid_bleu == -math.inf else st.best_valid_bleu},
+        })
+        log.info("mean of the weights of steps %s: valid NLL %.4f/token%s; %s", ", ".join(f.stem[5:] for f in files),
+                 metrics["valid_nll_token"], f", BLEU {metrics['valid_bleu']:.2f}" if "valid_bleu" in metrics else "",
+                 "kept as model.pt" if kept else f"the weights of step {st.best_step} stay model.pt")
+
+    def improved(self, nll: float, bleu: Optional[float]) -> bool:
+        """Is this validation the best so far, by ``valid_metric``?"""
+        st = self.state
+        if self.config.valid_metric == "bleu" and bleu is not None:
+            return bleu > st.best_valid_bleu + 1e-9
+        return nll < st.best_valid_nll - 1e-6
+
+    def decay_learning_rate(self) -> None:
+        """After ``lr_patience`` validations without improvement, the rate times ``lr_decay``
+        (never below ``min_lr``)."""
+        cfg, st = self.config, self.state
+        if cfg.lr_decay >= 1.0 or st.lr_bad_validations < cfg.lr_patience:
+            return
+        lr = max(cfg.min_lr, st.lr * cfg.lr_decay)
+        if lr < st.lr:
+            log.info("no improvement in %d validations: learning rate %.3g -> %.3g", st.lr_bad_validations, st.lr, lr)
+            st.lr = lr
+        st.lr_bad_validations = 0
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def save_checkpoint(self) -> None:
         if not distributed.world().is_main:

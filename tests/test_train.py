@@ -195,19 +195,19 @@ def parameter_change(a: dict, b: dict) -> float:
 
 @pytest.mark.parametrize("clip_norm", [1e-3, 3e-3])
 def test_gradients_are_clipped_to_the_global_norm(tmp_path, clip_norm):
-    """Adadelta's second step moves the weights by about the gradient itself when the gradient is far
+    """The paper recipe: Adadelta's second step moves the weights by about the gradient itself when the gradient is far
     below sqrt(eps) (its accumulators are still ~eps): a clipped step moves them by ~clip_norm in
     total, an unclipped one by orders of magnitude more."""
     steps = {}
     for n in (1, 2):
         out = tmp_path / f"{clip_norm}-{n}"
-        train(A_MAN_TABLE, out, TrainConfig(max_steps=n, clip_norm=clip_norm, **QUICK))
+        train(A_MAN_TABLE, out, TrainConfig(recipe="paper", max_steps=n, clip_norm=clip_norm, **QUICK))
         steps[n] = checkpoint_state(out)["model"]
     assert parameter_change(steps[1], steps[2]) == pytest.approx(clip_norm, rel=0.05)
     unclipped = {}
     for n in (1, 2):
         out = tmp_path / f"none-{clip_norm}-{n}"
-        train(A_MAN_TABLE, out, TrainConfig(max_steps=n, clip_norm=1e9, **QUICK))
+        train(A_MAN_TABLE, out, TrainConfig(recipe="paper", max_steps=n, clip_norm=1e9, **QUICK))
         unclipped[n] = checkpoint_state(out)["model"]
     assert parameter_change(unclipped[1], unclipped[2]) > 10 * clip_norm  # about 0.08 here
 

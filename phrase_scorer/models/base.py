@@ -65,6 +65,9 @@ class TranslationModel(nn.Module):
 
     shares_source_prefixes = False
     has_alignments = False
+    # Dropout rate of training (set by the training loop; the modules' eval mode turns it off, and
+    # a model loaded for scoring, sampling or translating keeps 0).
+    dropout_p = 0.0
 
     source_vocab_size: int
     target_vocab_size: int
@@ -88,7 +91,16 @@ class TranslationModel(nn.Module):
         """The final affine map from readout features (R) to the V - 1 output logits."""
         raise NotImplementedError
 
+    def reset_parameters(self, init: str = "paper") -> None:
+        """Initialise every weight: ``paper`` as the architecture's paper, ``glorot`` by
+        :func:`glorot_initialise`."""
+        raise NotImplementedError
+
     # --- shared ---------------------------------------------------------------------------------
+
+    def drop(self, x: Tensor) -> Tensor:
+        """Dropout at the training rate, in training mode only."""
+        return nn.functional.dropout(x, self.dropout_p, self.training) if self.dropout_p else x
 
     def logits(self, features: Tensor) -> Tensor:
         """(N, R) -> (N, V - 1); column k is target id k + FIRST_OUTPUT_ID."""
@@ -98,20 +110,27 @@ class TranslationModel(nn.Module):
         """log p over the output ids, in at least fp32: (N, R) -> (N, V - 1)."""
         return torch.log_softmax(at_least_fp32(self.logits(features)), -1)
 
-    def forward(self, src: Tensor, src_len: Tensor, tgt: Tensor, tgt_len: Tensor) -> Tensor:
+    def forward(self, src: Tensor, src_len: Tensor, tgt: Tensor, tgt_len: Tensor, label_smoothing: float = 0.0):
         """log p(y|x) for each pair, teacher-forced, by ``start`` and ``step``.
 
         src: (B, S), tgt: (B, T) ids padded with <pad>; src_len, tgt_len: (B,) word counts.
         Returns (B,) fp32 (fp64 for an fp64 model) natural-log probabilities, </s> included.
+        With ``label_smoothing`` e > 0 it returns them with the smoothed log-likelihood (B,):
+        the sum over the target's steps of (1 - e) log p(y_i) + e * mean_k log p(k), the
+        objective of a target distribution that spreads e uniformly over the output ids.
         """
         memory = self.encode(src, src_len)
-        features = self.teacher_forced_features(memory, tgt)  # (B, T+1, R)
+        features = self.drop(self.teacher_forced_features(memory, tgt))  # (B, T+1, R)
         labels, valid = next_word_labels(tgt, tgt_len)  # (B, T+1)
         log_p = self.log_probs(features[valid])  # (n_valid, V - 1)
         token_lp = log_p.gather(1, (labels[valid] - FIRST_OUTPUT_ID).unsqueeze(1)).squeeze(1)  # (n_valid,)
         out = token_lp.new_zeros(valid.shape)
         out[valid] = token_lp
-        return out.sum(1)  # (B,)
+        if not label_smoothing:
+            return out.sum(1)  # (B,)
+        smoothed = out.new_zeros(valid.shape)
+        smoothed[valid] = (1.0 - label_smoothing) * token_lp + label_smoothing * log_p.mean(1)
+        return out.sum(1), smoothed.sum(1)  # (B,), (B,)
 
     def teacher_forced_features(self, memory: Memory, tgt: Tensor) -> Tensor:
         """Readout features for predicting y_1..y_T and then </s>: (B, T) -> (B, T+1, R)."""
@@ -153,6 +172,25 @@ def orthogonal_like(block: Tensor) -> Tensor:
     """Left singular vectors of a white Gaussian matrix of ``block``'s shape."""
     u, _, _ = torch.linalg.svd(torch.randn(block.shape, dtype=torch.float64), full_matrices=False)
     return u.to(block.dtype)
+
+
+def glorot_initialise(model: nn.Module, recurrent: dict) -> None:
+    """Glorot-uniform matrices (embeddings included), orthogonal recurrent blocks, zero biases.
+
+    ``recurrent`` maps the id of each recurrent weight to the size of its square blocks; each
+    block is a random orthogonal matrix (gain 1). Unlike the papers' N(0, 0.01^2) and
+    N(0, 0.001^2), no weight starts near 0, so an alignment model (v_a^T tanh(W_a s + U_a h))
+    does not start at the saddle where v_a = 0 and its gradient to W_a and U_a vanishes.
+    """
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if id(param) in recurrent:
+                for block in param.split(recurrent[id(param)], 0):
+                    block.copy_(orthogonal_like(block))
+            elif param.dim() < 2 or name.endswith("bias") or "bias_" in name:
+                param.zero_()
+            else:
+                nn.init.xavier_uniform_(param)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -33,6 +33,7 @@ from phrase_scorer.models.base import (
     Memory,
     TranslationModel,
     embed_previous,
+    glorot_initialise,
     orthogonal_like,
     previous_words,
 )
@@ -52,9 +53,10 @@ class Encoder(nn.Module):
         self.gru = nn.GRU(config.embedding_dim, config.hidden_dim, batch_first=True)
         self.to_context = nn.Linear(config.hidden_dim, config.hidden_dim)  # V
 
-    def forward(self, src: Tensor, src_len: Tensor) -> Tuple[Tensor, Tensor]:
-        """src: (B, S) ids padded with <pad>; src_len: (B,). Returns c (B, H), m_x (B, E)."""
-        emb = self.embed(src)  # (B, S, E)
+    def forward(self, src: Tensor, src_len: Tensor, drop=lambda x: x) -> Tuple[Tensor, Tensor]:
+        """src: (B, S) ids padded with <pad>; src_len: (B,). Returns c (B, H), m_x (B, E).
+        ``drop`` is the model's training dropout, applied to the embeddings."""
+        emb = drop(self.embed(src))  # (B, S, E)
         states, _ = self.gru(emb)  # (B, S, H); state t depends on x_1..x_t only
         last = (src_len - 1).clamp(min=0)
         h_last = states[torch.arange(src.size(0), device=src.device), last]  # (B, H)
@@ -152,20 +154,23 @@ class RNNEncoderDecoder(TranslationModel):
         self.readout = Readout(config, target_vocab_size)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        """Section 4.1.1: N(0, std^2) weights, zero biases; recurrent matrices orthogonal * scale."""
+    def reset_parameters(self, init: str = "paper") -> None:
+        """``paper`` (section 4.1.1): N(0, std^2) weights, zero biases; recurrent matrices
+        orthogonal * scale. ``glorot``: :func:`~phrase_scorer.models.base.glorot_initialise`."""
         cfg = self.config
         recurrent = {id(self.encoder.gru.weight_hh_l0), id(self.decoder.recurrent.weight)}
-        for name, param in self.named_parameters():
-            with torch.no_grad():
-                if id(param) in recurrent:
-                    for block in param.chunk(3, 0):  # one H x H matrix per gate
-                        block.copy_(orthogonal_like(block) * cfg.recurrent_init_scale)
-                elif name.endswith("bias") or "bias_" in name:
-                    param.zero_()
-                else:
-                    param.normal_(0.0, cfg.init_std)
         with torch.no_grad():
+            if init == "glorot":
+                glorot_initialise(self, dict.fromkeys(recurrent, cfg.hidden_dim))
+            else:
+                for name, param in self.named_parameters():
+                    if id(param) in recurrent:
+                        for block in param.chunk(3, 0):  # one H x H matrix per gate
+                            block.copy_(orthogonal_like(block) * cfg.recurrent_init_scale)
+                    elif name.endswith("bias") or "bias_" in name:
+                        param.zero_()
+                    else:
+                        param.normal_(0.0, cfg.init_std)
             self.encoder.embed.weight[PAD_ID].zero_()
             self.decoder.embed.weight[PAD_ID].zero_()
 
@@ -177,7 +182,7 @@ class RNNEncoderDecoder(TranslationModel):
 
     def encode(self, src: Tensor, src_len: Tensor) -> EncDecMemory:
         """src (B, S), src_len (B,) -> c, m_x and the per-source decoder terms."""
-        return self.memory(*self.encoder(src, src_len))
+        return self.memory(*self.encoder(src, src_len, self.drop))
 
     def encode_from_final_states(self, final_states: Tensor, src: Tensor, src_len: Tensor) -> EncDecMemory:
         """The memory from the encoder states after each source's last word (B, H), as
@@ -205,7 +210,7 @@ class RNNEncoderDecoder(TranslationModel):
     def step(self, memory: EncDecMemory, state: Tensor, prev: Tensor) -> Tuple[Tensor, Tensor]:
         """memory (N rows), h'_{t-1} (N, H), y_{t-1} (N,) -> h'_t (N, H), features (N, R)."""
         decoder = self.decoder
-        prev_emb = embed_previous(decoder.embed, prev)  # (N, E), 0 for y_0
+        prev_emb = self.drop(embed_previous(decoder.embed, prev))  # (N, E), 0 for y_0
         state = decoder.step(decoder.input_proj(prev_emb), state, memory.context_gates)  # (N, H)
         return state, self.readout.features(state, prev_emb, memory.source_term)  # (N, R)
 
@@ -216,7 +221,7 @@ class RNNEncoderDecoder(TranslationModel):
         on the whole target in one product each; only the GRU recurrence is stepped.
         """
         decoder = self.decoder
-        prev_emb = embed_previous(decoder.embed, previous_words(tgt))  # (B, T+1, E), 0 for y_0
+        prev_emb = self.drop(embed_previous(decoder.embed, previous_words(tgt)))  # (B, T+1, E), 0 for y_0
         x_proj = decoder.input_proj(prev_emb)  # (B, T+1, 3H)
         state = self.start(memory)  # (B, H)
         states = []

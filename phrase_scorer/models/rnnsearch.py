@@ -44,6 +44,7 @@ from phrase_scorer.models.base import (
     TranslationModel,
     embed_previous,
     next_word_labels,
+    glorot_initialise,
     orthogonal_like,
     previous_words,
 )
@@ -95,13 +96,14 @@ class BidirectionalEncoder(nn.Module):
         self.forward_unit = GatedUnit(config.embedding_dim, config.hidden_dim)
         self.backward_unit = GatedUnit(config.embedding_dim, config.hidden_dim)
 
-    def forward(self, src: Tensor, src_len: Tensor) -> Tuple[Tensor, Tensor]:
-        """src (B, S), src_len (B,) -> annotations (B, S, 2n) (0 at padding), mask (B, S)."""
+    def forward(self, src: Tensor, src_len: Tensor, drop=lambda x: x) -> Tuple[Tensor, Tensor]:
+        """src (B, S), src_len (B,) -> annotations (B, S, 2n) (0 at padding), mask (B, S).
+        ``drop`` is the model's training dropout, applied to the embeddings and the annotations."""
         mask = torch.arange(src.size(1), device=src.device) < src_len.unsqueeze(1)  # (B, S)
-        emb = self.embed(src)  # (B, S, m)
+        emb = drop(self.embed(src))  # (B, S, m)
         forward_states = self.forward_unit.scan(emb, mask)  # (B, S, n)
         backward_states = self.backward_unit.scan(emb, mask, reverse=True)  # (B, S, n)
-        return torch.cat([forward_states, backward_states], 2), mask  # (B, S, 2n)
+        return drop(torch.cat([forward_states, backward_states], 2)), mask  # (B, S, 2n)
 
 
 class Alignment(nn.Module):
@@ -171,23 +173,27 @@ class RNNsearch(TranslationModel):
         self.readout = MaxoutReadout(config, target_vocab_size)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        """Appendix B: orthogonal U's; N(0, 0.001^2) W_a, U_a; v_a and biases 0; others N(0, 0.01^2)."""
+    def reset_parameters(self, init: str = "paper") -> None:
+        """``paper`` (appendix B): orthogonal U's; N(0, 0.001^2) W_a, U_a; v_a and biases 0;
+        others N(0, 0.01^2). ``glorot``: :func:`~phrase_scorer.models.base.glorot_initialise`."""
         cfg = self.config
         units = (self.encoder.forward_unit, self.encoder.backward_unit, self.unit)
         recurrent = {id(u.gate_recurrent.weight) for u in units} | {id(u.recurrent.weight) for u in units}
         alignment = {id(self.alignment.query.weight), id(self.alignment.key.weight)}
         with torch.no_grad():
-            for name, param in self.named_parameters():
-                if id(param) in recurrent:
-                    for block in param.split(cfg.hidden_dim, 0):  # U_z, U_r, U: n x n each
-                        block.copy_(orthogonal_like(block))
-                elif id(param) in alignment:
-                    param.normal_(0.0, cfg.alignment_init_std)
-                elif name.endswith("bias") or param is self.alignment.score.weight:
-                    param.zero_()
-                else:
-                    param.normal_(0.0, cfg.init_std)
+            if init == "glorot":
+                glorot_initialise(self, dict.fromkeys(recurrent, cfg.hidden_dim))
+            else:
+                for name, param in self.named_parameters():
+                    if id(param) in recurrent:
+                        for block in param.split(cfg.hidden_dim, 0):  # U_z, U_r, U: n x n each
+                            block.copy_(orthogonal_like(block))
+                    elif id(param) in alignment:
+                        param.normal_(0.0, cfg.alignment_init_std)
+                    elif name.endswith("bias") or param is self.alignment.score.weight:
+                        param.zero_()
+                    else:
+                        param.normal_(0.0, cfg.init_std)
             self.encoder.embed.weight[PAD_ID].zero_()
             self.embed.weight[PAD_ID].zero_()
 
@@ -199,7 +205,7 @@ class RNNsearch(TranslationModel):
 
     def encode(self, src: Tensor, src_len: Tensor) -> RNNsearchMemory:
         """src (B, S), src_len (B,) -> annotations, mask, U_a h_j and s_0 of each source."""
-        annotations, mask = self.encoder(src, src_len)  # (B, S, 2n), (B, S)
+        annotations, mask = self.encoder(src, src_len, self.drop)  # (B, S, 2n), (B, S)
         first_backward = annotations[:, 0, self.config.hidden_dim :]  # (B, n) <-h_1
         return RNNsearchMemory(
             annotations=annotations,
@@ -218,7 +224,7 @@ class RNNsearch(TranslationModel):
 
     def step_with_alignment(self, memory: RNNsearchMemory, state: Tensor, prev: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """As :meth:`step`, with the alignment weights a_i. (N, S) used for c_i."""
-        prev_emb = embed_previous(self.embed, prev)  # (N, m) E y_{i-1}, 0 for y_0
+        prev_emb = self.drop(embed_previous(self.embed, prev))  # (N, m) E y_{i-1}, 0 for y_0
         alpha = self.alignment(state, memory.keys, memory.mask)  # (N, S)
         context = torch.bmm(alpha.unsqueeze(1), memory.annotations).squeeze(1)  # (N, 2n) c_i
         features = self.readout.features(state, prev_emb, context)  # (N, l) from s_{i-1}

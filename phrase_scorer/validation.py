@@ -1,0 +1,82 @@
+"""Validation during training: the held-out pairs' NLL, perplexity and true-vs-shuffled margin,
+and the BLEU of the model's translations of the validation sources."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict
+
+import numpy as np
+import torch
+
+from phrase_scorer.config import TranslateOptions
+from phrase_scorer.data import PairSet
+from phrase_scorer.device import precision_context
+from phrase_scorer.models.base import TranslationModel
+from phrase_scorer.scoring import log_probs_by_forward
+from phrase_scorer.vocab import Vocabulary
+
+
+def derangement(n: int, seed: int) -> np.ndarray:
+    """A fixed permutation of range(n) that moves every element (for n > 1)."""
+    if n < 2:
+        return np.arange(n)
+    perm = np.random.default_rng(seed).permutation(n)
+    return np.roll(perm, 1)[np.argsort(perm)]
+
+
+@torch.no_grad()
+def validate(model: TranslationModel, pairs: PairSet, device: torch.device, precision: str, batch_size: int = 256) -> Dict[str, float]:
+    """NLL per pair and per target token (</s> included), perplexity, and the mean margin in
+    nats between each held-out pair and the same source with another pair's target, computed in
+    the resolved ``precision`` of training."""
+    n = len(pairs)
+    if n == 0:
+        return {}
+    was_training = model.training
+    model.eval()
+    lengths = pairs.all_lengths()  # the validation split is small
+    order = np.lexsort((lengths[:, 0], lengths[:, 1]))
+    shuffled = derangement(n, 12345)
+    true_lp = np.zeros(n)
+    false_lp = np.zeros(n)
+    phrases = [pairs.pair(int(i)) for i in range(n)]  # the validation split is small
+    sources = [phrases[i][0] for i in order]
+    with precision_context(device, precision):
+        true_lp[order] = log_probs_by_forward(model, sources, [phrases[i][1] for i in order], batch_size)
+        false_lp[order] = log_probs_by_forward(model, sources, [phrases[i][1] for i in shuffled[order]], batch_size)
+    model.train(was_training)
+    tokens = float(lengths[:, 1].astype(np.int64).sum() + n)
+    nll_token = -true_lp.sum() / tokens
+    return {
+        "valid_nll_pair": float(-true_lp.mean()),
+        "valid_nll_token": float(nll_token),
+        "valid_ppl": float(math.exp(min(nll_token, 700.0))),
+        "valid_margin_pair": float((true_lp - false_lp).mean()),
+        "valid_true_beats_shuffled": float((true_lp > false_lp).mean()),
+    }
+
+
+@torch.no_grad()
+def validation_bleu(model: TranslationModel, pairs: PairSet, target_vocab: Vocabulary, references: list, beam: int,
+                    device: torch.device, precision: str, batch_sentences: int = 64) -> float:
+    """BLEU (tokenised, as ``evaluate`` scores Moses' output) of the model's translations of the
+    validation sources, by beam search of width ``beam`` (1: greedy) as ``translate`` searches,
+    against ``references`` (one string per validation pair)."""
+    from phrase_scorer.moses.evaluate import score
+    from phrase_scorer.sampling import beam_search_batch
+
+    was_training = model.training
+    sources = [pairs.pair(i)[0].tolist() for i in range(len(pairs))]  # the validation split is small
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    hypotheses = [""] * len(sources)
+    ratio = TranslateOptions.max_length_ratio
+    with precision_context(device, precision):
+        for start in range(0, len(order), batch_sentences):
+            batch = order[start : start + batch_sentences]
+            found = beam_search_batch(model, [sources[i] for i in batch], beam, allow_unk=False, length_normalize=True,
+                                      max_length=[max(1, math.ceil(ratio * len(sources[i]))) for i in batch])
+            for i, hyps in zip(batch, found):
+                hypotheses[i] = " ".join(target_vocab.decode(hyps[0][0])) if hyps else ""
+    model.train(was_training)
+    return score(hypotheses, references, kind="tokenized").bleu

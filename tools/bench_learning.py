@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Learning curves: dev BLEU against training time, by recipe, for RNNsearch ``small`` on the
+29,000 Multi30k sentence pairs (en->fr), and the test BLEU of the best weights with beam 5.
+
+    python tools/bench_learning.py train --recipe modern --minutes 96 --work-dir W   # one run per call
+    python tools/bench_learning.py train --recipe paper --minutes 96 --work-dir W
+    python tools/bench_learning.py report --work-dir W [--idle-from W/idle] [--write]
+
+``train`` runs ``phrase-scorer train --corpus ... --dev val ... --arch rnnsearch --preset small
+--batch-size 80 --valid-every N --max-time M --recipe R`` (plus any ``--set NAME=VALUE`` of the
+ablation) into ``W/<label>``; the training log has a line per validation with the step, the
+training time (validations included) and the dev BLEU (greedy). ``report`` reads the logs,
+translates test 2016 with the best weights (beam 5) and prints the curves, the ablation and the
+machine into docs/benchmarks.md ("Learning").
+
+Times: a run on an otherwise idle machine is reported as measured. A run that shared the cores
+with other work is converted to idle time with ``--idle-from DIR``: the training log of a short
+run of the same command on the idle machine gives the idle seconds per validation interval
+(``--valid-every`` steps and one validation), and validation k of the loaded run is placed at k
+such intervals. A model's weights at step k do not depend on the load, only its speed does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import ROOT, machine, markdown_table, phrase_scorer_command, report  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "multi30k-en-fr"
+PEER = [(21.6, 0.7), (40.6, 27.9), (57.2, 42.5), (77.0, 50.5), (96.3, 52.5)]  # (minutes, val BLEU) of the reference curve
+CHECKPOINTS_MIN = [20, 30, 41, 57, 77, 96]
+
+
+def corpus_args(data: Path, direction: str) -> List[str]:
+    src, tgt = direction.split("-")
+    return ["--corpus", data / f"train.tok.{src}.gz", data / f"train.tok.{tgt}.gz",
+            "--dev", data / f"val.tok.{src}.gz", data / f"val.tok.{tgt}.gz"]
+
+
+def train_run(args) -> None:
+    out = Path(args.work_dir) / args.label
+    extra = []
+    for setting in args.set:
+        name, value = setting.split("=", 1)
+        extra += [f"--{name}", value]
+    command = phrase_scorer_command(
+        "train", *corpus_args(Path(args.data), args.direction), "--arch", "rnnsearch", "--preset", "small", "--batch-size", 80,
+        "--valid-every", args.valid_every, "--recipe", args.recipe, "--threads", args.threads, *extra,
+        *(["--max-time", f"{args.minutes}m"] if args.minutes else []),
+        *(["--max-steps", args.max_steps] if args.max_steps else []), "-o", out, "--resume")
+    (Path(args.work_dir)).mkdir(parents=True, exist_ok=True)
+    (out.parent / f"{args.label}.command.json").write_text(json.dumps([str(c) for c in command]) + "\n")
+    subprocess.run(command, check=True)
+
+
+def read_log(run: Path) -> List[dict]:
+    return [json.loads(line) for line in (run / "train.log.jsonl").read_text().splitlines() if line.strip()]
+
+
+def idle_interval_seconds(idle_run: Path) -> float:
+    """Idle seconds per validation interval, from the log of a short idle run (its first
+    interval left out: it holds the start-up)."""
+    records = read_log(idle_run)
+    if len(records) < 3:
+        raise SystemExit(f"{idle_run}: an idle run needs at least 3 validations")
+    times = [r["train_seconds"] for r in records]
+    return (times[-1] - times[0]) / (len(times) - 1)
+
+
+def curve(run: Path, interval: Optional[float]) -> List[dict]:
+    """(minutes, step, dev BLEU, dev NLL) of each validation; minutes converted with ``interval``."""
+    out = []
+    for k, record in enumerate(read_log(run), 1):
+        seconds = k * interval if interval else record["train_seconds"]
+        out.append({"minutes": seconds / 60, "step": record["step"], "bleu": record.get("valid_bleu"),
+                    "nll": record["valid_nll_token"]})
+    return out
+
+
+def bleu_at(points: List[dict], minutes: float) -> Optional[float]:
+    """The best dev BLEU reached by ``minutes`` (what early stopping would have kept), or None."""
+    reached = [p["bleu"] for p in points if p["minutes"] <= minutes and p["bleu"] is not None]
+    return max(reached) if reached and points[-1]["minutes"] >= minutes else None
+
+
+def test_bleu(run: Path, data: Path, direction: str, beam: int = 5) -> float:
+    from phrase_scorer.moses.evaluate import score
+
+    src, tgt = direction.split("-")
+    hypotheses = run / f"test2016.beam{beam}.{tgt}"
+    if not hypotheses.exists():
+        subprocess.run(phrase_scorer_command("translate", "-m", run, "--beam", beam, data / f"test_2016_flickr.tok.{src}.gz",
+                                             "-o", hypotheses), check=True)
+    import gzip
+
+    with gzip.open(data / f"test_2016_flickr.tok.{tgt}.gz", "rt", encoding="utf-8") as f:
+        references = [line.rstrip("\n") for line in f]
+    return score(hypotheses.read_text(encoding="utf-8").splitlines(), references, kind="tokenized").bleu
+
+
+def report_runs(args) -> None:
+    work = Path(args.work_dir)
+    interval = idle_interval_seconds(Path(args.idle_from)) if args.idle_from else None
+    runs = sorted(p.parent for p in work.glob("*/train.log.jsonl") if p.parent.name != "idle")
+    header = ["run", *[f"{m} min" for m in CHECKPOINTS_MIN], "steps", "test 2016 (beam 5)"]
+    rows = [["reference curve (peer toolkit, same data and CPU kind)",
+             *[next((f"{b}" for m2, b in PEER if abs(m2 - m) < 1.5), "") for m in CHECKPOINTS_MIN], "", "55.5"]]
+    for run in runs:
+        points = curve(run, interval)
+        cells = [f"{b:.1f}" if (b := bleu_at(points, m)) is not None else "" for m in CHECKPOINTS_MIN]
+        test = f"{test_bleu(run, Path(args.data), args.direction):.2f}" if args.test else ""
+        rows.append([run.name, *cells, points[-1]["step"] if points else 0, test])
+    info = machine()
+    timing = (f"idle time from `{args.idle_from}` ({interval:.0f} s per validation interval)" if interval
+              else "training time as measured (validations included)")
+    markdown = "\n".join([
+        "Dev BLEU (val 2016, greedy, tokenised) reached by each training time: RNNsearch `small`, "
+        f"en→fr, 29,000 Multi30k pairs, batch 80, {info['cpu']}, {info['cores']} cores, torch {info['torch']}; {timing}.",
+        "",
+        markdown_table(header, rows),
+        "",
+        f"Command: `python tools/bench_learning.py report --work-dir {args.work_dir}"
+        + (f" --idle-from {args.idle_from}" if args.idle_from else "") + "` after one `train` call per run.",
+    ])
+    report("learning", markdown, args.write)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--recipe", default="modern")
+    t.add_argument("--label", default=None, help="run folder name [default: the recipe]")
+    t.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="another train option (ablation)")
+    t.add_argument("--minutes", type=float, default=None)
+    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--valid-every", type=int, default=500)
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--direction", default="en-fr")
+    t.add_argument("--data", default=str(DATA), help="folder of the tokenised Multi30k files")
+    t.add_argument("--work-dir", required=True)
+    r = sub.add_parser("report")
+    r.add_argument("--work-dir", required=True)
+    r.add_argument("--idle-from", default=None)
+    r.add_argument("--direction", default="en-fr")
+    r.add_argument("--data", default=str(DATA))
+    r.add_argument("--test", action="store_true", help="also translate test 2016 with each run's best weights")
+    r.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    if args.command == "train":
+        args.label = args.label or args.recipe
+        train_run(args)
+    else:
+        report_runs(args)
+
+
+if __name__ == "__main__":
+    main()
