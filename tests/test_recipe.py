@@ -119,6 +119,7 @@ def test_scores_translations_and_samples_are_deterministic_after_dropout_trainin
     assert (once.words, once.log_prob) == (again.words, again.log_prob)
 
 
+@torch.no_grad()
 def test_label_smoothing_objective_is_the_mix_of_nll_and_the_uniform_cross_entropy():
     torch.manual_seed(0)
     model = build_model(RNNSEARCH_PRESETS["tiny"], 30, 20).double()
