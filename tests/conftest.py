@@ -92,6 +92,18 @@ def head_lines(path: Path, n: int) -> list:
     return out
 
 
+def in_fp64(loaded):
+    """A copy of a loaded model computing in fp64. fp32 results move in their last bits with the
+    batch shape (docs/precision.md), which can flip a near-tie between two candidates of a search;
+    whether a search has such a near-tie depends on the model's weights, which differ between CPUs
+    and library builds. A test that compares searches run in different batches uses this copy,
+    whose batch-shape noise (~1e-14) is far too small to flip one."""
+    import copy
+    import dataclasses
+
+    return dataclasses.replace(loaded, model=copy.deepcopy(loaded.model).double())
+
+
 def assert_translates(hypotheses: list, sources: list, references: list):
     """``hypotheses`` translate ``sources``: one non-empty line per source, whose BLEU is above that
     of the untranslated sources and whose word (1-gram) precision is at least three times theirs,
