@@ -56,7 +56,7 @@ def as_printed(values: np.ndarray) -> np.ndarray:
 
 # `score` and `rescore` batch the pairs differently, so their fp32 matrix products and softmax sums
 # add in another order and a pair's log p can differ in its last bits: by up to 4e-8 of the value
-# between the batchings of these tests (docs/precision.md measures it on a whole table). The
+# between the batchings of these tests (docs/precision.md measures it on a phrase table). The
 # tolerance is ten times that and at most half a unit of the 6th significant digit.
 FP32_RELATIVE_NOISE = 5e-7
 
