@@ -96,8 +96,10 @@ def in_fp64(loaded):
     """A copy of a loaded model computing in fp64. fp32 results move in their last bits with the
     batch shape (docs/precision.md), which can flip a near-tie between two candidates of a search;
     whether a search has such a near-tie depends on the model's weights, which differ between CPUs
-    and library builds. A test that compares searches run in different batches uses this copy,
-    whose batch-shape noise (~1e-14) is far too small to flip one."""
+    and library builds. A test that compares searches run in different batches uses this copy:
+    its batch-shape noise is ~1e-15 of a value, so the fp32 log-probabilities a search computes
+    from its logits differ only where a logit lies that close to an fp32 rounding boundary (about
+    one logit in 1e8)."""
     import copy
     import dataclasses
 
