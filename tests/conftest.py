@@ -92,6 +92,39 @@ def head_lines(path: Path, n: int) -> list:
     return out
 
 
+def in_fp64(loaded):
+    """A copy of a loaded model computing in fp64. fp32 results move in their last bits with the
+    batch shape (docs/precision.md), which can flip a near-tie between two candidates of a search;
+    whether a search has such a near-tie depends on the model's weights, which differ between CPUs
+    and library builds. A test that compares searches run in different batches uses this copy:
+    its batch-shape noise is ~1e-15 of a value, so the fp32 log-probabilities a search computes
+    from its logits differ only where a logit lies that close to an fp32 rounding boundary (about
+    one logit in 1e8)."""
+    import copy
+    import dataclasses
+
+    return dataclasses.replace(loaded, model=copy.deepcopy(loaded.model).double())
+
+
+def assert_translates(hypotheses: list, sources: list, references: list):
+    """``hypotheses`` translate ``sources``: one non-empty line per source, whose BLEU is above that
+    of the untranslated sources and whose word (1-gram) precision is at least three times theirs,
+    both scored alike here (sacrebleu on the tokenized, lowercased text, as multi-bleu.perl -lc).
+
+    This is what a Moses system tuned inside a test can be held to: one tuning iteration with a
+    tiny model trained in the test session may reorder words badly, and how badly depends on the
+    model's weights, which differ between CPUs and library builds; a copied or untranslated
+    output fails it. Returns the hypotheses' BLEU (a sacrebleu ``BLEUScore``)."""
+    from sacrebleu.metrics import BLEU
+
+    assert len(hypotheses) == len(sources) == len(references)
+    assert all(h.strip() for h in hypotheses)
+    bleu = BLEU(tokenize="none", lowercase=True)
+    system, copied = bleu.corpus_score(hypotheses, [references]), bleu.corpus_score(sources, [references])
+    assert system.score > copied.score and system.precisions[0] >= 3 * copied.precisions[0], (system, copied)
+    return system
+
+
 @pytest.fixture(scope="module")
 def moses():
     """The Moses installation of MOSES_HOME (and the shared Multi30k system); skips without them."""

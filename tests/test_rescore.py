@@ -54,6 +54,23 @@ def as_printed(values: np.ndarray) -> np.ndarray:
     return np.array([float(f"{v:g}") for v in values])
 
 
+# `score` and `rescore` batch the pairs differently, so their fp32 matrix products and softmax sums
+# add in another order and a pair's log p can differ in its last bits: by up to 4e-8 of the value
+# between the batchings of these tests (docs/precision.md measures it on a phrase table). The
+# tolerance is ten times that and at most half a unit of the 6th significant digit.
+FP32_RELATIVE_NOISE = 5e-7
+
+
+def assert_printed_from(written: np.ndarray, computed: np.ndarray) -> None:
+    """Each written value (6 significant digits) is ``computed`` rounded to 6 digits, or, where
+    ``computed`` lies within fp32 noise of a rounding boundary, the 6-digit value on the other side:
+    one unit in the last digit, and only there."""
+    noise = FP32_RELATIVE_NOISE * np.abs(computed)
+    low, high = as_printed(computed - noise), as_printed(computed + noise)
+    wrong = np.flatnonzero((written < low) | (written > high))
+    assert not len(wrong), [(i, written[i], computed[i]) for i in wrong[:5]]
+
+
 @pytest.fixture(scope="module")
 def rescored(tmp_path_factory, tiny_model):
     out = tmp_path_factory.mktemp("rescore") / "val.rescored.gz"
@@ -90,9 +107,10 @@ def test_features_equal_what_score_gives(rescored, tiny_model, tmp_path):
     written_reverse = np.array([e.feature("RNNReverse0")[0] for e in entries])
     # the scores differ from hypothesis to hypothesis, and are log-probabilities, not probabilities
     assert len(set(written_forward)) > 100 and (written_forward < 0).all()
-    # `score` prints 9 significant digits, rescore 6 as Moses does: equal once rounded alike
-    np.testing.assert_allclose(written_forward, as_printed(forward), rtol=1e-9)
-    np.testing.assert_allclose(written_reverse, as_printed(reverse), rtol=1e-9)
+    # `score` prints 9 significant digits, rescore 6 as Moses does: equal once rounded alike, up to
+    # the last bits two fp32 computations batched differently may differ by
+    assert_printed_from(written_forward, forward)
+    assert_printed_from(written_reverse, reverse)
 
 
 def test_normalized_feature_is_per_predicted_token(tmp_path, loaded_tiny, tiny_model):
@@ -103,7 +121,7 @@ def test_normalized_feature_is_per_predicted_token(tmp_path, loaded_tiny, tiny_m
     hypotheses = [split_words(e.hypothesis) for e in entries]
     log_p = model_scores(tiny_model, [sentences[e.sentence_id] for e in entries], hypotheses, tmp_path)
     per_token = log_p / np.array([len(h) + 1 for h in hypotheses])
-    np.testing.assert_allclose([e.feature("Norm")[0] for e in entries], as_printed(per_token), rtol=1e-9)
+    assert_printed_from(np.array([e.feature("Norm")[0] for e in entries]), per_token)
 
 
 def test_each_source_is_encoded_once_and_shared_prefixes_decoded_once(tmp_path, loaded_tiny):
@@ -150,10 +168,13 @@ def test_resume_after_an_interruption_gives_the_same_bytes(tmp_path, loaded_tiny
 
 
 def test_stdin_and_stdout(tmp_path, tiny_model, rescored):
+    """The same bytes as the file written with the same settings (other windows batch the pairs
+    differently, which can move a value's last digit: the windows are part of the signature)."""
     plain = tmp_path / "list.txt"
     plain.write_bytes(b"".join(raw_lines(NBEST)))
     result = CliRunner().invoke(
-        cli, ["rescore", "-", "--source", str(SOURCE), "-m", str(tiny_model), "-r", str(tiny_model), "-o", "-"],
+        cli, ["rescore", "-", "--source", str(SOURCE), "-m", str(tiny_model), "-r", str(tiny_model), "-o", "-",
+              "--window-lines", "50"],
         input=plain.read_bytes(), catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     assert result.stdout_bytes == b"".join(raw_lines(rescored))

@@ -15,7 +15,7 @@ from phrase_scorer.scoring import BatchScorer, pad
 from phrase_scorer.translate import translate_sentences
 from phrase_scorer.vocab import EOS_ID, PAD_ID, UNK_ID
 
-from conftest import VAL_EN
+from conftest import VAL_EN, in_fp64
 
 
 def run(*args):
@@ -38,13 +38,24 @@ def test_one_line_per_input_line_and_deterministic(tmp_path, sentence_model, val
     source.write_text("\n".join([val_lines[0], "", *val_lines[1:4], ""]) + "\n", encoding="utf-8")
     first, again = tmp_path / "out1.txt", tmp_path / "out2.txt"
     assert run("translate", "-m", sentence_model, source, "-o", first, "--beam", 3, "--batch-sentences", 2).exit_code == 0
-    assert run("translate", "-m", sentence_model, source, "-o", again, "--beam", 3).exit_code == 0
+    assert run("translate", "-m", sentence_model, source, "-o", again, "--beam", 3, "--batch-sentences", 2).exit_code == 0
     lines = first.read_text(encoding="utf-8").split("\n")
     assert len(lines) == 7 and lines[-1] == ""  # six lines, each ended by a newline
     assert lines[1] == "" and lines[5] == ""  # empty in, empty out
     assert all(lines[i] for i in (0, 2, 3, 4))
     assert all("<unk>" not in line and "  " not in line for line in lines)
-    assert first.read_text(encoding="utf-8") == again.read_text(encoding="utf-8")  # batching changes nothing
+    assert first.read_text(encoding="utf-8") == again.read_text(encoding="utf-8")
+
+
+def test_batching_changes_nothing(sentence_model, val_lines):
+    """Sentences searched two at a time or all together: the same translations and scores (in fp64,
+    where the batch shape cannot flip a near-tie between candidates; see conftest.in_fp64)."""
+    loaded = in_fp64(load_model(sentence_model))
+    sentences = [line.split() for line in val_lines]
+    pairs = translate_sentences(loaded, sentences, TranslateOptions(beam=3, batch_sentences=2))
+    together = translate_sentences(loaded, sentences, TranslateOptions(beam=3))
+    assert [t.words for t in pairs] == [t.words for t in together]
+    assert [t.log_prob for t in pairs] == pytest.approx([t.log_prob for t in together], rel=1e-6, abs=1e-5)
 
 
 @pytest.mark.parametrize("length_normalize", [True, False])
@@ -85,7 +96,8 @@ def greedy(model, source_ids, max_length):
 
 
 def test_beam_width_one_is_greedy(sentence_model, val_lines):
-    loaded = load_model(sentence_model)
+    # in fp64: the search runs the sentences in one batch, greedy() one at a time (conftest.in_fp64)
+    loaded = in_fp64(load_model(sentence_model))
     sentences = [line.split() for line in val_lines]
     found = translate_sentences(loaded, sentences, TranslateOptions(beam=1, max_length_ratio=1.5))
     for sentence, translation in zip(sentences, found):
