@@ -445,7 +445,8 @@ def test_disk_full_while_annotating(tmp_path, tiny_model, monkeypatch):
 
             monkeypatch.setattr(files.AtomicOutput, "__init__", init)
         out.write_bytes(b"the previous table")
-        result = CliRunner().invoke(cli, ["annotate", str(EXAMPLE_TABLE), "-m", str(tiny_model), "-o", str(out)])
+        result = CliRunner().invoke(cli, ["annotate", str(EXAMPLE_TABLE), "-m", str(tiny_model), "-o", str(out),
+                                          "--overwrite"])
         assert result.exit_code == 1
         assert "no space left on the device" in result.stderr.strip().splitlines()[-1]
         assert out.read_bytes() == b"the previous table"
