@@ -33,7 +33,7 @@ fi
 
 echo
 echo "== 2. annotate: append p(y|x) and e^(unknown words) to every line =="
-phrase-scorer annotate "$TABLE" -m "$OUT/model" -o "$OUT/phrase-table.rnn.gz"
+phrase-scorer annotate "$TABLE" -m "$OUT/model" -o "$OUT/phrase-table.rnn.gz" --overwrite
 echo "first lines:"
 gzip -dc "$OUT/phrase-table.rnn.gz" | sed -n 1,3p  # sed reads to the end: no SIGPIPE under pipefail
 

@@ -25,7 +25,10 @@ input, model, options, device, precision and gzip library (a chunk scored in bf1
 fp32 would differ silently): :func:`annotation_settings` defines them once, for the resume
 record, the signature and the check that an output is already finished. At the end ``OUT.part``
 is renamed to ``OUT`` and a signature, ``OUT.json``, records what made the table, the device and
-precision of the scores included. ``--resume`` with no record to resume from (a run killed
+precision of the scores included. An existing ``OUT`` is replaced only with ``overwrite`` (or by a
+``--resume`` that continues its run), and never when it is one of the inputs
+(:mod:`phrase_scorer.io.outputs`); standard output, a character device or a FIFO is written
+directly, without a resume record or a signature. ``--resume`` with no record to resume from (a run killed
 before its first chunk, or no run at all) starts afresh and says so; with an output already
 finished by the same command it does nothing. A failed run keeps ``OUT.part`` only when
 ``--resume`` can continue it, and says which (:func:`keep_or_remove_partial`).
@@ -59,6 +62,7 @@ from phrase_scorer.io.files import (
     part_path,
     write_text_atomically,
 )
+from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files, refuse_existing, writes_directly
 from phrase_scorer.io.parallel import Pipeline, WorkerPool
 from phrase_scorer.io.phrase_table import PhraseTableReader, TableLine
 from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_count
@@ -128,6 +132,7 @@ class AnnotateResult:
     num_scores_after: Optional[int]
     signature: Dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    already_finished: bool = False  # --resume found the output finished by the same command
 
 
 def input_identity(path: PathLike) -> Dict[str, Any]:
@@ -154,6 +159,16 @@ def annotation_settings(table: PathLike, output: PathLike, loaded, options: Anno
         "package_version": __version__,
     }
     return json.loads(json.dumps(settings))  # as JSON reads them back (tuples -> lists)
+
+
+def column_encoding(options: AnnotateOptions) -> Dict[str, str]:
+    """What each appended column holds, as the signature records it."""
+    from phrase_scorer.annotate_work import UNK_CAP
+
+    prob = "exp(log p / (target words + 1))" if options.length_normalize else "exp(log p)"
+    described = {"prob": f"{prob}, log p floored at {LOG_FLOOR:g}",
+                 "unk": f"exp(min(unknown words, {UNK_CAP})), unknown words on the {options.unk_side} side"}
+    return {column: described[column] for column in options.columns}
 
 
 def finished_annotation(table: PathLike, output: PathLike, loaded, options: AnnotateOptions,
@@ -188,10 +203,14 @@ def annotate(
     scoring_options=None,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     workers: Optional[int] = None,
     constant_log_prob: Optional[float] = None,
 ) -> AnnotateResult:
     """Append the model's columns to every line of ``table``, writing ``output`` atomically.
+
+    An existing ``output`` is replaced only with ``overwrite``, or when ``resume`` continues the
+    run that is making it (see :mod:`phrase_scorer.io.outputs` for what is never written over).
 
     ``workers`` processes do the host work (None: as many as the cores allow, 0: none, all in
     this process). Under torchrun every rank annotates its shard and rank 0 joins the shards
@@ -202,10 +221,9 @@ def annotate(
 
     scoring_options = scoring_options or ScoringOptions()
     output = os.fspath(output)
-    to_stdout = output == STDIO
-    if not to_stdout and os.fspath(table) != STDIO and os.path.abspath(table) == os.path.abspath(output):
-        raise PhraseScorerError("the output would overwrite the input table", path=output)
-    compress = not to_stdout and is_gzip_name(output)
+    check_output(output, [("the phrase table", table), *model_files(loaded.directory)],
+                 overwrite=overwrite or resume, companions=RESUMABLE_COMPANIONS)
+    compress = output != STDIO and is_gzip_name(output)
     scorer = BatchScorer(loaded.model, scoring_options)
     settings = annotation_settings(table, output, loaded, options, scorer.describe())
     if constant_log_prob is not None:
@@ -215,10 +233,10 @@ def annotate(
         workers = default_workers(distributed.cores_per_process(current))
     job = AnnotateJob(table, loaded, options, scorer, settings, compress, workers, constant_log_prob)
     if current.is_distributed:
-        return annotate_sharded(job, output, current, resume=resume)
+        return annotate_sharded(job, output, current, resume=resume, overwrite=overwrite)
     if resume and job.finished(output, settings):
-        return job.result_of(output)
-    return job.run(output, resume=resume)
+        return job.result_of(output, already_finished=True)
+    return job.run(output, resume=resume, overwrite=overwrite)
 
 
 def default_workers(cores: int) -> int:
@@ -256,29 +274,32 @@ class AnnotateJob:
             "output": os.path.abspath(output) if output != STDIO else STDIO,
             "lines": lines,
             "columns": list(self.options.columns),
+            "column_values": column_encoding(self.options),
             "num_scores_before": num_scores,
             "num_scores_after": (num_scores or 0) + len(self.options.columns),
             **extra,
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
 
-    def result_of(self, output: str, seconds: float = 0.0) -> AnnotateResult:
+    def result_of(self, output: str, seconds: float = 0.0, already_finished: bool = False) -> AnnotateResult:
         signature = json.loads(Path(output + ".json").read_text())
         return AnnotateResult(output=output, lines=signature["lines"], num_scores_before=signature["num_scores_before"],
-                              num_scores_after=signature["num_scores_after"], signature=signature, seconds=seconds)
+                              num_scores_after=signature["num_scores_after"], signature=signature, seconds=seconds,
+                              already_finished=already_finished)
 
-    def run(self, output: str, *, resume: bool = False, lines: Optional[Tuple[int, int]] = None,
-            settings: Optional[Dict[str, Any]] = None) -> AnnotateResult:
+    def run(self, output: str, *, resume: bool = False, overwrite: bool = False,
+            lines: Optional[Tuple[int, int]] = None, settings: Optional[Dict[str, Any]] = None) -> AnnotateResult:
         """Annotate lines ``lines`` = [start, stop) (None: all) into ``output``; see the module
         docstring for the resume record. ``settings`` replaces the job's in the record and the
         signature (a shard's record names its shard)."""
         settings = settings or self.settings
-        to_stdout = output == STDIO
+        to_stdout = writes_directly(output)
         started = time.monotonic()
         first, stop = lines if lines is not None else (0, None)
         with OutputLock(output):
-            done_lines, done_bytes, progress_path = start_resumable(self.table, output, settings, resume)
-            with resumable_output(output, done_bytes) as out:
+            done_lines, done_bytes, progress_path = start_resumable(self.table, output, settings, resume,
+                                                                    overwrite=overwrite)
+            with resumable_output(output, done_bytes, progress_path) as out:
                 windows = RawWindows(self.table, self.options.window_lines, first + done_lines, stop)
                 writer = ChunkWriter(out, progress_path, settings, done_lines)
                 try:
@@ -287,10 +308,6 @@ class AnnotateJob:
                     if to_stdout:
                         raise
                     raise keep_or_remove_partial(exc, out, progress_path, settings["input"]["path"]) from None
-                except KeyboardInterrupt:
-                    if progress_path is not None and not progress_path.exists():
-                        out.keep_on_failure = False  # not one chunk finished: nothing to resume from
-                    raise
                 total_lines = writer.lines_done
                 if total_lines == 0 and lines is None:
                     raise PhraseScorerError("the phrase table is empty", path=self.table)
@@ -355,7 +372,8 @@ def shard_output(output: str, rank: int, size: int) -> str:
     return f"{output}.shard-{rank + 1:05d}-of-{size:05d}"
 
 
-def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = False) -> AnnotateResult:
+def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = False,
+                     overwrite: bool = False) -> AnnotateResult:
     """Every rank annotates its shard of whole windows into its own file (resumable on its own);
     rank 0 then joins the shards, in order, into ``output``: byte-identical to one process.
 
@@ -363,8 +381,8 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
     options, device and precision), or the shards would not make one table. The shard files sit
     beside ``output``, so ranks on several machines need a shared file system. Every rank
     returns the joined output's result."""
-    if output == STDIO or os.fspath(job.table) == STDIO:
-        raise PhraseScorerError("a sharded run (torchrun) needs named input and output files, not '-'")
+    if writes_directly(output) or os.fspath(job.table) == STDIO:
+        raise PhraseScorerError("a sharded run (torchrun) needs named input and output files, not '-', a device or a pipe")
     started = time.monotonic()
     with distributed.joined():
         ranks_settings = distributed.all_gather_object(job.settings)
@@ -381,7 +399,9 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
         if done:
             if current.is_main:  # a join killed before it removed the shards
                 remove_shards([shard_output(output, r, current.size) for r in range(current.size)])
-            return job.result_of(output)
+            return job.result_of(output, already_finished=True)
+        if os.path.lexists(output) and not overwrite:  # the join would replace it
+            refuse_existing(output)
         total = distributed.broadcast_object(count_lines(job.table) if current.is_main else None)
         start, stop = distributed.shard_lines(total, job.options.window_lines, current.rank, current.size)
         part = shard_output(output, current.rank, current.size)
@@ -389,7 +409,7 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
         failure = None
         try:
             if not (resume and job.finished(part, settings)):
-                job.run(part, resume=resume, lines=(start, stop), settings=settings)
+                job.run(part, resume=resume, overwrite=True, lines=(start, stop), settings=settings)
         except Exception as exc:  # reported to the other ranks, then raised
             failure = exc
         failures = distributed.all_gather_object(None if failure is None else str(failure))
@@ -472,35 +492,41 @@ def keep_or_remove_partial(exc: PhraseScorerError, out: AtomicOutput, progress_p
     return PhraseScorerError(exc.message, path=exc.path, line=exc.line, hint=hint)
 
 
-def start_resumable(source: PathLike, output: str, settings: Dict[str, Any], resume: bool) -> Tuple[int, int, Optional[Path]]:
+def start_resumable(source: PathLike, output: str, settings: Dict[str, Any], resume: bool, *,
+                    overwrite: bool) -> Tuple[int, int, Optional[Path]]:
     """Before a resumable run writes ``output`` (under its :class:`OutputLock`): the input lines
     and output bytes already done (0, 0 unless resuming), and the resume record's path (None
-    for stdout). ``resume`` with no record to resume from starts afresh and says so; a fresh run
-    removes a stale record."""
-    to_stdout = output == STDIO
+    for stdout, a device or a pipe). ``resume`` with no record to resume from starts afresh and
+    says so; a fresh run removes a stale record. An existing ``output`` that the run does not
+    continue is replaced only with ``overwrite``."""
+    to_stdout = writes_directly(output)
     done_lines, done_bytes = 0, 0
     progress_path = Path(str(part_path(output)) + ".json") if not to_stdout else None
     record = None
     if resume:
         if to_stdout or os.fspath(source) == STDIO:
-            raise PhraseScorerError("--resume needs named input and output files, not '-'")
+            raise PhraseScorerError("--resume needs named input and output files, not '-', a device or a pipe")
         record = read_resume_record(progress_path, settings)
         if record is None:
             log.warning("nothing to resume for %s (no interrupted run left a record): starting afresh", output)
         else:
             done_lines, done_bytes = record
             log.info("resuming after %d lines (%d bytes already written)", done_lines, done_bytes)
+    if not to_stdout and os.path.lexists(output) and record is None:
+        if not overwrite:
+            refuse_existing(output)
+        log.info("%s exists and will be replaced when the new output is complete", output)
     if record is None and progress_path is not None and progress_path.exists():
         progress_path.unlink()
-    if not to_stdout and os.path.exists(output) and record is None:
-        log.info("%s exists and will be replaced when the new output is complete", output)
     return done_lines, done_bytes, progress_path
 
 
-def resumable_output(output: str, done_bytes: int) -> AtomicOutput:
-    """``output``'s temporary file, kept on failure for a later resume; a resumed run (one with
-    ``done_bytes`` already written) cuts it to those bytes and writes on from there."""
-    out = AtomicOutput(output, append=done_bytes > 0, keep_on_failure=output != STDIO)
+def resumable_output(output: str, done_bytes: int, progress_path: Optional[Path]) -> AtomicOutput:
+    """``output``'s temporary file, kept on failure for a later resume while its resume record
+    ``progress_path`` exists (a run that finished no chunk leaves nothing behind); a resumed run
+    (one with ``done_bytes`` already written) cuts it to those bytes and writes on from there."""
+    out = AtomicOutput(output, append=done_bytes > 0, keep_on_failure=progress_path is not None,
+                       resume_record=progress_path)
     if done_bytes:
         out.file.truncate(done_bytes)
         out.file.seek(done_bytes)
@@ -557,11 +583,14 @@ class ChunkWriter:
 # --- score --------------------------------------------------------------------------------------
 
 
-def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None, window_lines: int = 20000) -> int:
+def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None, window_lines: int = 20000, *,
+               overwrite: bool = False) -> int:
     """Write one natural-log log p(y|x) per line of ``source`` (``src ||| tgt`` lines or a whole
-    phrase table), in order. Returns the number of lines."""
+    phrase table), in order. Returns the number of lines. An existing ``output`` is replaced
+    only with ``overwrite``."""
     from phrase_scorer.scoring import BatchScorer
 
+    check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
     scorer = BatchScorer(loaded.model, scoring_options or ScoringOptions())
     reader = PhraseTableReader(source, min_fields=2, check_scores=False)
     lines = 0

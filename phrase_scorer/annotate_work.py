@@ -14,7 +14,11 @@ and floors it at -100 (see docs/moses.md). So the model's column holds p(y|x) = 
 the unknown-word column holds exp(n_unk), n_unk being the number of words outside the model's
 shortlists; Moses then sees log p(y|x) and n_unk as features. A log p below -100 is written as
 exp(-100) (about 3.7e-44), which Moses reads as its own floor, -100; values never reach 0, NaN
-or a negative number. All values are printed with 9 significant digits.
+or a negative number. The unknown-word count is capped at :data:`UNK_CAP` = 88 before it is
+exponentiated: Moses reads every score as a 32-bit float, whose largest value (3.4e38) lies
+between e^88 (1.65e38) and e^89, so exp(88) is the largest e^n that Moses (and this package's
+reader) takes as a finite number; a phrase with more than 88 unknown words gets the same
+column as one with 88. All values are printed with 9 significant digits.
 
 Word ids. A window's words are looked up as UTF-8 bytes in one dictionary per vocabulary, each
 word with one C-level dictionary probe (no per-word Python code); words outside the shortlist,
@@ -36,6 +40,7 @@ from phrase_scorer.io.table_windows import RawWindow, parse_window
 from phrase_scorer.vocab import SPECIALS, UNK_ID
 
 LOG_FLOOR = -100.0  # Moses floors the log of every column here (LOWEST_SCORE in moses/TypeDef.h)
+UNK_CAP = 88  # the unk column is exp(min(n, UNK_CAP)): e^88 < 3.4e38, the largest 32-bit float Moses reads
 
 
 class ByteIds(dict):
@@ -103,7 +108,7 @@ class WindowWork:
         if self.options.length_normalize:
             log_probs = per_token(log_probs, target_lengths)
         probs = np.exp(np.maximum(log_probs, LOG_FLOOR)).tolist()
-        counts = np.exp(unknown.astype(np.float64)).tolist()
+        counts = np.exp(np.minimum(unknown, UNK_CAP).astype(np.float64)).tolist()
         columns = [probs if column == "prob" else counts for column in self.options.columns]
         fmt = self.value_format
         return [fmt % values for values in zip(*columns)]

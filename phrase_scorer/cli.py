@@ -182,6 +182,8 @@ precision_option = click.option(
          "(docs/precision.md); only the log-softmax stays fp32. A CPU always scores in fp32.")
 resume_option = click.option("--resume", is_flag=True,
                              help="Continue an interrupted run of the same command (starts afresh when there is nothing to resume).")
+overwrite_option = click.option("--overwrite", is_flag=True,
+                                help="Replace OUTPUT if it exists (never when it is one of the inputs).")
 model_option = click.option("-m", "--model", "model_dir", required=True, type=click.Path(file_okay=False),
                             help="Model directory made by 'phrase-scorer train'.")
 
@@ -333,10 +335,11 @@ def train(ctx, table, corpus, dev, output, threads, resume, overwrite, **setting
 @model_option
 @click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", help="Where to write the scores.")
+@overwrite_option
 @batch_tokens_option
 @device_option
 @threads_option
-def score(model_dir, input, output, batch_tokens, device, threads):
+def score(model_dir, input, output, overwrite, batch_tokens, device, threads):
     """Print log p(target | source) (natural log) for each 'src ||| tgt' line of INPUT.
 
     INPUT may also be a whole phrase table; '-' reads stdin. One number per input line, in order.
@@ -347,7 +350,7 @@ def score(model_dir, input, output, batch_tokens, device, threads):
     from phrase_scorer.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
-    score_file(input, output, loaded, ScoringOptions(batch_tokens=batch_tokens))
+    score_file(input, output, loaded, ScoringOptions(batch_tokens=batch_tokens), overwrite=overwrite)
 
 
 # --- annotate ------------------------------------------------------------------------------------
@@ -400,12 +403,13 @@ def column_options(function):
               help="Processes that read, check, format and compress the table beside the model "
                    "(0: none, all in one process) [default: the cores, at most 8].")
 @resume_option
+@overwrite_option
 @click.option("--ini", "moses_ini", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Also write this moses.ini, patched for the new table, to --ini-output.")
 @click.option("--ini-output", type=click.Path(dir_okay=False), default=None,
               help="Where --ini writes the patched moses.ini [default: OUTPUT's name + .moses.ini].")
 def annotate(table, model_dir, output, columns, unk_side, length_normalize, batch_tokens, window_lines,
-             device, precision, threads, workers, resume, moses_ini, ini_output):
+             device, precision, threads, workers, resume, overwrite, moses_ini, ini_output):
     """Append the model's p(y|x) and unknown-word columns to every line of TABLE.
 
     Under torchrun (torchrun --nproc-per-node N -m phrase_scorer annotate ...) every process
@@ -417,22 +421,38 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
     from phrase_scorer.distributed import device_for_rank, world
     from phrase_scorer.model_dir import load_model
 
+    from phrase_scorer.io.outputs import check_output, writes_directly
+
     options = AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
                               window_lines=window_lines)
+    if moses_ini:  # checked before the long work, not after it
+        if output == "-" and ini_output is None:
+            raise PhraseScorerError("--ini needs --ini-output when the table goes to standard output")
+        ini_output = ini_output or f"{output}.moses.ini"
+        check_output(ini_output, [("the phrase table", table), ("the annotated table", output),
+                                  ("the moses.ini", moses_ini)], overwrite=overwrite or resume,
+                     what="the patched moses.ini")
+        if not writes_directly(ini_output) and os.path.abspath(ini_output) == os.path.abspath(output):
+            raise PhraseScorerError(f"--ini-output {ini_output} is the annotated table -o {output}",
+                                    hint="write the patched moses.ini elsewhere")
     loaded = load_model(model_dir, device_for_rank(resolve_device(device)))
     try:
         result = run_annotate(table, output, loaded, options,
                               ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
-                              workers=workers)
+                              overwrite=overwrite, workers=workers)
     except KeyboardInterrupt:
         raise interrupted_resumable(output) from None
     if not world().is_main:  # under torchrun, rank 0 reports for the job
         return
-    click.echo(
-        f"annotated {result.lines:,} lines in {result.seconds:.0f}s ({result.lines / max(result.seconds, 1e-9):,.0f} lines/s)"
-        + ("" if output == "-" else f": {output}, signature {output}.json"),
-        err=True,
-    )
+    if result.already_finished:
+        click.echo(f"{output} is already finished ({result.lines:,} lines, signature {output}.json): nothing to do",
+                   err=True)
+    else:
+        click.echo(
+            f"annotated {result.lines:,} lines in {result.seconds:.0f}s ({result.lines / max(result.seconds, 1e-9):,.0f} lines/s)"
+            + ("" if writes_directly(output) else f": {output}, signature {output}.json"),
+            err=True,
+        )
     report_moses_change(result, output, moses_ini, ini_output)
 
 
@@ -450,7 +470,7 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
 
         target = ini_output or f"{output}.moses.ini"
         result = patch_moses_ini(moses_ini, target, phrase_table=os.path.abspath(output), add_features=added,
-                                 initial_weights=start_weights(columns), absolute_paths=True)
+                                 initial_weights=start_weights(columns), absolute_paths=True, overwrite=True)
         click.echo(f"patched moses.ini written to {target}: {result.feature_name} num-features="
                    f"{result.new_num_features}, start weights of the new columns: {described}; re-tune before use",
                    err=True)
@@ -497,8 +517,9 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
 @precision_option
 @threads_option
 @resume_option
+@overwrite_option
 def rescore(nbest, source, models, reverse_models, names, reverse_names, output, normalize, batch_tokens, window_lines,
-            device, precision, threads, resume):
+            device, precision, threads, resume, overwrite):
     """Append the models' log-probabilities to every line of a Moses n-best list NBEST.
 
     Each model adds one dense feature 'Name= value' (natural log, 6 significant digits);
@@ -511,7 +532,8 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, output,
     loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device))
     try:
         result = run_rescore(nbest, source, output, loaded, RescoreOptions(normalize=normalize, window_lines=window_lines),
-                             ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume)
+                             ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
+                             overwrite=overwrite)
     except KeyboardInterrupt:
         raise interrupted_resumable(output) from None
     click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"
@@ -595,8 +617,9 @@ def ems_config(ctx, ini_in, ini_out, binarizer, model_dir, feature_name, columns
               help="Build the binary table (Compact, ProbingPT, OnDisk) at --phrase-table from this text table.")
 @click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
               help="Moses folder whose bin/ holds the binarisers [default: $MOSES_HOME].")
+@overwrite_option
 def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_weights, feature_name,
-                      absolute_paths, check_table, binarize_from, moses_home):
+                      absolute_paths, check_table, binarize_from, moses_home, overwrite):
     """Patch MOSES_INI for a phrase table with more score columns; then re-tune.
 
     Points the phrase-table feature at the new table, raises its num-features and appends the
@@ -607,7 +630,7 @@ def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_wei
     result = patch_moses_ini(moses_ini, output, phrase_table=phrase_table, add_features=add_features,
                              initial_weights=initial_weights, feature_name=feature_name,
                              absolute_paths=absolute_paths, check_table=check_table,
-                             binarize_from=binarize_from, moses_home=moses_home)
+                             binarize_from=binarize_from, moses_home=moses_home, overwrite=overwrite)
     if result.binarize_command:
         click.echo(f"binarised: {' '.join(result.binarize_command)}", err=True)
     click.echo(f"{result.feature_name} ({result.feature_type}): num-features {result.old_num_features} -> "
@@ -656,8 +679,7 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 
     sources = list(phrases)
     if input_file:
-        with click.open_file(input_file, encoding="utf-8") as f:
-            sources += [line.rstrip("\n") for line in f if line.strip()]
+        sources += read_source_phrases(input_file)
     if not sources:
         raise PhraseScorerError("no source phrase given", hint='e.g. phrase-scorer sample -m MODEL "a man in a blue shirt"')
     loaded = load_model(model_dir, resolve_device(device))
@@ -685,6 +707,23 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
         click.echo("")
 
 
+def read_source_phrases(path: str) -> list:
+    """The non-blank lines of ``path`` (``-``: stdin), as UTF-8 text."""
+    from phrase_scorer.io.files import open_input
+
+    phrases = []
+    with open_input(path) as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
+                                        hint="give the source phrases as UTF-8 text") from None
+            if text.strip():
+                phrases.append(text.rstrip("\r\n"))
+    return phrases
+
+
 # --- translate -----------------------------------------------------------------------------------
 
 
@@ -700,9 +739,11 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
               help="A translation has at most ceil(RATIO * source words) words.")
 @click.option("--batch-sentences", type=click.IntRange(min=1), default=TranslateOptions.batch_sentences,
               help="Sentences searched together.")
+@overwrite_option
 @device_option
 @threads_option
-def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, device, threads):
+def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, overwrite, device,
+              threads):
     """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search.
 
     One output line per input line, in order: the words joined by single spaces, tokenised as the
@@ -717,7 +758,7 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
     loaded = load_model(model_dir, resolve_device(device))
     options = TranslateOptions(beam=beam, length_normalize=length_normalize, max_length_ratio=max_length_ratio,
                                batch_sentences=batch_sentences)
-    translate_file(input, output, loaded, options)
+    translate_file(input, output, loaded, options, overwrite=overwrite)
 
 
 # --- compare and plot ----------------------------------------------------------------------------

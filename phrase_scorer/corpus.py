@@ -35,7 +35,7 @@ from phrase_scorer.data import (
     MAX_PHRASE_WORDS, id_dtype_for, reuse_cache, source_hash, vocab_digest, write_cache,
 )
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, file_identity, open_input, read_gzip_error
+from phrase_scorer.io.files import PathLike, file_identity, open_input, read_failure
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary
@@ -74,7 +74,7 @@ def _lines(input_file, path: PathLike) -> Iterator[bytes]:
         for number, line in enumerate(input_file, 1):
             yield line
     except (EOFError, OSError, ValueError) as exc:  # a damaged gzip stream
-        raise PhraseScorerError(f"cannot read after line {number}: {read_gzip_error(exc) or exc}", path=path) from None
+        raise read_failure(exc, path, number) from None
 
 
 def _words(line: bytes, path: PathLike, number: int) -> List[str]:

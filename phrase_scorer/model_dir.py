@@ -19,6 +19,7 @@ import json
 import os
 import pickle
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -43,6 +44,8 @@ CACHE = "cache"
 MODEL_FORMAT = "phrase-scorer-model"
 RECENT_WEIGHTS = "recent"  # folder of the weights of the last validations (train --average-checkpoints)
 MODEL_FILES = (CONFIG, SOURCE_VOCAB, TARGET_VOCAB, BEST_WEIGHTS, CHECKPOINT, TRAIN_LOG)
+# Any of these makes a folder a model (complete or not); the vocabularies alone are a setup's leftovers.
+MODEL_STATE_FILES = (CONFIG, BEST_WEIGHTS, CHECKPOINT, TRAIN_LOG)
 
 
 def safe_torch_load(path: PathLike, map_location: Any = "cpu") -> Any:
@@ -61,7 +64,8 @@ def safe_torch_load(path: PathLike, map_location: Any = "cpu") -> Any:
             path=path,
             hint="model files must contain tensors only; never load model files from an untrusted source",
         ) from None
-    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+    except (RuntimeError, EOFError, ValueError, OSError, IndexError, KeyError, TypeError, AttributeError,
+            UnicodeDecodeError, struct.error) as exc:  # what torch's unpickler raises on damaged bytes
         raise PhraseScorerError(f"not a readable PyTorch weights file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})", path=path) from None
 
 

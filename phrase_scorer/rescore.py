@@ -19,7 +19,9 @@ each model's vocabularies; the main thread asks :class:`~phrase_scorer.scoring.B
 log p, one call per model and window, so each source sentence is encoded once for all its
 hypotheses and the hypotheses' shared prefixes are decoded once; a writer thread appends the
 features and writes the window as one chunk with a resume record. Output is atomic, resumable
-(``resume``) and signed (``OUT.json``).
+(``resume``) and signed (``OUT.json``); an existing output is replaced only with ``overwrite``
+(or by the ``resume`` that continues it), never when it is one of the inputs
+(:mod:`phrase_scorer.io.outputs`).
 
 The n-best list must be grouped by sentence id, in increasing order (as Moses writes it); the
 source file has line k + 1 for sentence id k, and exactly as many lines as the largest id + 1.
@@ -51,8 +53,9 @@ from phrase_scorer.io.files import (
     gzip_member,
     is_gzip_name,
     open_input,
-    read_gzip_error,
+    read_failure,
 )
+from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files, writes_directly
 from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order, moses_rounded
 from phrase_scorer.io.parallel import Pipeline
 from phrase_scorer.io.phrase_table import split_words
@@ -157,8 +160,7 @@ class SourceSentences:
         try:
             data = next(self._lines, None)
         except (EOFError, OSError, ValueError) as exc:
-            raise PhraseScorerError(f"cannot read after line {self.lines_read}: {read_gzip_error(exc) or exc}",
-                                    path=self.path) from None
+            raise read_failure(exc, self.path, self.lines_read) from None
         if data is not None:
             self.lines_read += 1
         return data
@@ -190,8 +192,12 @@ def rescore(
     scoring_options: Optional[ScoringOptions] = None,
     *,
     resume: bool = False,
+    overwrite: bool = False,
 ) -> RescoreResult:
-    """Append each model's feature to every line of ``nbest``, writing ``output`` atomically."""
+    """Append each model's feature to every line of ``nbest``, writing ``output`` atomically.
+
+    An existing ``output`` is replaced only with ``overwrite``, or when ``resume`` continues the
+    run that is making it."""
     from phrase_scorer.scoring import BatchScorer
 
     if not models:
@@ -200,13 +206,13 @@ def rescore(
     check_feature_names(names)
     scoring_options = scoring_options or ScoringOptions()
     output = os.fspath(output)
-    to_stdout = output == STDIO
-    for path in (nbest, source):
-        if not to_stdout and os.fspath(path) != STDIO and os.path.abspath(path) == os.path.abspath(output):
-            raise PhraseScorerError("the output would overwrite an input", path=output)
+    inputs = [("the n-best list", nbest), ("the source", source)]
+    for m in models:
+        inputs += model_files(m.loaded.directory)
+    check_output(output, inputs, overwrite=overwrite or resume, companions=RESUMABLE_COMPANIONS)
     if os.fspath(nbest) == STDIO and os.fspath(source) == STDIO:
         raise PhraseScorerError("the n-best list and the source cannot both be read from stdin")
-    compress = not to_stdout and is_gzip_name(output)
+    compress = output != STDIO and is_gzip_name(output)
     scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
     settings = {
         "input": input_identity(nbest),
@@ -220,8 +226,8 @@ def rescore(
     settings = json.loads(json.dumps(settings))  # as the resume record will hold it
     started = time.monotonic()
     with OutputLock(output):
-        done_lines, done_bytes, progress_path = start_resumable(nbest, output, settings, resume)
-        with resumable_output(output, done_bytes) as out:
+        done_lines, done_bytes, progress_path = start_resumable(nbest, output, settings, resume, overwrite=overwrite)
+        with resumable_output(output, done_bytes, progress_path) as out:
             reader = NBestReader(nbest, skip=done_lines)
             sources = SourceSentences(source, nbest)
             writer = FeatureWriter(out, progress_path, settings, options, compress, done_lines, names)
@@ -252,7 +258,7 @@ def rescore(
             signature = {
                 "tool": "phrase-scorer rescore",
                 **settings,
-                "output": os.path.abspath(output) if not to_stdout else STDIO,
+                "output": os.path.abspath(output) if output != STDIO else STDIO,
                 "lines": total_lines,
                 "features": names,
                 "value": "log p per predicted token (words + </s>)" if options.normalize else "log p (natural log)",

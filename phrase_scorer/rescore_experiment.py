@@ -218,7 +218,8 @@ def rescored_nbest(nbest: Path, eval_set: EvalSet, work: Path, models: Sequence,
         log.info("%s: n-best list already rescored", eval_set.name)
         return out
     write_text_atomically(record, json.dumps({**inputs, "finished": False}, indent=1) + "\n")
-    rescore(nbest, eval_set.source, out, models, rescore_options, scoring_options, resume=part_path(out).exists())
+    rescore(nbest, eval_set.source, out, models, rescore_options, scoring_options, resume=part_path(out).exists(),
+            overwrite=True)
     write_text_atomically(record, json.dumps(inputs, indent=1) + "\n")
     return out
 

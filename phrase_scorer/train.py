@@ -54,6 +54,7 @@ from phrase_scorer.model_dir import (
     CACHE,
     CHECKPOINT,
     MODEL_FILES,
+    MODEL_STATE_FILES,
     RECENT_WEIGHTS,
     SOURCE_VOCAB,
     TARGET_VOCAB,
@@ -101,30 +102,38 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
 
     ``resume`` with nothing to resume (a job re-run before its first attempt wrote a model, or a
     first attempt) starts afresh and says so, so a scheduler can re-run one command line blindly.
+    A folder holding any of a model's files (its config, weights, checkpoint or training log) is a
+    model, complete or not: it is replaced only with ``overwrite``. The vocabularies and the pair
+    cache alone are what a setup killed before it wrote config.json leaves; they are replaced.
     """
     path = directory.path
-    if resume:
+    if resume and directory.exists():
+        return True
+    present = [name for name in MODEL_STATE_FILES if (path / name).exists()]
+    if present and not overwrite:
         if directory.exists():
-            return True
-        log.info("nothing to resume in %s: starting afresh", path)
-    if path.exists() and any(path.iterdir()):
-        if not directory.exists():
-            # files of a run killed before it wrote config.json may be replaced; anything else may not
-            ours = {*MODEL_FILES, CACHE, CACHE + ".part", RECENT_WEIGHTS}
-            leftovers = all(p.name in ours or p.name.endswith(".part") for p in path.iterdir())
-            if not (leftovers or overwrite):
-                raise PhraseScorerError(
-                    "output folder is not empty and holds no phrase-scorer model", path=path, hint="choose another folder"
-                )
-        elif not overwrite:
             raise PhraseScorerError(
                 "already holds a model", path=path,
                 hint="continue it with --resume, start again with --overwrite, or choose another folder",
             )
-        for name in MODEL_FILES:
-            (path / name).unlink(missing_ok=True)
-        for old in recent_weight_files(path / RECENT_WEIGHTS):
-            old.unlink()
+        raise PhraseScorerError(
+            f"holds a model without its config.json ({', '.join(present)})", path=path,
+            hint=("--resume cannot continue it; " if resume else "")
+            + "start again with --overwrite (replaces them), or choose another folder",
+        )
+    if resume:
+        log.info("nothing to resume in %s: starting afresh", path)
+    if path.exists() and any(path.iterdir()) and not present and not overwrite:
+        ours = {*MODEL_FILES, CACHE, CACHE + ".part", RECENT_WEIGHTS}
+        leftovers = all(p.name in ours or p.name.endswith(".part") for p in path.iterdir())
+        if not leftovers:
+            raise PhraseScorerError(
+                "output folder is not empty and holds no phrase-scorer model", path=path, hint="choose another folder"
+            )
+    for name in MODEL_FILES:
+        (path / name).unlink(missing_ok=True)
+    for old in recent_weight_files(path / RECENT_WEIGHTS):
+        old.unlink()
     path.mkdir(parents=True, exist_ok=True)
     return False
 

@@ -7,7 +7,9 @@ words outside the model's source shortlist are read as ``<unk>``. Sentences are 
 ``ceil(max_length_ratio * source words)`` target words. The output is the best hypothesis's
 words joined by single spaces, as the target vocabulary holds them (tokenised like Moses'
 output, so BLEU is computed the same way); ``<unk>`` is never generated. An empty input line gives
-an empty output line. The output is written to a temporary file and renamed into place.
+an empty output line. The output is written to a temporary file and renamed into place; an
+existing output is replaced only with ``overwrite``, never when it is the input or a file of the
+model (:mod:`phrase_scorer.io.outputs`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Iterator, List, Sequence
 from phrase_scorer.config import TranslateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import AtomicOutput, PathLike, gzip_member, is_gzip_name, open_input
+from phrase_scorer.io.outputs import check_output, model_files
 from phrase_scorer.progress import progress_bar
 
 
@@ -50,9 +53,11 @@ def translate_sentences(loaded, sentences: Sequence[Sequence[str]], options: Tra
     return out
 
 
-def translate_file(source: PathLike, output: PathLike, loaded, options: TranslateOptions = TranslateOptions()) -> int:
+def translate_file(source: PathLike, output: PathLike, loaded, options: TranslateOptions = TranslateOptions(), *,
+                   overwrite: bool = False) -> int:
     """Translate each line of ``source`` (plain or gzip; ``-``: stdin) into ``output`` (``-``:
     stdout; a name ending in .gz is gzipped). Returns the number of lines."""
+    check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
     lines = 0
     gzipped = is_gzip_name(output)
     with open_input(source) as reader, AtomicOutput(output) as out, progress_bar("translating", reader) as progress:

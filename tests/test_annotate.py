@@ -104,7 +104,7 @@ def test_column_choices(tmp_path, loaded_tiny, tiny_model):
 
     def columns(**options):
         out = tmp_path / "o.txt"
-        annotate(table, out, loaded_tiny, AnnotateOptions(**options))
+        annotate(table, out, loaded_tiny, AnnotateOptions(**options), overwrite=True)
         return [[float(v) for v in l.split("|||")[2].split()] for l in out.read_text().splitlines()]
 
     assert [len(c) for c in columns(columns=("prob",))] == [2, 2]

@@ -158,12 +158,12 @@ def test_initial_weight_and_count_are_honoured(tmp_path):
     patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weights=0.05)
     assert lines_of(out)[32] == "TranslationModel0= 0.2 0.2 0.2 0.2 0.05 0.05 0.05"
     assert "num-features=7" in lines_of(out)[20]
-    patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weights=(0.1, 0, -1))
+    patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weights=(0.1, 0, -1), overwrite=True)
     assert lines_of(out)[32] == "TranslationModel0= 0.2 0.2 0.2 0.2 0.1 0 -1"
     with pytest.raises(PhraseScorerError, match="2 start weights given for 3 new columns"):
-        patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weights=(0.1, 0.1))
+        patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weights=(0.1, 0.1), overwrite=True)
     with pytest.raises(PhraseScorerError, match="no default start weights for 3 new columns"):
-        patch_moses_ini(INI, out, phrase_table=table, add_features=3)
+        patch_moses_ini(INI, out, phrase_table=table, add_features=3, overwrite=True)
 
 
 def test_start_weights_make_the_unknown_word_count_a_penalty():
@@ -287,11 +287,20 @@ def test_absolute_paths_point_at_the_real_system_files(tmp_path, six_score_table
     assert all(os.path.isabs(p) and os.path.exists(p) for p in paths)
 
 
-def test_output_may_replace_the_input(tmp_path, six_score_table):
+def test_output_may_not_replace_the_input(tmp_path, six_score_table):
+    """Patching in place would lose the original ini (and a second patch would add columns twice)."""
     ini = variant(tmp_path, INI)
-    patch_moses_ini(ini, ini, phrase_table=six_score_table)
-    assert MosesIni.read(ini).find_phrase_table().get("num-features") == "6"
+    before = ini.read_bytes()
+    with pytest.raises(PhraseScorerError, match="is the same file as the moses.ini"):
+        patch_moses_ini(ini, ini, phrase_table=six_score_table, overwrite=True)
+    assert ini.read_bytes() == before
     assert not (tmp_path / "moses.ini.part").exists()
+    out = tmp_path / "patched.ini"
+    patch_moses_ini(ini, out, phrase_table=six_score_table)
+    assert MosesIni.read(out).find_phrase_table().get("num-features") == "6"
+    with pytest.raises(PhraseScorerError, match="already exists.*--overwrite"):
+        patch_moses_ini(ini, out, phrase_table=six_score_table)
+    patch_moses_ini(ini, out, phrase_table=six_score_table, overwrite=True)
 
 
 # --- refusals ------------------------------------------------------------------------------------

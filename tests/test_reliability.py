@@ -250,6 +250,60 @@ def test_the_cli_fuzz_reaches_the_success_path(tmp_path, tiny_model):
     assert len((tmp_path / "o.txt").read_bytes().splitlines()) == len(example.splitlines())
 
 
+# --- outputs that are inputs ---------------------------------------------------------------------------
+
+ALIASES = ["same path", "./ in the path", "dir/../ in the path", "symbolic link", "hard link", "input is OUT.part"]
+
+
+def fuzz_aliased_output(tmp_path, model, data: bytes, verb: str, alias: str) -> None:
+    """Whatever the input holds and however the output names it, an output that is the input (or
+    whose .part is) is refused with one line naming both, and the input keeps every byte, even
+    with --overwrite."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    source = folder / ("o.txt.part" if alias == "input is OUT.part" else "t.txt")
+    source.write_bytes(data)
+    output = {
+        "same path": str(source),
+        "./ in the path": f"{folder}/./{source.name}",
+        "dir/../ in the path": f"{folder}/../in/{source.name}",
+        "symbolic link": str(tmp_path / "link.txt"),
+        "hard link": str(tmp_path / "hard.txt"),
+        "input is OUT.part": str(folder / "o.txt"),
+    }[alias]
+    if alias == "symbolic link":
+        os.symlink(source, output)
+    elif alias == "hard link":
+        os.link(source, output)
+    args = {"score": ["score", "-m", str(model), str(source)],
+            "annotate": ["annotate", str(source), "-m", str(model)],
+            "translate": ["translate", "-m", str(model), str(source)]}[verb]
+    result = CliRunner().invoke(cli, [*args, "-o", output, "--overwrite"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("phrase-scorer: error: ") and "is the same file as" in last, last
+    assert str(source) in last and output.split("/")[-1] in last
+    assert source.read_bytes() == data
+    assert sorted(p.name for p in folder.iterdir()) == [source.name]
+    record("fuzz", reader=f"aliased output ({verb})", outcome="error")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(table_bytes, valid_table), verb=st.sampled_from(["score", "annotate", "translate"]),
+       alias=st.sampled_from(ALIASES))
+def test_fuzz_aliased_output(tmp_path_factory, tiny_model, data, verb, alias):
+    fuzz_aliased_output(tmp_path_factory.mktemp("a"), tiny_model, data, verb, alias)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(table_bytes, valid_table), verb=st.sampled_from(["score", "annotate", "translate"]),
+       alias=st.sampled_from(ALIASES))
+def test_fuzz_aliased_output_long(tmp_path_factory, tiny_model, data, verb, alias):
+    fuzz_aliased_output(tmp_path_factory.mktemp("a"), tiny_model, data, verb, alias)
+
+
 # --- interruptions -----------------------------------------------------------------------------------
 
 
@@ -391,7 +445,8 @@ def test_disk_full_while_annotating(tmp_path, tiny_model, monkeypatch):
 
             monkeypatch.setattr(files.AtomicOutput, "__init__", init)
         out.write_bytes(b"the previous table")
-        result = CliRunner().invoke(cli, ["annotate", str(EXAMPLE_TABLE), "-m", str(tiny_model), "-o", str(out)])
+        result = CliRunner().invoke(cli, ["annotate", str(EXAMPLE_TABLE), "-m", str(tiny_model), "-o", str(out),
+                                          "--overwrite"])
         assert result.exit_code == 1
         assert "no space left on the device" in result.stderr.strip().splitlines()[-1]
         assert out.read_bytes() == b"the previous table"

@@ -45,7 +45,7 @@ def model_scores(model_dir, sources, targets, tmp_path) -> np.ndarray:
     pairs = tmp_path / "pairs.txt"
     pairs.write_text("".join(f"{' '.join(s)} ||| {' '.join(t)}\n" for s, t in zip(sources, targets)), encoding="utf-8")
     scores = tmp_path / "scores.txt"
-    result = run("score", "-m", model_dir, pairs, "-o", scores)
+    result = run("score", "-m", model_dir, pairs, "-o", scores, "--overwrite")
     assert result.exit_code == 0, result.stderr
     return np.array([float(v) for v in scores.read_text().split()])
 

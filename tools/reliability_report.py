@@ -27,7 +27,8 @@ REPORT = ROOT / "docs" / "reliability.md"
 INTRO = """# Reliability
 
 What phrase-scorer is tested against, and what it lost. The tests are in
-[`tests/test_reliability.py`](../tests/test_reliability.py) (with the phrase-table cases of
+[`tests/test_reliability.py`](../tests/test_reliability.py) and
+[`tests/test_outputs.py`](../tests/test_outputs.py) (with the phrase-table cases of
 `tests/test_phrase_table.py` and `tests/test_cli.py`); they run in the default suite with
 bounded effort, and `make test-fuzz` runs the fuzz properties with many more cases.
 `python tools/reliability_report.py [--fuzz]` reruns them and rewrites this page.
@@ -39,7 +40,11 @@ What each kind of test checks:
   phrases, plain and gzip), moses.ini files and n-best lists, plus raw random bytes. Each input
   either parses, and then the parsed lines are exactly the input and valid by Moses' rules, or
   raises the project's error naming the file (and line). The command line, given the same
-  tables, exits 0 or 1 with one `phrase-scorer: error:` line and never a traceback.
+  tables, exits 0 or 1 with one `phrase-scorer: error:` line and never a traceback. Given the
+  same tables as inputs of `score`, `annotate` and `translate` whose output is that input (by
+  the same path, `./` or `dir/../` in it, a symbolic or a hard link, or with the input at
+  `OUT.part`), even with `--overwrite`, it refuses with one line naming both and the input keeps
+  every byte.
 - **Edge cases**: 1 MB lines, BOM, CRLF, empty files, gzip files cut at random offsets.
 - **Kills**: `annotate` and `train` killed with SIGKILL at random moments and resumed with
   `--resume` until they finish; the result must equal an uninterrupted run (annotate: the same
@@ -53,6 +58,37 @@ What each kind of test checks:
   give clear errors.
 - **Concurrent runs**: a second `train` or `annotate` aimed at the same output is refused while
   the first holds it.
+- **Outputs and the user's files** (`tests/test_outputs.py`, one test or more per case; every
+  verb that writes checks its output in one place, `phrase_scorer/io/outputs.py`):
+  1. An output equal to an input (`translate src.en -o src.en`, `score pt.txt -o pt.txt`,
+     `moses-ini moses.ini ... -o moses.ini`, and `annotate`, `rescore`) is refused with one line
+     naming both paths, even with `--overwrite`; so is an output equal to a file of the model
+     (`score -o MODEL/config.json`) or any file a moses.ini names.
+  2. `moses-ini ... --phrase-table pt.rnn.gz -o pt.rnn.gz` and `annotate IN -o OUT --ini moses.ini
+     --ini-output IN` (or `OUT`) are refused; annotate checks `--ini-output` before it starts.
+  3. Inputs and outputs are compared by device and inode after following links: an output
+     reached through a symbolic or hard link to an input (`annotate`, `rescore`) is refused, and
+     so is an input that sits where a file is written beside the output (`annotate OUT.part -o
+     OUT`).
+  4. `-`, a character device (`mknod mynull c 1 3`, `/dev/null`, `/dev/full`) and a FIFO are
+     written to directly: the node stays, and no `.part`, lock or signature is made beside it.
+     A block device or a socket is refused.
+  5. `train -o DIR` into a folder holding a model's weights, checkpoint or training log but no
+     `config.json` is refused without `--overwrite`, and `--resume` says it cannot continue it;
+     nothing is replaced or erased.
+  6. `annotate`, `rescore`, `translate`, `score` and `moses-ini` replace an existing output only
+     with `--overwrite` (the error says so; `--resume` continues its own output without it). A
+     failure that leaves nothing to resume (an empty table or n-best list, or one failing before
+     its first chunk) leaves no `OUT.part`.
+  7. The unknown-word column is e^min(n, 88): e^88 ≈ 1.65e38 is the largest e^n below the
+     largest 32-bit float Moses reads, so 800 unknown words give a finite column, recorded in
+     the signature, and `annotate` reads its own output.
+  8. A weights file holding the one byte `0x87` (`score`, `train --resume`) and `sample -i FILE`
+     or `-i -` with invalid UTF-8 give one line, not a traceback.
+  9. Bytes after the end of the gzip data are named as such (with the last line); a truncated
+     gzip names the last complete line read, not a window boundary; `moses-ini` on an ini already
+     patched for the table says so; a full disk on standard output names `<stdout>`; `--resume`
+     of a finished output says it is finished instead of printing a rate.
 """
 
 
@@ -65,7 +101,7 @@ def main() -> None:
         env = {**os.environ, "PHRASE_SCORER_RELIABILITY_LOG": str(log)}
         marker = "fuzz or not fuzz" if args.fuzz else "not fuzz"
         start = time.monotonic()
-        tests = ["tests/test_reliability.py"]
+        tests = ["tests/test_reliability.py", "tests/test_outputs.py"]
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, *tests],
                               cwd=ROOT, env=env, capture_output=True, text=True)
         minutes = (time.monotonic() - start) / 60
@@ -83,6 +119,7 @@ def main() -> None:
     faults = [[r["fault"], r["how"], r["lost"]] for r in records if r["kind"] == "fault"]
     untrusted = Counter((r["container"], r["outcome"]) for r in records if r["kind"] == "untrusted")
     locks = [[r["command"], r["outcome"]] for r in records if r["kind"] == "lock"]
+    outputs = [[r["case"], r["outcome"]] for r in records if r["kind"] == "outputs"]
     info = benchlib.machine()
     text = INTRO + (
         f"\n## Last run\n\n`python tools/reliability_report.py{' --fuzz' if args.fuzz else ''}` on "
@@ -94,7 +131,8 @@ def main() -> None:
         + "\n\n### Faults\n\n" + benchlib.markdown_table(["fault", "how", "lost"], faults)
         + "\n\n### Untrusted and damaged model files\n\n"
         + benchlib.markdown_table(["file", "outcome", "cases"], [[k[0], k[1], v] for k, v in untrusted.items()])
-        + "\n\n### Concurrent runs\n\n" + benchlib.markdown_table(["command", "outcome"], locks) + "\n"
+        + "\n\n### Concurrent runs\n\n" + benchlib.markdown_table(["command", "outcome"], locks)
+        + "\n\n### Outputs and the user's files\n\n" + benchlib.markdown_table(["case", "outcome"], outputs) + "\n"
     )
     REPORT.write_text(text)
     print(text)

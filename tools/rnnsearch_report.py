@@ -80,7 +80,7 @@ def translate_cached(model_dir: Path, source: Path, output: Path, options: Trans
         return output
     say(f"translating {source} with {model_dir} into {output}")
     meta.unlink(missing_ok=True)
-    lines = translate_file(source, output, load_model(model_dir, device), options)
+    lines = translate_file(source, output, load_model(model_dir, device), options, overwrite=True)  # out of date
     write_text_atomically(meta, json.dumps(record, indent=1) + "\n")
     say(f"  {lines} lines")
     return output

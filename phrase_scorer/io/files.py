@@ -5,7 +5,8 @@
   can show an ETA.
 * :class:`AtomicOutput` writes to a ``.part`` file beside the target and renames it into place
   only when everything has been written, so a failure never leaves a half-written file under the
-  final name.
+  final name. Standard output, a character device and a FIFO are written directly (see
+  :mod:`phrase_scorer.io.outputs`, which also decides what may be written over).
 * :class:`GzipMembers` writes gzip output as a series of independent members (one per chunk), which
   zcat, Python and Moses' own reader all read as one stream, and which makes an interrupted write
   resumable at a chunk boundary.
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import BinaryIO, Optional, Union
 
 from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.outputs import writes_directly
 
 try:  # ISA-L: the fast gzip (see the module docstring)
     from isal import igzip as fast_gzip
@@ -179,7 +181,9 @@ def fsync_dir(directory: Path) -> None:
 
 
 def describe_os_error(exc: OSError, path: PathLike) -> PhraseScorerError:
-    """Turn an OSError met while writing into a one-line project error."""
+    """Turn an OSError met while writing into a one-line project error (``-``: standard output)."""
+    if os.fspath(path) == STDIO:
+        path = "<stdout>"
     if exc.errno == errno.ENOSPC:
         return PhraseScorerError(
             "no space left on the device while writing",
@@ -193,18 +197,28 @@ class AtomicOutput:
     """Write a file under a temporary name and rename it into place on :meth:`commit`.
 
     Use as a context manager: leaving the block without :meth:`commit` (an error, Ctrl-C) removes
-    the temporary file unless ``keep_on_failure`` is set (then a later run can resume from it).
-    ``-`` writes to stdout directly.
+    the temporary file unless ``keep_on_failure`` is set and, where ``resume_record`` is given,
+    that record exists (then a later run can resume from it). ``-`` writes to stdout directly;
+    a character device or FIFO is opened and written directly too (``direct``), never renamed over.
     """
 
-    def __init__(self, path: PathLike, *, append: bool = False, keep_on_failure: bool = False) -> None:
+    def __init__(self, path: PathLike, *, append: bool = False, keep_on_failure: bool = False,
+                 resume_record: Optional[Path] = None) -> None:
         self.path = os.fspath(path)
         self.to_stdout = self.path == STDIO
+        self.direct = writes_directly(self.path)
         self.keep_on_failure = keep_on_failure
+        self.resume_record = resume_record
         self.committed = False
         if self.to_stdout:
             self.tmp_path = None
             self.file: BinaryIO = sys.stdout.buffer
+        elif self.direct:
+            self.tmp_path = None
+            try:
+                self.file = open(self.path, "wb")
+            except OSError as exc:
+                raise describe_os_error(exc, self.path) from None
         else:
             self.tmp_path = part_path(self.path)
             require_output_folder(self.tmp_path)
@@ -223,7 +237,7 @@ class AtomicOutput:
         """Flush to the operating system and to disk (a checkpoint for resuming)."""
         try:
             self.file.flush()
-            if not self.to_stdout:
+            if not self.direct:
                 os.fsync(self.file.fileno())
         except OSError as exc:
             raise describe_os_error(exc, self.tmp_path or self.path) from None
@@ -232,8 +246,10 @@ class AtomicOutput:
         return self.file.tell()
 
     def commit(self) -> None:
-        if self.to_stdout:
-            self.file.flush()
+        if self.direct:
+            self.flush()
+            if not self.to_stdout:
+                self.file.close()
             self.committed = True
             return
         self.flush()
@@ -249,7 +265,10 @@ class AtomicOutput:
             self.file.close()
         except OSError:
             pass
-        if not self.keep_on_failure:
+        if self.direct:
+            return
+        keep = self.keep_on_failure and (self.resume_record is None or self.resume_record.exists())
+        if not keep:
             try:
                 os.unlink(self.tmp_path)
             except FileNotFoundError:
@@ -290,7 +309,7 @@ class OutputLock:
         self._fd: Optional[int] = None
 
     def acquire(self) -> None:
-        if self.path == STDIO:
+        if writes_directly(self.path):  # stdout, a device or a pipe: no lock file beside it
             return
         require_output_folder(self.path)
         while True:
@@ -348,6 +367,72 @@ def read_gzip_error(exc: BaseException) -> Optional[str]:
     if isinstance(exc, GZIP_ERRORS):
         return f"corrupt gzip data ({exc})"
     return None
+
+
+def gzip_damage(path: PathLike, block_size: int = 1 << 20) -> Optional[tuple]:
+    """Where and how a gzip file is damaged, read again from its start: (the complete lines
+    before the damage, what is wrong), or None if the whole file reads cleanly.
+
+    Reads the file as gzip readers do (members one after another, zero padding allowed after
+    the last), with flat memory, so that an error can name the last good line and tell a
+    truncated file from one followed by bytes that are not gzip."""
+    lines = 0
+    members = 0  # gzip members read to their end
+    decompressor = None  # the current member's; None between members
+    data = b""  # compressed bytes read and not used yet
+    at_end = False
+    try:
+        source = open(path, "rb")
+    except OSError:
+        return None
+    with source:
+        while True:
+            if not at_end and (not data or (decompressor is None and len(data) < 2)):
+                block = source.read(block_size)
+                at_end = not block
+                data += block
+                if block:
+                    continue
+            if decompressor is None:  # between members: the next one, zero padding or foreign bytes
+                if members:
+                    data = data.lstrip(b"\0")
+                    if not data:
+                        if at_end:
+                            return None
+                        continue
+                if len(data) < 2 and not at_end:
+                    continue
+                if data[:2] != GZIP_MAGIC:
+                    if not members:
+                        return 0, "not a valid gzip file"
+                    rest = len(data) + max(0, os.fstat(source.fileno()).st_size - source.tell())
+                    return lines, (f"the gzip data ends there and is followed by {rest:,} byte{'s' if rest != 1 else ''} that "
+                                   "are not gzip (gzip -d ignores them with a warning; this reader does not)")
+                decompressor = zlib.decompressobj(31)
+            if not data:
+                return lines, "the gzip stream ends early: the file is truncated (an interrupted copy or download?)"
+            try:
+                out = decompressor.decompress(data, 1 << 22)
+            except GZIP_ERRORS as exc:
+                return lines, f"corrupt gzip data ({exc})"
+            lines += out.count(b"\n")
+            if decompressor.eof:
+                data, decompressor = decompressor.unused_data, None
+                members += 1
+            else:
+                data = decompressor.unconsumed_tail
+
+
+def read_failure(exc: BaseException, path: PathLike, lines: int) -> PhraseScorerError:
+    """The error for a read that failed after ``lines`` complete lines (as the reader counted
+    them). For a damaged gzip file the file is read again to name the last good line exactly,
+    and to tell a truncated file from trailing bytes that are not gzip."""
+    reason = read_gzip_error(exc)
+    if reason is not None and os.fspath(path) != STDIO:
+        damage = gzip_damage(path)
+        if damage is not None:
+            lines, reason = damage
+    return PhraseScorerError(f"cannot read after line {lines}: {reason or exc}", path=path)
 
 
 def file_identity(path: PathLike) -> dict:

@@ -35,6 +35,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 from phrase_scorer.config import COLUMNS, start_weights
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, write_text_atomically
+from phrase_scorer.io.outputs import check_output, same_file
 from phrase_scorer.io.phrase_table import PhraseTableReader
 
 log = logging.getLogger(__name__)
@@ -479,6 +480,11 @@ def _check_count(table: PathLike, found: int, ini: MosesIni, feature: FeatureLin
                  what: str) -> None:
     if found == new:
         return
+    if found == old and _points_at(ini, feature, table):
+        raise PhraseScorerError(
+            f"{feature.name} already reads this table with num-features={old} ({ini.path} line "
+            f"{feature.line.number}): the moses.ini looks patched already", path=table, line=1,
+            hint="patch the original moses.ini, or use --add-features 0 to change nothing but paths")
     if found == old:
         hint = "the table has no new columns yet: annotate it first, or use --add-features 0"
     elif found > old:
@@ -490,6 +496,27 @@ def _check_count(table: PathLike, found: int, ini: MosesIni, feature: FeatureLin
         f"({ini.path} line {feature.line.number}) would be {new} ({old} + {new - old})",
         path=table, line=1, hint=hint,
     )
+
+
+def _points_at(ini: "MosesIni", feature: "FeatureLine", table: PathLike) -> bool:
+    """Does ``feature``'s path= (as Moses resolves it, or against the ini's folder) name ``table``?"""
+    path = feature.get("path")
+    if not path:
+        return False
+    folder = os.path.dirname(os.path.abspath(ini.path))
+    return any(same_file(candidate, table) for candidate in (path, os.path.join(folder, path)))
+
+
+def ini_inputs(ini: "MosesIni") -> List[Tuple[str, str]]:
+    """The files a moses.ini reads (every feature's path=, as given and against the ini's folder),
+    as inputs for :func:`~phrase_scorer.io.outputs.check_output`."""
+    folder = os.path.dirname(os.path.abspath(ini.path))
+    found = [("the moses.ini", os.fspath(ini.path))]
+    for feature in ini.features():
+        path = feature.get("path")
+        if path:
+            found += [(f"the file of {feature.name}", path), (f"the file of {feature.name}", os.path.join(folder, path))]
+    return found
 
 
 def new_column_weights(add_features: int, initial_weights: Union[None, float, Sequence[float]]) -> List[float]:
@@ -525,6 +552,7 @@ def patch_moses_ini(
     check_table: bool = True,
     binarize_from: Optional[PathLike] = None,
     moses_home: Optional[PathLike] = None,
+    overwrite: bool = False,
 ) -> PatchResult:
     """Write ``ini_path`` to ``output_path`` with a phrase table that has ``add_features`` more columns.
 
@@ -546,11 +574,17 @@ def patch_moses_ini(
     ``binarize_from`` builds the binary table at ``phrase_table`` from this text table with the
     Moses program in ``moses_home/bin`` (default: the ``MOSES_HOME`` environment variable); see
     :func:`binarize_command`. The ini is written atomically, after any binarising has succeeded.
+
+    ``output_path`` is refused when it is the same file as the ini, the new table, the text table
+    to binarise or any file the ini names (:mod:`phrase_scorer.io.outputs`); an existing one is
+    replaced only with ``overwrite``.
     """
     if add_features < 0:
         raise PhraseScorerError(f"cannot add {add_features} features", hint="use 0 or more")
     weights_added = new_column_weights(add_features, initial_weights)
     ini = MosesIni.read(ini_path)
+    check_output(output_path, [*ini_inputs(ini), ("the phrase table", phrase_table), ("the text table", binarize_from)],
+                 overwrite=overwrite, what="the patched moses.ini")
     feature = ini.find_phrase_table(feature_name)
     number = feature.line.number
     declared = feature.get("num-features")
@@ -619,6 +653,10 @@ def patch_moses_ini(
 
     command = None
     if binarize_from is not None:
+        for name, path in (("the text table", binarize_from), ("the moses.ini", ini_path)):
+            if same_file(phrase_table, path):  # the binariser writes --phrase-table
+                raise PhraseScorerError(f"the binary table {phrase_table} is the same file as {name} {path}",
+                                        hint="give the binary table another name")
         if moses_home is None:
             moses_home = os.environ.get("MOSES_HOME")
         command = run_binarizer(feature.type, binarize_from, phrase_table, new, moses_home)

@@ -24,7 +24,7 @@ from typing import IO, Iterable, Iterator, List, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import (
-    AtomicOutput, PathLike, ReadProgress, gzip_member, is_gzip_name, open_input, read_gzip_error,
+    AtomicOutput, PathLike, ReadProgress, gzip_member, is_gzip_name, open_input, read_failure,
 )
 
 SEPARATOR = "|||"
@@ -220,8 +220,7 @@ class NBestReader(ReadProgress):
         except PhraseScorerError:
             raise
         except (EOFError, OSError, ValueError) as exc:
-            reason = read_gzip_error(exc) or str(exc)
-            raise PhraseScorerError(f"cannot read after line {number}: {reason}", path=path) from None
+            raise read_failure(exc, path, number) from None
 
 
 def read_nbest(path: PathLike) -> Iterator[NBestEntry]:

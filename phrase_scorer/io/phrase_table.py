@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, ReadProgress, open_input, read_gzip_error
+from phrase_scorer.io.files import PathLike, ReadProgress, open_input, read_failure
 
 FIELD_SEPARATOR = "|||"
 BOM = "\ufeff"
@@ -144,8 +144,7 @@ class PhraseTableReader(ReadProgress):
         except PhraseScorerError:
             raise
         except (EOFError, OSError, ValueError) as exc:  # zlib.error and BadGzipFile are among these
-            reason = read_gzip_error(exc) or str(exc)
-            raise self.error(f"cannot read after line {number}: {reason}") from None
+            raise read_failure(exc, self.path, number) from None
         if number == 0 and not self.allow_empty:
             raise self.error("the file is empty", hint="expected a Moses phrase table")
 

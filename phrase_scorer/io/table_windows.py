@@ -23,7 +23,7 @@ from typing import Iterator, List, Optional
 import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, ReadProgress, open_input, read_gzip_error
+from phrase_scorer.io.files import PathLike, ReadProgress, open_input, read_failure
 from phrase_scorer.io.phrase_table import BOM, PhraseTableReader, scores_end
 
 READ_BLOCK = 1 << 22
@@ -50,7 +50,7 @@ def count_lines(path: PathLike) -> int:
                 lines += block.count(b"\n")
                 last = block[-1:]
     except (EOFError, OSError, ValueError) as exc:
-        raise PhraseScorerError(f"cannot read after line {lines}: {read_gzip_error(exc) or exc}", path=path) from None
+        raise read_failure(exc, path, lines) from None
     return lines + (last != b"\n")
 
 
@@ -112,8 +112,8 @@ class RawWindows(ReadProgress):
         except PhraseScorerError:
             raise
         except (EOFError, OSError, ValueError) as exc:  # zlib.error and BadGzipFile are among these
-            raise PhraseScorerError(f"cannot read after line {line}: {read_gzip_error(exc) or exc}",
-                                    path=self.path) from None
+            complete = line + pending.count(b"\n")  # the lines read whole, in windows or not yet
+            raise read_failure(exc, self.path, complete) from None
         if line < self.start:
             raise PhraseScorerError(
                 f"has only {line} lines, fewer than the {self.start} already done", path=self.path,

@@ -230,18 +230,18 @@ def build_ems_config(
         annotation = "annotated"
         if part_path(annotated).exists():
             try:
-                annotate(table, annotated, loaded, annotate_options, scoring_options, resume=True)
+                annotate(table, annotated, loaded, annotate_options, scoring_options, resume=True, overwrite=True)
                 annotation = "resumed"
             except PhraseScorerError as exc:
                 log.info("not resuming the earlier annotation (%s); starting again", exc)
         if annotation == "annotated":
-            annotate(table, annotated, loaded, annotate_options, scoring_options)
+            annotate(table, annotated, loaded, annotate_options, scoring_options, overwrite=True)
     added = len(annotate_options.columns)
 
     # 3. the config (and the binary table)
     if target is None:
         result = patch_moses_ini(ini_in, ini_out, phrase_table=os.path.abspath(annotated), add_features=added,
-                                 feature_name=feature.name, absolute_paths=True)
+                                 feature_name=feature.name, absolute_paths=True, overwrite=True)
         binarized = None
     else:
         binary = os.path.abspath(ini_out + BINARY_SUFFIXES[target.feature_type])
@@ -255,7 +255,8 @@ def build_ems_config(
         try:
             result = patch_moses_ini(declared, ini_out, phrase_table=binary, add_features=added,
                                      feature_name=feature.name, absolute_paths=True,
-                                     binarize_from=None if fresh else annotated, moses_home=target.moses_home)
+                                     binarize_from=None if fresh else annotated, moses_home=target.moses_home,
+                                     overwrite=True)
         finally:
             os.unlink(declared)
         binarized = "built before" if fresh else "built"

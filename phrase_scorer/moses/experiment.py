@@ -161,12 +161,12 @@ def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathL
             # an interrupted annotation resumes; annotate itself refuses a resume whose inputs changed
             resume = Path(str(both) + ".part.json").exists()
             try:
-                annotate(original, both, load_model(model_dir), resume=resume)
+                annotate(original, both, load_model(model_dir), resume=resume, overwrite=True)
             except PhraseScorerError as exc:
                 if not resume or "changed since the interrupted run" not in exc.message:
                     raise
                 log.info("the interrupted annotation was made with other inputs: starting it again")
-                annotate(original, both, load_model(model_dir))
+                annotate(original, both, load_model(model_dir), overwrite=True)
     prob_only = tables / "phrase-table.rnn.gz"
     made_from = {"two-column table": file_identity(both)}
     stale = changed_keys(read_json(str(prob_only) + ".json") if prob_only.exists() else None, made_from)
@@ -186,7 +186,7 @@ def system_ini(moses_ini: PathLike, system: System, table: str, out: Path) -> Pa
     else:
         patch_moses_ini(moses_ini, path, phrase_table=table, add_features=system.added_columns,
                         initial_weights=start_weights(COLUMNS[: system.added_columns]), absolute_paths=True,
-                        check_table=True)
+                        check_table=True, overwrite=True)
     return path
 
 

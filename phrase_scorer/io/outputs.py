@@ -1,0 +1,118 @@
+"""The one rule for what a command may write over.
+
+Every verb that writes a file checks its output here before it writes anything:
+
+* An output is refused when it is the same file as one of the command's inputs, or when one of
+  the files written beside it (``OUT.part``, ``OUT.part.json``, ``OUT.json``, ``OUT.lock``) is.
+  Files are compared by device and inode after following links, so a symbolic or hard link to
+  an input, or another spelling of its path, is caught as well as the same name.
+* ``-`` (standard output) and an existing character device or FIFO (``/dev/null``, a named
+  pipe) are written to directly: never renamed over, locked, resumed or signed.
+  Any other kind of file that is not a regular file (a block device, a socket) is refused.
+* An existing output is replaced only when the caller says so (``--overwrite``), except where
+  ``--resume`` continues it (checked by the resumable writers, which know whether it does).
+
+:func:`check_output` applies the rule; :func:`writes_directly` tells the writers whether a path
+is written in place.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Iterable, Optional, Sequence, Tuple, Union
+
+from phrase_scorer.errors import PhraseScorerError
+
+PathLike = Union[str, os.PathLike]
+STDIO = "-"
+
+# What the writers put beside OUT (see phrase_scorer.io.files): the file written before the
+# rename, the resume record, the signature and the lock.
+RESUMABLE_COMPANIONS = (".part", ".part.json", ".json", ".lock")
+ATOMIC_COMPANIONS = (".part",)
+
+# An input as (what it is, its path): ("the phrase table", "pt.gz").
+Input = Tuple[str, Optional[PathLike]]
+
+
+def _stat(path: PathLike) -> Optional[os.stat_result]:
+    try:
+        return os.stat(path)
+    except (OSError, ValueError):
+        return None
+
+
+def writes_directly(path: PathLike) -> bool:
+    """True for ``-`` and for an existing character device or FIFO: written in place, since
+    renaming a finished file over them would replace the device (or pipe) itself."""
+    if os.fspath(path) == STDIO:
+        return True
+    info = _stat(path)
+    return info is not None and (stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode))
+
+
+def same_file(a: PathLike, b: PathLike) -> bool:
+    """True when ``a`` and ``b`` name the same existing file (after following links)."""
+    if STDIO in (os.fspath(a), os.fspath(b)):
+        return False
+    first, second = _stat(a), _stat(b)
+    return first is not None and second is not None and (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
+
+
+def display(path: PathLike) -> str:
+    return "<stdout>" if os.fspath(path) == STDIO else os.fspath(path)
+
+
+def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool = False,
+                 companions: Sequence[str] = ATOMIC_COMPANIONS, what: str = "the output",
+                 option: str = "--overwrite") -> None:
+    """Refuse ``output`` unless it may be written (see the module docstring).
+
+    ``inputs`` are the command's inputs as (what, path) pairs (a None path, or ``-``, is
+    skipped); ``companions`` the suffixes of the files written beside ``output``; ``overwrite``
+    lets an existing regular file be replaced (a resumable writer passes True here and checks
+    the existing output itself, once it knows whether ``--resume`` continues it).
+    """
+    output = os.fspath(output)
+    if output == STDIO:
+        return
+    inputs = [(name, os.fspath(path)) for name, path in inputs if path is not None and os.fspath(path) != STDIO]
+    for suffix in ("", *companions):
+        written = output + suffix
+        for name, path in inputs:
+            if same_file(written, path):
+                alias = "" if os.path.abspath(written) == os.path.abspath(path) else " (through a link)"
+                whose = f"{what} {output}" if not suffix else f"{written}, written beside {what} {output},"
+                raise PhraseScorerError(
+                    f"{whose} is the same file as {name} {path}{alias}: writing it would overwrite the input",
+                    hint=f"write {what} elsewhere")
+    info = _stat(output)
+    if info is None:
+        if os.path.islink(output) and not overwrite:  # a dangling link: the rename would replace it
+            refuse_existing(output, what=what, option=option)
+        return
+    mode = info.st_mode
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return  # written in place
+    if stat.S_ISDIR(mode):
+        raise PhraseScorerError(f"{what} is a directory", path=output, hint="give a file name")
+    if not stat.S_ISREG(mode):
+        kind = "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        raise PhraseScorerError(f"{what} is {kind}; refusing to write to it", path=output,
+                                hint=f"write {what} to a regular file, a character device or a pipe")
+    if not overwrite:
+        refuse_existing(output, what=what, option=option)
+
+
+def refuse_existing(output: PathLike, *, what: str = "the output", option: str = "--overwrite") -> None:
+    raise PhraseScorerError(f"{what} already exists", path=output,
+                            hint=f"pass {option} to replace it, or choose another name")
+
+
+def model_files(directory: Optional[PathLike]) -> list:
+    """The files of a model directory (its config, vocabularies, weights, log), as inputs for
+    :func:`check_output`: a command that reads a model must not write over it."""
+    if directory is None or not os.path.isdir(directory):
+        return []
+    return [("a file of the model", entry.path) for entry in os.scandir(directory) if entry.is_file()]
