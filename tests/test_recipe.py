@@ -142,6 +142,7 @@ def test_label_smoothing_objective_is_the_mix_of_nll_and_the_uniform_cross_entro
         assert float(log_p[b]) == pytest.approx(float(nll), rel=1e-12)
 
 
+@torch.no_grad()
 def test_glorot_initialisation_leaves_the_attention_saddle():
     """The papers' start has v_a = 0 (every alignment uniform, no gradient to W_a and U_a);
     Glorot's does not."""
