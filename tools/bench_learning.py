@@ -56,7 +56,11 @@ def train_run(args) -> None:
         *(["--max-steps", args.max_steps] if args.max_steps else []), "-o", out, "--resume")
     (Path(args.work_dir)).mkdir(parents=True, exist_ok=True)
     (out.parent / f"{args.label}.command.json").write_text(json.dumps([str(c) for c in command]) + "\n")
-    subprocess.run(command, check=True)
+    run = subprocess.run(command)
+    if run.returncode == 130:
+        print(f"{out}: stopped with a checkpoint; the same command goes on from it", file=sys.stderr)
+    elif run.returncode:
+        raise SystemExit(run.returncode)
 
 
 def read_log(run: Path) -> List[dict]:
@@ -116,14 +120,24 @@ def report_runs(args) -> None:
         cells = [f"{b:.1f}" if (b := bleu_at(points, m)) is not None else "" for m in CHECKPOINTS_MIN]
         test = f"{test_bleu(run, Path(args.data), args.direction):.2f}" if args.test else ""
         rows.append([run.name, *cells, points[-1]["step"] if points else 0, test])
+    detail = []
+    for run in runs:
+        detail += [[run.name, p["step"], f"{p['minutes']:.1f}", f"{p['bleu']:.2f}" if p["bleu"] is not None else "",
+                    f"{p['nll']:.3f}"] for p in curve(run, interval)]
     info = machine()
     timing = (f"idle time from `{args.idle_from}` ({interval:.0f} s per validation interval)" if interval
               else "training time as measured (validations included)")
     markdown = "\n".join([
+        "## Learning: dev BLEU against training time (`tools/bench_learning.py`)",
+        "",
         "Dev BLEU (val 2016, greedy, tokenised) reached by each training time: RNNsearch `small`, "
         f"en→fr, 29,000 Multi30k pairs, batch 80, {info['cpu']}, {info['cores']} cores, torch {info['torch']}; {timing}.",
         "",
         markdown_table(header, rows),
+        "",
+        "Every validation:",
+        "",
+        markdown_table(["run", "step", "minutes", "dev BLEU", "dev NLL/token"], detail),
         "",
         f"Command: `python tools/bench_learning.py report --work-dir {args.work_dir}"
         + (f" --idle-from {args.idle_from}" if args.idle_from else "") + "` after one `train` call per run.",
