@@ -40,3 +40,28 @@ def test_bench_precision_batching_compares_each_batching_with_its_reference(tiny
         assert reference["batching"].startswith("reference") and reference["differ"] == reference["max_abs"] == 0
     assert rows[-1]["differ"] > 0 and 0 < rows[-1]["max_abs"] < 1e-3  # fp32 is not fp64, but close
     assert "## Batching: how much a pair's fp32 score depends on its neighbours" in result.stdout
+
+
+def test_bench_learning_converts_a_loaded_run_to_idle_time(tmp_path):
+    """Validation k of a run that shared the machine is placed at k idle intervals, measured on
+    a run of the same command alone; the BLEU at a time is the best reached by then."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_learning
+
+    def write_log(folder, records):
+        folder.mkdir(parents=True)
+        (folder / "train.log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    write_log(tmp_path / "idle", [{"step": 500 * k, "train_seconds": 40.0 + 60.0 * k, "valid_nll_token": 1.0}
+                                  for k in (1, 2, 3)])
+    assert bench_learning.idle_interval_seconds(tmp_path / "idle") == 60.0
+    loaded = [{"step": 500 * k, "train_seconds": 500.0 * k, "valid_nll_token": 3.0 - k, "valid_bleu": b}
+              for k, b in ((1, 10.0), (2, 30.0), (3, 25.0))]
+    write_log(tmp_path / "modern", loaded)
+    points = bench_learning.curve(tmp_path / "modern", 60.0)
+    assert [p["minutes"] for p in points] == [1.0, 2.0, 3.0]
+    assert bench_learning.bleu_at(points, 2.5) == 30.0 and bench_learning.bleu_at(points, 3.0) == 30.0
+    assert bench_learning.bleu_at(points, 3.5) is None  # the run never got that far
+    assert [p["minutes"] for p in bench_learning.curve(tmp_path / "modern", None)] == [500 / 60, 1000 / 60, 1500 / 60]

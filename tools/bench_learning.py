@@ -14,7 +14,7 @@ translates test 2016 with the best weights (beam 5) and prints the curves, the a
 machine into docs/benchmarks.md ("Learning").
 
 Times: a run on an otherwise idle machine is reported as measured. A run that shared the cores
-with other work is converted to idle time with ``--idle-from DIR``: the training log of a short
+with other work is converted to idle time with ``--idle-from RUN=DIR``: the training log of a short
 run of the same command on the idle machine gives the idle seconds per validation interval
 (``--valid-every`` steps and one validation), and validation k of the loaded run is placed at k
 such intervals. A model's weights at step k do not depend on the load, only its speed does.
@@ -110,23 +110,25 @@ def test_bleu(run: Path, data: Path, direction: str, beam: int = 5) -> float:
 
 def report_runs(args) -> None:
     work = Path(args.work_dir)
-    interval = idle_interval_seconds(Path(args.idle_from)) if args.idle_from else None
+    idle_runs = dict(item.split("=", 1) for item in args.idle_from)  # run name -> its idle run
+    intervals = {name: idle_interval_seconds(Path(path)) for name, path in idle_runs.items()}
     runs = sorted(p.parent for p in work.glob("*/train.log.jsonl") if p.parent.name != "idle")
     header = ["run", *[f"{m} min" for m in CHECKPOINTS_MIN], "steps", "test 2016 (beam 5)"]
     rows = [["reference curve (peer toolkit, same data and CPU kind)",
              *[next((f"{b}" for m2, b in PEER if abs(m2 - m) < 1.5), "") for m in CHECKPOINTS_MIN], "", "55.5"]]
     for run in runs:
-        points = curve(run, interval)
+        points = curve(run, intervals.get(run.name))
         cells = [f"{b:.1f}" if (b := bleu_at(points, m)) is not None else "" for m in CHECKPOINTS_MIN]
         test = f"{test_bleu(run, Path(args.data), args.direction):.2f}" if args.test else ""
         rows.append([run.name, *cells, points[-1]["step"] if points else 0, test])
     detail = []
     for run in runs:
         detail += [[run.name, p["step"], f"{p['minutes']:.1f}", f"{p['bleu']:.2f}" if p["bleu"] is not None else "",
-                    f"{p['nll']:.3f}"] for p in curve(run, interval)]
+                    f"{p['nll']:.3f}"] for p in curve(run, intervals.get(run.name))]
     info = machine()
-    timing = (f"idle time from `{args.idle_from}` ({interval:.0f} s per validation interval)" if interval
-              else "training time as measured (validations included)")
+    timing = "; ".join([f"`{name}`: idle time from a run of the same command alone on the machine "
+                        f"({intervals[name]:.0f} s per validation interval)" for name in intervals]
+                       + ["other runs: training time as measured alone on the machine (validations included)"])
     markdown = "\n".join([
         "## Learning: dev BLEU against training time (`tools/bench_learning.py`)",
         "",
@@ -140,7 +142,7 @@ def report_runs(args) -> None:
         markdown_table(["run", "step", "minutes", "dev BLEU", "dev NLL/token"], detail),
         "",
         f"Command: `python tools/bench_learning.py report --work-dir {args.work_dir}"
-        + (f" --idle-from {args.idle_from}" if args.idle_from else "") + "` after one `train` call per run.",
+        + "".join(f" --idle-from {item}" for item in args.idle_from) + " --test` after one `train` call per run.",
     ])
     report("learning", markdown, args.write)
 
@@ -161,7 +163,8 @@ def main() -> None:
     t.add_argument("--work-dir", required=True)
     r = sub.add_parser("report")
     r.add_argument("--work-dir", required=True)
-    r.add_argument("--idle-from", default=None)
+    r.add_argument("--idle-from", action="append", default=[], metavar="RUN=DIR",
+                   help="convert RUN's validations to idle time with the log of DIR, a run of the same command alone on the machine")
     r.add_argument("--direction", default="en-fr")
     r.add_argument("--data", default=str(DATA))
     r.add_argument("--test", action="store_true", help="also translate test 2016 with each run's best weights")
