@@ -10,7 +10,8 @@ target token, with dropout, Glorot initialisation and the rate decayed on valida
 Every ``valid_every`` steps it measures the validation NLL (per pair and per target token), the
 perplexity and the margin between true and shuffled pairs, and for sentence pairs the BLEU of
 the validation translations; it keeps the best weights by ``valid_metric`` (``model.pt``),
-saves a resumable checkpoint (``checkpoint.pt``) and logs a JSON line. Training stops at ``max_steps`` / ``max_epochs`` / ``max_time`` or after
+saves a resumable checkpoint (``checkpoint.pt``) and logs a JSON line. Training stops at
+``max_steps`` / ``max_epochs`` / ``max_time`` or after
 ``patience`` validations without improvement. Ctrl-C saves a checkpoint first. The same seed
 gives the same model on the same machine, and ``resume`` continues exactly where the checkpoint
 left off (or starts afresh when there is nothing to resume, so a preempted job can be re-run
@@ -338,8 +339,6 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
         log.info("no checkpoint yet: starting from step 0 with the saved settings")
     state.device, state.precision = device_label(device), precision
     state.lr = state.lr or config.lr  # a checkpoint saved before the rate was recorded ran at the recipe's
-    for group in optimizer.param_groups:
-        group["lr"] = state.lr
     log.info("model: %s, preset %s, %s parameters, device %s, precision %s", model_config.arch, config.preset, f"{count_parameters(model):,}",
              state.device, precision)
 
@@ -353,6 +352,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
         references = data.valid_references(valid_pairs, target_vocab)
     loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device,
                         precision, train_module=train_module, target_vocab=target_vocab, references=references)
+    loop.set_learning_rate(state.lr)
     loop.run()
     return loop.state
 
@@ -577,10 +577,7 @@ class TrainingLoop:
                                                                  device=self.device)])
         loss_sum, tokens = distributed.sum_over_ranks(totals).tolist()
         if distributed.world().is_main:
-            metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
-            if self.references is not None:
-                metrics["valid_bleu"] = validation_bleu(self.model, self.valid_pairs, self.target_vocab, self.references,
-                                                        self.config.valid_beam, self.device, self.precision)
+            metrics = self.measure()
             elapsed = time.monotonic() - self.interval_start
             record = {
                 "step": st.step,
@@ -623,6 +620,14 @@ class TrainingLoop:
         self.set_learning_rate(st.lr)
         self.reset_interval()
 
+    def measure(self) -> Dict[str, float]:
+        """The validation figures of the model's current weights (BLEU too, for sentence pairs)."""
+        metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
+        if self.references is not None:
+            metrics["valid_bleu"] = validation_bleu(self.model, self.valid_pairs, self.target_vocab, self.references,
+                                                    self.config.valid_beam, self.device, self.precision)
+        return metrics
+
     def keep_recent_weights(self) -> None:
         """The weights of this validation into ``recent/``, which keeps the last
         ``average_checkpoints`` of them."""
@@ -642,10 +647,7 @@ class TrainingLoop:
         trained = {k: v.clone() for k, v in self.model.state_dict().items()}
         averaged = average_weights(files)
         self.model.load_state_dict(averaged)
-        metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
-        if self.references is not None:
-            metrics["valid_bleu"] = validation_bleu(self.model, self.valid_pairs, self.target_vocab, self.references,
-                                                    self.config.valid_beam, self.device, self.precision)
+        metrics = self.measure()
         kept = self.improved(metrics["valid_nll_token"], metrics.get("valid_bleu"))
         if kept:
             self.directory.save_weights(averaged, BEST_WEIGHTS)

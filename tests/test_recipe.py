@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from conftest import EXAMPLE_TABLE, TRAIN_EN, TRAIN_FR
-from phrase_scorer.config import RECIPES, TrainConfig, valid_share
+from phrase_scorer.config import RECIPES, RNNSEARCH_PRESETS, TrainConfig, valid_share
 from phrase_scorer.corpus import SentenceCorpus
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.model_dir import load_model
 from phrase_scorer.models.architectures import build_model
-from phrase_scorer.config import RNNSEARCH_PRESETS
 from phrase_scorer.train import train
 
 QUICK = dict(preset="tiny", valid_pairs=200, valid_every=20, batch_size=16, seed=11)
