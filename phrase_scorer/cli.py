@@ -807,9 +807,13 @@ def plot():
               help="The model's p(y|x) column [default: from the table's signature, else the second last].")
 @click.option("--max-points", type=click.IntRange(min=2), default=2_000_000, help="Plot a uniform sample of this many pairs.")
 @click.option("--seed", type=int, default=1)
-def plot_scores(table, output, table_column, model_column, max_points, seed):
+@overwrite_option
+def plot_scores(table, output, table_column, model_column, max_points, seed, overwrite):
     """Density of model log p(y|x) against a table score for an annotated TABLE."""
     from phrase_scorer.analysis.plots import plot_scores as run
+    from phrase_scorer.io.outputs import check_output
+
+    check_output(output, [("the table", table)], overwrite=overwrite, what="the figure")
 
     names = {0: "log p(f|e)", 1: "log lex(f|e)", 2: "log p(e|f)", 3: "log lex(e|f)"}
     stats = run(table, output, table_column=table_column, model_column=model_column, max_points=max_points, seed=seed,
@@ -834,12 +838,22 @@ def plot_scores(table, output, table_column, model_column, max_points, seed):
               help="auto: UMAP where installed, else t-SNE.")
 @click.option("--labels", type=click.IntRange(min=0), default=60, help="Points labelled in the PNG.")
 @click.option("--seed", type=int, default=1)
+@overwrite_option
 @device_option
-def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases, min_words, method, labels, seed, device):
+def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases, min_words, method, labels, seed,
+                    overwrite, device):
     """A 2-D map of the model's word or phrase representations."""
     from phrase_scorer.analysis.plots import plot_embeddings as run
+    from phrase_scorer.io.outputs import check_output, model_files, same_file
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.device import resolve_device
+
+    inputs = [("the table", table), *model_files(model_dir)]
+    check_output(output, inputs, overwrite=overwrite, what="the figure")
+    if html_output is not None:
+        if os.path.abspath(html_output) == os.path.abspath(output) or same_file(html_output, output):
+            raise UserError(f"--html {html_output} is the figure -o {output}: give it another name")
+        check_output(html_output, inputs, overwrite=overwrite, what="the page")
 
     loaded = load_model(model_dir, resolve_device(device))
     result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,
@@ -861,8 +875,9 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
 @click.option("--seed", type=int, default=1)
 @click.option("--max-words", type=click.IntRange(min=1), default=30,
               help="Longest side plotted; --count draws among the pairs within it.")
+@overwrite_option
 @device_option
-def plot_alignments(model_dir, source, target, output, lines, count, seed, max_words, device):
+def plot_alignments(model_dir, source, target, output, lines, count, seed, max_words, overwrite, device):
     """Heat maps of an RNNsearch model's soft alignments (Bahdanau et al. 2015, Fig. 3).
 
     For each chosen pair of SOURCE and TARGET, one PNG: the weight alpha_ij of source word j
@@ -872,6 +887,7 @@ def plot_alignments(model_dir, source, target, output, lines, count, seed, max_w
     """
     from phrase_scorer.analysis.alignments import DEFAULT_COUNT, parse_line_numbers, plot_alignments as run
     from phrase_scorer.device import resolve_device
+    from phrase_scorer.io.outputs import model_files
     from phrase_scorer.model_dir import load_model
 
     if lines is not None and count is not None:
@@ -879,7 +895,8 @@ def plot_alignments(model_dir, source, target, output, lines, count, seed, max_w
     numbers = parse_line_numbers(lines) if lines is not None else None
     loaded = load_model(model_dir, resolve_device(device))
     plots = run(loaded, source, target, output, lines=numbers, count=count or DEFAULT_COUNT, seed=seed,
-                max_words=max_words)
+                max_words=max_words, overwrite=overwrite, inputs=[("the source", source), ("the target", target),
+                                                                  *model_files(model_dir)])
     for p in plots:
         click.echo(f"{p.png}: line {p.pair.line}, {len(p.pair.source)} source and {len(p.pair.target)} target words")
 
@@ -926,13 +943,17 @@ def make_tune_options(method, max_iterations, return_best_dev, threads, decoder_
 @click.option("--working-dir", type=click.Path(file_okay=False), default=None,
               help="mert-moses.pl's working directory, made fresh [default: OUTPUT.work].")
 @click.option("--seed", type=int, default=TuneOptions.seed, help="Seed of the optimiser's random restarts.")
+@overwrite_option
 @tune_options
 @moses_home_option
-def tune(moses_ini, dev, output, working_dir, seed, moses_home, **options):
+def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **options):
     """Re-tune MOSES_INI's weights with the user's mert-moses.pl."""
+    from phrase_scorer.io.outputs import check_output
     from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.moses.tune import tune as run_tune
 
+    check_output(output, [("the moses.ini", moses_ini), ("the dev source", dev[0]), ("the dev reference", dev[1])],
+                 overwrite=overwrite, what="the tuned moses.ini", regular_only=True)
     result = run_tune(moses_ini, dev[0], dev[1], output, moses=MosesInstallation.find(moses_home),
                       options=make_tune_options(seed=seed, **options), working_dir=working_dir)
     history = ", ".join(f"{it}: {bleu:.2f}" for it, bleu in result.iterations)
@@ -965,14 +986,22 @@ def tune(moses_ini, dev, output, working_dir, seed, moses_home, **options):
               help="Folder of extractor, mert and kbmira [default: MOSES_HOME/bin].")
 @click.option("--ignore-feature", "ignore_features", multiple=True,
               help="A dense feature of the lists to leave out, neither tuned nor used (repeatable).")
+@overwrite_option
 @moses_home_option
 def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads, working_dir, mertdir,
-           ignore_features, moses_home):
+           ignore_features, overwrite, moses_home):
     """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
     then write the best hypothesis of each sentence of the test n-best list."""
+    from phrase_scorer.io.outputs import check_output, refuse_existing
     from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.moses.rerank import rerank as run_rerank
 
+    inputs = [("the dev n-best list", dev[0]), ("the dev references", dev[1]), ("the test n-best list", test_nbest),
+              ("the moses.ini", start_ini)]
+    check_output(output, inputs, overwrite=overwrite, companions=(".part", ".json"), what="the reranked output",
+                 regular_only=True)
+    if os.path.exists(output + ".json") and not overwrite:
+        refuse_existing(output + ".json", what="the weights file written beside the output")
     moses = MosesInstallation.find(moses_home) if moses_home or not mertdir else None
     options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
                             threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features))
@@ -998,15 +1027,20 @@ def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_ite
 @click.option("--decoder-flags", default="", help="More decoder options.")
 @click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@overwrite_option
 @moses_home_option
-def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, decoder, as_json, moses_home):
+def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, decoder, as_json, overwrite, moses_home):
     """Decode a test set with MOSES_INI and report sacrebleu BLEU and chrF with their signatures."""
     import json
 
+    from phrase_scorer.io.outputs import check_output
     from phrase_scorer.moses.evaluate import evaluate as run_evaluate
     from phrase_scorer.moses.installation import MosesInstallation
 
-    result = run_evaluate(moses_ini, test[0], test[1], output or f"{moses_ini}.test.hyp",
+    output = output or f"{moses_ini}.test.hyp"
+    check_output(output, [("the moses.ini", moses_ini), ("the test source", test[0]), ("the test reference", test[1])],
+                 overwrite=overwrite, companions=(".part", ".input", ".log"), what="the decoder output", regular_only=True)
+    result = run_evaluate(moses_ini, test[0], test[1], output,
                           moses=MosesInstallation.find(moses_home), threads=threads, decoder_flags=decoder_flags,
                           decoder=decoder, kind=references, lang=lang)
     if as_json:
@@ -1015,6 +1049,14 @@ def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, 
         click.echo(f"BLEU {result.bleu:.2f}  ({result.bleu_signature})")
         click.echo(f"chrF {result.chrf:.2f}  ({result.chrf_signature})")
         click.echo(f"{result.sentences} sentences, {result.references} references; output in {result.hypotheses_path}")
+
+
+def check_report(report: Optional[str], overwrite: bool, inputs) -> None:
+    """An experiment's --report is checked before hours of tuning, not when it is written."""
+    if report is not None:
+        from phrase_scorer.io.outputs import check_output
+
+        check_output(report, inputs, overwrite=overwrite, what="the report")
 
 
 @cli.command()
@@ -1033,16 +1075,20 @@ def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, 
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown report here.")
 @click.option("--system", "systems", multiple=True, type=click.Choice([s.name for s in SYSTEMS]),
               help="Tune and report only this system (repeatable) [default: all three].")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --report file.")
 @tune_options
 @moses_home_option
-def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, references, lang, report, systems, moses_home,
-               **options):
+def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, references, lang, report, systems, overwrite,
+               moses_home, **options):
     """The paper's Table 1: baseline, + p(y|x), + p(y|x) + unknown words, each tuned --runs times."""
     from phrase_scorer.moses.experiment import run_experiment
     from phrase_scorer.moses.installation import MosesInstallation
 
     if (model_dir is None) == (annotated is None):
         raise PhraseScorerError("give exactly one of --model and --annotated")
+    check_report(report, overwrite, [("the moses.ini", moses_ini), ("the annotated table", annotated),
+                                     ("the dev source", dev[0]), ("the dev reference", dev[1]),
+                                     ("the test source", test[0]), ("the test reference", test[1])])
     result = run_experiment(moses_ini, dev, test, work_dir, moses=MosesInstallation.find(moses_home),
                             model_dir=model_dir, annotated=annotated, tune_options=make_tune_options(**options),
                             options=ExperimentOptions(runs=runs, references=references, lang=lang),
@@ -1094,6 +1140,7 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
 @click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags, help="More decoder options.")
 @click.option("--decoder", default=RescoreExperimentOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown report here.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --report file.")
 @batch_tokens_option
 @device_option
 @precision_option
@@ -1101,7 +1148,7 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
 @moses_home_option
 def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, reverse_models, rows, systems, work_dir, nbest_size,
                        runs, method, restarts, normalize, references, lang, decoder_threads, decoder_flags, decoder,
-                       report, batch_tokens, device, precision, threads, moses_home):
+                       report, overwrite, batch_tokens, device, precision, threads, moses_home):
     """What rescoring MOSES_INI's n-best lists with sentence models buys: decode dev and test
     n-best lists, rescore them, re-tune and rerank each row --runs times, and report BLEU, chrF
     and paired bootstrap tests against Moses' 1-best."""
@@ -1114,6 +1161,10 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     if test_nbests and len(test_nbests) != len(tests):
         raise PhraseScorerError(f"{len(test_nbests)} --test-nbest for {len(tests)} --test",
                                 hint="give one --test-nbest per --test, in the same order, or none")
+    check_report(report, overwrite, [("the moses.ini", moses_ini), ("the dev source", dev[0]),
+                                     ("the dev reference", dev[1]), ("the dev n-best list", dev_nbest),
+                                     *[("a test file", path) for pair in tests for path in pair],
+                                     *[("a test n-best list", path) for path in test_nbests]])
     sets = [EvalSet(set_name(dev[0]), dev[0], dev[1], dev_nbest)]
     sets += [EvalSet(set_name(src), src, ref, test_nbests[i] if test_nbests else None) for i, (src, ref) in enumerate(tests)]
 

@@ -162,7 +162,11 @@ def test_errors_are_one_line(ems_model_dir, tiny_model, tmp_path):
     line = one_error_line(run("ems-config", "--model", tiny_model, "--preset", "tiny", ini_in, out, "-Binarizer", ""))
     assert "--model takes a trained model" in line and "--preset" in line
     line = one_error_line(run("ems-config", "--model", tiny_model, ini_in, ini_in, "-Binarizer", ""))
-    assert "would overwrite the input config" in line
+    assert "is the same file as the input config" in line
+    link = ems_model_dir / "link.ini"
+    os.symlink(ini_in, link)
+    line = one_error_line(run("ems-config", "--model", tiny_model, ini_in, link, "-Binarizer", ""))
+    assert "is the same file as the input config" in line and "(through a link)" in line
     line = one_error_line(run("ems-config", "--model", tiny_model, ini_in, out, "-Binarizer", "/usr/bin/gzip"))
     assert "not a phrase-table binariser" in line
 

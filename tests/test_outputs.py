@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import DATA, EXAMPLE_TABLE
+from conftest import DATA, EXAMPLE_TABLE, VAL_EN, VAL_FR
 from phrase_scorer.cli import cli
 
 NBEST = DATA / "val.nbest.head.gz"
@@ -277,6 +277,93 @@ def test_6_resume_continues_without_overwrite(tmp_path, tiny_model, table):
     result = run("annotate", table, "-m", tiny_model, "-o", out, "--resume")
     assert result.exit_code == 0, result.stderr
     assert out.read_bytes() == before
+
+
+# --- 6. the verbs that write figures, reports and Moses files ---------------------------------------
+
+
+def other_writers(tmp_path, tiny_model, search_model, table, ini, out):
+    """Every other verb that writes, as name -> (arguments writing ``out``, one of its inputs).
+    The inputs are copies in ``tmp_path``. The Moses verbs check their output before they look for
+    Moses, so their refusals need no Moses build."""
+    dev_src, dev_ref = tmp_path / "dev.en", tmp_path / "dev.fr"
+    dev_src.write_text("a man\n")
+    dev_ref.write_text("un homme\n")
+    nbest, source = tmp_path / "nbest.gz", tmp_path / "val.en"
+    shutil.copyfile(NBEST, nbest)
+    shutil.copyfile(VAL_EN, source)
+    model = tmp_path / "model"
+    if not model.exists():
+        shutil.copytree(tiny_model, model)
+    return {
+        "tune": (["tune", ini, "--dev", dev_src, dev_ref, "-o", out], ini),
+        "rerank": (["rerank", "--dev", nbest, dev_ref, "--test", nbest, "-o", out], nbest),
+        "evaluate": (["evaluate", ini, "--test", dev_src, dev_ref, "-o", out], dev_ref),
+        "plot scores": (["plot", "scores", table, "-o", out], table),
+        "plot embeddings": (["plot", "embeddings", "-m", model, "-o", out, "--words", 20, "--labels", 5],
+                            model / "config.json"),
+        "plot alignments": (["plot", "alignments", "-m", search_model, "--source", source, "--target", VAL_FR,
+                             "--lines", 2, "-o", out], source),
+        "experiment --report": (["experiment", ini, "--annotated", table, "--dev", dev_src, dev_ref,
+                                 "--test", dev_src, dev_ref, "-o", tmp_path / "work", "--report", out], table),
+        "rescore-experiment --report": (["rescore-experiment", ini, "--dev", dev_src, dev_ref, "--test", dev_src, dev_ref,
+                                         "-m", f"m={model}", "-o", tmp_path / "work", "--report", out], dev_src),
+    }
+
+
+OTHER_WRITERS = ["tune", "rerank", "evaluate", "plot scores", "plot embeddings", "plot alignments",
+                 "experiment --report", "rescore-experiment --report"]
+WRITTEN_FILE = {"plot alignments": "out-2.png"}  # OUT.png -> OUT-LINE.png
+
+
+@pytest.mark.parametrize("verb", OTHER_WRITERS)
+def test_6_every_other_writer_replaces_an_existing_output_only_with_overwrite(tmp_path, tiny_model, sentence_models,
+                                                                               table, ini, verb, monkeypatch):
+    if verb.startswith("plot"):
+        pytest.importorskip("matplotlib")
+    monkeypatch.setenv("MOSES_HOME", str(tmp_path / "no-moses"))
+    out = tmp_path / "out.png"
+    written = tmp_path / WRITTEN_FILE.get(verb, out.name)
+    written.write_bytes(b"the user's file\n")
+    args, _ = other_writers(tmp_path, tiny_model, sentence_models("rnnsearch"), table, ini, out)[verb]
+    line = error_line(run(*args))
+    assert f"{written}: the " in line and "already exists" in line and "--overwrite" in line, line
+    assert written.read_bytes() == b"the user's file\n"
+    result = run(*args, "--overwrite")
+    if verb.startswith("plot"):
+        assert result.exit_code == 0, result.stderr
+        assert written.read_bytes().startswith(b"\x89PNG")
+    else:  # past the output check, the verb goes on to look for Moses, which is not there
+        last = error_line(result)
+        assert "already exists" not in last and "no-moses" in last, last
+        assert written.read_bytes() == b"the user's file\n"
+    record(f"6. {verb} -o an existing file", "refused; replaced with --overwrite")
+
+
+@pytest.mark.parametrize("verb", OTHER_WRITERS)
+def test_3_every_other_writer_refuses_an_output_linked_to_an_input(tmp_path, tiny_model, sentence_models, table, ini,
+                                                                   verb):
+    out = tmp_path / "out.png"
+    args, victim = other_writers(tmp_path, tiny_model, sentence_models("rnnsearch"), table, ini, out)[verb]
+    written = tmp_path / WRITTEN_FILE.get(verb, out.name)
+    saved = snapshot(victim)
+    os.symlink(victim, written)
+    line = error_line(run(*args, "--overwrite"))
+    assert "is the same file as" in line and "(through a link)" in line, line
+    assert unchanged(saved) and written.is_symlink()
+    record(f"3. {verb} -o a link to one of its inputs", "refused, input kept")
+
+
+@pytest.mark.parametrize("verb", ["tune", "rerank", "evaluate"])
+def test_4_moses_file_outputs_refuse_devices(tmp_path, tiny_model, sentence_models, table, ini, verb):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    args, _ = other_writers(tmp_path, tiny_model, sentence_models("rnnsearch"), table, ini, fifo)[verb]
+    line = error_line(run(*args))
+    assert f"{fifo}: the " in line and "must be a regular file" in line, line
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert not list(tmp_path.glob("fifo.*"))
+    record(f"4. {verb} -o a FIFO", "refused: its output is a file with files beside it")
 
 
 # --- 7. many unknown words ---------------------------------------------------------------------------

@@ -50,12 +50,13 @@ def main() -> None:
     sample_args = ["sample", "-m", model, *SOURCES, "-n", "100", "--top", "5", "--seed", "1"]
     beam_args = ["sample", "-m", model, *SOURCES[:3], "--beam", "5", "--no-allow-unk"]
     compare_args = ["compare", "-m", model, args.annotated, "--frequent", "4", "--rare", "4", "--top", "3"]
-    scores_args = ["plot", "scores", args.annotated, "-o", "docs/images/scores.png"]
-    direct_args = ["plot", "scores", args.annotated, "--table-column", "2", "-o", "docs/images/scores-direct.png"]
+    scores_args = ["plot", "scores", args.annotated, "-o", "docs/images/scores.png", "--overwrite"]
+    direct_args = ["plot", "scores", args.annotated, "--table-column", "2", "-o", "docs/images/scores-direct.png",
+                   "--overwrite"]
     words_args = ["plot", "embeddings", "-m", model, "-o", "docs/images/words.png", "--html", "docs/images/words.html",
-                  "--words", "1000"]
+                  "--words", "1000", "--overwrite"]
     phrases_args = ["plot", "embeddings", "-m", model, "--kind", "phrases", "--table", args.table, "--phrases", "2000",
-                    "-o", "docs/images/phrases.png", "--html", "docs/images/phrases.html"]
+                    "-o", "docs/images/phrases.png", "--html", "docs/images/phrases.html", "--overwrite"]
     (DOCS / "images").mkdir(parents=True, exist_ok=True)
     outputs = {name: run(*a) for name, a in (("sample", sample_args), ("beam", beam_args), ("compare", compare_args),
                                             ("scores", scores_args), ("direct", direct_args), ("words", words_args), ("phrases", phrases_args))}

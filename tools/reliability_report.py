@@ -67,17 +67,24 @@ What each kind of test checks:
   2. `moses-ini ... --phrase-table pt.rnn.gz -o pt.rnn.gz` and `annotate IN -o OUT --ini moses.ini
      --ini-output IN` (or `OUT`) are refused; annotate checks `--ini-output` before it starts.
   3. Inputs and outputs are compared by device and inode after following links: an output
-     reached through a symbolic or hard link to an input (`annotate`, `rescore`) is refused, and
-     so is an input that sits where a file is written beside the output (`annotate OUT.part -o
-     OUT`).
+     reached through a symbolic or hard link to an input is refused (`annotate`, `rescore`,
+     `tune`, `rerank`, `evaluate`, `ems-config`, the three `plot` verbs and the experiments'
+     `--report`), and so is an input that sits where a file is written beside the output
+     (`annotate OUT.part -o OUT`).
   4. `-`, a character device (`mknod mynull c 1 3`, `/dev/null`, `/dev/full`) and a FIFO are
      written to directly: the node stays, and no `.part`, lock or signature is made beside it.
-     A block device or a socket is refused.
+     A block device or a socket is refused. Outputs that are files by nature, with files
+     written beside them (`tune`'s moses.ini, `rerank`'s 1-best and its `.json`, `evaluate`'s
+     decoder output and its log, `ems-config`'s ini), refuse `-`, devices and FIFOs.
   5. `train -o DIR` into a folder holding a model's weights, checkpoint or training log but no
      `config.json` is refused without `--overwrite`, and `--resume` says it cannot continue it;
      nothing is replaced or erased.
-  6. `annotate`, `rescore`, `translate`, `score` and `moses-ini` replace an existing output only
-     with `--overwrite` (the error says so; `--resume` continues its own output without it). A
+  6. Every verb that writes a file (`annotate`, `rescore`, `translate`, `score`, `moses-ini`,
+     `tune`, `rerank`, `evaluate`, `plot scores|embeddings|alignments`, and the `--report` of
+     `experiment` and `rescore-experiment`, checked before any tuning starts) replaces an
+     existing output only with `--overwrite` (the error says so; `--resume` continues its own
+     output without it). `ems-config` is the one exception: EMS numbers its steps' outputs and
+     re-runs a step into the same file, so it replaces its own ini (never an input). A
      failure that leaves nothing to resume (an empty table or n-best list, or one failing before
      its first chunk) leaves no `OUT.part`.
   7. The unknown-word column is e^min(n, 88): e^88 ≈ 1.65e38 is the largest e^n below the

@@ -296,7 +296,7 @@ def report(args) -> str:
         length_pngs.append(png)
 
     plots = plot_alignments(load_model(model_dirs[RNNSEARCH], device), sets["test"][0], hypotheses[RNNSEARCH]["test"],
-                            images_dir / ALIGNMENT_PNG, count=args.alignments, seed=args.seed)
+                            images_dir / ALIGNMENT_PNG, count=args.alignments, seed=args.seed, overwrite=True)
     kept = {Path(p.png).name for p in plots}
     for old in images_dir.glob(f"{Path(ALIGNMENT_PNG).stem}-*.png"):
         if old.name not in kept:

@@ -155,14 +155,19 @@ def plot_alignment(pair: AlignedPair, output: PathLike, *, dpi: int = 100) -> No
 
 def plot_alignments(loaded, source: PathLike, target: PathLike, output: PathLike, *,
                     lines: Optional[Sequence[int]] = None, count: int = DEFAULT_COUNT, seed: int = 1,
-                    max_words: int = DEFAULT_MAX_WORDS) -> List[AlignmentPlot]:
+                    max_words: int = DEFAULT_MAX_WORDS, overwrite: bool = False,
+                    inputs: Sequence = ()) -> List[AlignmentPlot]:
     """Heat maps of the chosen pairs of ``source`` and ``target`` (see :func:`choose_pairs`), one
-    PNG per pair, named by :func:`output_for_line`."""
+    PNG per pair, named by :func:`output_for_line`. Every PNG is checked against ``inputs`` and
+    for an existing file (replaced only with ``overwrite``) before the first is drawn."""
     from phrase_scorer.analysis.plots import require_matplotlib
+    from phrase_scorer.io.outputs import check_output
 
     require_alignments(loaded)
     require_matplotlib()
     chosen = choose_pairs(source, target, lines=lines, count=count, seed=seed, max_words=max_words)
+    for line, _, _ in chosen:
+        check_output(output_for_line(output, line), inputs, overwrite=overwrite, what="the figure")
     weights = alignment_weights(loaded, [(s, t) for _, s, t in chosen])
     plots = []
     for (line, source_words, target_words), alpha in zip(chosen, weights):

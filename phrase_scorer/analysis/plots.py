@@ -296,8 +296,10 @@ def write_html(coords: np.ndarray, labels: Sequence[str], output: PathLike, *, t
     data = {"title": title, "points": [[round(float(x), 4), round(float(y), 4)] for x, y in coords],
             "labels": list(labels)}
     payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
-    Path(output).write_text(HTML_PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), data=payload),
-                            encoding="utf-8")
+    from phrase_scorer.io.files import write_text_atomically
+
+    write_text_atomically(output, HTML_PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle),
+                                                   data=payload))
 
 
 def plot_embeddings(loaded, output: PathLike, *, kind: str = "words", table: Optional[PathLike] = None,

@@ -66,15 +66,20 @@ def display(path: PathLike) -> str:
 
 def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool = False,
                  companions: Sequence[str] = ATOMIC_COMPANIONS, what: str = "the output",
-                 option: str = "--overwrite") -> None:
+                 option: str = "--overwrite", regular_only: bool = False) -> None:
     """Refuse ``output`` unless it may be written (see the module docstring).
 
     ``inputs`` are the command's inputs as (what, path) pairs (a None path, or ``-``, is
     skipped); ``companions`` the suffixes of the files written beside ``output``; ``overwrite``
     lets an existing regular file be replaced (a resumable writer passes True here and checks
-    the existing output itself, once it knows whether ``--resume`` continues it).
+    the existing output itself, once it knows whether ``--resume`` continues it);
+    ``regular_only`` refuses ``-``, character devices and FIFOs too, for outputs that are files by
+    nature (a tuned moses.ini, decoder output kept beside its log).
     """
     output = os.fspath(output)
+    if regular_only and writes_directly(output):
+        raise PhraseScorerError(f"{what} must be a regular file (files are written beside it)", path=display(output),
+                                hint="give a file name")
     if output == STDIO:
         return
     inputs = [(name, os.fspath(path)) for name, path in inputs if path is not None and os.fspath(path) != STDIO]

@@ -55,6 +55,7 @@ from typing import List, Optional, Set
 from phrase_scorer.config import AnnotateOptions, ModelConfig, ScoringOptions, TrainConfig
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, part_path
+from phrase_scorer.io.outputs import check_output
 from phrase_scorer.io.moses_ini import (
     BINARIZERS, TEXT_TABLE_TYPES, MosesIni, binary_table_file, patch_moses_ini,
 )
@@ -197,8 +198,9 @@ def build_ems_config(
     from phrase_scorer.train import train
 
     ini_in, ini_out = os.fspath(ini_in), os.fspath(ini_out)
-    if os.path.abspath(ini_in) == os.path.abspath(ini_out):
-        raise PhraseScorerError("the output config would overwrite the input config", path=ini_out)
+    # EMS numbers its steps' outputs and re-runs a step into the same OUT: an existing OUT is
+    # replaced, but never when it is the input (by device and inode) or not a regular file.
+    check_output(ini_out, [("the input config", ini_in)], overwrite=True, what="the output config", regular_only=True)
     target = parse_binarizer(binarizer)
     ini = MosesIni.read(ini_in)
     feature = ini.find_phrase_table(feature_name)
