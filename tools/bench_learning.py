@@ -98,9 +98,9 @@ def test_bleu(run: Path, data: Path, direction: str, beam: int = 5) -> float:
 
     src, tgt = direction.split("-")
     hypotheses = run / f"test2016.beam{beam}.{tgt}"
-    if not hypotheses.exists():
+    if not hypotheses.exists() or hypotheses.stat().st_mtime_ns < (run / "model.pt").stat().st_mtime_ns:
         subprocess.run(phrase_scorer_command("translate", "-m", run, "--beam", beam, data / f"test_2016_flickr.tok.{src}.gz",
-                                             "-o", hypotheses), check=True)
+                                             "-o", hypotheses, "--overwrite"), check=True)
     import gzip
 
     with gzip.open(data / f"test_2016_flickr.tok.{tgt}.gz", "rt", encoding="utf-8") as f:
@@ -108,11 +108,52 @@ def test_bleu(run: Path, data: Path, direction: str, beam: int = 5) -> float:
     return score(hypotheses.read_text(encoding="utf-8").splitlines(), references, kind="tokenized").bleu
 
 
+def changed_settings(work: Path, run: Path) -> List[str]:
+    """The ``--set`` options of a run's command (what an ablation changed), as ``--name value``."""
+    command_file = work / f"{run.name}.command.json"
+    if not command_file.exists():
+        return []
+    command = json.loads(command_file.read_text())
+    changed, i = [], command.index("train") + 1
+    standard = {"--corpus": 2, "--dev": 2, "--arch": 1, "--preset": 1, "--batch-size": 1, "--valid-every": 1,
+                "--recipe": 1, "--threads": 1, "--max-time": 1, "--max-steps": 1, "-o": 1, "--resume": 0}
+    while i < len(command):
+        option = command[i]
+        if option in standard:
+            i += 1 + standard[option]
+        else:
+            changed.append(f"{option} {command[i + 1]}")
+            i += 2
+    return changed
+
+
+def ablation_rows(work: Path, runs: List[Path], baseline: str = "modern") -> tuple:
+    """Each run that changed settings against ``baseline``, at the last step they all reached."""
+    ablations = [run for run in runs if changed_settings(work, run)]
+    base = next((run for run in runs if run.name == baseline), None)
+    if not ablations or base is None:
+        return None, []
+    logs = {run.name: {r["step"]: r for r in read_log(run)} for run in [base, *ablations]}
+    common = set.intersection(*(set(log) for log in logs.values()))
+    if not common:
+        return None, []
+    step = max(common)
+    rows = []
+    for run in [base, *ablations]:
+        record = logs[run.name][step]
+        rows.append([run.name, ", ".join(changed_settings(work, run)) or f"the `{baseline}` recipe",
+                     f"{record.get('valid_bleu', float('nan')):.2f}", f"{record['valid_nll_token']:.3f}",
+                     f"{record['valid_margin_pair']:.1f}"])
+    return step, rows
+
+
 def report_runs(args) -> None:
     work = Path(args.work_dir)
     idle_runs = dict(item.split("=", 1) for item in args.idle_from)  # run name -> its idle run
     intervals = {name: idle_interval_seconds(Path(path)) for name, path in idle_runs.items()}
-    runs = sorted(p.parent for p in work.glob("*/train.log.jsonl") if p.parent.name != "idle")
+    every_run = sorted(p.parent for p in work.glob("*/train.log.jsonl") if p.parent.name != "idle")
+    ablation_step, ablation = ablation_rows(work, every_run)
+    runs = [run for run in every_run if not changed_settings(work, run)]
     header = ["run", *[f"{m} min" for m in CHECKPOINTS_MIN], "steps", "test 2016 (beam 5)"]
     rows = [["reference curve (peer toolkit, same data and CPU kind)",
              *[next((f"{b}" for m2, b in PEER if abs(m2 - m) < 1.5), "") for m in CHECKPOINTS_MIN], "", "55.5"]]
@@ -137,6 +178,12 @@ def report_runs(args) -> None:
         "",
         markdown_table(header, rows),
         "",
+        *([f"Ablation: each run changes one setting of `modern` (`train --recipe modern` plus the option shown) and "
+           f"is compared with `modern` after the same {ablation_step:,} updates (the same batches; a model's "
+           "weights at an update do not depend on the machine's load). Dev BLEU greedy; margin: mean log p(true) "
+           "- log p(shuffled) per dev pair.", "",
+           markdown_table(["run", "setting", f"dev BLEU at step {ablation_step:,}", "dev NLL/token", "margin"], ablation),
+           ""] if ablation else []),
         "Every validation:",
         "",
         markdown_table(["run", "step", "minutes", "dev BLEU", "dev NLL/token"], detail),
