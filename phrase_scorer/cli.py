@@ -962,12 +962,16 @@ def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **opt
 
 
 @cli.command()
-@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
-              help="Dev n-best list (rescored; plain or gzip) and its references (tokenised like the output).")
-@click.option("--test", "test_nbest", required=True, type=click.Path(dir_okay=False, exists=True),
+@click.option("--dev", nargs=2, default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Dev n-best list (rescored; plain or gzip) and its references (tokenised like the output): "
+                   "tune the weights on it.")
+@click.option("--weights", "reranker", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Or: apply a reranker tuned before (the OUTPUT.json of a 'rerank --dev' run), without Moses.")
+@click.option("--test", "test_nbest", required=True, type=click.Path(dir_okay=False, exists=True, allow_dash=True),
               help="Test n-best list with the same features, to rerank.")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Where to write the test set's new 1-best, one line per sentence; the weights go to OUTPUT.json.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Where to write the test set's new 1-best, one line per sentence; when tuning, the reranker "
+                   "(weights and models) goes to OUTPUT.json.")
 @click.option("--ini", "start_ini", type=click.Path(dir_okay=False, exists=True), default=None,
               help="The decoder's moses.ini: its [weight] section gives the starting weights "
                    "[default: fitted to the dev list's totals].")
@@ -986,31 +990,48 @@ def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **opt
               help="Folder of extractor, mert and kbmira [default: MOSES_HOME/bin].")
 @click.option("--ignore-feature", "ignore_features", multiple=True,
               help="A dense feature of the lists to leave out, neither tuned nor used (repeatable).")
+@click.option("--decoder-flags", default=None,
+              help="The decoder options the n-best lists were made with, recorded in the reranker.")
 @overwrite_option
 @moses_home_option
-def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads, working_dir, mertdir,
-           ignore_features, overwrite, moses_home):
+def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads, working_dir,
+           mertdir, ignore_features, decoder_flags, overwrite, moses_home):
     """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
-    then write the best hypothesis of each sentence of the test n-best list."""
+    then write the best hypothesis of each sentence of the test n-best list; or, with --weights,
+    apply weights tuned before to a new list."""
     from phrase_scorer.io.outputs import check_output, refuse_existing
     from phrase_scorer.moses.installation import MosesInstallation
-    from phrase_scorer.moses.rerank import rerank as run_rerank
+    from phrase_scorer.moses.rerank import apply_reranker, rerank as run_rerank
 
+    if (dev is None) == (reranker is None):
+        raise UserError("give --dev NBEST REFERENCES (to tune) or --weights RERANKER (to apply one), not both")
+    if reranker is not None:
+        tuning_only = {"--ini": start_ini, "--working-dir": working_dir, "--mertdir": mertdir,
+                       "--decoder-flags": decoder_flags, "--ignore-feature": ignore_features or None}
+        given = [name for name, value in tuning_only.items() if value is not None]
+        if given:
+            raise UserError(f"{', '.join(given)} only apply when tuning (--dev); the reranker holds what it was tuned with")
+        check_output(output, [("the test n-best list", test_nbest), ("the reranker", reranker)], overwrite=overwrite)
+        sentences = apply_reranker(reranker, test_nbest, output)
+        click.echo(f"test 1-best: {output} ({sentences} sentences), weights from {reranker}", err=True)
+        return
     inputs = [("the dev n-best list", dev[0]), ("the dev references", dev[1]), ("the test n-best list", test_nbest),
               ("the moses.ini", start_ini)]
     check_output(output, inputs, overwrite=overwrite, companions=(".part", ".json"), what="the reranked output",
                  regular_only=True)
     if os.path.exists(output + ".json") and not overwrite:
-        refuse_existing(output + ".json", what="the weights file written beside the output")
+        refuse_existing(output + ".json", what="the reranker written beside the output")
+
     moses = MosesInstallation.find(moses_home) if moses_home or not mertdir else None
     options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
                             threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features))
     result = run_rerank(dev[0], dev[1], test_nbest, output, moses=moses, options=options, start_ini=start_ini,
-                        working_dir=working_dir)
+                        working_dir=working_dir, decoder_flags=decoder_flags)
     runs = ", ".join(f"seed {r.seed}: {r.dev_bleu:.2f}" for r in result.runs)
     click.echo(f"dev BLEU {result.start_dev_bleu:.2f} with the starting weights; after {method}: {runs}; "
                f"kept seed {result.best_seed}", err=True)
-    click.echo(f"test 1-best: {output} ({result.sentences} sentences); weights in {output}.json", err=True)
+    click.echo(f"test 1-best: {output} ({result.sentences} sentences); reranker in {output}.json "
+               f"(rerank --weights {output}.json --test NBEST -o OUT applies it to another list)", err=True)
 
 
 @cli.command()

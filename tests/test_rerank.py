@@ -207,6 +207,13 @@ def test_rerank_recovers_the_oracle(moses, tmp_path, method):
     after = bleu.corpus_score(reranked, [test_references]).score
     assert after > before + 1, (before, after)
 
+    # the reranker file applies to a list without Moses: the same lines rerank wrote when it tuned
+    assert signature["format"] == "phrase-scorer-reranker" and signature["decoder"]["nbest_size"] == 100
+    again = tmp_path / "again.1best"
+    applied = run("rerank", "--weights", f"{out}.json", "--test", tmp_path / "test.nbest.gz", "-o", again)
+    assert applied.exit_code == 0, applied.stderr
+    assert again.read_bytes() == out.read_bytes()
+
 
 def test_ignored_features_are_neither_tuned_nor_used(tmp_path):
     """A feature that would pick the worst hypothesis changes nothing once it is ignored."""
@@ -225,3 +232,77 @@ def test_ignored_features_are_neither_tuned_nor_used(tmp_path):
     dev = copy_checked(with_extra, tmp_path / "copy.nbest", ignore=("Worst",))
     assert dev.layout == layout_of(NBEST)
     assert "Worst" not in (tmp_path / "copy.nbest").read_text(encoding="utf-8")
+
+
+# --- the reranker file, applied without Moses ----------------------------------------------------------
+
+
+def write_reranker(path, weights, models=None, ignore=()) -> Path:
+    from phrase_scorer.moses.rerank import reranker_record
+
+    Path(path).write_text(json.dumps(reranker_record(weights, ignore, models or {})), encoding="utf-8")
+    return Path(path)
+
+
+def test_a_reranker_applies_to_the_whole_shared_list(tmp_path):
+    """The decoder's own weights, as a reranker file, give back the decoder's 1-best on all 100
+    sentences of the system's 100-best list."""
+    if not SHARED_NBEST.exists():
+        pytest.skip(f"needs the Multi30k system's n-best list {SHARED_NBEST}")
+    reranker = write_reranker(tmp_path / "decoder.json", weights_from_ini(TUNED_INI, layout_of(SHARED_NBEST)))
+    out = tmp_path / "1best.txt"
+    result = run("rerank", "--weights", reranker, "--test", SHARED_NBEST, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 100 and lines == decoder_1best(SHARED_NBEST)
+
+
+def test_a_reranker_refuses_lists_rescored_otherwise(tmp_path, tiny_model, sentence_models):
+    from phrase_scorer.moses.rerank import rescored_models
+
+    rescored = tmp_path / "rescored.gz"
+    assert run("rescore", NBEST, "--source", DATA / "val.tok.en.head", "-m", tiny_model, "-o", rescored).exit_code == 0
+    models = rescored_models(rescored)
+    assert set(models) == {"RNN0"} and models["RNN0"]["reverse"] is False and len(models["RNN0"]["weights_sha256"]) == 64
+    weights = weights_from_ini(TUNED_INI, layout_of(rescored))
+    weights.values[-1] = 0.5  # RNN0
+    reranker = write_reranker(tmp_path / "r.json", weights, models)
+
+    out = tmp_path / "1best.txt"
+    assert run("rerank", "--weights", reranker, "--test", rescored, "-o", out).exit_code == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 3
+
+    # the same feature name, computed by another model: refused, naming the feature
+    other = tmp_path / "other.gz"
+    assert run("rescore", NBEST, "--source", DATA / "val.tok.en.head", "-m", sentence_models("encdec"),
+               "-o", other).exit_code == 0
+    result = run("rerank", "--weights", reranker, "--test", other, "-o", tmp_path / "refused.txt")
+    assert result.exit_code == 1 and "feature RNN0 was tuned with the model" in result.stderr
+    assert not (tmp_path / "refused.txt").exists()
+
+    # a list without the feature: refused by name
+    result = run("rerank", "--weights", reranker, "--test", NBEST, "-o", tmp_path / "refused.txt")
+    assert result.exit_code == 1 and "but the weights are for" in result.stderr and "RNN0" in result.stderr
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "not a reranker file"),
+    ('{"format": "phrase-scorer-model"}', "not a reranker file"),
+    ('{"format": "phrase-scorer-reranker", "version": 9}', "reranker version 9"),
+    ('{"format": "phrase-scorer-reranker", "version": 1, "layout": [["LM0", 1]], "weights": {}}', "damaged"),
+])
+def test_a_bad_reranker_file_is_one_line(tmp_path, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    result = run("rerank", "--weights", bad, "--test", NBEST, "-o", tmp_path / "out.txt")
+    assert result.exit_code == 1 and message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_weights_and_dev_are_one_or_the_other(tmp_path):
+    reranker = write_reranker(tmp_path / "r.json", weights_from_ini(TUNED_INI, layout_of(NBEST)))
+    both = run("rerank", "--weights", reranker, "--dev", NBEST, DATA / "val.tok.fr.head", "--test", NBEST, "-o",
+               tmp_path / "o")
+    assert both.exit_code != 0 and "not both" in both.stderr
+    tuning_option = run("rerank", "--weights", reranker, "--ini", TUNED_INI, "--test", NBEST, "-o", tmp_path / "o")
+    assert tuning_option.exit_code != 0 and "--ini" in tuning_option.stderr and "only apply when tuning" in tuning_option.stderr

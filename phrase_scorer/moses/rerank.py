@@ -127,6 +127,7 @@ class DevList:
     moment: np.ndarray  # X'y
     totals_square: float  # y'y
     lines: int
+    largest_list: int = 0  # most hypotheses of one sentence: the n-best size the lists were decoded with
 
 
 def copy_checked(nbest: PathLike, copy: Path, ignore: Sequence[str] = ()) -> DevList:
@@ -141,7 +142,7 @@ def copy_checked(nbest: PathLike, copy: Path, ignore: Sequence[str] = ()) -> Dev
     gram = moment = None
     totals_square = 0.0
     last_id = -1
-    count = 0
+    count = largest = 0
     with open(copy, "wb") as out:
         for _, entries in group_by_sentence(without_features(e, ignore) for e in read_nbest(nbest)):
             for entry in entries:
@@ -168,9 +169,10 @@ def copy_checked(nbest: PathLike, copy: Path, ignore: Sequence[str] = ()) -> Dev
             moment += features.T @ totals
             totals_square += float(totals @ totals)
             count += len(entries)
+            largest = max(largest, len(entries))
     if count == 0:
         raise PhraseScorerError("the n-best list is empty", path=nbest)
-    return DevList(layout, last_id + 1, gram, moment, totals_square, count)
+    return DevList(layout, last_id + 1, gram, moment, totals_square, count, largest)
 
 
 @dataclass
@@ -342,6 +344,7 @@ class Learned:
     start_dev_bleu: float
     best: OptimiserRun
     runs: List[OptimiserRun]
+    dev: Optional[DevList] = None
 
 
 def mert_programs(moses: Optional[MosesInstallation], options: RerankOptions) -> Tuple[Path, Path]:
@@ -400,7 +403,7 @@ def learn_weights(dev_nbest: PathLike, dev_reference: PathLike, work: Path, *, m
         runs.append(OptimiserRun(seed, weights, bleu, reported))
         log.info("%s seed %d: dev BLEU %.2f", options.method, seed, bleu)
     best = max(runs, key=lambda r: r.dev_bleu)  # the first of equals
-    return Learned(Weights(dev.layout, best.weights), start, start_from, start_bleu, best, runs)
+    return Learned(Weights(dev.layout, best.weights), start, start_from, start_bleu, best, runs, dev)
 
 
 def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: Sequence[str] = ()) -> int:
@@ -449,11 +452,116 @@ def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: S
     return written
 
 
+# --- the reranker file: what rerank tuned, applied to new lists ---------------------------------------
+
+
+RERANKER_FORMAT = "phrase-scorer-reranker"
+RERANKER_VERSION = 1
+
+
+def rescored_models(nbest: PathLike) -> Dict[str, dict]:
+    """The models behind the features ``rescore`` added to ``nbest``, read from its signature
+    (``NBEST.json``): feature name -> directory, weights_sha256, reverse, normalize. Empty when the
+    list has no such signature (a list made otherwise)."""
+    try:
+        data = json.loads(Path(os.fspath(nbest) + ".json").read_text(encoding="utf-8"))
+        if data.get("tool") != "phrase-scorer rescore":
+            return {}
+        normalize = bool(data.get("options", {}).get("normalize", False))
+        return {m["name"]: {"directory": m["directory"], "weights_sha256": m["weights_sha256"],
+                            "reverse": bool(m["reverse"]), "normalize": normalize} for m in data["models"]}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return {}
+
+
+def reranker_record(weights: Weights, ignore_features: Sequence[str], models: Dict[str, dict], *,
+                    nbest_size: Optional[int] = None, decoder_flags: Optional[str] = None) -> dict:
+    """What a reranker file holds (``rerank`` adds its runs and dev BLEU): the weights by feature
+    in the lists' order, the features left out, the models behind the added features, and the
+    n-best size (most hypotheses of a dev sentence) and decoder options the lists were made with."""
+    return {"format": RERANKER_FORMAT, "version": RERANKER_VERSION,
+            "layout": [[name, count] for name, count in weights.layout], "weights": weights.by_name(),
+            "ignore_features": list(ignore_features), "models": models,
+            "decoder": {"nbest_size": nbest_size, "decoder_flags": decoder_flags}}
+
+
+@dataclass
+class Reranker:
+    """A tuned reranker, as ``rerank`` wrote it: weights by feature, the features left out, and
+    the models behind the features that ``rescore`` added."""
+
+    path: str
+    weights: Weights
+    ignore_features: Tuple[str, ...]
+    models: Dict[str, dict]
+
+
+def read_reranker(path: PathLike) -> Reranker:
+    path = os.fspath(path)
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PhraseScorerError(f"cannot read the reranker ({exc.strerror})", path=path) from None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or data.get("format") != RERANKER_FORMAT:
+        raise PhraseScorerError("not a reranker file", path=path,
+                                hint="give the OUTPUT.json that 'phrase-scorer rerank --dev ...' wrote beside its output")
+    if data.get("version") != RERANKER_VERSION:
+        raise PhraseScorerError(f"reranker version {data.get('version')!r}; this version of phrase-scorer reads "
+                                f"{RERANKER_VERSION}", path=path, hint="tune it again with this version's rerank")
+    try:
+        layout = tuple((str(name), int(count)) for name, count in data["layout"])
+        by_name = data["weights"]
+        values = [float(v) for name, _ in layout for v in by_name[name]]
+        if len(values) != sum(count for _, count in layout):
+            raise ValueError("weights do not match the layout")
+        ignore = tuple(str(n) for n in data.get("ignore_features", []))
+        models = {str(k): dict(v) for k, v in data.get("models", {}).items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PhraseScorerError(f"the reranker is damaged ({exc})", path=path, hint="tune it again") from None
+    return Reranker(path, Weights(layout, values), ignore, models)
+
+
+def check_rescored_with_same_models(reranker: Reranker, nbest: PathLike) -> None:
+    """Refuse a list whose added features were computed by other models (other weights, other
+    direction or normalisation) than the ones the reranker was tuned with, as far as the list's
+    signature tells."""
+    if not reranker.models:
+        return
+    found = rescored_models(nbest)
+    if not found:
+        log.warning("%s has no rescore signature (%s.json): cannot check that its features %s come from the models "
+                    "the reranker was tuned with", os.fspath(nbest), os.fspath(nbest), ", ".join(reranker.models))
+        return
+    for name, tuned in reranker.models.items():
+        now = found.get(name)
+        if now is None:
+            continue  # not added by the last rescore: the layout check names a missing feature
+        for key in ("weights_sha256", "reverse", "normalize"):
+            if now.get(key) != tuned.get(key):
+                raise PhraseScorerError(
+                    f"feature {name} was tuned with the model {tuned.get('directory')} ({key} {tuned.get(key)}), but "
+                    f"this list's was computed with {now.get('directory')} ({key} {now.get(key)})", path=nbest,
+                    hint="rescore the list with the models the reranker was tuned with, or tune a new reranker")
+
+
+def apply_reranker(reranker: PathLike, nbest: PathLike, output: PathLike) -> int:
+    """Write the best hypothesis of each sentence of ``nbest`` under the weights of the reranker
+    file ``reranker``: the lines ``rerank`` wrote for the list when it tuned them. Returns the
+    number of lines written."""
+    loaded = read_reranker(reranker)
+    check_rescored_with_same_models(loaded, nbest)
+    return apply_weights(nbest, loaded.weights, output, loaded.ignore_features)
+
+
 def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, output: PathLike, *,
            moses: Optional[MosesInstallation], options: RerankOptions = RerankOptions(),
-           start_ini: Optional[PathLike] = None, working_dir: Optional[PathLike] = None) -> RerankResult:
+           start_ini: Optional[PathLike] = None, working_dir: Optional[PathLike] = None,
+           decoder_flags: Optional[str] = None) -> RerankResult:
     """Tune the weights on the dev list, then write the test list's 1-best to ``output`` and the
-    weights, runs and dev BLEU to ``output.json``."""
+    reranker (weights, the models behind the features, runs and dev BLEU) to ``output.json``;
+    ``decoder_flags`` (the decoder options the lists were made with) is recorded there."""
     output = os.fspath(output)
     if output == STDIO:
         raise PhraseScorerError("rerank needs a named output file (its weights go beside it, in OUTPUT.json)")
@@ -470,6 +578,8 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
         best_seed=learned.best.seed, runs=learned.runs, working_dir=os.fspath(work),
     )
     signature = {
+        **reranker_record(learned.weights, options.ignore_features, rescored_models(dev_nbest),
+                          nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags),
         "tool": "phrase-scorer rerank",
         "dev": {"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
         "test": {"nbest": os.path.abspath(test_nbest)},
