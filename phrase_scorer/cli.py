@@ -178,8 +178,8 @@ batch_tokens_option = click.option("--batch-tokens", type=click.IntRange(min=1),
 precision_option = click.option(
     "--precision", type=click.Choice(PRECISIONS), default=ScoringOptions.precision,
     help="fp32 on every device by default. bf16/fp16 (GPU only): autocast, so the decoder state and "
-         "the output layer run in half precision and log p moves by about 1e-3 (fp16) to 1e-2 (bf16) nats "
-         "(docs/precision.md); only the log-softmax stays fp32. A CPU always scores in fp32.")
+         "the output layer run in half precision and log p moves by 2.2-2.7e-3 (fp16) and 1.8-2.1e-2 (bf16) "
+         "nats on average, up to 0.15 on one pair (docs/precision.md); only the log-softmax stays fp32. A CPU always scores in fp32.")
 resume_option = click.option("--resume", is_flag=True,
                              help="Continue an interrupted run of the same command (starts afresh when there is nothing to resume).")
 overwrite_option = click.option("--overwrite", is_flag=True,
@@ -196,14 +196,16 @@ def training_options(function):
     options = [
         click.option("--arch", type=click.Choice(list(ARCH_PRESETS)), default=TrainConfig.arch,
                      help="Architecture: the RNN Encoder-Decoder (Cho et al. 2014) or RNNsearch (Bahdanau et al. "
-                          "2015). --resume keeps the saved one."),
+                          "2015). Resumed training keeps the saved one."),
         click.option("--preset", type=click.Choice(sorted({p for presets in ARCH_PRESETS.values() for p in presets})),
                      default=TrainConfig.preset,
                      help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests."),
         click.option("--source-shortlist", type=click.IntRange(min=1), default=None,
-                     help="Source words kept [default: the preset's, 15000 for paper]."),
+                     help="Source words kept [default: the preset's: 15000 for the encoder-decoder's paper preset, "
+                          "30000 for RNNsearch's]."),
         click.option("--target-shortlist", type=click.IntRange(min=1), default=None,
-                     help="Target words kept [default: the preset's, 15000 for paper]."),
+                     help="Target words kept [default: the preset's: 15000 for the encoder-decoder's paper preset, "
+                          "30000 for RNNsearch's]."),
         click.option("--recipe", type=click.Choice(list(RECIPES)), default=TrainConfig.recipe,
                      help="How to optimise: 'modern' (Adam, per-token label-smoothed loss, dropout, Glorot "
                           "initialisation, rate halved on validation plateaus) or 'paper' (the papers' Adadelta and "

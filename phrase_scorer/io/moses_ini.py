@@ -213,6 +213,13 @@ class MosesIni:
         """The phrase-table feature called ``name``, or the first phrase table when ``name`` is None."""
         features = self.features()
         tables = [f for f in features if f.is_phrase_table]
+        for feature in features:
+            if (not feature.is_phrase_table and feature.type.startswith("PhraseDictionary")
+                    and (feature.name == name or (name is None and not tables))):
+                raise self.error(f"feature {feature.name} is a {feature.type}, a phrase-table type this command does "
+                                 "not patch", feature.line.number,
+                                 f"supported: {', '.join(PHRASE_TABLE_TYPES)} (Moses2: PhraseDictionaryMemory, "
+                                 "ProbingPT); convert the table to one of them")
         if name is None:
             if tables:
                 return tables[0]
