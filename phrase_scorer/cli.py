@@ -508,6 +508,10 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
               help="Feature name of each -m model, in order [default: RNN0, RNN1, ...].")
 @click.option("--reverse-name", "reverse_names", multiple=True,
               help="Feature name of each --reverse-model, in order [default: RNNReverse0, ...].")
+@click.option("--ensemble", default=None, metavar="NAME",
+              help="Add the -m models as one feature NAME: the mean of their log p (one weight to tune).")
+@click.option("--reverse-ensemble", default=None, metavar="NAME",
+              help="Add the --reverse-model models as one feature NAME, the mean of their log p.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
               help="Rescored n-best list ('.gz' for gzip, '-' for stdout).")
 @click.option("--normalize/--no-normalize", default=RescoreOptions.normalize,
@@ -520,18 +524,20 @@ def report_moses_change(result, output, moses_ini, ini_output) -> None:
 @threads_option
 @resume_option
 @overwrite_option
-def rescore(nbest, source, models, reverse_models, names, reverse_names, output, normalize, batch_tokens, window_lines,
-            device, precision, threads, resume, overwrite):
+def rescore(nbest, source, models, reverse_models, names, reverse_names, ensemble, reverse_ensemble, output, normalize,
+            batch_tokens, window_lines, device, precision, threads, resume, overwrite):
     """Append the models' log-probabilities to every line of a Moses n-best list NBEST.
 
-    Each model adds one dense feature 'Name= value' (natural log, 6 significant digits);
-    every other byte of the list is kept. '-' reads NBEST from stdin.
+    Each model adds one dense feature 'Name= value' (natural log, 6 significant digits), or
+    each ensemble one, the mean of its models' log p; every other byte of the list is kept. '-'
+    reads NBEST from stdin.
     """
     set_threads(threads)
     from phrase_scorer.rescore import feature_models, rescore as run_rescore
     from phrase_scorer.device import resolve_device
 
-    loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device))
+    loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device), ensemble=ensemble,
+                            reverse_ensemble=reverse_ensemble)
     try:
         result = run_rescore(nbest, source, output, loaded, RescoreOptions(normalize=normalize, window_lines=window_lines),
                              ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,

@@ -70,31 +70,69 @@ VALUE_FORMAT = "%g: 6 significant digits, as Moses prints feature values"
 
 @dataclass
 class FeatureModel:
-    """A model and the feature it adds. ``reverse``: it scores the source given the hypothesis."""
+    """A model and the feature it adds. ``reverse``: it scores the source given the hypothesis.
+    Models of an ``ensemble`` share their feature ``name``: its value is the mean of their log p."""
 
     name: str
     loaded: Any  # a LoadedModel
     reverse: bool = False
+    ensemble: bool = False
 
     def describe(self) -> Dict[str, Any]:
-        return {"name": self.name, "reverse": self.reverse, "directory": os.path.abspath(self.loaded.directory),
-                "weights_sha256": self.loaded.weights_sha256, "config": self.loaded.config.to_dict()}
+        return {"name": self.name, "reverse": self.reverse, "ensemble": self.ensemble,
+                "directory": os.path.abspath(self.loaded.directory), "weights_sha256": self.loaded.weights_sha256,
+                "config": self.loaded.config.to_dict()}
+
+
+def feature_names(models: Sequence[FeatureModel]) -> List[str]:
+    """The features the models add, in order: one per model, one per ensemble."""
+    return list(dict.fromkeys(m.name for m in models))
+
+
+def feature_members(models: Sequence[FeatureModel]) -> List[List[int]]:
+    """For each feature of :func:`feature_names`, the indices of the models it averages."""
+    names = feature_names(models)
+    return [[i for i, m in enumerate(models) if m.name == name] for name in names]
 
 
 def feature_models(forward: Sequence[PathLike], reverse: Sequence[PathLike] = (), names: Sequence[str] = (),
-                   reverse_names: Sequence[str] = (), device: Any = "cpu") -> List[FeatureModel]:
+                   reverse_names: Sequence[str] = (), device: Any = "cpu", ensemble: Optional[str] = None,
+                   reverse_ensemble: Optional[str] = None) -> List[FeatureModel]:
     """Load the models, forward ones first, naming their features ``names`` / ``reverse_names``
-    (by default RNN0, RNN1, ... and RNNReverse0, ...)."""
+    (by default RNN0, RNN1, ... and RNNReverse0, ...); or, with ``ensemble`` (``reverse_ensemble``),
+    all forward (reverse) models as one feature of that name, the mean of their log p."""
     from phrase_scorer.model_dir import load_model
 
-    for dirs, given, option in ((forward, names, "--name"), (reverse, reverse_names, "--reverse-name")):
+    for dirs, given, option, together, together_option in (
+            (forward, names, "--name", ensemble, "--ensemble"),
+            (reverse, reverse_names, "--reverse-name", reverse_ensemble, "--reverse-ensemble")):
+        if together is not None and given:
+            raise PhraseScorerError(f"{option} and {together_option} both name the features of the same models",
+                                    hint=f"give {together_option} NAME alone: its models add one feature")
+        if together is not None and len(dirs) < 2:
+            raise PhraseScorerError(f"{together_option} {together} needs two models or more, got {len(dirs)}",
+                                    hint="an ensemble averages the log p of several models")
         if given and len(given) != len(dirs):
             raise PhraseScorerError(f"{len(given)} {option} for {len(dirs)} models", hint=f"give {option} once per model, in order")
-    names = list(names) or [f"{FORWARD_FEATURE_PREFIX}{i}" for i in range(len(forward))]
-    reverse_names = list(reverse_names) or [f"{REVERSE_FEATURE_PREFIX}{i}" for i in range(len(reverse))]
-    check_feature_names(names + reverse_names)
-    return ([FeatureModel(n, load_model(d, device)) for n, d in zip(names, forward)]
-            + [FeatureModel(n, load_model(d, device), reverse=True) for n, d in zip(reverse_names, reverse)])
+    names = ([ensemble] * len(forward) if ensemble is not None
+             else list(names) or [f"{FORWARD_FEATURE_PREFIX}{i}" for i in range(len(forward))])
+    reverse_names = ([reverse_ensemble] * len(reverse) if reverse_ensemble is not None
+                     else list(reverse_names) or [f"{REVERSE_FEATURE_PREFIX}{i}" for i in range(len(reverse))])
+    check_feature_names(list(dict.fromkeys(names)) + list(dict.fromkeys(reverse_names)))
+    return ([FeatureModel(n, load_model(d, device), ensemble=ensemble is not None) for n, d in zip(names, forward)]
+            + [FeatureModel(n, load_model(d, device), reverse=True, ensemble=reverse_ensemble is not None)
+               for n, d in zip(reverse_names, reverse)])
+
+
+def check_ensembles(models: Sequence[FeatureModel]) -> None:
+    """Models share a feature only as an ensemble of the same direction."""
+    for members in feature_members(models):
+        group = [models[i] for i in members]
+        if len(group) > 1 and not all(m.ensemble for m in group):
+            raise PhraseScorerError(f"feature name {group[0].name} is given twice", hint="give each model its own --name")
+        if len({m.reverse for m in group}) > 1:
+            raise PhraseScorerError(f"ensemble {group[0].name} mixes forward and reverse models",
+                                    hint="average models of one direction")
 
 
 def check_feature_names(names: Sequence[str]) -> None:
@@ -202,7 +240,8 @@ def rescore(
 
     if not models:
         raise PhraseScorerError("no model given", hint="pass -m MODEL (and/or --reverse-model MODEL)")
-    names = [m.name for m in models]
+    check_ensembles(models)
+    names = feature_names(models)
     check_feature_names(names)
     scoring_options = scoring_options or ScoringOptions()
     output = os.fspath(output)
@@ -230,7 +269,8 @@ def rescore(
         with resumable_output(output, done_bytes, progress_path) as out:
             reader = NBestReader(nbest, skip=done_lines)
             sources = SourceSentences(source, nbest)
-            writer = FeatureWriter(out, progress_path, settings, options, compress, done_lines, names)
+            writer = FeatureWriter(out, progress_path, settings, options, compress, done_lines, names,
+                                   feature_members(models))
             counts = {"sentences": 0}
 
             def work(window: NBestWindow) -> NBestWindow:
@@ -344,16 +384,20 @@ class FeatureWriter(ChunkWriter):
     """Writer thread body: appends the features to each line of a window and writes it as one chunk."""
 
     def __init__(self, out, progress_path, settings, options: RescoreOptions, compress: bool, lines_done: int,
-                 names: Sequence[str]) -> None:
+                 names: Sequence[str], members: Sequence[Sequence[int]]) -> None:
         super().__init__(out, progress_path, settings, lines_done)
         self.options = options
         self.compress = compress
         self.names = list(names)
+        self.members = [list(m) for m in members]  # per feature, the models it averages
 
     def format(self, window: NBestWindow) -> bytes:
         parts = []
+        features = [window.scores[m[0]] if len(m) == 1
+                    else np.mean(np.stack([window.scores[i] for i in m]).astype(np.float64), axis=0)
+                    for m in self.members]  # per feature: (lines,)
         for i, entry in enumerate(window.lines):
-            for name, values in zip(self.names, window.scores):
+            for name, values in zip(self.names, features):
                 entry.features.append((name, [moses_rounded(float(values[i]))]))
             parts.append(entry.to_line().encode("utf-8"))
         return b"".join(parts)

@@ -228,6 +228,53 @@ def test_feature_names_are_checked(tmp_path, tiny_model, args, message):
     assert result.exit_code == 1 and message in result.stderr
 
 
+def feature_values(path, name) -> np.ndarray:
+    return np.array([dict(e.features)[name][0] for e in read_nbest(path)])
+
+
+def test_an_ensemble_is_one_feature_the_mean_of_its_models(tmp_path, tiny_model, sentence_models):
+    """`--ensemble NAME`: the models' log p averaged into one feature; the models alone, with the
+    same windows, give the values it averages."""
+    other = sentence_models("encdec")
+    alone = tmp_path / "alone.gz"
+    assert run("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-m", other, "-o", alone).exit_code == 0
+    together = tmp_path / "ensemble.gz"
+    result = run("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-m", other, "--ensemble", "Ens",
+                 "-r", tiny_model, "-o", together)
+    assert result.exit_code == 0, result.stderr
+    entries = list(read_nbest(together))
+    assert [name for name, _ in entries[0].features][-2:] == ["Ens", "RNNReverse0"]
+    first, second = feature_values(alone, "RNN0"), feature_values(alone, "RNN1")
+    assert not np.allclose(first, second)  # two different models
+    # the values alone were rounded to 6 digits before the mean, the ensemble's after it: they may
+    # differ by half a unit of the 6th digit of each, plus fp32 noise
+    def unit(v):
+        return 10.0 ** (np.floor(np.log10(np.abs(v))) - 5)
+
+    ensemble, mean = feature_values(together, "Ens"), (first + second) / 2
+    bound = (unit(first) + unit(second)) / 4 + unit(ensemble) / 2 + FP32_RELATIVE_NOISE * np.abs(mean)
+    assert np.all(np.abs(ensemble - mean) <= bound), np.max(np.abs(ensemble - mean) / bound)
+    signature = json.loads(Path(f"{together}.json").read_text())
+    assert signature["features"] == ["Ens", "RNNReverse0"]
+    assert [(m["name"], m["ensemble"]) for m in signature["models"]] == [("Ens", True), ("Ens", True),
+                                                                          ("RNNReverse0", False)]
+    from phrase_scorer.moses.rerank import rescored_models
+
+    behind = rescored_models(together)
+    assert len(behind["Ens"]["weights_sha256"]) == 2 and isinstance(behind["RNNReverse0"]["weights_sha256"], str)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ensemble", "Ens"], "--ensemble Ens needs two models or more, got 1"),
+    (["-m", "MODEL", "--ensemble", "Ens", "--name", "A", "--name", "B"], "--name and --ensemble both name"),
+    (["-m", "MODEL", "--ensemble", "RNN_0"], "feature name 'RNN_0' is not letters and digits"),
+])
+def test_ensembles_are_checked(tmp_path, tiny_model, args, message):
+    args = [str(tiny_model) if a == "MODEL" else a for a in args]
+    result = run("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-o", tmp_path / "o.gz", *args)
+    assert result.exit_code == 1 and message in result.stderr, result.stderr
+
+
 def test_the_reverse_model_needs_a_hypothesis(tmp_path, loaded_tiny):
     lines = raw_lines(NBEST)
     lines[2] = b"0 |||  ||| LM0= -1 ||| -1\n"

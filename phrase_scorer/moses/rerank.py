@@ -461,15 +461,24 @@ RERANKER_VERSION = 1
 
 def rescored_models(nbest: PathLike) -> Dict[str, dict]:
     """The models behind the features ``rescore`` added to ``nbest``, read from its signature
-    (``NBEST.json``): feature name -> directory, weights_sha256, reverse, normalize. Empty when the
-    list has no such signature (a list made otherwise)."""
+    (``NBEST.json``): feature name -> directory, weights_sha256, reverse, normalize (for an
+    ensemble, directory and weights_sha256 list its models). Empty when the list has no such
+    signature (a list made otherwise)."""
     try:
         data = json.loads(Path(os.fspath(nbest) + ".json").read_text(encoding="utf-8"))
         if data.get("tool") != "phrase-scorer rescore":
             return {}
         normalize = bool(data.get("options", {}).get("normalize", False))
-        return {m["name"]: {"directory": m["directory"], "weights_sha256": m["weights_sha256"],
-                            "reverse": bool(m["reverse"]), "normalize": normalize} for m in data["models"]}
+        found: Dict[str, dict] = {}
+        for m in data["models"]:
+            if m["name"] in found:  # another model of an ensemble
+                for key in ("directory", "weights_sha256"):
+                    before = found[m["name"]][key]
+                    found[m["name"]][key] = (before if isinstance(before, list) else [before]) + [m[key]]
+            else:
+                found[m["name"]] = {"directory": m["directory"], "weights_sha256": m["weights_sha256"],
+                                    "reverse": bool(m["reverse"]), "normalize": normalize}
+        return found
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return {}
 
