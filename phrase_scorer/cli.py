@@ -1129,6 +1129,16 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
     click.echo(result.markdown)
 
 
+def as_ensembles(models):
+    """A NAME given to several models of one direction (``-m Ens=A -m Ens=B``) makes them an
+    ensemble: one feature, the mean of their log p."""
+    from collections import Counter
+    from dataclasses import replace
+
+    counts = Counter(m.name for m in models)
+    return [replace(m, ensemble=counts[m.name] > 1) for m in models]
+
+
 @cli.command("rescore-experiment")
 @click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
 @click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
@@ -1140,7 +1150,8 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
 @click.option("--test-nbest", "test_nbests", multiple=True, type=click.Path(dir_okay=False, exists=True),
               help="The n-best list of each --test, in their order, already decoded with MOSES_INI.")
 @click.option("-m", "--model", "models", multiple=True, metavar="NAME=DIR",
-              help="A model scoring the hypothesis given the source, as feature NAME (repeatable).")
+              help="A model scoring the hypothesis given the source, as feature NAME (repeatable; models given "
+                   "the same NAME are an ensemble: one feature, the mean of their log p).")
 @click.option("-r", "--reverse-model", "reverse_models", multiple=True, metavar="NAME=DIR",
               help="A target-to-source model scoring the source given the hypothesis, as feature NAME (repeatable).")
 @click.option("--row", "rows", multiple=True, metavar="LABEL=NAME[,NAME...]",
@@ -1211,6 +1222,7 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
         raise PhraseScorerError("no model given", hint="pass --model NAME=DIR (and/or --reverse-model NAME=DIR)")
     loaded = feature_models([d for _, d in forward], [d for _, d in reverse], [n for n, _ in forward],
                             [n for n, _ in reverse], resolve_device(device))
+    loaded = as_ensembles(loaded)
     options = RescoreExperimentOptions(
         nbest_size=nbest_size, decoder=decoder, decoder_flags=decoder_flags, threads=decoder_threads,
         normalize=normalize, runs=runs, method=method, restarts=restarts, references=references, lang=lang)

@@ -389,7 +389,7 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
     if len(set(names)) != len(names):
         raise PhraseScorerError(f"two sets share the name {max(names, key=names.count)!r}",
                                 hint="give sets whose file names differ before their first '.'")
-    features = [m.name for m in models]
+    features = list(dict.fromkeys(m.name for m in models))  # an ensemble's models share one feature
     rows = list(rows) or default_rows(features)
     for row in rows:
         unknown = [f for f in row.features if f not in features]

@@ -264,6 +264,19 @@ def test_an_ensemble_is_one_feature_the_mean_of_its_models(tmp_path, tiny_model,
     assert len(behind["Ens"]["weights_sha256"]) == 2 and isinstance(behind["RNNReverse0"]["weights_sha256"], str)
 
 
+def test_a_name_given_twice_in_the_experiment_is_an_ensemble(tmp_path, loaded_tiny):
+    from phrase_scorer.cli import as_ensembles
+
+    models = as_ensembles([FeatureModel("Ens", loaded_tiny), FeatureModel("Ens", loaded_tiny),
+                           FeatureModel("RNN2", loaded_tiny)])
+    assert [m.ensemble for m in models] == [True, True, False]
+    out = tmp_path / "o.gz"
+    rescore(NBEST, SOURCE, out, models)
+    assert [name for name, _ in next(iter(read_nbest(out))).features][-2:] == ["Ens", "RNN2"]
+    with pytest.raises(PhraseScorerError, match="feature name Ens is given twice"):
+        rescore(NBEST, SOURCE, tmp_path / "p.gz", [FeatureModel("Ens", loaded_tiny), FeatureModel("Ens", loaded_tiny)])
+
+
 @pytest.mark.parametrize("args, message", [
     (["--ensemble", "Ens"], "--ensemble Ens needs two models or more, got 1"),
     (["-m", "MODEL", "--ensemble", "Ens", "--name", "A", "--name", "B"], "--name and --ensemble both name"),
