@@ -336,7 +336,7 @@ class AnnotateJob:
             score = lambda prepared: np.full(len(prepared.source_ids), self.constant_log_prob)  # noqa: E731
         pipeline = Pipeline(depth=max(2, self.workers + 1))
         handler_args = (os.fspath(self.table), self.loaded.source_vocab.tokens, self.loaded.target_vocab.tokens,
-                        self.options, self.compress)
+                        self.options, self.compress, self.loaded.target_vocab.right_to_left)
         num_scores: List[Optional[int]] = [None]
 
         with WorkerPool(WindowWork, handler_args, ["prepare", "finish"], self.workers, pipeline.stopping) as pool, \

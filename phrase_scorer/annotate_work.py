@@ -72,10 +72,11 @@ class WindowWork:
     """
 
     def __init__(self, path: str, source_tokens: Sequence[str], target_tokens: Sequence[str],
-                 options: AnnotateOptions, compress: bool) -> None:
+                 options: AnnotateOptions, compress: bool, target_right_to_left: bool = False) -> None:
         self.path = path
         self.source_ids = ByteIds(source_tokens)
         self.target_ids = ByteIds(target_tokens)
+        self.target_right_to_left = target_right_to_left  # a right-to-left model (see phrase_scorer.vocab)
         self.options = options
         self.compress = compress
         self.value_format = b" ".join(b"%.9g" for _ in options.columns)
@@ -86,6 +87,8 @@ class WindowWork:
         source_get, target_get = self.source_ids.__getitem__, self.target_ids.__getitem__
         source_ids = [tuple(map(source_get, words)) for words in parsed.source_words]
         target_ids = [tuple(map(target_get, words)) for words in parsed.target_words]
+        if self.target_right_to_left:
+            target_ids = [ids[::-1] for ids in target_ids]
         unk_side = self.options.unk_side
         unknown = np.zeros(len(source_ids), np.int64)
         if unk_side in ("source", "both"):

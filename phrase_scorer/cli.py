@@ -284,6 +284,9 @@ def make_training_settings(ctx: click.Context, settings: dict, resume: bool):
               help="With --corpus: validate on these sentence pairs [default: hold out about --valid-pairs training pairs].")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="With --corpus: leave out training pairs with a side longer than this many words (paper: 30 or 50) [default: no limit].")
+@click.option("--right-to-left", is_flag=True, default=False,
+              help="Read the target side last word first (a right-to-left model, a second opinion for rescoring). "
+                   "The model keeps it: score, rescore, annotate and translate reverse the words for it by themselves.")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Model directory to create.")
 @training_options
 @threads_option

@@ -212,6 +212,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "auto"  # on GPU: auto (bf16 where supported, else fp16) | bf16 | fp16 | fp32; weights stay fp32
     max_length: Optional[int] = None  # sentence corpora: training pairs with a longer side are left out
+    # The model reads (and writes) the target side last word first; its target vocabulary records it.
+    right_to_left: bool = False
 
     # Settings that --resume may change; all others must match the saved run.
     RESUMABLE = ("valid_every", "patience", "max_steps", "max_epochs", "max_time", "device", "precision",

@@ -247,7 +247,8 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
             raise PhraseScorerError("--valid-metric bleu needs sentence pairs (--corpus); a phrase table validates by nll")
         source_counts, target_counts, data_info = data.count_words(config)
         source_vocab = Vocabulary.from_counts(source_counts, model_config.source_shortlist)
-        target_vocab = Vocabulary.from_counts(target_counts, model_config.target_shortlist)
+        target_vocab = Vocabulary.from_counts(target_counts, model_config.target_shortlist,
+                                              right_to_left=config.right_to_left)
         source_vocab.save(directory.file(SOURCE_VOCAB))
         target_vocab.save(directory.file(TARGET_VOCAB))
         data_info.update({

@@ -9,6 +9,12 @@ last target word) and ``<unk>``. A table may hold these strings as literal words
 ``<`` and ``>`` in its own output, but other tools and hand-made tables need not): such a word is
 an ordinary word outside the shortlist, so it encodes as ``<unk>`` and counts as unknown. This is
 the only place that turns words into ids, so training, scoring, annotating and sampling all agree.
+
+The target vocabulary of a right-to-left model (``train --right-to-left``) also holds the order in
+which the model reads a phrase: it encodes words into ids last word first and decodes ids back
+into reading order, so every path that scores, translates or samples with such a model reverses
+the target side here, and only here (the annotate workers' byte lookup asks :meth:`in_model_order`).
+Its file records ``"order": "right-to-left"``; a file without the key is left to right.
 """
 
 from __future__ import annotations
@@ -25,21 +31,23 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 SPECIALS = (PAD, EOS, UNK)
 FORMAT = "phrase-scorer-vocabulary"
+RIGHT_TO_LEFT = "right-to-left"
 
 
 class Vocabulary:
     """A shortlist: word <-> id, with ``<pad>``, ``</s>`` and ``<unk>`` at ids 0, 1, 2."""
 
-    def __init__(self, words: Sequence[str]) -> None:
+    def __init__(self, words: Sequence[str], right_to_left: bool = False) -> None:
         self.tokens: List[str] = list(SPECIALS) + [w for w in words if w not in SPECIALS]
         # words only: the reserved tokens are never looked up from text
         self.index: Dict[str, int] = {w: i for i, w in enumerate(self.tokens) if i >= len(SPECIALS)}
+        self.right_to_left = right_to_left  # the model reads the phrase last word first
 
     @classmethod
-    def from_counts(cls, counts: Counter, max_words: int) -> "Vocabulary":
+    def from_counts(cls, counts: Counter, max_words: int, right_to_left: bool = False) -> "Vocabulary":
         """The ``max_words`` most frequent words; ties broken alphabetically, for reproducibility."""
         ranked = sorted((w for w in counts if w not in SPECIALS), key=lambda w: (-counts[w], w))
-        return cls(ranked[:max_words])
+        return cls(ranked[:max_words], right_to_left)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -49,19 +57,28 @@ class Vocabulary:
         return word in self.index
 
     def encode(self, words: Iterable[str]) -> List[int]:
-        """Ids of a phrase's words; a word outside the shortlist (literal ``</s>`` too) is ``<unk>``."""
+        """Ids of a phrase's words, in the model's reading order; a word outside the shortlist
+        (literal ``</s>`` too) is ``<unk>``."""
         get = self.index.get
-        return [get(w, UNK_ID) for w in words]
+        return self.in_model_order([get(w, UNK_ID) for w in words])
 
     def decode(self, ids: Iterable[int]) -> List[str]:
-        return [self.tokens[i] for i in ids]
+        """The words of ids in the model's order, in reading order."""
+        return self.in_model_order([self.tokens[i] for i in ids])
+
+    def in_model_order(self, items):
+        """``items`` (a list or an array along its first axis), one per word of a phrase in
+        reading order, in the order the model reads them (and back: the reversal is its own inverse)."""
+        return items[::-1] if self.right_to_left else items
 
     def count_unknown(self, words: Iterable[str]) -> int:
         index = self.index
         return sum(1 for w in words if w not in index)
 
     def to_json(self) -> str:
-        return json.dumps({"format": FORMAT, "version": 1, "tokens": self.tokens}, ensure_ascii=False, indent=0)
+        order = {"order": RIGHT_TO_LEFT} if self.right_to_left else {}  # left to right: the files as before
+        return json.dumps({"format": FORMAT, "version": 1, **order, "tokens": self.tokens}, ensure_ascii=False,
+                          indent=0)
 
     def save(self, path: PathLike) -> None:
         write_text_atomically(path, self.to_json() + "\n")
@@ -89,4 +106,7 @@ class Vocabulary:
             )
         if len(set(tokens)) != len(tokens):
             raise PhraseScorerError("vocabulary lists a word twice", path=path)
-        return cls(tokens[len(SPECIALS):])
+        order = data.get("order", "left-to-right")
+        if order not in ("left-to-right", RIGHT_TO_LEFT):
+            raise PhraseScorerError(f"vocabulary order {order!r} is neither left-to-right nor {RIGHT_TO_LEFT}", path=path)
+        return cls(tokens[len(SPECIALS):], order == RIGHT_TO_LEFT)

@@ -112,7 +112,8 @@ def choose_pairs(source: PathLike, target: PathLike, *, lines: Optional[Sequence
 
 def alignment_weights(loaded, pairs: Sequence[Tuple[Sequence[str], Sequence[str]]]) -> List[np.ndarray]:
     """alpha of each (source words, target words) pair: (len(target) + 1, len(source)) arrays,
-    the model's teacher-forced :meth:`alignments` without the padding rows and columns."""
+    the model's teacher-forced :meth:`alignments` without the padding rows and columns; row i is
+    target word i in reading order (for a right-to-left model too), the last row ``</s>``."""
     import torch
 
     from phrase_scorer.scoring import pad
@@ -124,7 +125,9 @@ def alignment_weights(loaded, pairs: Sequence[Tuple[Sequence[str], Sequence[str]
     tgt, tgt_len = pad([loaded.target_vocab.encode(t) for _, t in pairs], device)  # (B, T), (B,)
     with torch.inference_mode():
         alpha = model.alignments(src, src_len, tgt, tgt_len).double().cpu().numpy()  # (B, T+1, S)
-    return [alpha[b, : len(t) + 1, : len(s)] for b, (s, t) in enumerate(pairs)]
+    order = loaded.target_vocab.in_model_order  # rows of words back into reading order
+    return [np.concatenate([order(alpha[b, : len(t), : len(s)]), alpha[b, len(t) : len(t) + 1, : len(s)]])
+            for b, (s, t) in enumerate(pairs)]
 
 
 def output_for_line(output: PathLike, line: int) -> Path:
