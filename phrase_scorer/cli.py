@@ -739,7 +739,8 @@ def read_source_phrases(path: str) -> list:
 
 
 @cli.command()
-@model_option
+@click.option("-m", "--model", "model_dir", type=click.Path(file_okay=False), default=None,
+              help="Model directory made by 'phrase-scorer train': translate with it alone, by beam search.")
 @click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               help="Where to write the translations (a name ending in .gz is gzipped).")
@@ -750,12 +751,27 @@ def read_source_phrases(path: str) -> list:
               help="A translation has at most ceil(RATIO * source words) words.")
 @click.option("--batch-sentences", type=click.IntRange(min=1), default=TranslateOptions.batch_sentences,
               help="Sentences searched together.")
+@click.option("--moses", "moses_ini", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Or: translate with this (tuned) moses.ini and --reranker: Moses' n-best lists, rescored by the "
+                   "reranker's models and reranked by its weights.")
+@click.option("--reranker", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="With --moses: the reranker 'rerank --dev ...' wrote (its OUTPUT.json).")
+@click.option("--chunk-sentences", type=click.IntRange(min=1), default=500,
+              help="With --moses: sentences decoded, rescored and reranked at a time (also the resume granularity).")
+@click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
+              help="With --moses: the decoder's threads [default: all cores].")
+@click.option("--working-dir", type=click.Path(file_okay=False), default=None,
+              help="With --moses: for the chunk being translated, made fresh [default: OUTPUT.work].")
+@click.option("--resume", is_flag=True, help="With --moses: continue an interrupted run of the same command.")
 @overwrite_option
 @device_option
 @threads_option
-def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, overwrite, device,
-              threads):
-    """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search.
+@click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
+              help="With --moses: the Moses installation (bin/) [default: $MOSES_HOME].")
+def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, moses_ini, reranker,
+              chunk_sentences, decoder_threads, working_dir, resume, overwrite, device, threads, moses_home):
+    """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search with
+    a model (-m), or with the whole tuned system (--moses INI --reranker RERANKER).
 
     One output line per input line, in order: the words joined by single spaces, tokenised as the
     model's target vocabulary holds them (like Moses' output). <unk> is never generated; source
@@ -763,6 +779,29 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
     """
     set_threads(threads)
     from phrase_scorer.device import resolve_device
+
+    if (model_dir is None) == (moses_ini is None):
+        raise UserError("give -m MODEL (the model alone) or --moses INI --reranker RERANKER (the whole system)")
+    if moses_ini is not None:
+        if reranker is None:
+            raise UserError("--moses needs --reranker (the OUTPUT.json of 'rerank --dev ...')")
+        if output == "-" or input == "-":
+            raise UserError("--moses translates a named INPUT into a named -o OUTPUT (resumable, with a signature)")
+        from phrase_scorer.moses.installation import MosesInstallation
+        from phrase_scorer.reranked_translation import translate_reranked
+
+        try:
+            result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,
+                                        moses=MosesInstallation.find(moses_home), device=resolve_device(device),
+                                        chunk_sentences=chunk_sentences, threads=decoder_threads,
+                                        working_dir=working_dir, resume=resume, overwrite=overwrite)
+        except KeyboardInterrupt:
+            raise interrupted_resumable(output) from None
+        click.echo(f"translated {result.sentences:,} sentences in {result.seconds:.0f}s: {output}, signature "
+                   f"{output}.json", err=True)
+        return
+    if reranker is not None or resume:
+        raise UserError("--reranker and --resume go with --moses")
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.translate import translate_file
 

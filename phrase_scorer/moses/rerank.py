@@ -32,7 +32,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -503,6 +503,7 @@ class Reranker:
     weights: Weights
     ignore_features: Tuple[str, ...]
     models: Dict[str, dict]
+    decoder: Dict[str, Any] = field(default_factory=dict)  # nbest_size, decoder_flags of the tuned lists
 
 
 def read_reranker(path: PathLike) -> Reranker:
@@ -527,9 +528,10 @@ def read_reranker(path: PathLike) -> Reranker:
             raise ValueError("weights do not match the layout")
         ignore = tuple(str(n) for n in data.get("ignore_features", []))
         models = {str(k): dict(v) for k, v in data.get("models", {}).items()}
+        decoder = dict(data.get("decoder") or {})
     except (KeyError, TypeError, ValueError) as exc:
         raise PhraseScorerError(f"the reranker is damaged ({exc})", path=path, hint="tune it again") from None
-    return Reranker(path, Weights(layout, values), ignore, models)
+    return Reranker(path, Weights(layout, values), ignore, models, decoder)
 
 
 def check_rescored_with_same_models(reranker: Reranker, nbest: PathLike) -> None:
