@@ -93,6 +93,16 @@ def bleu_at(points: List[dict], minutes: float) -> Optional[float]:
     return max(reached) if reached and points[-1]["minutes"] >= minutes else None
 
 
+def bleu_cell(points: List[dict], minutes: float) -> str:
+    """The table's cell for ``minutes``: the best dev BLEU by then; for a run stopped earlier,
+    "≥ B" with B its best (model.pt keeps the best weights, so longer training keeps at least B)."""
+    at = bleu_at(points, minutes)
+    if at is not None:
+        return f"{at:.1f}"
+    reached = [p["bleu"] for p in points if p["bleu"] is not None]
+    return f"≥ {max(reached):.1f}" if reached and points[-1]["minutes"] < minutes else ""
+
+
 def test_bleu(run: Path, data: Path, direction: str, beam: int = 5) -> float:
     from phrase_scorer.moses.evaluate import score
 
@@ -159,7 +169,7 @@ def report_runs(args) -> None:
              *[next((f"{b}" for m2, b in PEER if abs(m2 - m) < 1.5), "") for m in CHECKPOINTS_MIN], "", "55.5"]]
     for run in runs:
         points = curve(run, intervals.get(run.name))
-        cells = [f"{b:.1f}" if (b := bleu_at(points, m)) is not None else "" for m in CHECKPOINTS_MIN]
+        cells = [bleu_cell(points, m) for m in CHECKPOINTS_MIN]
         test = f"{test_bleu(run, Path(args.data), args.direction):.2f}" if args.test else ""
         rows.append([run.name, *cells, points[-1]["step"] if points else 0, test])
     detail = []
@@ -177,6 +187,9 @@ def report_runs(args) -> None:
         f"en→fr, 29,000 Multi30k pairs, batch 80, {info['cpu']}, {info['cores']} cores, torch {info['torch']}; {timing}.",
         "",
         markdown_table(header, rows),
+        "",
+        "A cell \"≥ B\": the run was stopped before that time; model.pt keeps its best weights (dev BLEU B, "
+        "what early stopping would keep), so training on keeps at least B. Test 2016 is translated with model.pt.",
         "",
         *([f"Ablation: each run changes one setting of `modern` (`train --recipe modern` plus the option shown) and "
            f"is compared with `modern` after the same {ablation_step:,} updates (the same batches; a model's "
