@@ -65,3 +65,24 @@ def test_bench_learning_converts_a_loaded_run_to_idle_time(tmp_path):
     assert bench_learning.bleu_at(points, 2.5) == 30.0 and bench_learning.bleu_at(points, 3.0) == 30.0
     assert bench_learning.bleu_at(points, 3.5) is None  # the run never got that far
     assert [p["minutes"] for p in bench_learning.curve(tmp_path / "modern", None)] == [500 / 60, 1000 / 60, 1500 / 60]
+    assert bench_learning.bleu_cell(points, 2.5) == "30.0"
+    assert bench_learning.bleu_cell(points, 3.5) == "≥ 30.0"  # stopped earlier: the best it kept
+
+    # an ablation: a run whose command changed one setting, compared with modern at a common step
+    standard = ["python", "-m", "phrase_scorer", "train", "--corpus", "a", "b", "--dev", "c", "d", "--arch", "rnnsearch",
+                "--recipe", "modern", "--threads", "2", "--max-steps", "1000", "-o", "x", "--resume"]
+    (tmp_path / "modern.command.json").write_text(json.dumps(standard))
+    (tmp_path / "no-dropout.command.json").write_text(json.dumps(standard[:-1] + ["--dropout", "0", "--resume"]))
+    write_log(tmp_path / "no-dropout", [{"step": 500 * k, "train_seconds": 1.0, "valid_nll_token": 3.5 - k,
+                                         "valid_bleu": 5.0 * k, "valid_margin_pair": 1.0} for k in (1, 2)])
+    for record in loaded:
+        record["valid_margin_pair"] = 2.0
+    write_log(tmp_path / "modern2", loaded)
+    (tmp_path / "modern").rename(tmp_path / "modern-old")
+    (tmp_path / "modern2").rename(tmp_path / "modern")
+    runs = [tmp_path / "modern", tmp_path / "no-dropout"]
+    assert bench_learning.changed_settings(tmp_path, runs[0]) == []
+    assert bench_learning.changed_settings(tmp_path, runs[1]) == ["--dropout 0"]
+    step, rows = bench_learning.ablation_rows(tmp_path, runs)
+    assert step == 1000 and [r[:3] for r in rows] == [["modern", "the `modern` recipe", "30.00"],
+                                                      ["no-dropout", "--dropout 0", "10.00"]]
