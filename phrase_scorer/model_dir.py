@@ -34,18 +34,12 @@ from phrase_scorer.models.architectures import build_model
 from phrase_scorer.models.base import TranslationModel
 from phrase_scorer.vocab import Vocabulary
 
-CONFIG = "config.json"
-SOURCE_VOCAB = "vocab.source.json"
-TARGET_VOCAB = "vocab.target.json"
-BEST_WEIGHTS = "model.pt"
-CHECKPOINT = "checkpoint.pt"
-TRAIN_LOG = "train.log.jsonl"
-CACHE = "cache"
+from phrase_scorer.io.model_layout import (  # noqa: F401  (the names of a model directory's files)
+    BEST_WEIGHTS, CACHE, CHECKPOINT, CONFIG, MODEL_FILES, MODEL_STATE_FILES, RECENT_WEIGHTS, SOURCE_VOCAB,
+    TARGET_VOCAB, TRAIN_LOG,
+)
+
 MODEL_FORMAT = "phrase-scorer-model"
-RECENT_WEIGHTS = "recent"  # folder of the weights of the last validations (train --average-checkpoints)
-MODEL_FILES = (CONFIG, SOURCE_VOCAB, TARGET_VOCAB, BEST_WEIGHTS, CHECKPOINT, TRAIN_LOG)
-# Any of these makes a folder a model (complete or not); the vocabularies alone are a setup's leftovers.
-MODEL_STATE_FILES = (CONFIG, BEST_WEIGHTS, CHECKPOINT, TRAIN_LOG)
 
 
 def safe_torch_load(path: PathLike, map_location: Any = "cpu") -> Any:

@@ -478,3 +478,18 @@ def test_9_resuming_a_finished_output_says_it_is_finished(tmp_path, tiny_model, 
     assert result.exit_code == 0
     assert "is already finished (60 lines" in result.stderr and "lines/s" not in result.stderr
     record("9. --resume of a finished output", "says it is finished")
+
+
+def test_1_a_file_kept_beside_the_model_is_not_the_model(tmp_path, tiny_model):
+    """A translation written into the model's folder is the user's file, replaced with
+    --overwrite; the model's own files stay refused."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    source = tmp_path / "src.en"
+    source.write_text("a man\n")
+    out = model / "test.fr"
+    assert run("translate", "-m", model, source, "-o", out).exit_code == 0
+    result = run("translate", "-m", model, source, "-o", out, "--overwrite")
+    assert result.exit_code == 0, result.stderr
+    line = error_line(run("translate", "-m", model, source, "-o", model / "model.pt", "--overwrite"))
+    assert "is the same file as a file of the model" in line

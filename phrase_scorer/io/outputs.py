@@ -23,6 +23,7 @@ import stat
 from typing import Iterable, Optional, Sequence, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.model_layout import MODEL_FILES, RECENT_WEIGHTS
 
 PathLike = Union[str, os.PathLike]
 STDIO = "-"
@@ -116,8 +117,14 @@ def refuse_existing(output: PathLike, *, what: str = "the output", option: str =
 
 
 def model_files(directory: Optional[PathLike]) -> list:
-    """The files of a model directory (its config, vocabularies, weights, log), as inputs for
-    :func:`check_output`: a command that reads a model must not write over it."""
+    """The files of a model directory (its config, vocabularies, weights, checkpoint, log and the
+    weights of its last validations), as inputs for :func:`check_output`: a command that reads a
+    model must not write over it. Other files kept there (a translation written beside the model)
+    are not the model's."""
     if directory is None or not os.path.isdir(directory):
         return []
-    return [("a file of the model", entry.path) for entry in os.scandir(directory) if entry.is_file()]
+    files = [os.path.join(directory, name) for name in MODEL_FILES]
+    recent = os.path.join(directory, RECENT_WEIGHTS)
+    if os.path.isdir(recent):
+        files += [entry.path for entry in os.scandir(recent) if entry.is_file()]
+    return [("a file of the model", path) for path in files if os.path.isfile(path)]
