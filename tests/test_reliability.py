@@ -553,3 +553,27 @@ def test_two_annotations_of_one_output(tmp_path, tiny_model):
     finally:
         kill(proc)
     record("lock", command="annotate", outcome="second run refused")
+
+
+class StuckInbox:
+    """An inbox whose read never ends, as a read of a partial message left by a killed parent."""
+
+    def get(self, timeout=None):
+        time.sleep(3600)
+
+
+def test_a_worker_whose_parent_is_gone_leaves_even_in_the_middle_of_a_read():
+    """A worker blocked in a read leaves by itself once its parent is gone (here: a parent id
+    that is not its parent's), instead of living on and holding the parent's stderr open."""
+    import multiprocessing
+
+    from phrase_scorer.io import parallel
+
+    process = multiprocessing.get_context("spawn").Process(target=parallel._serve,
+                                                           args=(dict, (), StuckInbox(), {}, -1))
+    process.start()
+    process.join(timeout=60)
+    if process.exitcode is None:  # still reading: end it, so that the failure does not hang the suite
+        process.kill()
+        process.join()
+    assert process.exitcode == 1

@@ -22,11 +22,13 @@ import os
 import queue
 import signal
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
 
 POLL_SECONDS = 0.2
+ORPHAN_CHECK_SECONDS = 1.0  # how often a worker looks whether its parent is still there
 # After a failure or Ctrl-C, how long the writer thread may take to finish the chunk it is writing.
 WRITER_STOP_SECONDS = 10
 
@@ -128,6 +130,7 @@ def _serve(factory: Callable[..., Any], args: Tuple, inbox, outboxes: Dict[str, 
     when told to, or when the parent process is gone (killed). Ctrl-C is the parent's to
     handle: it stops the pool (the worker starts with SIGINT blocked, see :func:`_start_without_sigint`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
     try:
         handler = factory(*args)
     except BaseException as exc:
@@ -150,6 +153,15 @@ def _serve(factory: Callable[..., Any], args: Tuple, inbox, outboxes: Dict[str, 
             outboxes[method].put(("error", index, exc))
     for box in outboxes.values():  # asked to stop: answers nobody will read must not hold up the exit
         box.cancel_join_thread()
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """Leave at once when the parent process is gone, even while blocked in a read: a parent
+    killed in the middle of sending a task leaves a partial message in the pipe, on which the
+    read waits forever (holding the parent's standard error open, among others)."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_CHECK_SECONDS)
+    os._exit(1)
 
 
 def _start_without_sigint(process) -> None:
