@@ -37,7 +37,7 @@ from phrase_scorer.config import AnnotateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import gzip_member
 from phrase_scorer.io.table_windows import RawWindow, parse_window
-from phrase_scorer.vocab import SPECIALS, UNK_ID
+from phrase_scorer.vocab import SPECIALS, UNK_ID, in_model_order
 
 LOG_FLOOR = -100.0  # Moses floors the log of every column here (LOWEST_SCORE in moses/TypeDef.h)
 UNK_CAP = 88  # the unk column is exp(min(n, UNK_CAP)): e^88 < 3.4e38, the largest 32-bit float Moses reads
@@ -87,8 +87,8 @@ class WindowWork:
         source_get, target_get = self.source_ids.__getitem__, self.target_ids.__getitem__
         source_ids = [tuple(map(source_get, words)) for words in parsed.source_words]
         target_ids = [tuple(map(target_get, words)) for words in parsed.target_words]
-        if self.target_right_to_left:
-            target_ids = [ids[::-1] for ids in target_ids]
+        if self.target_right_to_left:  # nothing to do, per line, for a left-to-right model
+            target_ids = [in_model_order(ids, True) for ids in target_ids]
         unk_side = self.options.unk_side
         unknown = np.zeros(len(source_ids), np.int64)
         if unk_side in ("source", "both"):

@@ -13,7 +13,7 @@ the only place that turns words into ids, so training, scoring, annotating and s
 The target vocabulary of a right-to-left model (``train --right-to-left``) also holds the order in
 which the model reads a phrase: it encodes words into ids last word first and decodes ids back
 into reading order, so every path that scores, translates or samples with such a model reverses
-the target side here, and only here (the annotate workers' byte lookup asks :meth:`in_model_order`).
+the target side here, and only here (the annotate workers' byte lookup asks :func:`in_model_order`).
 Its file records ``"order": "right-to-left"``; a file without the key is left to right.
 """
 
@@ -32,6 +32,12 @@ PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 SPECIALS = (PAD, EOS, UNK)
 FORMAT = "phrase-scorer-vocabulary"
 RIGHT_TO_LEFT = "right-to-left"
+
+
+def in_model_order(items, right_to_left: bool):
+    """``items`` (a list, tuple or array along its first axis), one per word of a phrase in
+    reading order, in the order a model reads them (and back: the reversal is its own inverse)."""
+    return items[::-1] if right_to_left else items
 
 
 class Vocabulary:
@@ -67,9 +73,8 @@ class Vocabulary:
         return self.in_model_order([self.tokens[i] for i in ids])
 
     def in_model_order(self, items):
-        """``items`` (a list or an array along its first axis), one per word of a phrase in
-        reading order, in the order the model reads them (and back: the reversal is its own inverse)."""
-        return items[::-1] if self.right_to_left else items
+        """:func:`in_model_order` for this vocabulary's model."""
+        return in_model_order(items, self.right_to_left)
 
     def count_unknown(self, words: Iterable[str]) -> int:
         index = self.index
