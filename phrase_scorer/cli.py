@@ -720,19 +720,9 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 
 def read_source_phrases(path: str) -> list:
     """The non-blank lines of ``path`` (``-``: stdin), as UTF-8 text."""
-    from phrase_scorer.io.files import open_input
+    from phrase_scorer.io.files import text_lines
 
-    phrases = []
-    with open_input(path) as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
-                                        hint="give the source phrases as UTF-8 text") from None
-            if text.strip():
-                phrases.append(text.rstrip("\r\n"))
-    return phrases
+    return [text for _, text in text_lines(path, hint="give the source phrases as UTF-8 text") if text.strip()]
 
 
 # --- translate -----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from phrase_scorer import __version__
 from phrase_scorer.annotate import ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable
 from phrase_scorer.config import RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import OutputLock, PathLike, file_sha256, open_input, read_failure
+from phrase_scorer.io.files import OutputLock, PathLike, file_sha256, text_lines
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
 from phrase_scorer.moses.evaluate import decode
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
@@ -84,28 +84,14 @@ def reranker_models(reranker: Reranker, device: Any = "cpu") -> Tuple[list, bool
 
 def source_chunks(source: PathLike, size: int, skip: int) -> Iterator[List[str]]:
     """The source's lines (without newlines), ``size`` at a time, after the first ``skip``."""
-    read = 0
     chunk: List[str] = []
-    with open_input(source) as f:
-        lines = iter(f)
-        while True:
-            try:
-                data = next(lines, None)
-            except (EOFError, OSError, ValueError) as exc:
-                raise read_failure(exc, source, read) from None
-            if data is None:
-                break
-            read += 1
-            if read <= skip:
-                continue
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=source, line=read) from None
-            chunk.append(text.rstrip("\r\n"))
-            if len(chunk) == size:
-                yield chunk
-                chunk = []
+    for number, text in text_lines(source):
+        if number <= skip:
+            continue
+        chunk.append(text)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
     if chunk:
         yield chunk
 

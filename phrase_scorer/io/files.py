@@ -28,7 +28,7 @@ import os
 import sys
 import zlib
 from pathlib import Path
-from typing import BinaryIO, Optional, Union
+from typing import BinaryIO, Iterator, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.outputs import writes_directly
@@ -433,6 +433,29 @@ def read_failure(exc: BaseException, path: PathLike, lines: int) -> PhraseScorer
         if damage is not None:
             lines, reason = damage
     return PhraseScorerError(f"cannot read after line {lines}: {reason or exc}", path=path)
+
+
+def text_lines(path: PathLike, hint: Optional[str] = None) -> Iterator[Tuple[int, str]]:
+    """(line number, text without its line end) for each line of a plain or gzip file (``-``:
+    stdin), decoded as UTF-8. A line that is not UTF-8, or damaged gzip data, is an error naming
+    the file and the line."""
+    number = 0
+    with open_input(path) as f:
+        lines = iter(f)
+        while True:
+            try:
+                raw = next(lines, None)
+            except (EOFError, OSError, ValueError) as exc:
+                raise read_failure(exc, path, number) from None
+            if raw is None:
+                return
+            number += 1
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
+                                        hint=hint) from None
+            yield number, text.rstrip("\r\n")
 
 
 def file_identity(path: PathLike) -> dict:
