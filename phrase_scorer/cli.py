@@ -184,6 +184,8 @@ resume_option = click.option("--resume", is_flag=True,
                              help="Continue an interrupted run of the same command (starts afresh when there is nothing to resume).")
 overwrite_option = click.option("--overwrite", is_flag=True,
                                 help="Replace OUTPUT if it exists (never when it is one of the inputs).")
+moses_home_option = click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
+                                 help="Moses installation (bin/, scripts/) [default: $MOSES_HOME].")
 model_option = click.option("-m", "--model", "model_dir", required=True, type=click.Path(file_okay=False),
                             help="Model directory made by 'phrase-scorer train'.")
 
@@ -746,18 +748,17 @@ def read_source_phrases(path: str) -> list:
                    "reranker's models and reranked by its weights.")
 @click.option("--reranker", type=click.Path(dir_okay=False, exists=True), default=None,
               help="With --moses: the reranker 'rerank --dev ...' wrote (its OUTPUT.json).")
-@click.option("--chunk-sentences", type=click.IntRange(min=1), default=500,
+@click.option("--chunk-sentences", type=click.IntRange(min=1), default=TranslateOptions.chunk_sentences,
               help="With --moses: sentences decoded, rescored and reranked at a time (also the resume granularity).")
 @click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
               help="With --moses: the decoder's threads [default: all cores].")
 @click.option("--working-dir", type=click.Path(file_okay=False), default=None,
               help="With --moses: for the chunk being translated, made fresh [default: OUTPUT.work].")
-@click.option("--resume", is_flag=True, help="With --moses: continue an interrupted run of the same command.")
+@resume_option
 @overwrite_option
 @device_option
 @threads_option
-@click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
-              help="With --moses: the Moses installation (bin/) [default: $MOSES_HOME].")
+@moses_home_option
 def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, moses_ini, reranker,
               chunk_sentences, decoder_threads, working_dir, resume, overwrite, device, threads, moses_home):
     """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search with
@@ -944,8 +945,6 @@ def plot_alignments(model_dir, source, target, output, lines, count, seed, max_w
 # --- Moses: tune, evaluate, experiment -------------------------------------------------------------
 
 
-moses_home_option = click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
-                                 help="Moses installation (bin/, scripts/) [default: $MOSES_HOME].")
 
 
 def tune_options(function):
@@ -1161,16 +1160,6 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
     click.echo(result.markdown)
 
 
-def as_ensembles(models):
-    """A NAME given to several models of one direction (``-m Ens=A -m Ens=B``) makes them an
-    ensemble: one feature, the mean of their log p."""
-    from collections import Counter
-    from dataclasses import replace
-
-    counts = Counter(m.name for m in models)
-    return [replace(m, ensemble=counts[m.name] > 1) for m in models]
-
-
 @cli.command("rescore-experiment")
 @click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
 @click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
@@ -1227,7 +1216,7 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     set_threads(threads)
     from phrase_scorer.device import resolve_device
     from phrase_scorer.moses.installation import MosesInstallation
-    from phrase_scorer.rescore import feature_models
+    from phrase_scorer.rescore import ensembles_by_name, feature_models
     from phrase_scorer.rescore_experiment import EvalSet, parse_row, parse_system, run_rescore_experiment, set_name
 
     if test_nbests and len(test_nbests) != len(tests):
@@ -1254,7 +1243,7 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
         raise PhraseScorerError("no model given", hint="pass --model NAME=DIR (and/or --reverse-model NAME=DIR)")
     loaded = feature_models([d for _, d in forward], [d for _, d in reverse], [n for n, _ in forward],
                             [n for n, _ in reverse], resolve_device(device))
-    loaded = as_ensembles(loaded)
+    loaded = ensembles_by_name(loaded)
     options = RescoreExperimentOptions(
         nbest_size=nbest_size, decoder=decoder, decoder_flags=decoder_flags, threads=decoder_threads,
         normalize=normalize, runs=runs, method=method, restarts=restarts, references=references, lang=lang)

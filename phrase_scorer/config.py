@@ -356,6 +356,8 @@ class TranslateOptions:
     length_normalize: bool = True  # rank ended hypotheses by log p per token (</s> included)
     max_length_ratio: float = 2.0  # at most ceil(ratio * source words) target words
     batch_sentences: int = 32  # sentences searched together
+    # translate --moses --reranker: sentences decoded, rescored and reranked at a time (and resumed)
+    chunk_sentences: int = 500
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from phrase_scorer import __version__
 from phrase_scorer.annotate import ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable
-from phrase_scorer.config import RescoreOptions, ScoringOptions
+from phrase_scorer.config import RescoreOptions, ScoringOptions, TranslateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock, PathLike, file_sha256, text_lines
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
@@ -41,8 +41,6 @@ from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.progress import step_bar
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CHUNK_SENTENCES = 500
 
 
 @dataclass
@@ -129,7 +127,7 @@ def translate_chunk(lines: Sequence[str], work: Path, *, ini: PathLike, moses: M
 
 def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, reranker: PathLike,
                        moses: MosesInstallation, scoring_options: Optional[ScoringOptions] = None,
-                       device: Any = "cpu", chunk_sentences: int = DEFAULT_CHUNK_SENTENCES,
+                       device: Any = "cpu", chunk_sentences: int = TranslateOptions.chunk_sentences,
                        threads: Optional[int] = None, decoder: str = "moses", working_dir: Optional[PathLike] = None,
                        resume: bool = False, overwrite: bool = False) -> RerankedTranslation:
     """Translate ``source`` (tokenised as for the Moses system, one sentence per line) with

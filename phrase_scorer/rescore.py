@@ -34,7 +34,8 @@ import logging
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -55,7 +56,7 @@ from phrase_scorer.io.files import (
     open_input,
     read_failure,
 )
-from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files, writes_directly
+from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
 from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order, moses_rounded
 from phrase_scorer.io.parallel import Pipeline
 from phrase_scorer.io.phrase_table import split_words
@@ -122,6 +123,13 @@ def feature_models(forward: Sequence[PathLike], reverse: Sequence[PathLike] = ()
     return ([FeatureModel(n, load_model(d, device), ensemble=ensemble is not None) for n, d in zip(names, forward)]
             + [FeatureModel(n, load_model(d, device), reverse=True, ensemble=reverse_ensemble is not None)
                for n, d in zip(reverse_names, reverse)])
+
+
+def ensembles_by_name(models: Sequence[FeatureModel]) -> List[FeatureModel]:
+    """A name given to several models (``rescore-experiment -m Ens=A -m Ens=B``) makes them an
+    ensemble: one feature, the mean of their log p (:func:`check_ensembles` refuses mixed directions)."""
+    counts = Counter(m.name for m in models)
+    return [replace(m, ensemble=counts[m.name] > 1) for m in models]
 
 
 def check_ensembles(models: Sequence[FeatureModel]) -> None:

@@ -265,9 +265,9 @@ def test_an_ensemble_is_one_feature_the_mean_of_its_models(tmp_path, tiny_model,
 
 
 def test_a_name_given_twice_in_the_experiment_is_an_ensemble(tmp_path, loaded_tiny):
-    from phrase_scorer.cli import as_ensembles
+    from phrase_scorer.rescore import ensembles_by_name
 
-    models = as_ensembles([FeatureModel("Ens", loaded_tiny), FeatureModel("Ens", loaded_tiny),
+    models = ensembles_by_name([FeatureModel("Ens", loaded_tiny), FeatureModel("Ens", loaded_tiny),
                            FeatureModel("RNN2", loaded_tiny)])
     assert [m.ensemble for m in models] == [True, True, False]
     out = tmp_path / "o.gz"
