@@ -8,6 +8,12 @@
     worker processes: columns + format + gzip, one gzip member per window      [annotate_work]
     writer thread:    write the members in input order, with a resume record   [this process]
 
+That is the layout on a GPU, and on a CPU where the scorer runs on several threads. Where it
+runs on one (a model too small to gain from more), each worker also scores its windows, with
+one thread (:func:`scoring_in_workers`), and the main process only reads and writes, so that no
+one process's per-line work caps the run. The batches are a window's either way, and so are the
+scores.
+
 A window is ``window_lines`` lines (window k is lines k * window_lines + 1 onwards, however the
 run started); the queues hold a few windows per worker whatever the table's size. The output
 keeps every line, in order, and every field but the score field byte for byte. The column
@@ -225,13 +231,14 @@ def annotate(
                  overwrite=overwrite or resume, companions=RESUMABLE_COMPANIONS)
     compress = output != STDIO and is_gzip_name(output)
     scorer = BatchScorer(loaded.model, scoring_options)
-    settings = annotation_settings(table, output, loaded, options, scorer.describe())
-    if constant_log_prob is not None:
-        settings["model"]["scores"] = f"constant log p = {constant_log_prob} (host-pipeline benchmark, not the model)"
     current = distributed.world()
     if workers is None:
         workers = default_workers(distributed.cores_per_process(current))
-    job = AnnotateJob(table, loaded, options, scorer, settings, compress, workers, constant_log_prob)
+    in_workers = scoring_in_workers(loaded, scorer, workers) if constant_log_prob is None else None
+    settings = annotation_settings(table, output, loaded, options, scorer.describe())
+    if constant_log_prob is not None:
+        settings["model"]["scores"] = f"constant log p = {constant_log_prob} (host-pipeline benchmark, not the model)"
+    job = AnnotateJob(table, loaded, options, scorer, settings, compress, workers, constant_log_prob, in_workers)
     if current.is_distributed:
         return annotate_sharded(job, output, current, resume=resume, overwrite=overwrite)
     if resume and job.finished(output, settings):
@@ -243,6 +250,20 @@ def default_workers(cores: int) -> int:
     """Worker processes for the host work: all the cores (the scorer's threads and the workers
     take turns), at least one, at most 8 (about 1M lines/s, past what a GPU scores)."""
     return max(1, min(8, cores))
+
+
+def scoring_in_workers(loaded, scorer, workers: int):
+    """Where the model scores: in the worker processes (a
+    :class:`~phrase_scorer.annotate_work.WorkerScoring`) when the scorer runs on a CPU with one
+    thread (a model too small to split, :func:`phrase_scorer.scoring.default_threads`, or
+    ``--threads 1``) and there are workers: each worker then scores its own windows with one
+    thread, the same scores, and the main process only reads and writes. Else (a GPU, several
+    threads, or no workers) in the main process (None)."""
+    from phrase_scorer.annotate_work import WorkerScoring
+
+    if scorer.device.type != "cpu" or workers == 0 or scorer.describe()["threads"] != 1:
+        return None
+    return WorkerScoring(os.path.abspath(loaded.directory), loaded.weights_sha256, scorer.options)
 
 
 @dataclass
@@ -258,6 +279,7 @@ class AnnotateJob:
     compress: bool
     workers: int
     constant_log_prob: Optional[float] = None
+    in_workers: Any = None  # a WorkerScoring when the workers score (:func:`scoring_in_workers`)
 
     def finished(self, output: str, settings: Dict[str, Any]) -> bool:
         """True when ``output`` is already finished with ``settings`` (a job re-run with
@@ -326,8 +348,9 @@ class AnnotateJob:
         )
 
     def _stream(self, windows: RawWindows, writer: "ChunkWriter") -> Optional[int]:
-        """Read, prepare (workers), score (here), finish (workers) and write every window, in
-        order. Returns the table's score count (None if no window was read)."""
+        """Read, prepare (workers), score (here, or in the workers: :func:`scoring_in_workers`),
+        finish (workers) and write every window, in order. Returns the table's score count (None
+        if no window was read)."""
         from phrase_scorer.annotate_work import WindowWork
 
         if self.constant_log_prob is None:
@@ -336,10 +359,11 @@ class AnnotateJob:
             score = lambda prepared: np.full(len(prepared.source_ids), self.constant_log_prob)  # noqa: E731
         pipeline = Pipeline(depth=max(2, self.workers + 1))
         handler_args = (os.fspath(self.table), self.loaded.source_vocab.tokens, self.loaded.target_vocab.tokens,
-                        self.options, self.compress, self.loaded.target_vocab.right_to_left)
+                        self.options, self.compress, self.loaded.target_vocab.right_to_left, self.in_workers)
         num_scores: List[Optional[int]] = [None]
+        stages = ["annotate"] if self.in_workers else ["prepare", "finish"]
 
-        with WorkerPool(WindowWork, handler_args, ["prepare", "finish"], self.workers, pipeline.stopping) as pool, \
+        with WorkerPool(WindowWork, handler_args, stages, self.workers, pipeline.stopping) as pool, \
                 progress_bar("annotating", windows) as progress:
 
             def read(put) -> None:
@@ -349,12 +373,14 @@ class AnnotateJob:
                         return
                     if expected is None:
                         expected = first_score_count(window)
-                    pool.submit("prepare", window.index, window, expected)
+                    pool.submit(stages[0], window.index, window, expected)
                     progress.advance(window.lines)
                     if not put((window.index, window.lines)):
                         return
 
             def work(item):
+                if self.in_workers:  # the workers score: nothing to do here
+                    return item
                 prepared = pool.result("prepare", item[0])
                 if num_scores[0] is None:
                     num_scores[0] = prepared.num_scores
@@ -362,7 +388,13 @@ class AnnotateJob:
                 return item
 
             def write(item) -> None:
-                writer.write(item[1], pool.result("finish", item[0]))
+                if self.in_workers:
+                    window_scores, data = pool.result("annotate", item[0])
+                    if num_scores[0] is None:
+                        num_scores[0] = window_scores
+                else:
+                    data = pool.result("finish", item[0])
+                writer.write(item[1], data)
 
             pipeline.run(read, work, write)
         return num_scores[0]

@@ -6,8 +6,14 @@ Two stages per window, both in the same worker (see :class:`~phrase_scorer.io.pa
     finish:   log p from the scorer -> the two columns -> formatted lines -> one gzip member
 
 Between the stages the worker keeps the window's lines, so only ids go to the scorer and only
-scores come back. This module imports neither torch nor the model: a worker starts in a fraction
-of a second and holds little memory.
+scores come back. This module imports neither torch nor the model: a worker that does not score
+starts in a fraction of a second and holds little memory.
+
+Where the scorer would run on one CPU thread, the scoring goes to the workers too
+(:meth:`WindowWork.annotate`: prepare, score and finish a window in one call, given a
+:class:`WorkerScoring`): each worker loads the model and scores with one thread, and the main
+process only reads and writes. A worker's batches are a window's, as the main process's would
+be, so the scores are the same.
 
 Column encoding. Moses takes the natural log of every phrase-table column when it loads the table
 and floors it at -100 (see docs/moses.md). So the model's column holds p(y|x) = exp(log p), and
@@ -28,12 +34,14 @@ symbols), get ``<unk>``'s id and count as unknown words.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from phrase_scorer.config import AnnotateOptions
+from phrase_scorer.config import AnnotateOptions, ScoringOptions
+from phrase_scorer.data import IdRows
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import gzip_member
 from phrase_scorer.io.table_windows import RawWindow, parse_window
@@ -53,14 +61,24 @@ class ByteIds(dict):
         return UNK_ID
 
 
+@dataclass(frozen=True)
+class WorkerScoring:
+    """What a worker needs to score on a CPU (with one thread): the model (its directory, and the
+    weights' SHA-256 the run's signature records) and the scoring options."""
+
+    directory: str
+    weights_sha256: str
+    options: ScoringOptions
+
+
 @dataclass
 class PreparedWindow:
     """What the scorer needs from a window."""
 
     index: int
     first_line: int
-    source_ids: List[Tuple[int, ...]]
-    target_ids: List[Tuple[int, ...]]
+    source_ids: IdRows
+    target_ids: IdRows
     num_scores: Optional[int]
 
 
@@ -72,7 +90,8 @@ class WindowWork:
     """
 
     def __init__(self, path: str, source_tokens: Sequence[str], target_tokens: Sequence[str],
-                 options: AnnotateOptions, compress: bool, target_right_to_left: bool = False) -> None:
+                 options: AnnotateOptions, compress: bool, target_right_to_left: bool = False,
+                 scoring: Optional[WorkerScoring] = None) -> None:
         self.path = path
         self.source_ids = ByteIds(source_tokens)
         self.target_ids = ByteIds(target_tokens)
@@ -81,28 +100,39 @@ class WindowWork:
         self.compress = compress
         self.value_format = b" ".join(b"%.9g" for _ in options.columns)
         self._kept: Dict[int, tuple] = {}  # window index -> what finish needs
+        self.scoring = scoring
+        self._scorer = None  # loaded at the first window (torch is imported only then)
 
     def prepare(self, index: int, window: RawWindow, num_scores: Optional[int]) -> PreparedWindow:
         parsed = parse_window(window, self.path, num_scores)
-        source_get, target_get = self.source_ids.__getitem__, self.target_ids.__getitem__
-        source_ids = [tuple(map(source_get, words)) for words in parsed.source_words]
-        target_ids = [tuple(map(target_get, words)) for words in parsed.target_words]
+        target_words = parsed.target_words
         if self.target_right_to_left:  # nothing to do, per line, for a left-to-right model
-            target_ids = [in_model_order(ids, True) for ids in target_ids]
+            target_words = [in_model_order(words, True) for words in target_words]
+        source_ids = look_up(parsed.source_words, self.source_ids)
+        target_ids = look_up(target_words, self.target_ids)
         unk_side = self.options.unk_side
         unknown = np.zeros(len(source_ids), np.int64)
         if unk_side in ("source", "both"):
-            unknown += np.fromiter((ids.count(UNK_ID) for ids in source_ids), np.int64, len(source_ids))
+            unknown += (source_ids.rows == UNK_ID).sum(1)
         if unk_side in ("target", "both"):
-            unknown += np.fromiter((ids.count(UNK_ID) for ids in target_ids), np.int64, len(target_ids))
-        target_lengths = np.fromiter(map(len, target_ids), np.int64, len(target_ids))
-        self._kept[index] = (parsed.appender(), unknown, target_lengths, window.first_line)
+            unknown += (target_ids.rows == UNK_ID).sum(1)
+        self._kept[index] = (parsed.appender(), unknown, target_ids.lengths, window.first_line)
         return PreparedWindow(window.index, window.first_line, source_ids, target_ids, parsed.num_scores)
 
     def finish(self, index: int, log_probs: np.ndarray) -> bytes:
         appender, unknown, target_lengths, first_line = self._kept.pop(index)
         data = appender.with_scores_appended(self.columns(log_probs, unknown, target_lengths, first_line))
         return gzip_member(data, self.options.compress_level) if self.compress else data
+
+    def annotate(self, index: int, window: RawWindow, num_scores: Optional[int]) -> Tuple[Optional[int], bytes]:
+        """:meth:`prepare`, score (here, with the :class:`WorkerScoring` this worker was given) and
+        :meth:`finish` a window: its score count and its finished bytes."""
+        prepared = self.prepare(index, window, num_scores)
+        if self._scorer is None:
+            from phrase_scorer.scoring import scorer_for_worker
+
+            self._scorer = scorer_for_worker(self.scoring)
+        return prepared.num_scores, self.finish(index, self._scorer.score(prepared.source_ids, prepared.target_ids))
 
     def columns(self, log_probs: np.ndarray, unknown: np.ndarray, target_lengths: np.ndarray,
                 first_line: int) -> List[bytes]:
@@ -115,6 +145,13 @@ class WindowWork:
         columns = [probs if column == "prob" else counts for column in self.options.columns]
         fmt = self.value_format
         return [fmt % values for values in zip(*columns)]
+
+
+def look_up(phrases: List[List[bytes]], ids: ByteIds) -> IdRows:
+    """The ids of each phrase's words (one dictionary probe per word, no Python code per word)."""
+    lengths = np.fromiter(map(len, phrases), np.int64, len(phrases))
+    flat = np.fromiter(map(ids.__getitem__, itertools.chain.from_iterable(phrases)), np.int64, int(lengths.sum()))
+    return IdRows.from_flat(flat, lengths)
 
 
 def check_finite(log_probs: np.ndarray, path: str, first_line: int) -> None:

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from dataclasses import fields
-from typing import Optional
+from typing import Optional, Sequence
 
 import click
 
@@ -121,22 +121,27 @@ def other_running_tasks(samples: int = 5, interval: float = 0.01) -> Optional[in
     return min(counts)
 
 
-def set_threads(threads: Optional[int]) -> None:
+def set_threads(threads: Optional[int], models: Sequence = ()) -> None:
     """By default all the cores this process may use (its CPU affinity, shared with the job's
     other ranks on the machine under torchrun): the same count every run, so results repeat
-    exactly. On a busy machine PyTorch's threads wait on each other and run far slower: say so."""
+    exactly; one thread for scoring with ``models`` too small to gain from more
+    (:func:`phrase_scorer.scoring.default_threads`). On a busy machine PyTorch's threads wait on
+    each other and run far slower: say so."""
     import torch
 
     from phrase_scorer.distributed import cores_per_process
 
     cores = cores_per_process()
     if threads is None:
+        from phrase_scorer.scoring import default_threads
+
+        threads = default_threads(models, cores)
         machine = os.cpu_count() or 1
         busy = other_running_tasks()
-        if busy is not None and busy > 0.75 * machine:
+        if threads > 1 and busy is not None and busy > 0.75 * machine:
             log.warning("this machine is busy (%d other tasks running on %d cores); if this runs slowly, give it fewer "
                         "threads with --threads %d", busy, machine, max(1, min(cores, round(machine - busy))))
-    torch.set_num_threads(threads or cores)
+    torch.set_num_threads(threads)
 
 
 def explicit_options(ctx: click.Context, names) -> dict:
@@ -172,7 +177,8 @@ device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda
                              help="Where to run the model.")
 threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
                               help="CPU threads for the model [default: the cores this process may use, shared "
-                                   "with the other ranks on the machine under torchrun].")
+                                   "with the other ranks on the machine under torchrun; for score, annotate and "
+                                   "rescore, one with a model of under a million parameters].")
 batch_tokens_option = click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
                                    help="Target tokens per scoring batch.")
 precision_option = click.option(
@@ -351,12 +357,12 @@ def score(model_dir, input, output, overwrite, batch_tokens, device, threads):
 
     INPUT may also be a whole phrase table; '-' reads stdin. One number per input line, in order.
     """
-    set_threads(threads)
     from phrase_scorer.annotate import score_file
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
+    set_threads(threads, [loaded.model])
     score_file(input, output, loaded, ScoringOptions(batch_tokens=batch_tokens), overwrite=overwrite)
 
 
@@ -422,7 +428,6 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
     Under torchrun (torchrun --nproc-per-node N -m phrase_scorer annotate ...) every process
     annotates a part of TABLE and the parts are joined into OUTPUT, byte for byte what one
     process writes."""
-    set_threads(threads)
     from phrase_scorer.annotate import annotate as run_annotate
     from phrase_scorer.device import resolve_device
     from phrase_scorer.distributed import device_for_rank, world
@@ -443,6 +448,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
             raise PhraseScorerError(f"--ini-output {ini_output} is the annotated table -o {output}",
                                     hint="write the patched moses.ini elsewhere")
     loaded = load_model(model_dir, device_for_rank(resolve_device(device)))
+    set_threads(threads, [loaded.model])
     try:
         result = run_annotate(table, output, loaded, options,
                               ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
@@ -537,12 +543,12 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, ensembl
     each ensemble one, the mean of its models' log p; every other byte of the list is kept. '-'
     reads NBEST from stdin.
     """
-    set_threads(threads)
     from phrase_scorer.rescore import feature_models, rescore as run_rescore
     from phrase_scorer.device import resolve_device
 
     loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device), ensemble=ensemble,
                             reverse_ensemble=reverse_ensemble)
+    set_threads(threads, [feature.loaded.model for feature in loaded])
     try:
         result = run_rescore(nbest, source, output, loaded, RescoreOptions(normalize=normalize, window_lines=window_lines),
                              ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,

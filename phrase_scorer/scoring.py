@@ -15,8 +15,9 @@ this scorer; nothing else computes one. Given a window of pairs it
    sources, one ``model.step`` per depth): targets sharing a prefix share their decoder steps
    and their softmax, and no step is spent on padding;
 5. forms the N x V logits of ``model.output_layer`` in chunks of ``chunk_rows`` rows
-   (log-softmax in fp32; by default 128 rows on a CPU, whose logits stay in cache, and on a GPU
-   as many as fill 256 MiB, so that a chunk's dozen kernel launches are few), and
+   (log-softmax in fp32; by default on a CPU 128 rows, or as many as fill 2 MiB for a small
+   vocabulary, and on a GPU as many as fill 256 MiB, so that a chunk's dozen operations are
+   few), and
 6. returns the scores in the input order.
 
 On a GPU the host waits for the device once per batch, when it reads the batch's scores: ids
@@ -38,14 +39,14 @@ benchmarks; each distinct source is still encoded only once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from phrase_scorer.config import ScoringOptions
-from phrase_scorer.data import pad_ids
+from phrase_scorer.data import NO_ID, IdRows, pad_ids
 from phrase_scorer.device import device_label, precision_context, resolve_precision
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel, at_least_fp32
 from phrase_scorer.vocab import EOS_ID, PAD_ID
@@ -88,45 +89,76 @@ class PrefixTrie:
 
 def build_trie(sequences: Sequence[Sequence[int]], share_prefixes: bool = True) -> PrefixTrie:
     """Trie of ``sequences``; without sharing, every sequence gets nodes of its own."""
-    depth = max((len(s) for s in sequences), default=0)
-    keys: List[List[int]] = [[] for _ in range(depth)]
-    parents: List[List[int]] = [[] for _ in range(depth)]
-    node_of = np.full((depth, len(sequences)), -1, np.int64)
-    order = sorted(range(len(sequences)), key=sequences.__getitem__) if share_prefixes else range(len(sequences))
-    previous: Sequence[int] = ()
-    previous_nodes: List[int] = []
-    for index in order:
-        seq = sequences[index]
-        shared = 0
-        if share_prefixes:
-            limit = min(len(seq), len(previous))
-            while shared < limit and seq[shared] == previous[shared]:
-                shared += 1
-        nodes = previous_nodes[:shared]
-        for d in range(shared, len(seq)):
-            nodes.append(len(keys[d]))
-            keys[d].append(seq[d])
-            parents[d].append(nodes[d - 1] if d else -1)
-        node_of[: len(seq), index] = nodes
-        previous, previous_nodes = seq, nodes
-    return PrefixTrie(
-        keys=[np.asarray(k, np.int64) for k in keys],
-        parents=[np.asarray(p, np.int64) for p in parents],
-        node_of=list(node_of),
-    )
+    rows, lengths = pad_ids(sequences, fill=NO_ID)
+    return trie_of_rows(rows, lengths, share_prefixes)
 
 
-CPU_CHUNK_ROWS = 128  # a chunk's logits (128 x V fp32) stay in the CPU's cache
+def sorted_rows(rows: np.ndarray) -> np.ndarray:
+    """The order of ``rows`` (n, L), padded with :data:`NO_ID`, as Python sorts their id tuples
+    (a prefix before its extensions; equal rows in input order): a stable lexicographic sort."""
+    return np.lexsort(rows[:, ::-1].T) if len(rows) else np.zeros(0, np.int64)
+
+
+def trie_of_rows(rows: np.ndarray, lengths: np.ndarray, share_prefixes: bool = True) -> PrefixTrie:
+    """Trie of the sequences in ``rows`` (n, L) padded with :data:`NO_ID`, ``lengths`` (n,), built
+    with a few array operations per depth.
+
+    The sequences are visited in sorted order (input order without sharing); a sequence creates
+    the nodes below the prefix it shares with the one before it, so a node's index at its depth
+    is the number of nodes created there before it (the same trie as inserting the sequences one
+    by one in that order).
+    """
+    n = len(lengths)
+    depth = int(lengths.max(initial=0))
+    order = sorted_rows(rows) if share_prefixes else np.arange(n)
+    ordered, ordered_lengths = rows[order], lengths[order]
+    shared = np.zeros(n, np.int64)  # (n,) leading ids each sorted sequence shares with the one before
+    if share_prefixes and n > 1:
+        differs = ordered[1:] != ordered[:-1]  # (n-1, L)
+        first_difference = np.where(differs.any(1), differs.argmax(1), rows.shape[1])
+        shared[1:] = np.minimum(first_difference, np.minimum(ordered_lengths[1:], ordered_lengths[:-1]))
+    keys: List[np.ndarray] = []
+    parents: List[np.ndarray] = []
+    node_of = np.full((depth, n), -1, np.int64)
+    nodes = np.zeros(0, np.int64)
+    for d in range(depth):
+        reaching = ordered_lengths > d
+        created = reaching & (shared <= d)  # (n,) the sorted sequences that open a node at depth d
+        parent_nodes = nodes
+        nodes = np.cumsum(created) - 1  # (n,) each reaching sequence's node: the last one opened
+        keys.append(ordered[created, d])
+        parents.append(parent_nodes[created] if d else np.full(int(created.sum()), -1, np.int64))
+        node_of[d, order[reaching]] = nodes[reaching]
+    return PrefixTrie(keys=keys, parents=parents, node_of=list(node_of))
+
+
+CPU_CHUNK_ROWS = 128  # at least this many rows of logits at once
+CPU_CHUNK_BYTES = 2 << 20  # on a CPU, more rows while a chunk's fp32 logits fit in this much cache
 GPU_CHUNK_BYTES = 256 << 20  # on a GPU, a chunk's fp32 logits fill this much: few, large kernels
 
 
 def default_chunk_rows(device: torch.device, outputs: int) -> int:
     """Rows of logits formed at once on ``device`` for a softmax over ``outputs`` words when
-    ``ScoringOptions.chunk_rows`` is None. Each chunk costs a dozen kernel launches and host
-    steps, which a GPU would spend more time on than on 128 rows' arithmetic."""
-    if device.type == "cpu":
-        return CPU_CHUNK_ROWS
-    return max(CPU_CHUNK_ROWS, GPU_CHUNK_BYTES // (4 * outputs))
+    ``ScoringOptions.chunk_rows`` is None. Each chunk costs a dozen operations' fixed cost (on a
+    GPU, kernel launches), which outweighs the arithmetic of a few rows over a small vocabulary;
+    on a CPU the rows of a large vocabulary (128 x 6,000 words and up: every preset but ``tiny``)
+    are what fits in cache, where larger chunks measure slower (docs/benchmarks.md)."""
+    budget = CPU_CHUNK_BYTES if device.type == "cpu" else GPU_CHUNK_BYTES
+    return max(CPU_CHUNK_ROWS, budget // (4 * outputs))
+
+
+ONE_THREAD_PARAMETERS = 1_000_000  # a CPU scores a model smaller than this fastest on one thread
+
+
+def default_threads(models: Sequence[TranslationModel], cores: int) -> int:
+    """CPU threads for scoring with ``models`` when the user gives none: all ``cores``, or one
+    when every model has fewer than :data:`ONE_THREAD_PARAMETERS` parameters (the ``tiny``
+    preset has about 30,000). Such a model's operations are too small to gain from a second
+    thread, and a waiting thread still takes a core from the processes that read and write
+    (docs/benchmarks.md, "annotate's ceiling": one thread is faster with or without them)."""
+    if models and all(sum(p.numel() for p in m.parameters()) < ONE_THREAD_PARAMETERS for m in models):
+        return 1
+    return cores
 
 
 class BatchScorer:
@@ -153,31 +185,34 @@ class BatchScorer:
             described["threads"] = torch.get_num_threads()
         return described
 
-    def score(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> np.ndarray:
+    def score(self, sources: "Sequence[Sequence[int]] | IdRows", targets: "Sequence[Sequence[int]] | IdRows") -> np.ndarray:
         """Natural-log log p(target | source) for each pair, float64, in input order.
 
-        Ids are vocabulary ids (unknown words as ``<unk>``); phrases must not be empty.
+        Ids are vocabulary ids (unknown words as ``<unk>``), as sequences or :class:`IdRows`;
+        phrases must not be empty.
         """
         if len(sources) != len(targets):
             raise ValueError("sources and targets differ in length")
         out = np.zeros(len(sources), np.float64)
-        if not sources:
+        if not len(sources):
             return out
+        sources, targets = IdRows.of(sources), IdRows.of(targets)
+        source_rows, source_lengths = sources.rows, sources.lengths  # (n, S), (n,)
+        target_rows, target_lengths = targets.rows, targets.lengths  # (n, T), (n,)
         self.model.eval()  # no training dropout, whatever mode a caller left the model in
         with torch.inference_mode(), precision_context(self.device, self.precision):
-            for source_keys, pair_groups in self._batches(sources, targets):
-                batch_sources = [tuple(k) for k in source_keys]
-                pair_index = [p for group in pair_groups for p in group]
-                pair_source = [i for i, group in enumerate(pair_groups) for _ in group]
-                batch_targets = [targets[p] for p in pair_index]
-                scores, overflowed = self._score_batch(batch_sources, batch_targets, pair_source)
+            for pair_index, opens_source in self._batches(source_rows, target_lengths):
+                pair_source = np.cumsum(opens_source) - 1  # (k,) each pair's source among the batch's
+                firsts = pair_index[opens_source]
+                batch = (source_rows[firsts], source_lengths[firsts], target_rows[pair_index],
+                         target_lengths[pair_index], pair_source)
+                scores, overflowed = self._score_batch(*batch)
                 scores = scores.cpu().numpy()  # the batch's one wait for the device
                 overflowed_rows = int(overflowed)
                 if overflowed_rows:  # rare: score the batch again, those rows' normaliser exactly
                     counted, self.stats = self.stats, ScoringStats()
                     try:
-                        scores = self._score_batch(batch_sources, batch_targets, pair_source, exact_overflow=True)[0]
-                        scores = scores.cpu().numpy()
+                        scores = self._score_batch(*batch, exact_overflow=True)[0].cpu().numpy()
                     finally:
                         self.stats = counted
                     self.stats.exact_softmax_rows += overflowed_rows
@@ -186,35 +221,24 @@ class BatchScorer:
 
     # --- batching ------------------------------------------------------------------------------
 
-    def _batches(self, sources, targets):
-        """Yield (distinct source id tuples, pair indices per source) of about batch_tokens each."""
-        by_source: Dict[Tuple[int, ...], List[int]] = {}
-        for i, src in enumerate(sources):
-            by_source.setdefault(tuple(src), []).append(i)
+    def _batches(self, source_rows: np.ndarray, target_lengths: np.ndarray) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+        """Yield (pair indices (k,), whether each opens a new source (k,)) of about batch_tokens
+        target tokens each: the pairs sorted by source (a source's pairs in input order), cut
+        greedily (a batch takes pairs while their words + </s> fit, and at least one pair)."""
+        order = sorted_rows(source_rows)  # (n,)
+        ordered = source_rows[order]
+        opens_source = np.ones(len(order), bool)
+        opens_source[1:] = (ordered[1:] != ordered[:-1]).any(1)
+        tokens_through = np.cumsum(target_lengths[order] + 1)  # (n,) tokens of the sorted pairs up to each
         budget = self.options.batch_tokens
-        keys: List[Tuple[int, ...]] = []
-        groups: List[List[int]] = []
-        tokens = 0
-        for key in sorted(by_source):
-            pending = by_source[key]
-            start = 0
-            while start < len(pending):
-                stop = start
-                while stop < len(pending):
-                    cost = len(targets[pending[stop]]) + 1
-                    if tokens and tokens + cost > budget:
-                        break
-                    tokens += cost
-                    stop += 1
-                if stop > start:
-                    keys.append(key)
-                    groups.append(pending[start:stop])
-                    start = stop
-                if start < len(pending):  # the batch is full; the source goes on in the next one
-                    yield keys, groups
-                    keys, groups, tokens = [], [], 0
-        if keys:
-            yield keys, groups
+        start = 0
+        while start < len(order):
+            before = int(tokens_through[start - 1]) if start else 0
+            stop = max(int(np.searchsorted(tokens_through, before + budget, side="right")), start + 1)
+            opens = opens_source[start:stop].copy()
+            opens[0] = True
+            yield order[start:stop], opens
+            start = stop
 
     # --- the model, trie by trie -----------------------------------------------------------------
 
@@ -227,45 +251,53 @@ class BatchScorer:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor.to(self.device)
 
-    def _encode(self, sources: List[Tuple[int, ...]]) -> Memory:
-        """The memory of distinct sources (one row each). A model whose encoder reads left to
-        right (``shares_source_prefixes``) walks the trie of the sources, running each shared
-        prefix once; any other model encodes the padded batch of distinct sources."""
+    def _encode(self, source_rows: np.ndarray, lengths: np.ndarray) -> Memory:
+        """The memory of distinct sources (``source_rows`` (S, L) padded with :data:`NO_ID`, one
+        row each). A model whose encoder reads left to right (``shares_source_prefixes``) walks
+        the trie of the sources, running each shared prefix once; any other model encodes the
+        padded batch of distinct sources."""
         model = self.model
-        lengths = np.fromiter((len(s) for s in sources), np.int64, len(sources))
-        padded, _ = pad_ids(sources)  # (S, L)
-        src, src_len = self._tensor(padded), self._tensor(lengths)
+        width = max(int(lengths.max()), 1)
+        rows = source_rows[:, :width]
+        src, src_len = self._tensor(np.where(rows == NO_ID, PAD_ID, rows)), self._tensor(lengths)  # (S, L), (S,)
         self.stats.source_words += int(lengths.sum())
         if not model.shares_source_prefixes:
             self.stats.encoder_steps += int(lengths.sum())
             return model.encode(src, src_len)
-        trie = build_trie(sources, self.options.share_source_prefixes)
+        trie = trie_of_rows(rows, lengths, self.options.share_source_prefixes)
         final_states = None
         states = None
         for d, (keys, parents) in enumerate(zip(trie.keys, trie.parents)):
             states = model.source_prefix_step(self._tensor(keys), states[self._tensor(parents)] if d else None)  # (n_d, H)
             if final_states is None:
-                final_states = states.new_zeros((len(sources), states.size(1)))  # (S, H)
+                final_states = states.new_zeros((len(rows), states.size(1)))  # (S, H)
             ending = np.flatnonzero(lengths == d + 1)
             if len(ending):
                 final_states[self._tensor(ending)] = states[self._tensor(trie.node_of[d][ending])]
         self.stats.encoder_steps += trie.num_nodes
         return model.encode_from_final_states(final_states, src, src_len)
 
-    def _score_batch(self, sources: List[Tuple[int, ...]], targets: List[Sequence[int]], pair_source: List[int],
-                     exact_overflow: bool = False) -> Tuple[Tensor, Tensor]:
+    def _score_batch(self, source_rows: np.ndarray, source_lengths: np.ndarray, target_rows: np.ndarray,
+                     lengths: np.ndarray, pair_source: np.ndarray, exact_overflow: bool = False) -> Tuple[Tensor, Tensor]:
         """log p of each pair (float64, on the device) and the number of softmax rows whose
         shifted sum overflowed (a 0-dim tensor, read after the batch: their pairs' scores are
         not finite unless ``exact_overflow``, which recomputes those rows exactly, see
-        :class:`OutputSoftmax`). Nothing here waits for the device."""
-        model = self.model
-        memory = self._encode(sources)  # S rows
+        :class:`OutputSoftmax`). Nothing here waits for the device.
 
+        ``source_rows`` (S, Ls) and ``target_rows`` (k, Lt) are padded with :data:`NO_ID`;
+        ``lengths`` (k,) are the target lengths M, ``pair_source`` (k,) each pair's source row.
+        """
+        model = self.model
+        memory = self._encode(source_rows, source_lengths)  # S rows
+        targets = len(lengths)
+        width = int(lengths.max())
         # the trie of (source, y_1 .. y_M): depth 0 is the source's root (previous word: none)
-        sequences = [(s,) + tuple(t) for s, t in zip(pair_source, targets)]
-        trie = build_trie(sequences, self.options.share_target_prefixes)
-        lengths = np.fromiter((len(t) for t in targets), np.int64, len(targets))  # M per pair
-        scores = torch.zeros(len(targets), dtype=torch.float64, device=self.device)
+        sequences = np.concatenate([pair_source[:, None], target_rows[:, :width]], 1)  # (k, 1 + M_max)
+        trie = trie_of_rows(sequences, lengths + 1, self.options.share_target_prefixes)
+        labels_at = np.full((targets, width + 1), NO_ID, np.int64)  # (k, M_max + 1): y_1 .. y_M, </s>
+        labels_at[:, :width] = target_rows[:, :width]
+        labels_at[np.arange(targets), lengths] = EOS_ID
+        scores = torch.zeros(targets, dtype=torch.float64, device=self.device)
         overflowed = torch.zeros((), dtype=torch.long, device=self.device)
         states = None
         node_source = None
@@ -285,16 +317,14 @@ class BatchScorer:
 
             # one edge per pair reaching this depth: the next word, or </s> after the last one
             reaching = np.flatnonzero(lengths >= d)
-            labels = np.fromiter(
-                (targets[p][d] if lengths[p] > d else EOS_ID for p in reaching), np.int64, len(reaching)
-            )
+            labels = labels_at[reaching, d]
             edge_nodes = trie.node_of[d][reaching]
             log_probs, depth_overflowed = self._edge_log_probs(features, edge_nodes, labels, exact_overflow)
             scores[self._tensor(reaching)] += log_probs
             overflowed += depth_overflowed
-        self.stats.pairs += len(targets)
-        self.stats.distinct_sources += len(sources)
-        self.stats.target_steps += int(lengths.sum()) + len(targets)
+        self.stats.pairs += targets
+        self.stats.distinct_sources += len(source_rows)
+        self.stats.target_steps += int(lengths.sum()) + targets
         self.stats.decoder_steps += trie.num_nodes
         return scores, overflowed
 
@@ -379,6 +409,21 @@ class OutputSoftmax:
         if exact_overflow and bool(overflowed.any()):
             log_sum[overflowed] = self.exact(features[overflowed]) - shift[overflowed, 0]
         return picked - log_sum[rows], overflowed.sum()
+
+
+def scorer_for_worker(scoring) -> BatchScorer:
+    """A worker process's scorer (:class:`phrase_scorer.annotate_work.WorkerScoring`): the model
+    loaded on the CPU, scoring with one thread, refused if its weights are not the ones the run
+    records."""
+    from phrase_scorer.errors import PhraseScorerError
+    from phrase_scorer.model_dir import load_model
+
+    torch.set_num_threads(1)
+    loaded = load_model(scoring.directory, "cpu")
+    if loaded.weights_sha256 != scoring.weights_sha256:
+        raise PhraseScorerError("the model's weights changed while this run used them", path=loaded.weights_path,
+                                hint="run again once the model is no longer being written")
+    return BatchScorer(loaded.model, scoring.options)
 
 
 def log_probs_by_forward(model: TranslationModel, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], batch_size: int = 64) -> np.ndarray:

@@ -20,7 +20,7 @@ from phrase_scorer.cli import cli
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.annotate import annotate, finished_annotation
-from phrase_scorer.scoring import BatchScorer
+from phrase_scorer.scoring import BatchScorer, default_chunk_rows
 
 
 def run(*args):
@@ -235,7 +235,9 @@ def test_the_signature_records_the_batches_and_a_finished_output_is_kept_only_fo
     out = tmp_path / "o.gz"
     annotate(A_MAN_TABLE, out, loaded_tiny, workers=0)
     scoring = json.loads(Path(str(out) + ".json").read_text())["scoring"]
-    assert scoring == {"device": "cpu", "precision": "fp32", "batch_tokens": 8192, "chunk_rows": 128,
+    chunk_rows = default_chunk_rows(torch.device("cpu"), loaded_tiny.model.output_layer.out_features)
+    assert chunk_rows > 128  # a small vocabulary: more rows at once
+    assert scoring == {"device": "cpu", "precision": "fp32", "batch_tokens": 8192, "chunk_rows": chunk_rows,
                        "threads": torch.get_num_threads()}
     options = AnnotateOptions()
     assert finished_annotation(A_MAN_TABLE, out, loaded_tiny, options, BatchScorer(loaded_tiny.model).describe())

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from conftest import A_MAN_TABLE, EXAMPLE_TABLE, head_lines
 from phrase_scorer.annotate import annotate
-from phrase_scorer.annotate_work import ByteIds, WindowWork
-from phrase_scorer.config import AnnotateOptions
+from phrase_scorer.annotate_work import ByteIds, WindowWork, WorkerScoring
+from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.distributed import shard_lines
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.parallel import WorkerPool
@@ -176,6 +176,34 @@ def test_workers_do_not_change_the_output(tmp_path, loaded_tiny):
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1] == outputs[2]
     assert len(gzip.decompress(outputs[0]).splitlines()) == 30460
+
+
+def test_a_one_thread_scorer_runs_in_the_workers_with_the_same_scores(tmp_path, loaded_tiny):
+    import torch
+
+    from phrase_scorer.annotate import scoring_in_workers
+    from phrase_scorer.scoring import BatchScorer, scorer_for_worker
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        scorer = BatchScorer(loaded_tiny.model)
+        assert scoring_in_workers(loaded_tiny, scorer, 2) is not None
+        assert scoring_in_workers(loaded_tiny, scorer, 0) is None
+        outputs = []
+        for workers in (0, 2):
+            out = tmp_path / f"o{workers}.gz"
+            annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=2000), workers=workers)
+            outputs.append(out.read_bytes())
+            assert json.loads(Path(str(out) + ".json").read_text())["scoring"]["threads"] == 1
+        assert outputs[0] == outputs[1]
+        torch.set_num_threads(2)  # several threads: the main process scores, as before
+        assert scoring_in_workers(loaded_tiny, BatchScorer(loaded_tiny.model), 2) is None
+        # a worker refuses weights other than the ones the run's signature records
+        with pytest.raises(PhraseScorerError, match="weights changed"):
+            scorer_for_worker(WorkerScoring(str(loaded_tiny.directory), "0" * 64, ScoringOptions()))
+    finally:
+        torch.set_num_threads(threads)
 
 
 # --- resuming whatever was left -------------------------------------------------------------------

@@ -12,11 +12,14 @@ from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.models.encdec import RNNEncoderDecoder
 from phrase_scorer.models.architectures import build_model
 from phrase_scorer.scoring import (
+    CPU_CHUNK_BYTES,
     CPU_CHUNK_ROWS,
     GPU_CHUNK_BYTES,
+    ONE_THREAD_PARAMETERS,
     BatchScorer,
     build_trie,
     default_chunk_rows,
+    default_threads,
     log_probs_by_forward,
     pad,
 )
@@ -105,6 +108,83 @@ def test_trie_counts_nodes_once_per_prefix():
     assert trie.node_of[1][3] == -1
     unshared = build_trie([(1, 2, 3), (1, 2)], share_prefixes=False)
     assert unshared.num_nodes == 5
+
+
+def inserted_trie(sequences, share_prefixes=True):
+    """The trie built one sequence at a time with a dictionary of children (in sorted order when
+    sharing, so that node numbers are in order of creation as the scorer numbers them)."""
+    depth = max(map(len, sequences))
+    keys, parents = [[] for _ in range(depth)], [[] for _ in range(depth)]
+    node_of = [[-1] * len(sequences) for _ in range(depth)]
+    children = {}
+    order = sorted(range(len(sequences)), key=lambda i: tuple(sequences[i])) if share_prefixes else range(len(sequences))
+    for i in order:
+        parent = -1
+        for d, key in enumerate(sequences[i]):
+            node = children.get((d, parent, key)) if share_prefixes else None
+            if node is None:
+                node = len(keys[d])
+                keys[d].append(key)
+                parents[d].append(parent)
+                children[(d, parent, key)] = node
+            node_of[d][i] = parent = node
+    return keys, parents, node_of
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_the_vectorised_trie_is_the_trie_built_one_sequence_at_a_time(share):
+    rng = np.random.default_rng(5)
+    # a small alphabet: shared prefixes, prefixes that are whole sequences, and repeats
+    sequences = [tuple(rng.integers(0, 3, rng.integers(1, 6))) for _ in range(400)]
+    trie = build_trie(sequences, share_prefixes=share)
+    keys, parents, node_of = inserted_trie(sequences, share)
+    assert [k.tolist() for k in trie.keys] == keys
+    assert [p.tolist() for p in trie.parents] == parents
+    assert [n.tolist() for n in trie.node_of] == node_of
+
+
+def greedy_batches(sources, targets, budget):
+    """Pairs grouped by source (sources in sorted order, a source's pairs in input order), cut
+    into batches of at most ``budget`` target tokens (words + </s>), at least one pair each."""
+    by_source = {}
+    for i, source in enumerate(sources):
+        by_source.setdefault(tuple(source), []).append(i)
+    batches, batch, tokens = [], [], 0
+    for source in sorted(by_source):
+        for i in by_source[source]:
+            cost = len(targets[i]) + 1
+            if batch and tokens + cost > budget:
+                batches.append(batch)
+                batch, tokens = [], 0
+            batch.append((source, i))
+            tokens += cost
+    return batches + [batch] if batch else batches
+
+
+@pytest.mark.parametrize("budget", [1, 7, 30, 10_000])
+def test_batches_group_pairs_by_source_in_sorted_order_and_fill_the_token_budget(budget):
+    rng = np.random.default_rng(budget)
+    sources = [tuple(rng.integers(3, 7, rng.integers(1, 4))) for _ in range(300)]
+    targets = [tuple(rng.integers(3, 9, rng.integers(1, 5))) for _ in range(300)]
+    scorer = BatchScorer(RNNEncoderDecoder(CONFIG, 10, 10), ScoringOptions(batch_tokens=budget))
+    from phrase_scorer.data import IdRows
+
+    rows = IdRows.of(sources)
+    got = []
+    for pair_index, opens_source in scorer._batches(rows.rows, IdRows.of(targets).lengths):
+        assert opens_source[0]
+        got.append([(sources[i], int(i)) for i in pair_index])
+        # a pair opens a source exactly where its source differs from the pair before it
+        assert opens_source[1:].tolist() == [sources[a] != sources[b] for a, b in zip(pair_index[1:], pair_index[:-1])]
+    assert got == greedy_batches(sources, targets, budget)
+
+
+def test_a_model_too_small_to_split_scores_on_one_thread():
+    tiny = RNNEncoderDecoder(CONFIG, 150, 150)
+    larger = RNNEncoderDecoder(ModelConfig(embedding_dim=64, hidden_dim=256, maxout_units=128, output_rank=64), 6000, 6000)
+    assert sum(p.numel() for p in tiny.parameters()) < ONE_THREAD_PARAMETERS < sum(p.numel() for p in larger.parameters())
+    assert default_threads([tiny], 8) == 1
+    assert default_threads([tiny, larger], 8) == 8 and default_threads([], 8) == 8
 
 
 def test_empty_input():
@@ -198,15 +278,19 @@ def test_rnnsearch_scorer_encodes_each_source_once_and_shares_target_prefixes(re
 
 
 def test_chunk_rows_default_to_the_devices_own(loaded_tiny):
-    """A CPU forms cache-sized chunks of logits; a GPU as many rows as fill the byte budget (few
+    """A CPU forms cache-sized chunks of logits (128 rows for the vocabularies of every preset
+    but tiny, more for a small vocabulary); a GPU as many rows as fill the byte budget (few
     kernel launches), whatever the vocabulary; an explicit ``chunk_rows`` wins everywhere."""
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    assert default_chunk_rows(cpu, 15000) == CPU_CHUNK_ROWS
+    for outputs in (6002, 15000, 30000):
+        assert default_chunk_rows(cpu, outputs) == CPU_CHUNK_ROWS
+    rows = default_chunk_rows(cpu, 502)
+    assert rows * 502 * 4 <= CPU_CHUNK_BYTES < (rows + 1) * 502 * 4
     for outputs in (500, 15000, 30000):
         rows = default_chunk_rows(gpu, outputs)
         assert rows * outputs * 4 <= GPU_CHUNK_BYTES < (rows + 1) * outputs * 4
     assert default_chunk_rows(gpu, 10**7) == CPU_CHUNK_ROWS  # never fewer rows than on a CPU
     model = loaded_tiny.model
-    assert BatchScorer(model).describe()["chunk_rows"] == CPU_CHUNK_ROWS
+    assert BatchScorer(model).describe()["chunk_rows"] == default_chunk_rows(cpu, model.output_layer.out_features)
     described = BatchScorer(model, ScoringOptions(batch_tokens=99, chunk_rows=7)).describe()
     assert (described["batch_tokens"], described["chunk_rows"]) == (99, 7)

@@ -9,6 +9,12 @@ whole command with a trained model before and after.
               4, ... worker processes; the reference is 0 workers, measured in the same run.
 * large    -- the host pipeline on the table repeated --repeat times, and the time that rate
               gives for 100M lines.
+* ceiling  -- `phrase-scorer annotate` of the whole table with an untrained `tiny` model (the
+              model's arithmetic almost nothing: what is left is the pipeline's own work), with the
+              default workers and with --workers 0, against `zcat | gzip -1` of the same table
+              timed just before each run; with --reference-src DIR the same runs with that
+              version's code, and where the scorer's time goes (cProfile of the scorer alone on
+              the first --profile-lines lines) for both.
 * model    -- `phrase-scorer annotate` end to end with --trained MODEL; with --reference-src DIR
               (a checkout of an earlier version) the same command with that version's code,
               measured in the same run, and whether both wrote the same lines.
@@ -21,6 +27,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import resource
+import subprocess
 import sys
 import time
 import zlib
@@ -167,7 +175,7 @@ def model(args, work: Path) -> str:
     rows, outputs, rates = [], {}, {}
     for name, src, extra in runs:
         out = work / f"{name.split()[0]}.gz"
-        env = dict(os.environ, PYTHONPATH=src)
+        env = code_env(src)
         _, _, seconds, peak = benchlib.run_measured(
             benchlib.phrase_scorer_command("annotate", table, "-m", args.trained, "-o", out, *extra), env=env)
         lines = json.loads(Path(str(out) + ".json").read_text())["lines"]
@@ -192,6 +200,129 @@ def model(args, work: Path) -> str:
     )
 
 
+def code_env(src: str) -> dict:
+    """The environment that makes ``python -m phrase_scorer`` (and the profile worker) import the
+    package from ``src``: PYTHONPATH first, and not the working directory (PYTHONSAFEPATH)."""
+    return dict(os.environ, PYTHONPATH=src, PYTHONSAFEPATH="1")
+
+
+def zcat_gzip_seconds(table: Path) -> float:
+    """Wall time of ``zcat TABLE | gzip -1 > /dev/null``: reading and writing the table and nothing else."""
+    start = time.perf_counter()
+    with open(os.devnull, "wb") as sink:
+        zcat = subprocess.Popen(["zcat", str(table)], stdout=subprocess.PIPE)
+        gzip_run = subprocess.run(["gzip", "-1"], stdin=zcat.stdout, stdout=sink, check=True)
+        zcat.stdout.close()
+        if zcat.wait() or gzip_run.returncode:
+            raise RuntimeError("zcat | gzip -1 failed")
+    return time.perf_counter() - start
+
+
+def cpu_seconds_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+SCORER_STAGES = {  # the scorer's functions (both versions' names) whose cumulative time makes a stage
+    "sort and batch by source": ("_batches",),
+    "build the prefix tries": ("build_trie", "trie_of_rows"),
+    "softmax at the labels": ("_edge_log_probs",),
+}
+
+
+def scorer_profile(args) -> None:
+    """(the profile-worker command) cProfile of BatchScorer.score on the first --lines lines, by
+    stage, as JSON seconds; the package is PYTHONPATH's, so that a reference checkout runs its own."""
+    import cProfile
+    import pstats
+
+    sys.path[:0] = os.environ.get("PYTHONPATH", "").split(os.pathsep)  # before this checkout's root
+    import torch
+
+    from phrase_scorer.annotate_work import WindowWork
+    from phrase_scorer.config import AnnotateOptions, ScoringOptions
+    from phrase_scorer.io.table_windows import RawWindows
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.scoring import BatchScorer
+
+    torch.set_num_threads(1)
+    loaded = load_model(args.model_dir)
+    work = WindowWork(args.table, loaded.source_vocab.tokens, loaded.target_vocab.tokens, AnnotateOptions(), False)
+    prepared = [work.prepare(w.index, w, None) for w in RawWindows(args.table, 20000, 0, args.lines)]
+    scorer = BatchScorer(loaded.model, ScoringOptions())
+    scorer.score(prepared[0].source_ids, prepared[0].target_ids)  # warm-up
+    profile = cProfile.Profile()
+    profile.enable()
+    for p in prepared:
+        scorer.score(p.source_ids, p.target_ids)
+    profile.disable()
+    stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, primitive calls, tottime, cumtime, callers)
+    scoring = [(key, value) for key, value in stats.items() if key[0].endswith("scoring.py")]
+    cumulative = lambda names: sum(v[3] for k, v in scoring if k[2] in names)  # noqa: E731
+    stages = {stage: cumulative(names) for stage, names in SCORER_STAGES.items()}
+    stages["whole scorer"] = cumulative(("score",))
+    print(json.dumps({"lines": sum(len(p.source_ids) for p in prepared), "seconds": stages}))
+
+
+def ceiling(args, work: Path, model_dir: Path) -> str:
+    table = Path(args.table)
+    runs = ([("before (reference)", args.reference_src)] if args.reference_src else []) + [("after", str(ROOT))]
+    rows, outputs, ratios = [], {}, {}
+    for name, src in runs:
+        env = code_env(src)
+        for workers in (None, 0):
+            reference = zcat_gzip_seconds(table)
+            out = work / f"ceiling-{name.split()[0]}-{workers}.gz"
+            cpu_before = cpu_seconds_of_children()
+            _, _, seconds, peak = benchlib.run_measured(benchlib.phrase_scorer_command(
+                "annotate", table, "-m", model_dir, "-o", out, "--overwrite",
+                *(["--workers", workers] if workers is not None else [])), env=env)
+            cpu = cpu_seconds_of_children() - cpu_before
+            signature = json.loads(Path(str(out) + ".json").read_text())
+            lines = signature["lines"]
+            outputs[(name, workers)] = out
+            ratios[(name, workers)] = seconds / reference
+            rows.append([name, "default" if workers is None else workers, signature["scoring"].get("threads", ""),
+                         f"{lines:,}", f"{reference:.2f}", f"{seconds:.1f}", f"**{seconds / reference:.1f}x**",
+                         f"{lines / seconds:,.0f}", f"{cpu:.1f}", f"{peak:,.0f}"])
+            print(rows[-1], flush=True)
+    files = list(outputs.values())
+    same = all(benchlib.same_lines(files[0], other) for other in files[1:])
+    identical_bytes = all(other.read_bytes() == files[0].read_bytes() for other in files[1:])
+    profile_rows = []
+    profiles = {}
+    for name, src in runs:
+        stdout, _, _, _ = benchlib.run_measured(benchlib.python_command(
+            HERE, "profile-worker", "--table", table, "--model-dir", model_dir, "--lines", args.profile_lines),
+            env=code_env(src))
+        profiles[name] = json.loads(stdout.strip().splitlines()[-1])
+    for stage in [*SCORER_STAGES, "whole scorer"]:
+        cells = [f"{1e6 * p['seconds'][stage] / p['lines']:.1f}" for p in profiles.values()]
+        profile_rows.append([stage, *cells])
+    whole = {name: p["seconds"]["whole scorer"] / p["lines"] for name, p in profiles.items()}
+    rest = [f"{1e6 * (p['seconds']['whole scorer'] - sum(p['seconds'][s] for s in SCORER_STAGES)) / p['lines']:.1f}"
+            for p in profiles.values()]
+    profile_rows.insert(len(SCORER_STAGES), ["the model's steps, ids to tensors, the rest", *rest])
+    after = ratios[("after", None)]
+    return (
+        f"`phrase-scorer annotate {table.name} -m TINY -o OUT.gz` ({lines:,} lines; TINY an untrained `tiny` "
+        f"model, about 30,000 parameters, so the model's arithmetic is almost nothing) against `zcat {table.name} | "
+        f"gzip -1 > /dev/null` timed just before each run; machine: {machine()}. *threads*: the scorer's threads "
+        f"(of each worker where the workers score); *CPU s*: user + system time of the command and its workers. "
+        + ("*before*: the same commands with the code of an earlier checkout (`--reference-src`). " if len(runs) == 2 else "")
+        + f"All {len(files)} outputs are {'byte-identical' if identical_bytes else ('the same lines' if same else 'DIFFERENT')}.\n\n"
+        + benchlib.markdown_table(["code", "workers", "threads", "lines", "zcat, gzip -1 s", "annotate s", "ratio",
+                                   "lines/s", "CPU s", "peak RSS MB"], rows)
+        + f"\n\nWith the default workers `annotate` takes **{after:.1f} times** `zcat | gzip -1` of the same table.\n\n"
+        f"Where the scorer's time goes, in µs per line (cProfile of `BatchScorer.score` alone, one thread, on the "
+        f"first {args.profile_lines:,} lines, each stage's cumulative time; `python tools/bench_host.py profile-worker "
+        f"--table T --model-dir TINY --lines N` prints it for one version):\n\n"
+        + benchlib.markdown_table(["stage", *[name for name, _ in runs]], profile_rows)
+        + (f"\n\nThe scorer alone: {1 / whole[runs[0][0]]:,.0f} lines/s before, {1 / whole['after']:,.0f} after "
+           f"(profiled, so slower than unprofiled).\n" if len(runs) == 2 else "")
+    )
+
+
 def machine() -> str:
     info = benchlib.machine()
     load = os.getloadavg()[0]
@@ -210,10 +341,18 @@ def main() -> None:
     parser.add_argument("--model-lines", type=int, default=None, help="end-to-end runs on the first N lines only")
     parser.add_argument("--reference-src", default=None, metavar="DIR",
                         help="a checkout of an earlier version, measured in the same run as the reference")
-    parser.add_argument("--parts", default="gzip,host,large,model")
+    parser.add_argument("--parts", default="gzip,host,large,ceiling,model")
+    parser.add_argument("--profile-lines", type=int, default=200000, help="lines of the ceiling part's scorer profile")
+    p = parser.commands.add_parser("profile-worker")
+    p.add_argument("--table", required=True)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--lines", type=int, required=True)
     args = parser.parse_args()
     if args.command == "host-worker":
         host_worker(args)
+        return
+    if args.command == "profile-worker":
+        scorer_profile(args)
         return
     from bench_annotate import make_model_dir
 
@@ -224,6 +363,9 @@ def main() -> None:
             "gzip": ("bench_host_gzip", "Host pipeline: gzip libraries", lambda: gzip_libraries(Path(args.table))),
             "host": ("bench_host_workers", "Host pipeline: worker processes", lambda: host(args, work, model_dir)),
             "large": ("bench_host_large", "Host pipeline: a large table", lambda: large(args, work, model_dir)),
+            "ceiling": ("bench_host_ceiling", "Annotate's ceiling: a tiny model against `zcat | gzip -1`",
+                        lambda: ceiling(args, work, make_model_dir(work / "tiny", "tiny", Path(args.table),
+                                                                   work / "counts.json"))),
             "model": ("bench_host_model", "Annotate end to end with a trained model, before and after",
                       lambda: model(args, work)),
         }

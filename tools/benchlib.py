@@ -29,7 +29,8 @@ def bench_parser(description: str, worker_command: Optional[str] = None
     """The command line every benchmark shares (--table, --work-dir, --write), and the
     sub-command its measured child processes run as (``worker_command``, where it has one)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    worker = parser.add_subparsers(dest="command").add_parser(worker_command) if worker_command else None
+    parser.commands = parser.add_subparsers(dest="command")  # for more sub-commands
+    worker = parser.commands.add_parser(worker_command) if worker_command else None
     parser.add_argument("--table", default=str(DEFAULT_TABLE))
     parser.add_argument("--work-dir", default=None, help="keep models and generated tables here")
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")

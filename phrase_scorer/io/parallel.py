@@ -10,7 +10,8 @@
   restores the input order without any sorting. The caller bounds how many items are in flight
   (the :class:`Pipeline`'s queues do), so every queue stays small whatever the input's size.
 
-Workers are started with ``spawn``: they import only what their handler needs (no torch), and
+Workers are started with ``spawn``: they import only what their handler needs (torch only if it
+scores), and
 nothing of the parent's threads or locks is copied into them. ``workers=0`` runs the same
 handler in the calling threads, one item after another: the same code, without processes.
 """
