@@ -49,7 +49,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -73,7 +73,7 @@ from phrase_scorer.io.parallel import Pipeline, WorkerPool
 from phrase_scorer.io.phrase_table import PhraseTableReader, TableLine
 from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_count
 from phrase_scorer.progress import progress_bar
-from phrase_scorer.resume import refuse_changed_settings
+from phrase_scorer.records import describe_difference, finished, refuse_changed
 
 log = logging.getLogger(__name__)
 
@@ -181,24 +181,7 @@ def finished_annotation(table: PathLike, output: PathLike, loaded, options: Anno
                         scoring: Dict[str, str]) -> Optional[Dict[str, Any]]:
     """The signature of ``output`` if it is a finished annotation of ``table`` with these
     settings (so making it again would give the same bytes), else None."""
-    return finished_signature(output, annotation_settings(table, output, loaded, options, scoring))
-
-
-def finished_signature(output: PathLike, settings: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The signature of ``output`` if it is finished and was made with ``settings``, else None."""
-    output = os.fspath(output)
-    signature_path = Path(output + ".json")
-    if output == STDIO or not os.path.isfile(output) or not signature_path.is_file():
-        return None
-    try:
-        signature = json.loads(signature_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(signature, dict) or signature.get("output") != os.path.abspath(output):
-        return None
-    if any(signature.get(key) != value for key, value in settings.items()):
-        return None
-    return signature
+    return finished(output, annotation_settings(table, output, loaded, options, scoring))
 
 
 def annotate(
@@ -284,7 +267,7 @@ class AnnotateJob:
     def finished(self, output: str, settings: Dict[str, Any]) -> bool:
         """True when ``output`` is already finished with ``settings`` (a job re-run with
         --resume after it had finished has nothing to do)."""
-        done = finished_signature(output, settings) is not None
+        done = finished(output, settings) is not None
         if done:
             log.info("%s is already finished (its signature matches this command): nothing to do", output)
         return done
@@ -457,17 +440,6 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
     return result
 
 
-def describe_difference(theirs: Dict[str, Any], ours: Dict[str, Any]) -> str:
-    """The first differing setting, as ``key: theirs -> ours`` (dotted for nested ones)."""
-    for key in [*ours, *(k for k in theirs if k not in ours)]:
-        a, b = theirs.get(key), ours.get(key)
-        if a != b:
-            if isinstance(a, dict) and isinstance(b, dict):
-                return f"{key}.{describe_difference(a, b)}"
-            return f"{key}: {a!r} -> {b!r}"
-    return "none"
-
-
 def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
     """Concatenate the shard files into ``output`` (atomically), write its signature, remove
     the shards."""
@@ -583,7 +555,7 @@ def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Optiona
         lines, size, saved = int(record["lines_done"]), int(record["bytes_done"]), record["settings"]
     except (ValueError, KeyError, TypeError) as exc:
         raise PhraseScorerError(f"resume record is damaged ({exc})", path=progress_path, hint="run again without --resume") from None
-    refuse_changed_settings(saved, settings, path=part, hint="run again without --resume")
+    refuse_changed(saved, settings, path=part, hint="run again without --resume")
     if part.stat().st_size < size:
         raise PhraseScorerError("the partial output is shorter than its resume record says", path=part,
                                 hint="run again without --resume")

@@ -42,7 +42,7 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_identity
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.progress import progress_bar
-from phrase_scorer.resume import refuse_changed_settings
+from phrase_scorer.records import refuse_changed
 from phrase_scorer.vocab import PAD_ID, Vocabulary
 
 CACHE_FORMAT = "phrase-scorer-pair-cache"
@@ -163,7 +163,7 @@ def reuse_cache(cache_dir: Path, expected: dict, keep_existing: bool, data_path:
     if existing_settings == expected_settings:
         return existing
     if keep_existing:
-        refuse_changed_settings(existing_settings, expected_settings, path=data_path, hint=hint)
+        refuse_changed(existing_settings, expected_settings, path=data_path, hint=hint)
     return None
 
 

@@ -50,10 +50,11 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, content_identity, file_sha256, part_path, write_text_atomically
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.evaluate import Evaluation, decode, score
-from phrase_scorer.moses.experiment import changed_keys, mean_sd, paired_bootstrap_p, read_json
+from phrase_scorer.moses.experiment import mean_sd, paired_bootstrap_p
 from phrase_scorer.moses.installation import MosesInstallation, read_lines, write_lines
 from phrase_scorer.moses.rerank import apply_weights, learn_weights
 from phrase_scorer.moses.tune import fresh_directory
+from phrase_scorer.records import read_record, reuse_or_clear
 
 log = logging.getLogger(__name__)
 
@@ -158,21 +159,6 @@ class RescoreExperimentReport:
 
 
 # --- steps ---------------------------------------------------------------------------------------
-
-
-def reuse_or_clear(record_path: Path, inputs: dict, outputs: Sequence[Path]) -> bool:
-    """True when every output exists and ``record_path`` records ``inputs``; otherwise the outputs
-    (and their partial files) are removed so that the step runs afresh."""
-    recorded = read_json(record_path)
-    if recorded is not None and not changed_keys(recorded, inputs) and all(p.exists() for p in outputs):
-        return True
-    if recorded is not None:
-        log.info("%s was made from other inputs (%s changed): making it again", record_path.parent,
-                 ", ".join(changed_keys(recorded, inputs)))
-        for path in outputs:
-            for leftover in (path, part_path(path), Path(str(part_path(path)) + ".json")):
-                leftover.unlink(missing_ok=True)
-    return False
 
 
 def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstallation,
@@ -281,7 +267,7 @@ def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence
                                     "scoring": {"references": options.references, "lang": options.lang}}))
     result_path = run_dir / "result.json"
     if reuse_or_clear(run_dir / "inputs.json", inputs, [result_path]):
-        return RowRun(**read_json(result_path))
+        return RowRun(**read_record(result_path))
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)

@@ -68,7 +68,7 @@ from phrase_scorer.model_dir import (
 from phrase_scorer.prefetch import Prefetcher
 from phrase_scorer.progress import step_bar
 from phrase_scorer.validation import validate, validation_bleu
-from phrase_scorer.resume import refuse_changed_settings
+from phrase_scorer.records import refuse_changed
 from phrase_scorer.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def check_resume_settings(saved: TrainConfig, asked: TrainConfig, explicit: Set[
     (the model, the data, the optimiser) is an error rather than a silent surprise.
     """
     fixed = sorted(name for name in explicit if name not in TrainConfig.RESUMABLE)
-    refuse_changed_settings(
+    refuse_changed(
         {name: getattr(saved, name) for name in fixed}, {name: getattr(asked, name) for name in fixed},
         label=lambda name: "--" + name.replace("_", "-"),
         hint="leave them out (the saved ones are used) or start a new run",
@@ -229,7 +229,7 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
         config = check_resume_settings(saved_config, config.resolved(corpus="corpus" in saved), explicit)
         if model_config is not None:
             names = ("source_shortlist", "target_shortlist")
-            refuse_changed_settings({n: getattr(saved_model, n) for n in names}, {n: getattr(model_config, n) for n in names},
+            refuse_changed({n: getattr(saved_model, n) for n in names}, {n: getattr(model_config, n) for n in names},
                                     label=lambda name: "--" + name.replace("_", "-"), path=output,
                                     hint="leave them out (the saved ones are used) or start a new run")
         model_config = saved_model

@@ -20,8 +20,9 @@ from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.moses.evaluate import score
 from phrase_scorer.rescore_experiment import (
     MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, first_hypotheses, oracle_figures, parse_row, parse_system,
-    reuse_or_clear, run_rescore_experiment, smoothed_sentence_bleu, ngram_stats,
+    run_rescore_experiment, smoothed_sentence_bleu, ngram_stats,
 )
+from phrase_scorer.records import reuse_or_clear
 
 VAL_EN = SHARED / "multi30k-en-fr" / "val.tok.en.gz"
 VAL_FR = SHARED / "multi30k-en-fr" / "val.tok.fr.gz"

@@ -58,6 +58,7 @@ from phrase_scorer.moses.evaluate import decode, references_kind, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.moses.tune import tune, with_absolute_paths
 from phrase_scorer.progress import progress_bar
+from phrase_scorer.records import changed, read_record
 
 log = logging.getLogger(__name__)
 
@@ -105,25 +106,11 @@ def drop_last_columns(table: PathLike, output: PathLike, count: int) -> int:
     return lines
 
 
-def read_json(path: PathLike) -> Optional[dict]:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def changed_keys(recorded: Optional[dict], current: dict) -> List[str]:
-    """The keys of ``current`` whose value ``recorded`` does not have (all of them without a record)."""
-    if not isinstance(recorded, dict):
-        return sorted(current)
-    return sorted(k for k in current if recorded.get(k) != current[k])
-
-
 def stale_annotation(table: Path, original: str, model_dir: PathLike) -> List[str]:
     """Why the annotated ``table`` does not come from ``original`` and this model (empty: it does)."""
     from phrase_scorer.config import AnnotateOptions
 
-    signature = read_json(str(table) + ".json") if table.exists() else None
+    signature = read_record(str(table) + ".json") if table.exists() else None
     if signature is None:
         return ["no finished annotated table"]
     weights = Path(model_dir) / "model.pt"
@@ -131,7 +118,7 @@ def stale_annotation(table: Path, original: str, model_dir: PathLike) -> List[st
                "input table": file_identity(original), "annotate options": json.loads(json.dumps(asdict(AnnotateOptions())))}
     recorded = {"model weights": signature.get("model", {}).get("weights_sha256"),
                 "input table": signature.get("input"), "annotate options": signature.get("options")}
-    return changed_keys(recorded, current)
+    return changed(recorded, current)
 
 
 def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathLike], annotated: Optional[PathLike]) -> Dict[str, str]:
@@ -169,7 +156,7 @@ def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathL
                 annotate(original, both, load_model(model_dir), overwrite=True)
     prob_only = tables / "phrase-table.rnn.gz"
     made_from = {"two-column table": file_identity(both)}
-    stale = changed_keys(read_json(str(prob_only) + ".json") if prob_only.exists() else None, made_from)
+    stale = changed(read_record(str(prob_only) + ".json") if prob_only.exists() else None, made_from)
     if stale:
         if prob_only.exists():
             log.info("%s is out of date (%s changed): writing it again", prob_only, ", ".join(stale))
@@ -279,12 +266,12 @@ def reusable_run(run_dir: Path, inputs: Dict[str, object]) -> Optional[RunResult
     from other inputs is deleted, so that it is redone from scratch."""
     if not run_dir.exists():
         return None
-    stale = changed_keys(read_json(run_dir / RUN_INPUTS), inputs)
+    stale = changed(read_record(run_dir / RUN_INPUTS), inputs)
     if stale:
         log.info("%s was made with other inputs (%s changed): removing it to run it again", run_dir, ", ".join(stale))
         shutil.rmtree(run_dir)
         return None
-    done = read_json(run_dir / "result.json")
+    done = read_record(run_dir / "result.json")
     return RunResult(**done) if done is not None else None
 
 

@@ -1,0 +1,119 @@
+"""The one answer to "is this output still made from these inputs?".
+
+Every output that can be reused or resumed keeps a record of what made it: an annotated table
+its signature ``OUT.json``, an interrupted run its resume record, the training-pair cache its
+description, each step of an experiment its ``inputs.json``. Whoever asks whether the output is
+current compares that record with the settings it would use now, here:
+
+* :func:`differences` -- every setting that differs, nested mappings compared key by key and
+  named with dotted paths; :func:`changed` -- the top-level names only;
+  :func:`describe_difference` -- the first difference, as one phrase;
+* :func:`refuse_changed` -- ``--resume``'s rule: an interrupted run goes on only with the
+  settings it began with, else one error naming every difference;
+* :func:`finished` -- the signature of an output finished with these settings, or None;
+* :func:`reuse_or_clear` -- an experiment step's outputs are reused when their record matches,
+  else removed so that the step runs afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import STDIO, PathLike, part_path
+
+log = logging.getLogger(__name__)
+
+_MISSING = "(none)"
+
+
+def read_record(path: PathLike) -> Optional[dict]:
+    """The JSON record at ``path``; None when it is missing or unreadable (a record that cannot be
+    read makes its output stale, never an error)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any, Any]]:
+    """(dotted name, saved value, current value) of every setting that differs; a setting only
+    one side has is ``(none)`` on the other."""
+    for key in [*saved, *(k for k in current if k not in saved)]:
+        old, new = saved.get(key, _MISSING), current.get(key, _MISSING)
+        if old == new:
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            yield from differences(old, new, name + ".")
+        else:
+            yield name, old, new
+
+
+def changed(recorded: Optional[Mapping[str, Any]], current: Mapping[str, Any]) -> List[str]:
+    """The names of ``current`` whose value ``recorded`` does not hold, sorted (all of them when
+    there is no record)."""
+    if not isinstance(recorded, Mapping):
+        return sorted(current)
+    return sorted(k for k in current if recorded.get(k) != current[k])
+
+
+def describe_difference(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
+    """The first differing setting, as ``name: theirs -> ours`` (dotted for nested ones)."""
+    for name, old, new in differences(theirs, ours):
+        return f"{name}: {old!r} -> {new!r}"
+    return "none"
+
+
+def refuse_changed(saved: Mapping[str, Any], current: Mapping[str, Any], *, path: Optional[PathLike] = None,
+                   hint: str = "run again without --resume", label: Callable[[str], str] = str) -> None:
+    """Raise a one-line :class:`PhraseScorerError` naming what changed, if anything did:
+
+    ``cannot resume: NAME, ... changed since the interrupted run (NAME.KEY: SAVED -> NOW, ...)``.
+    """
+    changes = list(differences(saved, current))
+    if not changes:
+        return
+    names = list(dict.fromkeys(label(name.split(".")[0]) for name, _, _ in changes))
+    details = ", ".join(f"{label(name)}: {_short(old)} -> {_short(new)}" for name, old, new in changes)
+    raise PhraseScorerError(f"cannot resume: {', '.join(names)} changed since the interrupted run ({details})",
+                            path=path, hint=hint)
+
+
+def finished(output: PathLike, settings: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The signature ``OUTPUT.json`` of ``output`` if the output is finished (it exists, and its
+    signature names it) and was made with ``settings`` (each of them recorded with the same
+    value), else None."""
+    output = os.fspath(output)
+    if output == STDIO or not os.path.isfile(output):
+        return None
+    signature = read_record(output + ".json")
+    if not isinstance(signature, dict) or signature.get("output") != os.path.abspath(output):
+        return None
+    if any(signature.get(key) != value for key, value in settings.items()):
+        return None
+    return signature
+
+
+def reuse_or_clear(record_path: Path, inputs: Mapping[str, Any], outputs: Sequence[Path]) -> bool:
+    """True when every output exists and ``record_path`` records ``inputs``; otherwise the outputs
+    (and their partial files) are removed so that the step runs afresh."""
+    recorded = read_record(record_path)
+    if recorded is not None and not changed(recorded, inputs) and all(p.exists() for p in outputs):
+        return True
+    if recorded is not None:
+        log.info("%s was made from other inputs (%s changed): making it again", record_path.parent,
+                 ", ".join(changed(recorded, inputs)))
+        for path in outputs:
+            for leftover in (path, part_path(path), Path(str(part_path(path)) + ".json")):
+                leftover.unlink(missing_ok=True)
+    return False
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
