@@ -128,3 +128,12 @@ def test_default_threads_share_this_process_cores_with_the_other_local_ranks(mon
         assert torch.get_num_threads() == 3  # an explicit --threads wins
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_command_line_makes_waiting_openmp_threads_sleep_unless_told_otherwise():
+    show = "import os, phrase_scorer.cli; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    assert subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "PASSIVE"
+    assert subprocess.run([sys.executable, "-c", show], env={**env, "OMP_WAIT_POLICY": "ACTIVE"}, capture_output=True,
+                          text=True, check=True).stdout.strip() == "ACTIVE"

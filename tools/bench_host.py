@@ -15,6 +15,10 @@ whole command with a trained model before and after.
               timed just before each run; with --reference-src DIR the same runs with that
               version's code, and where the scorer's time goes (cProfile of the scorer alone on
               the first --profile-lines lines) for both.
+* busy     -- `phrase-scorer annotate` of the first 10,000 lines with an untrained `small` model,
+              on the idle machine and beside as many busy processes (Python loops) as cores, with PyTorch's
+              OpenMP threads spinning while they wait (OMP_WAIT_POLICY=ACTIVE) and sleeping
+              (PASSIVE, the command line's default); the runs alternate, best of --repeats.
 * model    -- `phrase-scorer annotate` end to end with --trained MODEL; with --reference-src DIR
               (a checkout of an earlier version) the same command with that version's code,
               measured in the same run, and whether both wrote the same lines.
@@ -323,6 +327,43 @@ def ceiling(args, work: Path, model_dir: Path) -> str:
     )
 
 
+def busy(args, work: Path) -> str:
+    table = benchlib.table_head(Path(args.table), 10000, work)
+    from bench_annotate import make_model_dir
+
+    model_dir = make_model_dir(work / "small", "small", Path(args.table), work / "counts.json")
+    best: dict = {}
+    outputs = []
+    cores = os.cpu_count() or 1
+    loaded = f"beside {cores} busy processes"
+    for state in ("idle", loaded):
+        spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores if state != "idle" else 0)]
+        try:
+            for _ in range(args.repeats):
+                for policy in ("ACTIVE", "PASSIVE"):
+                    out = work / f"busy-{policy}.gz"
+                    _, _, seconds, _ = benchlib.run_measured(benchlib.phrase_scorer_command(
+                        "annotate", table, "-m", model_dir, "-o", out, "--overwrite"),
+                        env=dict(os.environ, OMP_WAIT_POLICY=policy))
+                    best[(state, policy)] = min(seconds, best.get((state, policy), seconds))
+                    outputs.append(out.read_bytes())
+        finally:
+            for spinner in spinners:
+                spinner.kill()
+                spinner.wait()
+    rows = [[state, policy, f"{best[(state, policy)]:.1f}", f"{best[(state, 'ACTIVE')] / best[(state, policy)]:.2f}x"]
+            for state in ("idle", loaded) for policy in ("ACTIVE", "PASSIVE")]
+    same = all(o == outputs[0] for o in outputs)
+    return (
+        f"`phrase-scorer annotate` of the first 10,000 lines of `{Path(args.table).name}` with an untrained `small` "
+        f"model (the default threads: all {os.cpu_count()} cores), whole command with start-up, best of "
+        f"{args.repeats} alternating runs; machine: {machine()}. *ACTIVE*: PyTorch's OpenMP threads spin while they "
+        f"wait (the OpenMP default); *PASSIVE*: they sleep (the command line's default since this measurement). "
+        f"*Speed-up* is against ACTIVE in the same state. All outputs are {'byte-identical' if same else 'NOT identical'}.\n\n"
+        + benchlib.markdown_table(["machine", "OMP_WAIT_POLICY", "seconds", "speed-up"], rows) + "\n"
+    )
+
+
 def machine() -> str:
     info = benchlib.machine()
     load = os.getloadavg()[0]
@@ -341,7 +382,8 @@ def main() -> None:
     parser.add_argument("--model-lines", type=int, default=None, help="end-to-end runs on the first N lines only")
     parser.add_argument("--reference-src", default=None, metavar="DIR",
                         help="a checkout of an earlier version, measured in the same run as the reference")
-    parser.add_argument("--parts", default="gzip,host,large,ceiling,model")
+    parser.add_argument("--parts", default="gzip,host,large,ceiling,busy,model")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each setting in the busy part")
     parser.add_argument("--profile-lines", type=int, default=200000, help="lines of the ceiling part's scorer profile")
     p = parser.commands.add_parser("profile-worker")
     p.add_argument("--table", required=True)
@@ -366,6 +408,8 @@ def main() -> None:
             "ceiling": ("bench_host_ceiling", "Annotate's ceiling: a tiny model against `zcat | gzip -1`",
                         lambda: ceiling(args, work, make_model_dir(work / "tiny", "tiny", Path(args.table),
                                                                    work / "counts.json"))),
+            "busy": ("bench_host_busy", "Annotate on a busy machine: OpenMP's waiting threads",
+                     lambda: busy(args, work)),
             "model": ("bench_host_model", "Annotate end to end with a trained model, before and after",
                       lambda: model(args, work)),
         }
