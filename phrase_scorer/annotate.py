@@ -1,4 +1,4 @@
-"""The streaming pipeline around :class:`BatchScorer`: ``score`` and ``annotate``.
+"""The streaming pipeline of ``annotate`` around :class:`BatchScorer`.
 
 ``annotate`` spreads a window's host work over worker processes and keeps the model busy::
 
@@ -70,61 +70,11 @@ from phrase_scorer.io.files import (
 )
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files, refuse_existing, writes_directly
 from phrase_scorer.io.parallel import Pipeline, WorkerPool
-from phrase_scorer.io.phrase_table import PhraseTableReader, TableLine
 from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_count
 from phrase_scorer.progress import progress_bar
 from phrase_scorer.records import describe_difference, finished, refuse_changed
 
 log = logging.getLogger(__name__)
-
-
-# --- windows of lines ---------------------------------------------------------------------------
-
-
-@dataclass
-class Window:
-    """A run of consecutive lines with their word ids (filled by the reader thread)."""
-
-    index: int
-    first_line: int
-    lines: List[TableLine]
-    source_ids: List[List[int]]
-    target_ids: List[List[int]]
-    unknown: np.ndarray  # per line, for the unk column
-    log_probs: Optional[np.ndarray] = None
-
-
-def read_windows(reader: PhraseTableReader, loaded, options_window: int, unk_side: str, put, progress) -> None:
-    """Reader thread body: cut the table into windows and look up the word ids."""
-    src_vocab, tgt_vocab = loaded.source_vocab, loaded.target_vocab
-    lines: List[TableLine] = []
-    index = 0
-    first = reader.skip + 1
-
-    def flush() -> bool:
-        nonlocal lines, index, first
-        src_ids = [src_vocab.encode(line.source_words) for line in lines]
-        tgt_ids = [tgt_vocab.encode(line.target_words) for line in lines]
-        unknown = np.zeros(len(lines), np.int64)
-        if unk_side in ("source", "both"):
-            unknown += np.fromiter((src_vocab.count_unknown(l.source_words) for l in lines), np.int64, len(lines))
-        if unk_side in ("target", "both"):
-            unknown += np.fromiter((tgt_vocab.count_unknown(l.target_words) for l in lines), np.int64, len(lines))
-        ok = put(Window(index, first, lines, src_ids, tgt_ids, unknown))
-        index += 1
-        first += len(lines)
-        lines = []
-        return ok
-
-    for line in reader:
-        lines.append(line)
-        if len(lines) == options_window:
-            progress.advance(len(lines))
-            if not flush():
-                return
-    if lines:
-        progress.advance(len(lines))
-        flush()
 
 
 # --- annotate -----------------------------------------------------------------------------------
@@ -582,34 +532,3 @@ class ChunkWriter:
             self.out.flush()
             record = {"lines_done": self.lines_done, "bytes_done": self.out.tell(), "settings": self.settings}
             write_text_atomically(self.progress_path, json.dumps(record) + "\n")
-
-
-# --- score --------------------------------------------------------------------------------------
-
-
-def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None, window_lines: int = 20000, *,
-               overwrite: bool = False) -> int:
-    """Write one natural-log log p(y|x) per line of ``source`` (``src ||| tgt`` lines or a whole
-    phrase table), in order. Returns the number of lines. An existing ``output`` is replaced
-    only with ``overwrite``."""
-    from phrase_scorer.scoring import BatchScorer
-
-    check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
-    scorer = BatchScorer(loaded.model, scoring_options or ScoringOptions())
-    reader = PhraseTableReader(source, min_fields=2, check_scores=False)
-    lines = 0
-    with AtomicOutput(output) as out:
-
-        def work(window: Window) -> Window:
-            window.log_probs = scorer.score(window.source_ids, window.target_ids)
-            return window
-
-        def write(window: Window) -> None:
-            nonlocal lines
-            out.write("".join("%.9g\n" % v for v in window.log_probs).encode("ascii"))
-            lines += len(window.lines)
-
-        with progress_bar("scoring", reader) as progress:
-            Pipeline().run(lambda put: read_windows(reader, loaded, window_lines, "target", put, progress), work, write)
-        out.commit()
-    return lines

@@ -365,7 +365,7 @@ def score(model_dir, input, output, overwrite, batch_tokens, device, threads):
 
     INPUT may also be a whole phrase table; '-' reads stdin. One number per input line, in order.
     """
-    from phrase_scorer.annotate import score_file
+    from phrase_scorer.pair_scores import score_file
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.device import resolve_device
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLE_TABLE, head_lines
-from phrase_scorer.annotate import annotate, score_file
+from phrase_scorer.annotate import annotate
+from phrase_scorer.pair_scores import score_file
 from phrase_scorer.config import AnnotateOptions, SampleOptions, TrainConfig
 from phrase_scorer.data import PairSet
 from phrase_scorer.sampling import SourcePreparer, propose

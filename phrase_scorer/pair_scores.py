@@ -1,0 +1,55 @@
+"""The ``score`` verb: one natural-log log p(y|x) per line of ``src ||| tgt`` lines (or of a whole
+phrase table), in order.
+
+It reads the input as ``annotate`` does, in windows of whole lines
+(:class:`~phrase_scorer.io.table_windows.RawWindows`, checked by
+:func:`~phrase_scorer.io.table_windows.parse_window`, scores not required), looks the words up
+with the same byte dictionaries (:func:`~phrase_scorer.annotate_work.look_up`) and scores each
+window with :class:`~phrase_scorer.scoring.BatchScorer`; a reader thread and a writer thread keep
+the model busy.
+"""
+
+from __future__ import annotations
+
+from phrase_scorer.annotate_work import ByteIds, look_up
+from phrase_scorer.config import ScoringOptions
+from phrase_scorer.io.files import AtomicOutput, PathLike
+from phrase_scorer.io.outputs import check_output, model_files
+from phrase_scorer.io.parallel import Pipeline
+from phrase_scorer.io.table_windows import RawWindows, parse_window
+from phrase_scorer.progress import progress_bar
+from phrase_scorer.vocab import in_model_order
+
+
+def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None, window_lines: int = 20000, *,
+               overwrite: bool = False) -> int:
+    """Write one natural-log log p(y|x) per line of ``source`` (``src ||| tgt`` lines or a whole
+    phrase table), in order. Returns the number of lines. An existing ``output`` is replaced
+    only with ``overwrite``."""
+    from phrase_scorer.scoring import BatchScorer
+
+    check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
+    scorer = BatchScorer(loaded.model, scoring_options or ScoringOptions())
+    source_ids, target_ids = ByteIds(loaded.source_vocab.tokens), ByteIds(loaded.target_vocab.tokens)
+    right_to_left = loaded.target_vocab.right_to_left
+    windows = RawWindows(source, window_lines)
+    lines = 0
+    with AtomicOutput(output) as out:
+
+        def read(put) -> None:
+            for window in windows:
+                parsed = parse_window(window, source, None, min_fields=2, check_scores=False)
+                targets = [in_model_order(words, right_to_left) for words in parsed.target_words]
+                if not put((look_up(parsed.source_words, source_ids), look_up(targets, target_ids))):
+                    return
+                progress.advance(window.lines)
+
+        def write(log_probs) -> None:
+            nonlocal lines
+            out.write("".join("%.9g\n" % v for v in log_probs).encode("ascii"))
+            lines += len(log_probs)
+
+        with progress_bar("scoring", windows) as progress:
+            Pipeline().run(read, lambda ids: scorer.score(*ids), write)
+        out.commit()
+    return lines
