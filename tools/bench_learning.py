@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Learning curves: dev BLEU against training time, by recipe, for RNNsearch ``small`` on the
-29,000 Multi30k sentence pairs (en->fr), and the test BLEU of the best weights with beam 5.
+29,000 Multi30k sentence pairs (en->fr, or --direction), and the test BLEU of the best weights with beam 5.
 
     python tools/bench_learning.py train --recipe modern --minutes 96 --work-dir W   # one run per call
     python tools/bench_learning.py train --recipe paper --minutes 96 --work-dir W
@@ -166,7 +166,8 @@ def report_runs(args) -> None:
     runs = [run for run in every_run if not changed_settings(work, run)]
     header = ["run", *[f"{m} min" for m in CHECKPOINTS_MIN], "steps", "test 2016 (beam 5)"]
     rows = [["reference curve (peer toolkit, same data and CPU kind)",
-             *[next((f"{b}" for m2, b in PEER if abs(m2 - m) < 1.5), "") for m in CHECKPOINTS_MIN], "", "55.5"]]
+             *[next((f"{b}" for m2, b in PEER if abs(m2 - m) < 1.5), "") for m in CHECKPOINTS_MIN], "", "55.5"]
+            ] if args.direction == "en-fr" else []  # the peer's curve is en->fr
     for run in runs:
         points = curve(run, intervals.get(run.name))
         cells = [bleu_cell(points, m) for m in CHECKPOINTS_MIN]
@@ -177,14 +178,19 @@ def report_runs(args) -> None:
         detail += [[run.name, p["step"], f"{p['minutes']:.1f}", f"{p['bleu']:.2f}" if p["bleu"] is not None else "",
                     f"{p['nll']:.3f}"] for p in curve(run, intervals.get(run.name))]
     info = machine()
+    shared = [run.name for run in runs if run.name in args.shared and run.name not in intervals]
     timing = "; ".join([f"`{name}`: idle time from a run of the same command alone on the machine "
                         f"({intervals[name]:.0f} s per validation interval)" for name in intervals]
-                       + ["other runs: training time as measured alone on the machine (validations included)"])
+                       + [f"`{name}`: training time measured beside other work (validations included), "
+                          "not an idle figure" for name in shared]
+                       + (["other runs: training time as measured alone on the machine (validations included)"]
+                          if len(shared) + len(intervals) < len(runs) else []))
     markdown = "\n".join([
-        "## Learning: dev BLEU against training time (`tools/bench_learning.py`)",
+        "## Learning: dev BLEU against training time (`tools/bench_learning.py`)" if args.direction == "en-fr" else
+        f"## Learning, {args.direction.replace('-', '→')} (`tools/bench_learning.py --direction {args.direction}`)",
         "",
         "Dev BLEU (val 2016, greedy, tokenised) reached by each training time: RNNsearch `small`, "
-        f"en→fr, 29,000 Multi30k pairs, batch 80, {info['cpu']}, {info['cores']} cores, torch {info['torch']}; {timing}.",
+        f"{args.direction.replace('-', '→')}, 29,000 Multi30k pairs, batch 80, {info['cpu']}, {info['cores']} cores, torch {info['torch']}; {timing}.",
         "",
         markdown_table(header, rows),
         "",
@@ -202,9 +208,11 @@ def report_runs(args) -> None:
         markdown_table(["run", "step", "minutes", "dev BLEU", "dev NLL/token"], detail),
         "",
         f"Command: `python tools/bench_learning.py report --work-dir {args.work_dir}"
-        + "".join(f" --idle-from {item}" for item in args.idle_from) + " --test` after one `train` call per run.",
+        + "".join(f" --idle-from {item}" for item in args.idle_from)
+        + (f" --direction {args.direction}" if args.direction != "en-fr" else "")
+        + "".join(f" --shared {name}" for name in args.shared) + " --test` after one `train` call per run.",
     ])
-    report("learning", markdown, args.write)
+    report("learning" if args.direction == "en-fr" else f"learning-{args.direction}", markdown, args.write)
 
 
 def main() -> None:
@@ -226,6 +234,8 @@ def main() -> None:
     r.add_argument("--idle-from", action="append", default=[], metavar="RUN=DIR",
                    help="convert RUN's validations to idle time with the log of DIR, a run of the same command alone on the machine")
     r.add_argument("--direction", default="en-fr")
+    r.add_argument("--shared", action="append", default=[], metavar="RUN",
+                   help="a run timed beside other work: its times are reported as such, not as idle")
     r.add_argument("--data", default=str(DATA))
     r.add_argument("--test", action="store_true", help="also translate test 2016 with each run's best weights")
     r.add_argument("--write", action="store_true")
