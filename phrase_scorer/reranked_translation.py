@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from phrase_scorer import __version__
-from phrase_scorer.annotate import ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable
 from phrase_scorer.config import RescoreOptions, ScoringOptions, TranslateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock, PathLike, file_sha256, text_lines
@@ -39,6 +38,7 @@ from phrase_scorer.moses.installation import MosesInstallation, write_lines
 from phrase_scorer.moses.rerank import Reranker, apply_weights, read_reranker
 from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.progress import step_bar
+from phrase_scorer.resumable import ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from phrase_scorer import __version__
-from phrase_scorer.annotate import ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable
 from phrase_scorer.annotate_work import check_finite, per_token
 from phrase_scorer.config import FORWARD_FEATURE_PREFIX, REVERSE_FEATURE_PREFIX, RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
@@ -61,6 +60,7 @@ from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order
 from phrase_scorer.io.parallel import Pipeline
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.progress import progress_bar
+from phrase_scorer.resumable import ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable
 
 log = logging.getLogger(__name__)
 
