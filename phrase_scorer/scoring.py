@@ -140,9 +140,9 @@ GPU_CHUNK_BYTES = 256 << 20  # on a GPU, a chunk's fp32 logits fill this much: f
 def default_chunk_rows(device: torch.device, outputs: int) -> int:
     """Rows of logits formed at once on ``device`` for a softmax over ``outputs`` words when
     ``ScoringOptions.chunk_rows`` is None. Each chunk costs a dozen operations' fixed cost (on a
-    GPU, kernel launches), which outweighs the arithmetic of a few rows over a small vocabulary;
-    on a CPU the rows of a large vocabulary (128 x 6,000 words and up: every preset but ``tiny``)
-    are what fits in cache, where larger chunks measure slower (docs/benchmarks.md)."""
+    GPU, kernel launches), which outweighs the arithmetic of a few rows over a small vocabulary.
+    On a CPU a large vocabulary's chunk stays at 128 rows (every preset but ``tiny``: 6,000 words
+    and more); ``tiny``'s 500 words get about 1,000 rows."""
     budget = CPU_CHUNK_BYTES if device.type == "cpu" else GPU_CHUNK_BYTES
     return max(CPU_CHUNK_ROWS, budget // (4 * outputs))
 
@@ -155,7 +155,7 @@ def default_threads(models: Sequence[TranslationModel], cores: int) -> int:
     when every model has fewer than :data:`ONE_THREAD_PARAMETERS` parameters (the ``tiny``
     preset has about 30,000). Such a model's operations are too small to gain from a second
     thread, and a waiting thread still takes a core from the processes that read and write
-    (docs/benchmarks.md, "annotate's ceiling": one thread is faster with or without them)."""
+    (docs/benchmarks.md, "Annotate's ceiling": one thread is faster with workers and without)."""
     if models and all(sum(p.numel() for p in m.parameters()) < ONE_THREAD_PARAMETERS for m in models):
         return 1
     return cores
