@@ -44,7 +44,7 @@ from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.data import IdRows
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import gzip_member
-from phrase_scorer.io.table_windows import RawWindow, parse_window
+from phrase_scorer.io.table_windows import ParsedWindow, RawWindow, parse_window
 from phrase_scorer.vocab import SPECIALS, UNK_ID, in_model_order
 
 LOG_FLOOR = -100.0  # Moses floors the log of every column here (LOWEST_SCORE in moses/TypeDef.h)
@@ -93,9 +93,7 @@ class WindowWork:
                  options: AnnotateOptions, compress: bool, target_right_to_left: bool = False,
                  scoring: Optional[WorkerScoring] = None) -> None:
         self.path = path
-        self.source_ids = ByteIds(source_tokens)
-        self.target_ids = ByteIds(target_tokens)
-        self.target_right_to_left = target_right_to_left  # a right-to-left model (see phrase_scorer.vocab)
+        self.lookup = PhraseIds(source_tokens, target_tokens, target_right_to_left)
         self.options = options
         self.compress = compress
         self.value_format = b" ".join(b"%.9g" for _ in options.columns)
@@ -105,11 +103,7 @@ class WindowWork:
 
     def prepare(self, index: int, window: RawWindow, num_scores: Optional[int]) -> PreparedWindow:
         parsed = parse_window(window, self.path, num_scores)
-        target_words = parsed.target_words
-        if self.target_right_to_left:  # nothing to do, per line, for a left-to-right model
-            target_words = [in_model_order(words, True) for words in target_words]
-        source_ids = look_up(parsed.source_words, self.source_ids)
-        target_ids = look_up(target_words, self.target_ids)
+        source_ids, target_ids = self.lookup.of(parsed)
         unk_side = self.options.unk_side
         unknown = np.zeros(len(source_ids), np.int64)
         if unk_side in ("source", "both"):
@@ -145,6 +139,23 @@ class WindowWork:
         columns = [probs if column == "prob" else counts for column in self.options.columns]
         fmt = self.value_format
         return [fmt % values for values in zip(*columns)]
+
+
+class PhraseIds:
+    """A parsed window's source and target phrases as ids (:class:`IdRows`), the target side in
+    the order the model reads it (:func:`~phrase_scorer.vocab.in_model_order`): what the
+    ``annotate`` workers and ``score`` hand to the scorer."""
+
+    def __init__(self, source_tokens: Sequence[str], target_tokens: Sequence[str], target_right_to_left: bool) -> None:
+        self.source_ids = ByteIds(source_tokens)
+        self.target_ids = ByteIds(target_tokens)
+        self.target_right_to_left = target_right_to_left  # a right-to-left model (see phrase_scorer.vocab)
+
+    def of(self, parsed: ParsedWindow) -> Tuple[IdRows, IdRows]:
+        target_words = parsed.target_words
+        if self.target_right_to_left:  # nothing to do, per line, for a left-to-right model
+            target_words = [in_model_order(words, True) for words in target_words]
+        return look_up(parsed.source_words, self.source_ids), look_up(target_words, self.target_ids)
 
 
 def look_up(phrases: List[List[bytes]], ids: ByteIds) -> IdRows:

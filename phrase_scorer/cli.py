@@ -19,6 +19,13 @@ from typing import Optional, Sequence
 import click
 
 from phrase_scorer import __version__, progress
+from phrase_scorer.config import (
+    ARCH_PRESETS, COLUMNS, INITS, LOSSES, OPTIMIZERS, PRECISIONS, RECIPES, TRAIN_PRECISIONS, UNK_SIDES, VALID_METRICS,
+    AnnotateOptions, ExperimentOptions, RerankOptions,
+    SYSTEMS, RescoreExperimentOptions, RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TranslateOptions,
+    TuneOptions,
+)
+from phrase_scorer.errors import PhraseScorerError
 
 # PyTorch's OpenMP threads spin while they wait for work by default. Beside other busy processes
 # a spinning thread holds a core that the thread it waits for needs: with sleeping threads a
@@ -27,13 +34,6 @@ from phrase_scorer import __version__, progress
 # So waiting threads sleep, unless the user chose a policy (OMP_WAIT_POLICY=ACTIVE for a machine
 # of its own). The OpenMP runtime reads this when torch loads, which is after this line.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-from phrase_scorer.config import (
-    ARCH_PRESETS, COLUMNS, INITS, LOSSES, OPTIMIZERS, PRECISIONS, RECIPES, TRAIN_PRECISIONS, UNK_SIDES, VALID_METRICS,
-    AnnotateOptions, ExperimentOptions, RerankOptions,
-    SYSTEMS, RescoreExperimentOptions, RescoreOptions, SampleOptions, ScoringOptions, TrainConfig, TranslateOptions,
-    TuneOptions,
-)
-from phrase_scorer.errors import PhraseScorerError
 
 log = logging.getLogger("phrase_scorer")
 
@@ -957,8 +957,6 @@ def plot_alignments(model_dir, source, target, output, lines, count, seed, max_w
 
 
 # --- Moses: tune, evaluate, experiment -------------------------------------------------------------
-
-
 
 
 def tune_options(function):

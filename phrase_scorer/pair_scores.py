@@ -4,21 +4,20 @@ phrase table), in order.
 It reads the input as ``annotate`` does, in windows of whole lines
 (:class:`~phrase_scorer.io.table_windows.RawWindows`, checked by
 :func:`~phrase_scorer.io.table_windows.parse_window`, scores not required), looks the words up
-with the same byte dictionaries (:func:`~phrase_scorer.annotate_work.look_up`) and scores each
+with the same byte dictionaries (:class:`~phrase_scorer.annotate_work.PhraseIds`) and scores each
 window with :class:`~phrase_scorer.scoring.BatchScorer`; a reader thread and a writer thread keep
 the model busy.
 """
 
 from __future__ import annotations
 
-from phrase_scorer.annotate_work import ByteIds, look_up
+from phrase_scorer.annotate_work import PhraseIds
 from phrase_scorer.config import ScoringOptions
 from phrase_scorer.io.files import AtomicOutput, PathLike
 from phrase_scorer.io.outputs import check_output, model_files
 from phrase_scorer.io.parallel import Pipeline
 from phrase_scorer.io.table_windows import RawWindows, parse_window
 from phrase_scorer.progress import progress_bar
-from phrase_scorer.vocab import in_model_order
 
 
 def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None, window_lines: int = 20000, *,
@@ -30,17 +29,14 @@ def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None,
 
     check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
     scorer = BatchScorer(loaded.model, scoring_options or ScoringOptions())
-    source_ids, target_ids = ByteIds(loaded.source_vocab.tokens), ByteIds(loaded.target_vocab.tokens)
-    right_to_left = loaded.target_vocab.right_to_left
+    lookup = PhraseIds(loaded.source_vocab.tokens, loaded.target_vocab.tokens, loaded.target_vocab.right_to_left)
     windows = RawWindows(source, window_lines)
     lines = 0
     with AtomicOutput(output) as out:
 
         def read(put) -> None:
             for window in windows:
-                parsed = parse_window(window, source, None, min_fields=2, check_scores=False)
-                targets = [in_model_order(words, right_to_left) for words in parsed.target_words]
-                if not put((look_up(parsed.source_words, source_ids), look_up(targets, target_ids))):
+                if not put(lookup.of(parse_window(window, source, None, min_fields=2, check_scores=False))):
                     return
                 progress.advance(window.lines)
 

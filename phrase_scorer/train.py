@@ -230,8 +230,8 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
         if model_config is not None:
             names = ("source_shortlist", "target_shortlist")
             refuse_changed({n: getattr(saved_model, n) for n in names}, {n: getattr(model_config, n) for n in names},
-                                    label=lambda name: "--" + name.replace("_", "-"), path=output,
-                                    hint="leave them out (the saved ones are used) or start a new run")
+                           label=lambda name: "--" + name.replace("_", "-"), path=output,
+                           hint="leave them out (the saved ones are used) or start a new run")
         model_config = saved_model
         source_vocab = Vocabulary.load(directory.file(SOURCE_VOCAB))
         target_vocab = Vocabulary.load(directory.file(TARGET_VOCAB))

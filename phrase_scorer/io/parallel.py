@@ -11,9 +11,9 @@
   (the :class:`Pipeline`'s queues do), so every queue stays small whatever the input's size.
 
 Workers are started with ``spawn``: they import only what their handler needs (torch only if it
-scores), and
-nothing of the parent's threads or locks is copied into them. ``workers=0`` runs the same
-handler in the calling threads, one item after another: the same code, without processes.
+scores), and nothing of the parent's threads or locks is copied into them. ``workers=0`` runs
+the same handler in the calling threads, one item after another: the same code, without
+processes.
 """
 
 from __future__ import annotations
