@@ -29,8 +29,9 @@ from phrase_scorer.errors import PhraseScorerError
 
 # PyTorch's OpenMP threads spin while they wait for work by default. Beside other busy processes
 # a spinning thread holds a core that the thread it waits for needs: with sleeping threads a
-# `small` model annotated 1.7 times faster on a 2-core machine kept busy by 2 other processes,
-# and about 10% slower on the idle machine (docs/benchmarks.md, "Annotate on a busy machine").
+# `small` model annotated 1.7 and 8.1 times faster (two measurements) on a 2-core machine kept
+# busy by 2 other processes, and about 10% slower on the idle machine (docs/benchmarks.md,
+# "Annotate on a busy machine").
 # So waiting threads sleep, unless the user chose a policy (OMP_WAIT_POLICY=ACTIVE for a machine
 # of its own). The OpenMP runtime reads this when torch loads, which is after this line.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
