@@ -100,17 +100,21 @@ def finished(output: PathLike, settings: Mapping[str, Any]) -> Optional[Dict[str
 
 
 def reuse_or_clear(record_path: Path, inputs: Mapping[str, Any], outputs: Sequence[Path]) -> bool:
-    """True when every output exists and ``record_path`` records ``inputs``; otherwise the outputs
-    (and their partial files) are removed so that the step runs afresh."""
+    """True when every output exists and ``record_path`` records ``inputs``. When the record holds
+    other inputs, the outputs and their partial files are removed so that the step runs afresh;
+    with the same inputs and an output missing (an interrupted step), they are kept for the step
+    to resume from."""
     recorded = read_record(record_path)
-    if recorded is not None and not changed(recorded, inputs) and all(p.exists() for p in outputs):
-        return True
-    if recorded is not None:
-        log.info("%s was made from other inputs (%s changed): making it again", record_path.parent,
-                 ", ".join(changed(recorded, inputs)))
-        for path in outputs:
-            for leftover in (path, part_path(path), Path(str(part_path(path)) + ".json")):
-                leftover.unlink(missing_ok=True)
+    if recorded is None:
+        return False
+    differing = changed(recorded, inputs)
+    if not differing:
+        # the same inputs: done, or interrupted (the step goes on from its partial output)
+        return all(p.exists() for p in outputs)
+    log.info("%s was made from other inputs (%s changed): making it again", record_path.parent, ", ".join(differing))
+    for path in outputs:
+        for leftover in (path, part_path(path), Path(str(part_path(path)) + ".json")):
+            leftover.unlink(missing_ok=True)
     return False
 
 

@@ -73,6 +73,27 @@ def test_a_step_is_reused_for_the_same_bytes_and_redone_for_new_ones(tmp_path):
     assert not output.exists()
 
 
+def test_an_interrupted_step_keeps_its_partial_output_for_the_resume(tmp_path):
+    """The same inputs and no finished output: the step was interrupted, and what it wrote so far
+    stays for it to go on from; other inputs remove it."""
+    import json
+
+    from phrase_scorer.io.files import content_identity, part_path
+
+    source, output, record = tmp_path / "val.en", tmp_path / "val.nbest.gz", tmp_path / "val.inputs.json"
+    source.write_text("a man .\n", encoding="utf-8")
+    partial, partial_record = part_path(output), Path(str(part_path(output)) + ".json")
+    partial.write_bytes(b"half")
+    partial_record.write_text("{}", encoding="utf-8")
+    inputs = json.loads(json.dumps({"source": content_identity(source)}))
+    record.write_text(json.dumps({**inputs, "finished": False}), encoding="utf-8")
+    assert not reuse_or_clear(record, inputs, [output])
+    assert partial.read_bytes() == b"half" and partial_record.exists()
+    source.write_text("a dog .\n", encoding="utf-8")
+    assert not reuse_or_clear(record, json.loads(json.dumps({"source": content_identity(source)})), [output])
+    assert not partial.exists() and not partial_record.exists()
+
+
 def test_sentence_bleu_ranks_the_reference_first():
     reference = "un chien court sur l&apos; herbe".split()
     from collections import Counter
