@@ -600,7 +600,7 @@ def ems_config(ctx, ini_in, ini_out, binarizer, model_dir, feature_name, columns
     table with the new columns' start weights; EMS's tuning then tunes them.
     """
     set_threads(threads)
-    from phrase_scorer.moses.ems import build_ems_config
+    from phrase_scorer.experiments.ems import build_ems_config
 
     config, model_config, explicit = make_training_settings(ctx, settings, resume=False)
     training_given = sorted(set(explicit_options(ctx, settings)) - {"device", "precision"})
@@ -1154,7 +1154,7 @@ def check_report(report: Optional[str], overwrite: bool, inputs) -> None:
 def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, references, lang, report, systems, overwrite,
                moses_home, **options):
     """The paper's Table 1: baseline, + p(y|x), + p(y|x) + unknown words, each tuned --runs times."""
-    from phrase_scorer.moses.experiment import run_experiment
+    from phrase_scorer.experiments.table1 import run_experiment
     from phrase_scorer.moses.installation import MosesInstallation
 
     if (model_dir is None) == (annotated is None):
@@ -1230,7 +1230,7 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     from phrase_scorer.device import resolve_device
     from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.rescore import ensembles_by_name, feature_models
-    from phrase_scorer.rescore_experiment import EvalSet, parse_row, parse_system, run_rescore_experiment, set_name
+    from phrase_scorer.experiments.rescoring import EvalSet, parse_row, parse_system, run_rescore_experiment, set_name
 
     if test_nbests and len(test_nbests) != len(tests):
         raise PhraseScorerError(f"{len(test_nbests)} --test-nbest for {len(tests)} --test",

@@ -13,7 +13,7 @@ import torch
 
 from conftest import A_MAN_TABLE
 from phrase_scorer.config import ExperimentOptions, TuneOptions
-from phrase_scorer.moses.experiment import RUN_INPUTS, RunResult, prepare_tables, reusable_run, run_inputs, system_inputs
+from phrase_scorer.experiments.table1 import RUN_INPUTS, RunResult, prepare_tables, reusable_run, run_inputs, system_inputs
 
 
 def system(tmp_path: Path) -> Path:

@@ -18,10 +18,11 @@ from phrase_scorer.config import RescoreExperimentOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.moses.evaluate import score
-from phrase_scorer.rescore_experiment import (
+from phrase_scorer.experiments.rescoring import (
     MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, first_hypotheses, oracle_figures, parse_row, parse_system,
-    run_rescore_experiment, smoothed_sentence_bleu, ngram_stats,
+    run_rescore_experiment,
 )
+from phrase_scorer.experiments.statistics import ngram_stats, smoothed_sentence_bleu
 from phrase_scorer.records import reuse_or_clear
 
 VAL_EN = SHARED / "multi30k-en-fr" / "val.tok.en.gz"
@@ -226,7 +227,7 @@ def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tin
 
 
 def test_identical_outputs_are_not_significantly_different():
-    from phrase_scorer.moses.experiment import paired_bootstrap_p
+    from phrase_scorer.experiments.statistics import paired_bootstrap_p
 
     references = ["un chien court .", "une femme lit un livre .", "deux enfants jouent ."] * 10
     same = ["un chien court .", "une femme lit .", "deux enfants jouent dehors ."] * 10

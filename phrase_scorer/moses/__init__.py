@@ -1,3 +1,4 @@
-"""Driving the user's Moses: tuning (mert-moses.pl), decoding and evaluation, and the paper's
-Table 1 experiment. Plain Python and subprocess; nothing here imports torch.
+"""Driving the user's Moses: tuning (mert-moses.pl), decoding, evaluation and reranking. Plain
+Python and subprocess; nothing here imports torch, not even inside a function (the experiments
+that need the models live in `phrase_scorer.experiments`).
 """

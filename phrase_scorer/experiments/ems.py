@@ -49,7 +49,6 @@ import os
 import shlex
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import List, Optional, Set
 
 from phrase_scorer.config import AnnotateOptions, ModelConfig, ScoringOptions, TrainConfig

@@ -33,27 +33,25 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import shutil
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from phrase_scorer import __version__
 from phrase_scorer.config import RerankOptions, RescoreExperimentOptions, RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, content_identity, file_sha256, part_path, write_text_atomically
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.evaluate import Evaluation, decode, score
-from phrase_scorer.moses.experiment import mean_sd, paired_bootstrap_p
 from phrase_scorer.moses.installation import MosesInstallation, read_lines, write_lines
 from phrase_scorer.moses.rerank import apply_weights, learn_weights
 from phrase_scorer.moses.tune import fresh_directory
+from phrase_scorer.experiments.report import NONE, closing_lines, mean_sd, p_values, table, two_decimals, write_report
+from phrase_scorer.experiments.statistics import ngram_stats, paired_bootstrap_p, smoothed_sentence_bleu
 from phrase_scorer.records import read_record, reuse_or_clear
 
 log = logging.getLogger(__name__)
@@ -292,30 +290,6 @@ def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence
 # --- what limits the gain ---------------------------------------------------------------------------
 
 
-def ngram_stats(hypothesis: Sequence[str], reference_counts: List[Counter], reference_length: int) -> List[int]:
-    """Moses' BLEU statistics of one hypothesis: (matches, total) per order 1-4, reference length."""
-    stats: List[int] = []
-    for n in range(1, 5):
-        counts = Counter(tuple(hypothesis[i:i + n]) for i in range(len(hypothesis) - n + 1))
-        stats += [sum(min(c, reference_counts[n - 1][g]) for g, c in counts.items()), max(len(hypothesis) - n + 1, 0)]
-    return stats + [reference_length]
-
-
-def smoothed_sentence_bleu(stats: Sequence[int]) -> float:
-    """Sentence BLEU with add-one smoothing of the orders above 1 (Lin and Och 2004), as Moses'
-    sentence-level BLEU: for ranking a sentence's hypotheses."""
-    if stats[1] == 0:
-        return 0.0
-    log_bleu = 0.0
-    for n in range(4):
-        add = 0 if n == 0 else 1
-        matches, total = stats[2 * n] + add, stats[2 * n + 1] + add
-        if matches == 0:
-            return 0.0
-        log_bleu += math.log(matches / total) / 4
-    return math.exp(log_bleu + min(0.0, 1 - stats[8] / stats[1]))
-
-
 def oracle_figures(nbest: PathLike, references: Sequence[str], options: RescoreExperimentOptions) -> Dict[str, float]:
     """Distinct hypotheses per sentence, and the oracle BLEU of the list cut to its first k
     hypotheses, k in ORACLE_SIZES below the list's size, and of the whole list."""
@@ -417,10 +391,8 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
 
     report = RescoreExperimentReport(runs, significance(runs, sets, options), oracle, signatures)
     report.markdown = markdown(report, ini, sets, models, rows, systems, options)
-    write_text_atomically(work / "report.md", report.markdown)
-    write_text_atomically(work / "results.json", json.dumps(
-        {"runs": [asdict(r) for r in runs], "significance": report.significance, "oracle": oracle,
-         "signatures": signatures}, indent=1) + "\n")
+    write_report(work, report.markdown, {"runs": [asdict(r) for r in runs], "significance": report.significance,
+                                         "oracle": oracle, "signatures": signatures})
     return report
 
 
@@ -436,24 +408,21 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
     parts = []
     for eval_set in sets[1:]:
         name = eval_set.name
-        lines = [f"**{name}** (dev: {dev})", "",
-                 f"| System | features added | BLEU {dev} | BLEU {name} | Δ BLEU | chrF {name} | p vs Moses (per seed) |",
-                 "|---|---|---|---|---|---|---|"]
+        cells = []
         for label, runs in by_row.items():
             bleu = [r.scores[name]["bleu"] for r in runs]
             delta = statistics.mean(bleu) - moses_scores[name]["bleu"]
-            p_values = report.significance.get(name, {}).get(label)
-            lines.append(
-                f"| {label} | {added.get(label, '')} | {mean_sd([r.scores[dev]['bleu'] for r in runs])} | {mean_sd(bleu)} | "
-                f"{'–' if label == MOSES_ROW else f'{delta:+.2f}'} | {mean_sd([r.scores[name]['chrf'] for r in runs])} | "
-                f"{'–' if not p_values else ' / '.join(f'{p:.3f}' for p in p_values)} |")
-        parts.append("\n".join(lines))
-    per_run = ["| System | seed | BLEU " + " | BLEU ".join(s.name for s in sets) + " | tuned dev BLEU (Moses' scorer) |",
-               "|---|---|" + "---|" * len(sets) + "---|"]
-    for run in report.runs:
-        per_run.append(f"| {run.row} | {'–' if run.seed is None else run.seed} | "
-                       + " | ".join(f"{run.scores[s.name]['bleu']:.2f}" for s in sets)
-                       + f" | {'–' if run.tuned_dev_bleu is None else f'{run.tuned_dev_bleu:.2f}'} |")
+            cells.append((label, added.get(label, ""), mean_sd([r.scores[dev]["bleu"] for r in runs]), mean_sd(bleu),
+                          NONE if label == MOSES_ROW else f"{delta:+.2f}",
+                          mean_sd([r.scores[name]["chrf"] for r in runs]),
+                          p_values(report.significance.get(name, {}).get(label))))
+        parts.append(f"**{name}** (dev: {dev})\n\n" + table(
+            ["System", "features added", f"BLEU {dev}", f"BLEU {name}", "Δ BLEU", f"chrF {name}", "p vs Moses (per seed)"],
+            cells))
+    per_run = table(["System", "seed", *(f"BLEU {s.name}" for s in sets), "tuned dev BLEU (Moses' scorer)"],
+                    [(run.row, NONE if run.seed is None else run.seed,
+                      *(two_decimals(run.scores[s.name]["bleu"]) for s in sets), two_decimals(run.tuned_dev_bleu))
+                     for run in report.runs])
     weight_rows = []
     for row in rows:
         runs = by_row.get(row.label, [])
@@ -461,14 +430,12 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
         for feature in row.features:
             values = [r.weights[feature][0] / sum(abs(w) for ws in r.weights.values() for w in ws) for r in runs]
             cells.append(f"{feature} {mean_sd(values)}")
-        weight_rows.append(f"| {row.label} | {'; '.join(cells)} |")
+        weight_rows.append((row.label, "; ".join(cells)))
     sizes = oracle_sizes(options)
-    oracle_rows = ["| set | hypotheses per sentence | Moses 1-best | " + " | ".join(f"oracle of {k}" for k in sizes) + " |",
-                   "|---|---|---|" + "---|" * len(sizes)]
-    for s in sets:
-        figures = report.oracle[s.name]
-        oracle_rows.append(f"| {s.name} | {figures['hypotheses per sentence']:.1f} | {moses_scores[s.name]['bleu']:.2f} | "
-                           + " | ".join(f"{figures[str(k)]:.2f}" for k in sizes) + " |")
+    oracle_rows = table(["set", "hypotheses per sentence", "Moses 1-best", *(f"oracle of {k}" for k in sizes)],
+                        [(s.name, f"{report.oracle[s.name]['hypotheses per sentence']:.1f}",
+                          two_decimals(moses_scores[s.name]["bleu"]),
+                          *(two_decimals(report.oracle[s.name][str(k)]) for k in sizes)) for s in sets])
     model_lines = [f"- {m.name}: `{m.loaded.directory}` ({m.loaded.config.arch}, "
                    f"{'target→source' if m.reverse else 'source→target'}, weights sha256 `{m.loaded.weights_sha256[:16]}…`)"
                    for m in models]
@@ -481,11 +448,11 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
         + f". BLEU {dev} is of the reranked dev set the weights were tuned on. "
         f"p: paired bootstrap resampling (sacrebleu, {options.bootstrap_samples} samples) of each run against "
         "Moses' 1-best (1 where a run's output is Moses' own).\n\n"
-        "Per run:\n\n" + "\n".join(per_run) + "\n\n"
+        "Per run:\n\n" + per_run + "\n\n"
         "Weights of the added features (each divided by the sum of the absolute values of all weights; "
-        "mean ± sd over runs):\n\n| System | weights |\n|---|---|\n" + "\n".join(weight_rows) + "\n\n"
+        "mean ± sd over runs):\n\n" + table(["System", "weights"], weight_rows) + "\n\n"
         "The lists: distinct hypotheses per sentence, and BLEU of the oracle (per sentence the hypothesis with the "
-        "best smoothed sentence BLEU) among the first k hypotheses:\n\n" + "\n".join(oracle_rows) + "\n\n"
+        "best smoothed sentence BLEU) among the first k hypotheses:\n\n" + oracle_rows + "\n\n"
         "Settings:\n\n"
         f"- Moses config: `{ini}`; "
         + "".join(f"{d.label}: `" + "`, `".join(d.inis) + "`; " for d in systems)
@@ -495,6 +462,5 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
         + "\n".join(model_lines) + "\n"
         f"- rescoring: {'log p per predicted token' if options.normalize else 'log p (natural log)'}; reranking: "
         f"{options.method}, {options.restarts} random restarts per run, starting from the moses.ini's weights\n"
-        f"- sacrebleu signatures: BLEU `{report.signatures.get('BLEU', '')}`, chrF `{report.signatures.get('chrF', '')}`\n"
-        f"- phrase-scorer {__version__}, report written {datetime.now(timezone.utc).isoformat(timespec='seconds')}\n"
+        + closing_lines(report.signatures)
     )

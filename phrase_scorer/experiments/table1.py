@@ -41,23 +41,22 @@ import logging
 import os
 import re
 import shutil
-import statistics
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from phrase_scorer import __version__
 from phrase_scorer.config import COLUMNS, SYSTEMS, ExperimentOptions, System, TuneOptions, start_weights
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import AtomicOutput, PathLike, content_identity, file_identity, file_sha256, write_text_atomically
 from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.io.phrase_table import PhraseTableReader
-from phrase_scorer.moses.evaluate import decode, references_kind, score
+from phrase_scorer.moses.evaluate import decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.moses.tune import tune, with_absolute_paths
 from phrase_scorer.progress import progress_bar
+from phrase_scorer.experiments.report import closing_lines, mean_sd, p_values, table, two_decimals, write_report
+from phrase_scorer.experiments.statistics import paired_bootstrap_p
 from phrase_scorer.records import changed, read_record
 
 log = logging.getLogger(__name__)
@@ -177,14 +176,6 @@ def system_ini(moses_ini: PathLike, system: System, table: str, out: Path) -> Pa
     return path
 
 
-def mean_sd(values: Sequence[float]) -> str:
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
-
-
 def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike], work_dir: PathLike, *,
                    moses: MosesInstallation, model_dir: Optional[PathLike] = None, annotated: Optional[PathLike] = None,
                    tune_options: TuneOptions = TuneOptions(), options: ExperimentOptions = ExperimentOptions(),
@@ -233,9 +224,7 @@ def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[
 
     report.significance = significance(report.runs, test_references, options)
     report.markdown = markdown(report, moses_ini, dev, test, tables, model_dir, tune_options, options)
-    write_text_atomically(work / "report.md", report.markdown)
-    write_text_atomically(work / "results.json", json.dumps(
-        {"runs": [asdict(r) for r in report.runs], "significance": report.significance}, indent=1) + "\n")
+    write_report(work, report.markdown, {"runs": [asdict(r) for r in report.runs], "significance": report.significance})
     return report
 
 
@@ -288,30 +277,6 @@ def significance(runs: Sequence[RunResult], references: Sequence[str], options: 
     return out
 
 
-def paired_bootstrap_p(baseline: Sequence[str], system: Sequence[str], references: Sequence[str], *, kind: str = "auto",
-                       lang: str = "fr", samples: int = 1000) -> float:
-    """p of sacrebleu's paired bootstrap resampling test of ``system`` against ``baseline`` (BLEU,
-    scored as :func:`phrase_scorer.moses.evaluate.score` scores them). Identical outputs get 1:
-    sacrebleu would give them its smallest p, 1 / (samples + 1)."""
-    if list(baseline) == list(system):
-        return 1.0
-    import sacrebleu
-    from sacrebleu.significance import PairedTest
-
-    hyps = [list(baseline), list(system)]
-    kind = references_kind(references, kind)
-    if kind == "raw":
-        from sacremoses import MosesDetokenizer
-
-        detok = MosesDetokenizer(lang=lang)
-        hyps = [[detok.detokenize(h.split()) for h in side] for side in hyps]
-    metric = sacrebleu.BLEU(tokenize="none" if kind == "tokenized" else "13a", force=kind == "tokenized")
-    test = PairedTest([("baseline", hyps[0]), ("system", hyps[1])], {"BLEU": metric}, [list(references)],
-                      test_type="bs", n_samples=samples)
-    _, scores = test()
-    return float(scores["BLEU"][1].p_value)
-
-
 _BEST_ITERATION = re.compile(r"copying weights from best iteration \((\d+),")
 
 
@@ -354,34 +319,31 @@ def markdown(report: ExperimentReport, moses_ini, dev, test, tables, model_dir, 
     by_system: Dict[str, List[RunResult]] = {}
     for run in report.runs:
         by_system.setdefault(run.system, []).append(run)
-    rows = []
-    for name, runs in by_system.items():
-        p_values = report.significance.get(name)
-        p_text = "–" if not p_values else " / ".join(f"{p:.3f}" for p in p_values)
-        rows.append(f"| {name} | {mean_sd([r.dev_bleu for r in runs if r.dev_bleu is not None])} | "
-                    f"{mean_sd([r.test_bleu for r in runs])} | {mean_sd([r.test_chrf for r in runs])} | {p_text} |")
-    per_run = [f"| {r.system} | {r.seed} | {r.iterations} | "
-               f"{'–' if r.dev_bleu is None else f'{r.dev_bleu:.2f}'} | {r.test_bleu:.2f} | {r.test_chrf:.2f} |"
-               for r in report.runs]
+    systems = table(["Models", "BLEU dev", "BLEU test", "chrF test", "p vs baseline (test, per seed)"],
+                    [(name, mean_sd([r.dev_bleu for r in runs if r.dev_bleu is not None]),
+                      mean_sd([r.test_bleu for r in runs]), mean_sd([r.test_chrf for r in runs]),
+                      p_values(report.significance.get(name))) for name, runs in by_system.items()])
+    per_run = table(["System", "seed", "iterations", "BLEU dev", "BLEU test", "chrF test"],
+                    [(r.system, r.seed, r.iterations, two_decimals(r.dev_bleu), two_decimals(r.test_bleu),
+                      two_decimals(r.test_chrf)) for r in report.runs])
     usage_rows = []
     for system in SYSTEMS[1:]:
         usages = [u for u in (new_column_usage(r, system.added_columns) for r in by_system.get(system.name, [])) if u]
         if not usages:
             continue
         cell = lambda key: mean_sd([u[key] for u in usages]) if key in usages[0] else "–"  # noqa: E731
-        usage_rows.append(f"| {system.name} | {cell('weight_log_p')} | {cell('log_p')} | {cell('weight_unknown')} | "
-                          f"{cell('unknown')} |")
+        usage_rows.append((system.name, cell("weight_log_p"), cell("log_p"), cell("weight_unknown"), cell("unknown")))
     usage = ""
     if usage_rows:
         usage = (
             "What tuning made of the new columns (mean ± sd over runs): their tuned weights, and per dev 1-best "
             "hypothesis of the kept iteration's n-best list, the sum over its phrases of log p(y|x) and of unknown "
-            "words, as Moses computed them:\n\n| System | weight of log p(y\\|x) | log p(y\\|x) per sentence | "
-            "weight of unknown words | unknown words per sentence |\n|---|---|---|---|---|\n"
-            + "\n".join(usage_rows) + "\n\n"
+            "words, as Moses computed them:\n\n"
+            + table(["System", "weight of log p(y\\|x)", "log p(y\\|x) per sentence", "weight of unknown words",
+                     "unknown words per sentence"], usage_rows) + "\n\n"
         )
-    signature = next((r.bleu_signature for r in report.runs), "")
-    chrf_signature = next((r.chrf_signature for r in report.runs), "")
+    signatures = {"BLEU": next((r.bleu_signature for r in report.runs), ""),
+                  "chrF": next((r.chrf_signature for r in report.runs), "")}
     annotate_signature = {}
     sig_path = Path(str(tables["rnn+wp"]) + ".json")
     if sig_path.exists():
@@ -392,20 +354,17 @@ def markdown(report: ExperimentReport, moses_ini, dev, test, tables, model_dir, 
         model_line = (f"- model: `{model.get('directory', model_dir)}`, weights sha256 `{model.get('weights_sha256', '?')[:16]}…`, "
                       f"network {json.dumps(model.get('config', {}))}\n")
     return (
-        "| Models | BLEU dev | BLEU test | chrF test | p vs baseline (test, per seed) |\n"
-        "|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
+        systems + "\n\n"
         f"Mean ± standard deviation over {options.runs} tuning runs per system (optimiser seeds 1–{options.runs}). "
         "Dev BLEU is mert-moses.pl's own score of the chosen iteration; test BLEU and chrF are sacrebleu's. "
         "p: paired bootstrap resampling (sacrebleu, "
         f"{options.bootstrap_samples} samples) of each run against the baseline run with the same seed.\n\n"
-        "Per run:\n\n| System | seed | iterations | BLEU dev | BLEU test | chrF test |\n|---|---|---|---|---|---|\n"
-        + "\n".join(per_run) + "\n\n" + usage +
+        "Per run:\n\n" + per_run + "\n\n" + usage +
         "Settings:\n\n"
         f"- Moses config: `{moses_ini}`; dev: `{dev[0]}` / `{dev[1]}`; test: `{test[0]}` / `{test[1]}`\n"
         + model_line +
         f"- tuning: mert-moses.pl, {tune_options.method}, at most {tune_options.max_iterations} iterations, "
         f"{tune_options.nbest}-best, return-best-dev {tune_options.return_best_dev}, decoder flags "
         f"`-threads {tune_options.threads or os.cpu_count()} {tune_options.decoder_flags}`\n"
-        f"- sacrebleu signatures: BLEU `{signature}`, chrF `{chrf_signature}`\n"
-        f"- phrase-scorer {__version__}, report written {datetime.now(timezone.utc).isoformat(timespec='seconds')}\n"
+        + closing_lines(signatures)
     )

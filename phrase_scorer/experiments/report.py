@@ -1,0 +1,51 @@
+"""The parts both experiments' Markdown reports share: tables, mean ± sd cells, p-value cells,
+the closing lines, and writing report.md and results.json together."""
+from __future__ import annotations
+
+import json
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from phrase_scorer import __version__
+from phrase_scorer.io.files import write_text_atomically
+
+NONE = "–"  # the cell of a figure that does not apply
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table, one line per row (no trailing newline)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def mean_sd(values: Sequence[float]) -> str:
+    """``mean ± sd`` to two decimals; one value alone; ``–`` for none."""
+    if not values:
+        return NONE
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def two_decimals(value: Optional[float]) -> str:
+    return NONE if value is None else f"{value:.2f}"
+
+
+def p_values(values: Optional[Sequence[float]]) -> str:
+    """The p of each run, ``0.004 / 0.002 / 0.001``."""
+    return NONE if not values else " / ".join(f"{p:.3f}" for p in values)
+
+
+def closing_lines(signatures: Mapping[str, str]) -> str:
+    """The sacrebleu signatures and the package version, as the last lines of Settings."""
+    return (f"- sacrebleu signatures: BLEU `{signatures.get('BLEU', '')}`, chrF `{signatures.get('chrF', '')}`\n"
+            f"- phrase-scorer {__version__}, report written {datetime.now(timezone.utc).isoformat(timespec='seconds')}\n")
+
+
+def write_report(work: Path, markdown: str, results: Mapping[str, Any]) -> None:
+    """``report.md`` and ``results.json`` in ``work``, each written atomically."""
+    write_text_atomically(work / "report.md", markdown)
+    write_text_atomically(work / "results.json", json.dumps(results, indent=1) + "\n")
