@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
-from phrase_scorer.data import IdRows
+from phrase_scorer.data.padding import IdRows
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import gzip_member
 from phrase_scorer.io.table_windows import ParsedWindow, RawWindow, parse_window

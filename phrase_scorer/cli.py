@@ -320,7 +320,7 @@ def train(ctx, table, corpus, dev, output, threads, resume, overwrite, **setting
         raise UserError("--dev goes with --corpus (a phrase table's validation pairs are held out from it)")
     set_threads(threads)
     from phrase_scorer import distributed
-    from phrase_scorer.corpus import SentenceCorpus
+    from phrase_scorer.data.sentence_pairs import SentenceCorpus
 
     if not distributed.world().is_main:  # under torchrun, rank 0 alone reports progress
         log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from phrase_scorer.config import ScoringOptions
-from phrase_scorer.data import NO_ID, IdRows, pad_ids
+from phrase_scorer.data.padding import NO_ID, IdRows, pad_ids
 from phrase_scorer.device import device_label, precision_context, resolve_precision
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel, at_least_fp32
 from phrase_scorer.vocab import EOS_ID, PAD_ID
@@ -441,6 +441,6 @@ def log_probs_by_forward(model: TranslationModel, sources: Sequence[Sequence[int
 
 
 def pad(sequences: Sequence[Sequence[int]], device) -> Tuple[Tensor, Tensor]:
-    """:func:`phrase_scorer.data.pad_ids` as tensors on ``device``: (B, L) ids and (B,) lengths."""
+    """:func:`phrase_scorer.data.padding.pad_ids` as tensors on ``device``: (B, L) ids and (B,) lengths."""
     matrix, lengths = pad_ids(sequences)
     return torch.as_tensor(matrix, device=device), torch.as_tensor(lengths, device=device)

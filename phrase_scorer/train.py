@@ -1,8 +1,8 @@
 """Training on phrase or sentence pairs, by a recipe (:class:`~phrase_scorer.config.Recipe`).
 
 :func:`train` reads a data source: the unique pairs of a phrase table
-(:class:`~phrase_scorer.data.PhraseTableData`) or sentence pairs
-(:class:`~phrase_scorer.corpus.SentenceCorpus`). It builds (or reuses) the vocabularies and the
+(:class:`~phrase_scorer.data.phrase_pairs.PhraseTableData`) or sentence pairs
+(:class:`~phrase_scorer.data.sentence_pairs.SentenceCorpus`). It builds (or reuses) the vocabularies and the
 pair cache, then optimises batches of 64 pairs (``batch_size``) by the recipe: ``paper`` runs
 Adadelta (rho 0.95, eps 1e-6) on the mean log p(y|x) per pair from the papers' initialisations,
 as section 4.1.1 of Cho et al.; ``modern`` runs Adam on the label-smoothed log-likelihood per
@@ -41,8 +41,10 @@ import numpy as np
 import torch
 
 from phrase_scorer import __version__, distributed
-from phrase_scorer.corpus import SentenceCorpus
-from phrase_scorer.data import BatchSampler, PairSet, PhraseTableData, hash_key
+from phrase_scorer.data.sentence_pairs import SentenceCorpus
+from phrase_scorer.data.batches import BatchSampler, hash_key
+from phrase_scorer.data.cache import PairSet
+from phrase_scorer.data.phrase_pairs import PhraseTableData
 from phrase_scorer.device import device_label, precision_context, resolve_device, resolve_precision
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock
@@ -174,7 +176,7 @@ def train(data: TrainingData | os.PathLike | str, output: os.PathLike | str, con
           resume: bool = False, overwrite: bool = False, model_config: Optional[AnyModelConfig] = None,
           explicit: Optional[Set[str]] = None) -> TrainState:
     """Train a model on ``data`` (a phrase table's path, or a data source such as a
-    :class:`~phrase_scorer.corpus.SentenceCorpus`) into the directory ``output``; returns the
+    :class:`~phrase_scorer.data.sentence_pairs.SentenceCorpus`) into the directory ``output``; returns the
     final state.
 
     With ``resume``, the settings saved with the run are used, except those named in

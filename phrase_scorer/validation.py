@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from phrase_scorer.config import TranslateOptions
-from phrase_scorer.data import PairSet
+from phrase_scorer.data.cache import PairSet
 from phrase_scorer.device import precision_context
 from phrase_scorer.models.base import TranslationModel
 from phrase_scorer.scoring import log_probs_by_forward

@@ -160,7 +160,7 @@ def sentence_models(tmp_path_factory):
     """``sentence_models(arch)``: the directory of a tiny model of ``arch`` trained briefly on the
     500 Multi30k sentence pairs, trained on first use and shared by the session."""
     from phrase_scorer.config import TrainConfig
-    from phrase_scorer.corpus import SentenceCorpus
+    from phrase_scorer.data.sentence_pairs import SentenceCorpus
     from phrase_scorer.train import train
 
     made = {}

@@ -17,8 +17,9 @@ import pytest
 from conftest import DATA, TRAIN_EN, TRAIN_FR, VAL_EN, VAL_FR
 from test_train import assert_same_state, checkpoint_state
 from phrase_scorer.config import TrainConfig
-from phrase_scorer.corpus import PAPER_WINDOW_BATCHES, SentenceCorpus, read_sentence_pairs
-from phrase_scorer.data import BatchSampler, PairSet
+from phrase_scorer.data.sentence_pairs import PAPER_WINDOW_BATCHES, SentenceCorpus, read_sentence_pairs
+from phrase_scorer.data.batches import BatchSampler
+from phrase_scorer.data.cache import PairSet
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.train import train
 from phrase_scorer.vocab import Vocabulary

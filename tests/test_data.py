@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from conftest import A_MAN_TABLE, EXAMPLE_TABLE
-from phrase_scorer.data import BatchSampler, KeyedPermutation, PairSet, build_cache, count_words, unique_pairs
+from phrase_scorer.data.batches import BatchSampler, KeyedPermutation
+from phrase_scorer.data.cache import PairSet
+from phrase_scorer.data.phrase_pairs import build_cache, count_words, unique_pairs
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.vocab import EOS_ID, PAD_ID, UNK_ID, Vocabulary

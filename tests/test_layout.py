@@ -72,3 +72,12 @@ def test_moses_and_io_import_with_torch_unimportable():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) >= len(modules)
+
+
+def test_inference_reaches_no_training_data_code():
+    """The scorer pads with data.padding and reaches none of the training data's modules."""
+    sources = {module_name(p): set(imported_modules(p, package_of(p))) for p in PACKAGE.rglob("*.py")}
+    training_data = {f"phrase_scorer.data.{m}" for m in ("cache", "batches", "phrase_pairs", "sentence_pairs")}
+    for name in ("phrase_scorer.scoring", "phrase_scorer.annotate_work", "phrase_scorer.rescore"):
+        assert "phrase_scorer.data.padding" in reachable(name, sources) or name != "phrase_scorer.scoring"
+        assert not reachable(name, sources) & training_data, f"{name} reaches the training data's code"

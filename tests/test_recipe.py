@@ -11,7 +11,7 @@ import torch
 
 from conftest import EXAMPLE_TABLE, TRAIN_EN, TRAIN_FR
 from phrase_scorer.config import RECIPES, RNNSEARCH_PRESETS, TrainConfig, valid_share
-from phrase_scorer.corpus import SentenceCorpus
+from phrase_scorer.data.sentence_pairs import SentenceCorpus
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.model_dir import load_model
 from phrase_scorer.models.architectures import build_model

@@ -58,7 +58,7 @@ def reversed_words(line: str) -> str:
 def test_the_model_records_it(right_to_left):
     config = json.loads((right_to_left / "config.json").read_text())
     assert config["training"]["right_to_left"] is True
-    from phrase_scorer.data import PairSet
+    from phrase_scorer.data.cache import PairSet
     from phrase_scorer.model_dir import load_model
 
     loaded = load_model(right_to_left)

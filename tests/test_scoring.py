@@ -167,7 +167,7 @@ def test_batches_group_pairs_by_source_in_sorted_order_and_fill_the_token_budget
     sources = [tuple(rng.integers(3, 7, rng.integers(1, 4))) for _ in range(300)]
     targets = [tuple(rng.integers(3, 9, rng.integers(1, 5))) for _ in range(300)]
     scorer = BatchScorer(RNNEncoderDecoder(CONFIG, 10, 10), ScoringOptions(batch_tokens=budget))
-    from phrase_scorer.data import IdRows
+    from phrase_scorer.data.padding import IdRows
 
     rows = IdRows.of(sources)
     got = []

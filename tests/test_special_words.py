@@ -17,7 +17,7 @@ from conftest import EXAMPLE_TABLE, head_lines
 from phrase_scorer.annotate import annotate
 from phrase_scorer.pair_scores import score_file
 from phrase_scorer.config import AnnotateOptions, SampleOptions, TrainConfig
-from phrase_scorer.data import PairSet
+from phrase_scorer.data.cache import PairSet
 from phrase_scorer.sampling import SourcePreparer, propose
 from phrase_scorer.train import train
 from phrase_scorer.vocab import EOS_ID, PAD_ID, SPECIALS, UNK_ID, Vocabulary

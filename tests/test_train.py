@@ -137,7 +137,8 @@ def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it_and_stops_on_sigter
 
 
 def batches_per_epoch(model_dir: Path, batch_size: int) -> int:
-    from phrase_scorer.data import BatchSampler, PairSet
+    from phrase_scorer.data.batches import BatchSampler
+    from phrase_scorer.data.cache import PairSet
 
     return BatchSampler(PairSet(model_dir / "cache", "train"), batch_size, 0).batches_per_epoch
 
@@ -215,7 +216,7 @@ def test_gradients_are_clipped_to_the_global_norm(tmp_path, clip_norm):
 def test_duplicate_pairs_count_once_even_when_not_adjacent(tmp_path):
     """A source's targets need not be sorted: a pair repeated after another target of the same source
     is still one pair (for the vocabulary counts, the cache and training)."""
-    from phrase_scorer.data import count_words, unique_pairs
+    from phrase_scorer.data.phrase_pairs import count_words, unique_pairs
 
     table = tmp_path / "t.txt"
     table.write_text("a man ||| un homme ||| 1 1 1 1\n"
@@ -229,7 +230,8 @@ def test_duplicate_pairs_count_once_even_when_not_adjacent(tmp_path):
     assert pairs == [("a man", "un homme"), ("a man", "l' homme"), ("dog", "chien"), ("dog", "un chien")]
     source_counts, target_counts, n = count_words(table)
     assert n == 4 and source_counts["man"] == 2 and target_counts["homme"] == 2 and target_counts["chien"] == 2
-    from phrase_scorer.data import PairSet, build_cache
+    from phrase_scorer.data.cache import PairSet
+    from phrase_scorer.data.phrase_pairs import build_cache
     from phrase_scorer.vocab import Vocabulary
 
     meta = build_cache(table, tmp_path / "cache", Vocabulary.from_counts(source_counts, 10),

@@ -55,7 +55,7 @@ def make_model_dir(directory: Path, preset: str, table: Path, counts_cache: Path
     import torch
 
     from phrase_scorer.config import PRESETS
-    from phrase_scorer.data import count_words
+    from phrase_scorer.data.phrase_pairs import count_words
     from phrase_scorer.models.encdec import RNNEncoderDecoder
     from phrase_scorer.model_dir import BEST_WEIGHTS, SOURCE_VOCAB, TARGET_VOCAB, ModelDirectory
     from phrase_scorer.vocab import Vocabulary

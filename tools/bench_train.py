@@ -40,7 +40,7 @@ def worker(args) -> None:
     import torch
 
     from phrase_scorer.config import TrainConfig
-    from phrase_scorer.data import PairSet
+    from phrase_scorer.data.cache import PairSet
     from phrase_scorer.models.encdec import forward_flops
     from phrase_scorer.train import train
     from phrase_scorer.model_dir import ModelDirectory
@@ -49,7 +49,7 @@ def worker(args) -> None:
     out = Path(args.out)
     # builds vocabularies and the pair cache, then a few warm-up steps
     train(args.table, out, TrainConfig(preset=args.preset, max_steps=3, valid_pairs=1000, valid_every=10**6), overwrite=True)
-    from phrase_scorer.data import BatchSampler
+    from phrase_scorer.data.batches import BatchSampler
 
     loaded = ModelDirectory(out).load(weights="checkpoint.pt")
     model = loaded.model.train()

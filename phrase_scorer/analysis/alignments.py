@@ -68,7 +68,7 @@ def choose_pairs(source: PathLike, target: PathLike, *, lines: Optional[Sequence
     (fixed by ``seed``) among those with both sides of 1 to ``max_words`` words, in file order.
     The files are read once, streaming.
     """
-    from phrase_scorer.corpus import read_sentence_pairs
+    from phrase_scorer.data.sentence_pairs import read_sentence_pairs
 
     wanted = {number: index for index, number in enumerate(lines)} if lines else None
     found: List[Optional[Tuple[int, List[str], List[str]]]] = [None] * len(wanted) if wanted else []

@@ -9,7 +9,7 @@ development pairs are all kept.
 
 The corpus is read twice, streaming, as a phrase table is: once to count words for the
 shortlists, once to write the kept pairs as word ids into the same binary cache as phrase pairs
-(:func:`phrase_scorer.data.write_cache`), which training reads with positioned reads, so memory
+(:func:`phrase_scorer.data.cache.write_cache`), which training reads with positioned reads, so memory
 does not grow with the corpus. The ``valid`` split holds the development pairs (``--dev``), or,
 without them, about ``valid_pairs`` training pairs held out by a keyed hash of the source
 sentence.
@@ -18,7 +18,7 @@ Batches follow the paper (Bahdanau et al., section 4.2): the pairs of 20 minibat
 together, sorted by length and cut into minibatches, which are then shuffled. The pairs are drawn
 in a keyed pseudo-random order per epoch, so batch ``k`` of epoch ``e`` depends only on the seed,
 ``e`` and ``k``, and a resumed run continues with exactly the batches it would have seen
-(:class:`phrase_scorer.data.BatchSampler`).
+(:class:`phrase_scorer.data.batches.BatchSampler`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import ClassVar, Dict, Iterator, List, Optional, Tuple
 
 from phrase_scorer.config import MAX_VALID_SHARE, TrainConfig, valid_share
-from phrase_scorer.data import (
+from phrase_scorer.data.cache import (
     MAX_PHRASE_WORDS, id_dtype_for, reuse_cache, source_hash, vocab_digest, write_cache,
 )
 from phrase_scorer.errors import PhraseScorerError
@@ -103,7 +103,7 @@ def left_out(source_words: List[str], target_words: List[str], max_length: Optio
 class SentenceCorpus:
     """Training data from sentence pairs, for :func:`phrase_scorer.train.train`.
 
-    Implements the same data-source interface as :class:`phrase_scorer.data.PhraseTableData`:
+    Implements the same data-source interface as :class:`phrase_scorer.data.phrase_pairs.PhraseTableData`:
     ``kind`` (the key under which ``config.json`` records the data), ``path`` (for messages),
     ``window_batches``, :meth:`count_words` and :meth:`build_cache`.
     """

@@ -1,0 +1,220 @@
+"""The on-disk pair cache that both kinds of training data are written to: for each split
+(``train``, ``valid``), flat id arrays with offsets and a length array, read with positioned reads
+(:class:`PairSet`), so memory does not grow with the data.
+
+Both kinds are written with :func:`write_cache` and checked against an interrupted run's cache
+with :func:`reuse_cache`. The validation split is held out *by source*: a source goes to
+validation when a keyed hash of its text falls under a threshold (:func:`source_hash`), so no
+validation source is ever seen in training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Iterable, List, Optional, Tuple
+
+import numpy as np
+
+from phrase_scorer.data.padding import pad_ids
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import PathLike
+from phrase_scorer.records import refuse_changed
+from phrase_scorer.vocab import Vocabulary
+
+SPLITS = ("train", "valid")
+_FLUSH_PAIRS = 1 << 16
+
+log = logging.getLogger(__name__)
+
+
+def source_hash(source_words: List[str], seed: int) -> float:
+    """A uniform number in [0, 1) fixed by the source phrase and the seed."""
+    digest = hashlib.blake2b(" ".join(source_words).encode("utf-8"), digest_size=8, key=str(seed).encode()).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+def vocab_digest(vocab: Vocabulary) -> str:
+    return hashlib.sha256(vocab.to_json().encode("utf-8")).hexdigest()
+
+
+def id_dtype_for(source_vocab: Vocabulary, target_vocab: Vocabulary) -> str:
+    """The narrowest unsigned type that holds every word id of both shortlists."""
+    return "uint16" if max(len(source_vocab), len(target_vocab)) <= np.iinfo(np.uint16).max + 1 else "uint32"
+
+
+def read_cache_description(cache_dir: Path) -> Optional[dict]:
+    """The ``meta.json`` of a complete cache (any kind), or None."""
+    try:
+        data = json.loads((Path(cache_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def reuse_cache(cache_dir: Path, expected: dict, keep_existing: bool, data_path: PathLike, hint: str) -> Optional[dict]:
+    """The description of the cache in ``cache_dir`` when it was built from ``expected`` (its
+    pair counts aside); None when it must be (re)built.
+
+    With ``keep_existing`` (a resumed run), a complete cache made from other data or with other
+    settings is an error rather than silently rebuilt: the run would go on with other data.
+    """
+    existing = read_cache_description(cache_dir)
+    if existing is None:
+        return None
+    existing_settings = {k: v for k, v in existing.items() if k != "num_pairs"}
+    expected_settings = {k: v for k, v in expected.items() if k != "num_pairs"}
+    if existing_settings == expected_settings:
+        return existing
+    if keep_existing:
+        refuse_changed(existing_settings, expected_settings, path=data_path, hint=hint)
+    return None
+
+
+def write_cache(cache_dir: Path, description: dict, pairs: Iterable[Tuple[str, List[int], List[int]]]) -> dict:
+    """Write ``(split, source ids, target ids)`` triples as a cache described by ``description``
+    (its ``id_dtype`` and ``format`` at least), atomically: a ``.part`` folder renamed into place.
+    Returns the description with ``num_pairs`` per split filled in."""
+    cache_dir = Path(cache_dir)
+    tmp = cache_dir.with_name(cache_dir.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    writers = {split: _SplitWriter(tmp, split, description["id_dtype"]) for split in SPLITS}
+    try:
+        for split, source_ids, target_ids in pairs:
+            writers[split].add(source_ids, target_ids)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    description = {**description, "num_pairs": {split: writers[split].count for split in SPLITS}}
+    (tmp / "meta.json").write_text(json.dumps(description, indent=1) + "\n")
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    os.replace(tmp, cache_dir)
+    return description
+
+
+class _SplitWriter:
+    """Appends pairs of id lists to the flat arrays of one split."""
+
+    def __init__(self, directory: Path, split: str, dtype: str) -> None:
+        self.files = {
+            name: open(directory / f"{split}.{name}", "wb")
+            for name in ("src.ids", "tgt.ids", "src.offsets", "tgt.offsets", "lengths")
+        }
+        self.dtype = np.dtype(dtype)
+        self.count = 0
+        self.src_end = 0
+        self.tgt_end = 0
+        self.files["src.offsets"].write(np.zeros(1, np.int64).tobytes())
+        self.files["tgt.offsets"].write(np.zeros(1, np.int64).tobytes())
+        self._reset()
+
+    def _reset(self) -> None:
+        self.src_ids: List[int] = []
+        self.tgt_ids: List[int] = []
+        self.src_offsets: List[int] = []
+        self.tgt_offsets: List[int] = []
+        self.lengths: List[Tuple[int, int]] = []
+
+    def add(self, src: List[int], tgt: List[int]) -> None:
+        self.src_ids.extend(src)
+        self.tgt_ids.extend(tgt)
+        self.src_end += len(src)
+        self.tgt_end += len(tgt)
+        self.src_offsets.append(self.src_end)
+        self.tgt_offsets.append(self.tgt_end)
+        self.lengths.append((len(src), len(tgt)))
+        self.count += 1
+        if len(self.lengths) >= _FLUSH_PAIRS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.lengths:
+            return
+        f = self.files
+        f["src.ids"].write(np.asarray(self.src_ids, self.dtype).tobytes())
+        f["tgt.ids"].write(np.asarray(self.tgt_ids, self.dtype).tobytes())
+        f["src.offsets"].write(np.asarray(self.src_offsets, np.int64).tobytes())
+        f["tgt.offsets"].write(np.asarray(self.tgt_offsets, np.int64).tobytes())
+        f["lengths"].write(np.asarray(self.lengths, np.uint16).tobytes())
+        self._reset()
+
+    def close(self) -> None:
+        self.flush()
+        for f in self.files.values():
+            f.close()
+
+
+MAX_PHRASE_WORDS = int(np.iinfo(np.uint16).max)
+
+
+class PairSet:
+    """One split of the cache, read with positioned reads (``pread``).
+
+    Nothing is memory-mapped: a mapping's touched pages count as the process's memory and would
+    grow with the table over an epoch of random access; reads go through the page cache instead.
+    """
+
+    def __init__(self, cache_dir: PathLike, split: str) -> None:
+        cache_dir = Path(cache_dir)
+        meta = read_cache_description(cache_dir)
+        try:
+            self.size = int(meta["num_pairs"][split])
+            self.id_dtype = np.dtype(meta["id_dtype"])
+        except (TypeError, KeyError, ValueError):
+            raise PhraseScorerError("pair cache is missing or damaged", path=cache_dir, hint="train again to rebuild it") from None
+        self._fds = {}
+        for name in ("src.ids", "tgt.ids", "src.offsets", "tgt.offsets", "lengths"):
+            path = cache_dir / f"{split}.{name}"
+            try:
+                self._fds[name] = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise PhraseScorerError("pair cache is damaged (a file is missing)", path=path,
+                                        hint="train again with --overwrite") from None
+        expected = {"lengths": 4 * self.size, "src.offsets": 8 * (self.size + 1), "tgt.offsets": 8 * (self.size + 1)}
+        for name, size in expected.items():
+            if os.fstat(self._fds[name]).st_size != size:
+                raise PhraseScorerError("pair cache is damaged (array sizes disagree)", path=cache_dir,
+                                        hint="train again with --overwrite")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __del__(self) -> None:
+        for fd in getattr(self, "_fds", {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _read(self, name: str, dtype, start: int, count: int) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        data = os.pread(self._fds[name], count * dtype.itemsize, start * dtype.itemsize)
+        return np.frombuffer(data, dtype)
+
+    def lengths_of(self, indices: np.ndarray) -> np.ndarray:
+        """(source words, target words) of each pair in ``indices``: (n, 2)."""
+        out = np.empty((len(indices), 2), np.uint16)
+        for row, i in enumerate(np.asarray(indices, np.int64)):
+            out[row] = self._read("lengths", np.uint16, 2 * int(i), 2)
+        return out
+
+    def all_lengths(self) -> np.ndarray:
+        """Every pair's lengths, (N, 2): for small splits (validation)."""
+        return self._read("lengths", np.uint16, 0, 2 * self.size).reshape(-1, 2)
+
+    def pair(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
+        s0, s1 = self._read("src.offsets", np.int64, i, 2)
+        t0, t1 = self._read("tgt.offsets", np.int64, i, 2)
+        return self._read("src.ids", self.id_dtype, int(s0), int(s1 - s0)), self._read("tgt.ids", self.id_dtype, int(t0), int(t1 - t0))
+
+    def batch_arrays(self, indices: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Padded id matrices and lengths for ``indices``: src (B, S), src_len, tgt (B, T), tgt_len."""
+        pairs = [self.pair(int(i)) for i in indices]
+        src, src_len = pad_ids([s for s, _ in pairs])
+        tgt, tgt_len = pad_ids([t for _, t in pairs])
+        return src, src_len, tgt, tgt_len
