@@ -20,6 +20,7 @@ from torch import Tensor
 
 from phrase_scorer.config import SampleOptions
 from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import text_lines
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel
 from phrase_scorer.scoring import BatchScorer, pad
 from phrase_scorer.vocab import EOS_ID, PAD_ID, UNK_ID, Vocabulary
@@ -317,3 +318,8 @@ def propose(loaded, sources: Sequence[str], options: SampleOptions = SampleOptio
         proposal.candidates.sort(key=lambda c: (not c.complete, key(c)))
         proposal.candidates = proposal.candidates[: options.top]
     return results
+
+
+def read_source_phrases(path: str) -> list:
+    """The non-blank lines of ``path`` (``-``: stdin), as UTF-8 text."""
+    return [text for _, text in text_lines(path, hint="give the source phrases as UTF-8 text") if text.strip()]

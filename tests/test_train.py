@@ -163,7 +163,7 @@ def test_max_time_stops_after_the_step_that_reaches_it(tmp_path):
 
 
 def test_max_time_accepts_durations():
-    from phrase_scorer.cli import Duration
+    from phrase_scorer.cli.group import Duration
 
     assert [Duration().convert(v, None, None) for v in ("90", "90s", "30m", "2h", "1h30m")] == [90, 90, 1800, 7200, 5400]
 

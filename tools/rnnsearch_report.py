@@ -93,7 +93,7 @@ def training_command(model_dir: Path, config: dict) -> str:
     """The ``phrase-scorer train`` command line that makes a model with these settings: the
     architecture and preset, and every training option whose value is not the default (file
     names without their folders)."""
-    from phrase_scorer.cli import train as train_command
+    from phrase_scorer.cli.training import train as train_command
 
     options = {p.name: p.opts[0] for p in train_command.params}
     training = config.get("training", {})

@@ -124,6 +124,17 @@ def parse_system(text: str) -> DecodedSystem:
     return DecodedSystem(label, inis)
 
 
+def parse_named(values: Sequence[str], option: str) -> List[Tuple[str, str]]:
+    """``NAME=DIR`` values of ``option`` as (name, directory) pairs."""
+    pairs = []
+    for value in values:
+        name, sep, directory = value.partition("=")
+        if not sep or not name or not directory:
+            raise PhraseScorerError(f"{option} {value!r} is not NAME=DIR", hint=f"e.g. {option} RNNsearch=models/rnnsearch")
+        pairs.append((name, directory))
+    return pairs
+
+
 def default_rows(features: Sequence[str]) -> List[Row]:
     """One row per rescoring feature, and one with all of them."""
     rows = [Row(f"+ {name}", (name,)) for name in features]

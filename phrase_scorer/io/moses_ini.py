@@ -686,3 +686,28 @@ def patch_moses_ini(
         changes=changes,
         binarize_command=command,
     )
+
+
+def moses_for_new_columns(output: str, before: int, after: int, columns: Sequence[str], *,
+                          moses_ini: Optional[PathLike] = None, ini_output: Optional[PathLike] = None) -> str:
+    """What an annotated table OUTPUT (``before`` -> ``after`` scores per line, the new ``columns``)
+    means for Moses: with ``moses_ini``, that config patched into ``ini_output`` (default
+    OUTPUT.moses.ini) and a line saying so; without it, the change to make by hand."""
+    added = after - before
+    weights = [format_weight(w) for w in start_weights(columns)]
+    described = ", ".join(f"{c} {w}" for c, w in zip(columns, weights))
+    if moses_ini:
+        target = ini_output or f"{output}.moses.ini"
+        result = patch_moses_ini(moses_ini, target, phrase_table=os.path.abspath(output), add_features=added,
+                                 initial_weights=start_weights(columns), absolute_paths=True, overwrite=True)
+        return (f"patched moses.ini written to {target}: {result.feature_name} num-features="
+                f"{result.new_num_features}, start weights of the new columns: {described}; re-tune before use")
+    options = "" if tuple(columns) == COLUMNS else f" --add-features {added} --initial-weights {','.join(weights)}"
+    path = os.path.abspath(output) if output != "-" else "TABLE"
+    return (
+        f"\nFor Moses, the phrase table now has {after} scores per line (was {before}). In moses.ini:\n"
+        f"  [feature]  PhraseDictionaryMemory ... num-features={after} path={path}\n"
+        f"  [weight]   TranslationModel0= <the {before} current weights> {' '.join(weights)}\n"
+        f"({described}: the unknown-word feature starts as a penalty), then re-tune.\n"
+        f"'phrase-scorer moses-ini MOSES_INI --phrase-table {path}{options} -o NEW_INI' makes this change."
+    )

@@ -1,0 +1,198 @@
+"""``experiment``, ``rescore-experiment`` and ``ems-config``: the whole system."""
+
+from __future__ import annotations
+
+
+import click
+
+from phrase_scorer.config import AnnotateOptions, ExperimentOptions, SYSTEMS, RescoreExperimentOptions, ScoringOptions
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.cli.group import cli, explicit_options
+from phrase_scorer.cli.options import (
+    batch_tokens_option, check_report, column_options, device_option, make_training_settings, make_tune_options,
+    moses_home_option, precision_option, threads_option, training_options, tune_options,
+)
+from phrase_scorer.threads import set_threads
+
+
+@cli.command()
+@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
+@click.option("-m", "--model", "model_dir", type=click.Path(file_okay=False), default=None,
+              help="Model to annotate the system's phrase table with.")
+@click.option("--annotated", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Or: the system's phrase table already annotated (both columns).")
+@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True), help="Dev source and reference.")
+@click.option("--test", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True), help="Test source and reference.")
+@click.option("-o", "--output", "work_dir", required=True, type=click.Path(file_okay=False),
+              help="Working directory (resumable: finished tuning runs are kept).")
+@click.option("--runs", type=click.IntRange(min=1), default=ExperimentOptions.runs, help="Tuning runs per system.")
+@click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=ExperimentOptions.references)
+@click.option("--lang", default=ExperimentOptions.lang, help="Target language.")
+@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown report here.")
+@click.option("--system", "systems", multiple=True, type=click.Choice([s.name for s in SYSTEMS]),
+              help="Tune and report only this system (repeatable) [default: all three].")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --report file.")
+@tune_options
+@moses_home_option
+def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, references, lang, report, systems, overwrite,
+               moses_home, **options):
+    """The paper's Table 1: baseline, + p(y|x), + p(y|x) + unknown words, each tuned --runs times."""
+    from phrase_scorer.experiments.table1 import run_experiment
+    from phrase_scorer.moses.installation import MosesInstallation
+
+    if (model_dir is None) == (annotated is None):
+        raise PhraseScorerError("give exactly one of --model and --annotated")
+    check_report(report, overwrite, [("the moses.ini", moses_ini), ("the annotated table", annotated),
+                                     ("the dev source", dev[0]), ("the dev reference", dev[1]),
+                                     ("the test source", test[0]), ("the test reference", test[1])])
+    result = run_experiment(moses_ini, dev, test, work_dir, moses=MosesInstallation.find(moses_home),
+                            model_dir=model_dir, annotated=annotated, tune_options=make_tune_options(**options),
+                            options=ExperimentOptions(runs=runs, references=references, lang=lang),
+                            systems=[s for s in SYSTEMS if not systems or s.name in systems])
+    if report:
+        from phrase_scorer.io.files import write_text_atomically
+
+        write_text_atomically(report, result.markdown)
+    click.echo(result.markdown)
+
+
+@cli.command("rescore-experiment")
+@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
+@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Dev source and reference: the optimiser tunes on its n-best list.")
+@click.option("--test", "tests", nargs=2, multiple=True, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="A test source and reference (repeatable).")
+@click.option("--dev-nbest", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The dev n-best list, already decoded with MOSES_INI [default: decode it].")
+@click.option("--test-nbest", "test_nbests", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="The n-best list of each --test, in their order, already decoded with MOSES_INI.")
+@click.option("-m", "--model", "models", multiple=True, metavar="NAME=DIR",
+              help="A model scoring the hypothesis given the source, as feature NAME (repeatable; models given "
+                   "the same NAME are an ensemble: one feature, the mean of their log p).")
+@click.option("-r", "--reverse-model", "reverse_models", multiple=True, metavar="NAME=DIR",
+              help="A target-to-source model scoring the source given the hypothesis, as feature NAME (repeatable).")
+@click.option("--row", "rows", multiple=True, metavar="LABEL=NAME[,NAME...]",
+              help="A system of the report: the decoder's features plus these (repeatable) "
+                   "[default: one row per model and one with all].")
+@click.option("--system", "systems", multiple=True, metavar="LABEL=MOSES_INI[,MOSES_INI...]",
+              help="Another decoder system in the report (e.g. Moses with the phrase columns, as `experiment` "
+                   "tunes it): the tuned moses.ini of each of its tuning runs, each decoded and scored as a run "
+                   "(repeatable).")
+@click.option("-o", "--output", "work_dir", required=True, type=click.Path(file_okay=False),
+              help="Working directory (the lists, the runs, report.md and results.json); resumable.")
+@click.option("--nbest-size", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_size,
+              help="Distinct hypotheses per sentence.")
+@click.option("--runs", type=click.IntRange(min=1), default=RescoreExperimentOptions.runs,
+              help="Optimiser runs per row (seeds 1..RUNS).")
+@click.option("--method", type=click.Choice(["mert", "mira"]), default=RescoreExperimentOptions.method,
+              help="Moses' mert or kbmira (batch MIRA).")
+@click.option("--restarts", type=click.IntRange(min=0), default=RescoreExperimentOptions.restarts,
+              help="mert's random starting points per run.")
+@click.option("--normalize/--no-normalize", default=RescoreExperimentOptions.normalize,
+              help="Features are log p per predicted token (words + </s>) instead of log p.")
+@click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=RescoreExperimentOptions.references)
+@click.option("--lang", default=RescoreExperimentOptions.lang, help="Target language.")
+@click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
+              help="Threads of the decoder and of mert [default: all cores].")
+@click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags, help="More decoder options.")
+@click.option("--decoder", default=RescoreExperimentOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
+@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown report here.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --report file.")
+@batch_tokens_option
+@device_option
+@precision_option
+@threads_option
+@moses_home_option
+def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, reverse_models, rows, systems, work_dir, nbest_size,
+                       runs, method, restarts, normalize, references, lang, decoder_threads, decoder_flags, decoder,
+                       report, overwrite, batch_tokens, device, precision, threads, moses_home):
+    """What rescoring MOSES_INI's n-best lists with sentence models buys: decode dev and test
+    n-best lists, rescore them, re-tune and rerank each row --runs times, and report BLEU, chrF
+    and paired bootstrap tests against Moses' 1-best."""
+    set_threads(threads)
+    from phrase_scorer.device import resolve_device
+    from phrase_scorer.moses.installation import MosesInstallation
+    from phrase_scorer.rescore import ensembles_by_name, feature_models
+    from phrase_scorer.experiments.rescoring import (
+        EvalSet, parse_named, parse_row, parse_system, run_rescore_experiment, set_name,
+    )
+
+    if test_nbests and len(test_nbests) != len(tests):
+        raise PhraseScorerError(f"{len(test_nbests)} --test-nbest for {len(tests)} --test",
+                                hint="give one --test-nbest per --test, in the same order, or none")
+    check_report(report, overwrite, [("the moses.ini", moses_ini), ("the dev source", dev[0]),
+                                     ("the dev reference", dev[1]), ("the dev n-best list", dev_nbest),
+                                     *[("a test file", path) for pair in tests for path in pair],
+                                     *[("a test n-best list", path) for path in test_nbests]])
+    sets = [EvalSet(set_name(dev[0]), dev[0], dev[1], dev_nbest)]
+    sets += [EvalSet(set_name(src), src, ref, test_nbests[i] if test_nbests else None) for i, (src, ref) in enumerate(tests)]
+
+    forward, reverse = parse_named(models, "--model"), parse_named(reverse_models, "--reverse-model")
+    if not forward and not reverse:
+        raise PhraseScorerError("no model given", hint="pass --model NAME=DIR (and/or --reverse-model NAME=DIR)")
+    loaded = feature_models([d for _, d in forward], [d for _, d in reverse], [n for n, _ in forward],
+                            [n for n, _ in reverse], resolve_device(device))
+    loaded = ensembles_by_name(loaded)
+    options = RescoreExperimentOptions(
+        nbest_size=nbest_size, decoder=decoder, decoder_flags=decoder_flags, threads=decoder_threads,
+        normalize=normalize, runs=runs, method=method, restarts=restarts, references=references, lang=lang)
+    result = run_rescore_experiment(moses_ini, sets, work_dir, moses=MosesInstallation.find(moses_home), models=loaded,
+                                    rows=[parse_row(r) for r in rows], systems=[parse_system(d) for d in systems],
+                                    options=options,
+                                    scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision))
+    if report:
+        from phrase_scorer.io.files import write_text_atomically
+
+        write_text_atomically(report, result.markdown)
+    click.echo(result.markdown)
+
+
+@cli.command("ems-config")
+@click.argument("ini_in", metavar="IN", type=click.Path(dir_okay=False, exists=True))
+@click.argument("ini_out", metavar="OUT", type=click.Path(dir_okay=False))
+@click.option("-Binarizer", "binarizer", default=None, metavar="CMD",
+              help="EMS's ttable-binarizer: '' or none for a text table, else processPhraseTableMin, "
+                   "CreateProbingPT or CreateOnDiskPt with its path (its own arguments are replaced).")
+@click.option("-m", "--model", "model_dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Use this trained model instead of training one on IN's phrase table.")
+@click.option("--feature-name", default=None,
+              help="The phrase-table feature's name= [default: the first phrase table].")
+@training_options
+@column_options
+@threads_option
+@click.pass_context
+def ems_config(ctx, ini_in, ini_out, binarizer, model_dir, feature_name, columns, unk_side, length_normalize,
+               batch_tokens, window_lines, threads, **settings):
+    """The step Moses' EMS runs as binarize-all: IN (its moses.ini) -> OUT, with the model's columns.
+
+    \b
+    In the EMS config:
+      [TRAINING]
+      binarize-all = "phrase-scorer ems-config --preset small"
+      ttable-binarizer = ""
+    EMS then runs 'phrase-scorer ems-config --preset small IN OUT -Binarizer ""'. This trains a
+    model on IN's phrase table (into OUT.rnn-model, unless --model), annotates the table (into
+    OUT.phrase-table.gz), binarises it if -Binarizer names a binariser, and writes OUT for the new
+    table with the new columns' start weights; EMS's tuning then tunes them.
+    """
+    set_threads(threads)
+    from phrase_scorer.experiments.ems import build_ems_config
+
+    config, model_config, explicit = make_training_settings(ctx, settings, resume=False)
+    training_given = sorted(set(explicit_options(ctx, settings)) - {"device", "precision"})
+    if model_dir is not None and training_given:
+        raise PhraseScorerError("--model takes a trained model: leave out the training options "
+                                f"({', '.join('--' + n.replace('_', '-') for n in training_given)})")
+    result = build_ems_config(
+        ini_in, ini_out, binarizer=binarizer, model_dir=model_dir, train_config=config, model_config=model_config,
+        explicit=explicit, feature_name=feature_name,
+        annotate_options=AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
+                                         window_lines=window_lines),
+        scoring_options=ScoringOptions(batch_tokens=batch_tokens),
+    )
+    if result.ignored_binarizer_arguments:
+        click.echo(f"the binariser's own arguments were replaced: {' '.join(result.ignored_binarizer_arguments)}",
+                   err=True)
+    click.echo(f"model {result.model_dir} ({result.training}); table {result.annotated} ({result.annotation})"
+               + (f"; binary table {result.phrase_table} ({result.binarized})" if result.binarized else "")
+               + f"; {result.config}: {result.feature_name} num-features={result.num_features}", err=True)

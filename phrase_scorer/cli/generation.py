@@ -1,0 +1,149 @@
+"""``sample`` and ``translate``: what the model writes."""
+
+from __future__ import annotations
+
+
+import click
+
+from phrase_scorer.config import SampleOptions, TranslateOptions
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
+from phrase_scorer.cli.options import (
+    device_option, model_option, moses_home_option, overwrite_option, resume_option, threads_option,
+)
+from phrase_scorer.threads import set_threads
+
+
+@cli.command()
+@model_option
+@click.argument("phrases", nargs=-1)
+@click.option("-i", "--input", "input_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="Read source phrases from this file, one per line ('-': stdin).")
+@click.option("-n", "--samples", type=click.IntRange(min=1), default=SampleOptions.samples, help="Ancestral samples per source.")
+@click.option("--top", type=click.IntRange(min=1), default=SampleOptions.top, help="Candidates shown per source.")
+@click.option("--beam", type=click.IntRange(min=1), default=None, help="Beam search of this width instead of sampling.")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=SampleOptions.temperature)
+@click.option("--max-length", type=click.IntRange(min=1), default=SampleOptions.max_length, help="Most target words.")
+@click.option("--seed", type=int, default=SampleOptions.seed)
+@click.option("--lang", default="en", help="Language of the source phrases, for the tokenizer.")
+@click.option("--tokenize/--no-tokenize", default=True,
+              help="Tokenize and escape raw text as Moses does (--no-tokenize: phrases are already in table form).")
+@click.option("--lowercase/--no-lowercase", default=None,
+              help="Lowercase the input [default: when the model's source words have no capitals].")
+@click.option("--allow-unk/--no-allow-unk", default=SampleOptions.allow_unk, help="May <unk> be generated?")
+@click.option("--lm", "lm_path", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Target language model (ARPA or KenLM binary): adds its log-probability.")
+@click.option("--rank-by", type=click.Choice(["model", "model+lm"]), default=SampleOptions.rank_by)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@device_option
+@threads_option
+def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_length, seed, lang, tokenize, lowercase,
+           allow_unk, lm_path, rank_by, as_json, device, threads):
+    """Propose target phrases for source PHRASES (raw text), ranked by log p(y|x) (paper, Table 3)."""
+    set_threads(threads)
+    import json
+
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.sampling import SourcePreparer, TargetLanguageModel, display, propose, read_source_phrases
+    from phrase_scorer.device import resolve_device
+
+    sources = list(phrases)
+    if input_file:
+        sources += read_source_phrases(input_file)
+    if not sources:
+        raise PhraseScorerError("no source phrase given", hint='e.g. phrase-scorer sample -m MODEL "a man in a blue shirt"')
+    loaded = load_model(model_dir, resolve_device(device))
+    options = SampleOptions(samples=samples, top=top, beam=beam, temperature=temperature, max_length=max_length,
+                            seed=seed, allow_unk=allow_unk, rank_by=rank_by)
+    lm = TargetLanguageModel(lm_path) if lm_path else None
+    preparer = SourcePreparer(loaded.source_vocab, lang=lang, tokenize=tokenize, lowercase=lowercase)
+    results = propose(loaded, sources, options, preparer=preparer, language_model=lm)
+    if as_json:
+        click.echo(json.dumps([{
+            "source": r.source, "words": r.words, "unknown_words": r.unknown_words,
+            "candidates": [{"target": c.text, "display": display(c.words), "log_prob": c.log_prob, "count": c.count,
+                            "complete": c.complete, **({"lm_log_prob": c.lm_log_prob} if lm else {})}
+                           for c in r.candidates],
+        } for r in results], ensure_ascii=False, indent=1))
+        return
+    for r in results:
+        how = f"beam {beam}" if beam else f"{samples} samples"
+        click.echo(f"{display(r.words)}    [{how}" + (f"; unknown: {' '.join(r.unknown_words)}" if r.unknown_words else "") + "]")
+        for c in r.candidates:
+            extra = f"  lm {c.lm_log_prob:8.3f}" if lm else ""
+            seen = "" if beam else f"  x{c.count}"
+            cut = "" if c.complete else "  (length limit)"
+            click.echo(f"  {c.log_prob:8.3f}{extra}  {display(c.words)}{seen}{cut}")
+        click.echo("")
+
+
+@cli.command()
+@click.option("-m", "--model", "model_dir", type=click.Path(file_okay=False), default=None,
+              help="Model directory made by 'phrase-scorer train': translate with it alone, by beam search.")
+@click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+              help="Where to write the translations (a name ending in .gz is gzipped).")
+@click.option("--beam", type=click.IntRange(min=1), default=TranslateOptions.beam, help="Beam width (1: greedy search).")
+@click.option("--length-normalize/--no-length-normalize", default=TranslateOptions.length_normalize,
+              help="Rank the ended hypotheses by log p per token (</s> included) instead of log p.")
+@click.option("--max-length-ratio", type=click.FloatRange(min=0, min_open=True), default=TranslateOptions.max_length_ratio,
+              help="A translation has at most ceil(RATIO * source words) words.")
+@click.option("--batch-sentences", type=click.IntRange(min=1), default=TranslateOptions.batch_sentences,
+              help="Sentences searched together.")
+@click.option("--moses", "moses_ini", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Or: translate with this (tuned) moses.ini and --reranker: Moses' n-best lists, rescored by the "
+                   "reranker's models and reranked by its weights.")
+@click.option("--reranker", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="With --moses: the reranker 'rerank --dev ...' wrote (its OUTPUT.json).")
+@click.option("--chunk-sentences", type=click.IntRange(min=1), default=TranslateOptions.chunk_sentences,
+              help="With --moses: sentences decoded, rescored and reranked at a time (also the resume granularity).")
+@click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
+              help="With --moses: the decoder's threads [default: all cores].")
+@click.option("--working-dir", type=click.Path(file_okay=False), default=None,
+              help="With --moses: for the chunk being translated, made fresh [default: OUTPUT.work].")
+@resume_option
+@overwrite_option
+@device_option
+@threads_option
+@moses_home_option
+def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, moses_ini, reranker,
+              chunk_sentences, decoder_threads, working_dir, resume, overwrite, device, threads, moses_home):
+    """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search with
+    a model (-m), or with the whole tuned system (--moses INI --reranker RERANKER).
+
+    One output line per input line, in order: the words joined by single spaces, tokenised as the
+    model's target vocabulary holds them (like Moses' output). <unk> is never generated; source
+    words outside the model's shortlist are read as <unk>. An empty line gives an empty line.
+    """
+    set_threads(threads)
+    from phrase_scorer.device import resolve_device
+
+    if (model_dir is None) == (moses_ini is None):
+        raise UserError("give -m MODEL (the model alone) or --moses INI --reranker RERANKER (the whole system)")
+    if moses_ini is not None:
+        if reranker is None:
+            raise UserError("--moses needs --reranker (the OUTPUT.json of 'rerank --dev ...')")
+        if output == "-" or input == "-":
+            raise UserError("--moses translates a named INPUT into a named -o OUTPUT (resumable, with a signature)")
+        from phrase_scorer.moses.installation import MosesInstallation
+        from phrase_scorer.reranked_translation import translate_reranked
+
+        try:
+            result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,
+                                        moses=MosesInstallation.find(moses_home), device=resolve_device(device),
+                                        chunk_sentences=chunk_sentences, threads=decoder_threads,
+                                        working_dir=working_dir, resume=resume, overwrite=overwrite)
+        except KeyboardInterrupt:
+            raise interrupted_resumable(output) from None
+        click.echo(f"translated {result.sentences:,} sentences in {result.seconds:.0f}s: {output}, signature "
+                   f"{output}.json", err=True)
+        return
+    if reranker is not None or resume:
+        raise UserError("--reranker and --resume go with --moses")
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.translate import translate_file
+
+    loaded = load_model(model_dir, resolve_device(device))
+    options = TranslateOptions(beam=beam, length_normalize=length_normalize, max_length_ratio=max_length_ratio,
+                               batch_sentences=batch_sentences)
+    translate_file(input, output, loaded, options, overwrite=overwrite)

@@ -1,0 +1,115 @@
+"""The command group, its error handling and logging, and the option types every verb shares."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from typing import Optional
+
+import click
+
+from phrase_scorer import __version__, progress
+from phrase_scorer.errors import PhraseScorerError
+
+
+log = logging.getLogger("phrase_scorer")
+
+
+class UserError(click.ClickException):
+    """A PhraseScorerError (or an interruption) as click reports it: one line, no traceback."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"phrase-scorer: error: {self.format_message()}", err=True)
+
+
+class Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except PhraseScorerError as exc:
+            raise UserError(str(exc)) from None
+        except KeyboardInterrupt:
+            raise UserError("interrupted", exit_code=130) from None
+        except OSError as exc:  # an I/O failure the library did not anticipate: still one line
+            from phrase_scorer.io.files import describe_os_error
+
+            raise UserError(str(describe_os_error(exc, exc.filename or "output"))) from None
+
+
+class Duration(click.ParamType):
+    """Seconds, or a duration such as 90s, 30m, 2h, 1h30m."""
+
+    name = "duration"
+    _PART = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+    _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value)
+        text = str(value).strip().lower()
+        pos, total = 0, 0.0
+        while pos < len(text):
+            match = self._PART.match(text, pos)
+            if not match:
+                self.fail(f"{value!r} is not a duration (examples: 3600, 90s, 30m, 2h, 1h30m)", param, ctx)
+            total += float(match.group(1)) * self._UNIT[match.group(2)]
+            pos = match.end()
+        if not text:
+            self.fail("empty duration", param, ctx)
+        return total
+
+
+def interrupted_resumable(output: str) -> UserError:
+    """Ctrl-C during a resumable run: say whether a finished part was kept for --resume."""
+    from phrase_scorer.io.files import part_path
+
+    if output != "-" and os.path.exists(f"{part_path(output)}.json"):
+        message = "interrupted; the finished part is kept. Resume with the same command and --resume"
+    else:
+        message = "interrupted before the first chunk was finished; nothing kept, run the command again"
+    return UserError(message, exit_code=130)
+
+
+def setup_logging(verbosity: int) -> None:
+    level = logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("phrase_scorer")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def explicit_options(ctx: click.Context, names) -> dict:
+    """The options among ``names`` that the user gave on the command line."""
+    return {
+        name: ctx.params[name]
+        for name in names
+        if name in ctx.params and ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
+    }
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.version_option(__version__, "-V", "--version", prog_name="phrase-scorer")
+@click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors; no progress bars.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug messages.")
+@click.option("--progress/--no-progress", "show_progress", default=None,
+              help="Progress bars (default: when stderr is a terminal).")
+def cli(quiet: bool, verbose: bool, show_progress: Optional[bool]) -> None:
+    """Score Moses phrase tables with the RNN Encoder-Decoder of Cho et al. (2014).
+
+    \b
+    Typical use:
+      phrase-scorer train phrase-table.gz -o model/
+      phrase-scorer annotate phrase-table.gz -m model/ -o phrase-table.rnn.gz
+      phrase-scorer moses-ini moses.ini --phrase-table phrase-table.rnn.gz -o moses.rnn.ini
+    """
+    setup_logging(-1 if quiet else 1 if verbose else 0)
+    progress.show_bars = False if quiet else show_progress
+    log.debug("phrase-scorer %s: %s", __version__, " ".join(sys.argv))

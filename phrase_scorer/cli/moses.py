@@ -1,0 +1,194 @@
+"""``moses-ini``, ``tune``, ``rerank`` and ``evaluate``: the user's Moses."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from phrase_scorer.config import ExperimentOptions, RerankOptions, TuneOptions
+from phrase_scorer.cli.group import UserError, cli
+from phrase_scorer.cli.options import (
+    make_tune_options, moses_home_option, overwrite_option, parse_weights, tune_options,
+)
+
+
+@cli.command("moses-ini")
+@click.argument("moses_ini", type=click.Path(exists=True, dir_okay=False))
+@click.option("--phrase-table", required=True, type=click.Path(),
+              help="The new table, written into the feature's path= (the binary table with --binarize-from).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="The patched moses.ini to write ('-' for stdout).")
+@click.option("--add-features", type=click.IntRange(min=0), default=2, help="Score columns added to the table.")
+@click.option("--initial-weights", "--initial-weight", "initial_weights", callback=parse_weights, default=None,
+              help="Start weights of the new columns until tuning, comma-separated, or one for all "
+                   "[default: annotate's columns in order, prob 0.2, unk -0.2: the unknown-word count is a penalty].")
+@click.option("--feature-name", default=None,
+              help="The phrase-table feature's name= (e.g. TranslationModel0) [default: the first phrase table].")
+@click.option("--absolute-paths/--no-absolute-paths", default=False,
+              help="Also make every relative path= absolute (against the ini's folder), so Moses runs from anywhere.")
+@click.option("--check-table/--no-check-table", default=True,
+              help="Check that the text table's score count on its first lines matches the new num-features.")
+@click.option("--binarize-from", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Build the binary table (Compact, ProbingPT, OnDisk) at --phrase-table from this text table.")
+@click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
+              help="Moses folder whose bin/ holds the binarisers [default: $MOSES_HOME].")
+@overwrite_option
+def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_weights, feature_name,
+                      absolute_paths, check_table, binarize_from, moses_home, overwrite):
+    """Patch MOSES_INI for a phrase table with more score columns; then re-tune.
+
+    Points the phrase-table feature at the new table, raises its num-features and appends the
+    new columns' weights. Every other line is copied unchanged.
+    """
+    from phrase_scorer.io.moses_ini import patch_moses_ini
+
+    result = patch_moses_ini(moses_ini, output, phrase_table=phrase_table, add_features=add_features,
+                             initial_weights=initial_weights, feature_name=feature_name,
+                             absolute_paths=absolute_paths, check_table=check_table,
+                             binarize_from=binarize_from, moses_home=moses_home, overwrite=overwrite)
+    if result.binarize_command:
+        click.echo(f"binarised: {' '.join(result.binarize_command)}", err=True)
+    click.echo(f"{result.feature_name} ({result.feature_type}): num-features {result.old_num_features} -> "
+               f"{result.new_num_features}; {len(result.changes)} line(s) changed:", err=True)
+    for change in result.changes:
+        click.echo(f"  line {change.number}:\n    - {change.before}\n    + {change.after}", err=True)
+    if output != "-":
+        click.echo(f"wrote {output}; re-tune it with a fresh mert-moses.pl --working-dir", err=True)
+
+
+@cli.command()
+@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
+@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Dev source and reference (tokenised as the system's training data; plain or gzip).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the tuned moses.ini.")
+@click.option("--working-dir", type=click.Path(file_okay=False), default=None,
+              help="mert-moses.pl's working directory, made fresh [default: OUTPUT.work].")
+@click.option("--seed", type=int, default=TuneOptions.seed, help="Seed of the optimiser's random restarts.")
+@overwrite_option
+@tune_options
+@moses_home_option
+def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **options):
+    """Re-tune MOSES_INI's weights with the user's mert-moses.pl."""
+    from phrase_scorer.io.outputs import check_output
+    from phrase_scorer.moses.installation import MosesInstallation
+    from phrase_scorer.moses.tune import tune as run_tune
+
+    check_output(output, [("the moses.ini", moses_ini), ("the dev source", dev[0]), ("the dev reference", dev[1])],
+                 overwrite=overwrite, what="the tuned moses.ini", regular_only=True)
+    result = run_tune(moses_ini, dev[0], dev[1], output, moses=MosesInstallation.find(moses_home),
+                      options=make_tune_options(seed=seed, **options), working_dir=working_dir)
+    history = ", ".join(f"{it}: {bleu:.2f}" for it, bleu in result.iterations)
+    click.echo(f"tuned config: {output} (dev BLEU by iteration: {history}; "
+               f"kept: {'?' if result.dev_bleu is None else f'{result.dev_bleu:.2f}'})", err=True)
+
+
+@cli.command()
+@click.option("--dev", nargs=2, default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Dev n-best list (rescored; plain or gzip) and its references (tokenised like the output): "
+                   "tune the weights on it.")
+@click.option("--weights", "reranker", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Or: apply a reranker tuned before (the OUTPUT.json of a 'rerank --dev' run), without Moses.")
+@click.option("--test", "test_nbest", required=True, type=click.Path(dir_okay=False, exists=True, allow_dash=True),
+              help="Test n-best list with the same features, to rerank.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Where to write the test set's new 1-best, one line per sentence; when tuning, the reranker "
+                   "(weights and models) goes to OUTPUT.json.")
+@click.option("--ini", "start_ini", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The decoder's moses.ini: its [weight] section gives the starting weights "
+                   "[default: fitted to the dev list's totals].")
+@click.option("--method", type=click.Choice(["mert", "mira"]), default=RerankOptions.method,
+              help="Moses' mert or kbmira (batch MIRA).")
+@click.option("--seed", "seeds", type=int, multiple=True, default=RerankOptions.seeds,
+              help="One optimiser run per seed (repeatable); the run best on dev is kept.")
+@click.option("--restarts", type=click.IntRange(min=0), default=RerankOptions.restarts,
+              help="mert's random starting points per run.")
+@click.option("--iterations", "mira_iterations", type=click.IntRange(min=1), default=RerankOptions.mira_iterations,
+              help="kbmira's epochs per run.")
+@click.option("--threads", type=click.IntRange(min=1), default=RerankOptions.threads, help="mert's threads.")
+@click.option("--working-dir", type=click.Path(file_okay=False), default=None,
+              help="For the extractor's files and the optimiser runs, made fresh [default: OUTPUT.work].")
+@click.option("--mertdir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Folder of extractor, mert and kbmira [default: MOSES_HOME/bin].")
+@click.option("--ignore-feature", "ignore_features", multiple=True,
+              help="A dense feature of the lists to leave out, neither tuned nor used (repeatable).")
+@click.option("--decoder-flags", default=None,
+              help="The decoder options the n-best lists were made with, recorded in the reranker.")
+@overwrite_option
+@moses_home_option
+def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads, working_dir,
+           mertdir, ignore_features, decoder_flags, overwrite, moses_home):
+    """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
+    then write the best hypothesis of each sentence of the test n-best list; or, with --weights,
+    apply weights tuned before to a new list."""
+    from phrase_scorer.io.outputs import check_output, refuse_existing
+    from phrase_scorer.moses.installation import MosesInstallation
+    from phrase_scorer.moses.rerank import apply_reranker, rerank as run_rerank
+
+    if (dev is None) == (reranker is None):
+        raise UserError("give --dev NBEST REFERENCES (to tune) or --weights RERANKER (to apply one), not both")
+    if reranker is not None:
+        tuning_only = {"--ini": start_ini, "--working-dir": working_dir, "--mertdir": mertdir,
+                       "--decoder-flags": decoder_flags, "--ignore-feature": ignore_features or None}
+        given = [name for name, value in tuning_only.items() if value is not None]
+        if given:
+            raise UserError(f"{', '.join(given)} only apply when tuning (--dev); the reranker holds what it was tuned with")
+        check_output(output, [("the test n-best list", test_nbest), ("the reranker", reranker)], overwrite=overwrite)
+        sentences = apply_reranker(reranker, test_nbest, output)
+        click.echo(f"test 1-best: {output} ({sentences} sentences), weights from {reranker}", err=True)
+        return
+    inputs = [("the dev n-best list", dev[0]), ("the dev references", dev[1]), ("the test n-best list", test_nbest),
+              ("the moses.ini", start_ini)]
+    check_output(output, inputs, overwrite=overwrite, companions=(".part", ".json"), what="the reranked output",
+                 regular_only=True)
+    if os.path.exists(output + ".json") and not overwrite:
+        refuse_existing(output + ".json", what="the reranker written beside the output")
+
+    moses = MosesInstallation.find(moses_home) if moses_home or not mertdir else None
+    options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
+                            threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features))
+    result = run_rerank(dev[0], dev[1], test_nbest, output, moses=moses, options=options, start_ini=start_ini,
+                        working_dir=working_dir, decoder_flags=decoder_flags)
+    runs = ", ".join(f"seed {r.seed}: {r.dev_bleu:.2f}" for r in result.runs)
+    click.echo(f"dev BLEU {result.start_dev_bleu:.2f} with the starting weights; after {method}: {runs}; "
+               f"kept seed {result.best_seed}", err=True)
+    click.echo(f"test 1-best: {output} ({result.sentences} sentences); reranker in {output}.json "
+               f"(rerank --weights {output}.json --test NBEST -o OUT applies it to another list)", err=True)
+
+
+@cli.command()
+@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
+@click.option("--test", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Test source (tokenised as for the system) and reference (tokenised or raw).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Where to keep the decoder output [default: MOSES_INI's name + .test.hyp].")
+@click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=ExperimentOptions.references,
+              help="Tokenised references are compared as they are (--tokenize none); raw ones after detokenising "
+                   "the output with sacremoses. auto: tokenised if they carry Moses escapes.")
+@click.option("--lang", default=ExperimentOptions.lang, help="Target language (for detokenising).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Decoder threads [default: all cores].")
+@click.option("--decoder-flags", default="", help="More decoder options.")
+@click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@overwrite_option
+@moses_home_option
+def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, decoder, as_json, overwrite, moses_home):
+    """Decode a test set with MOSES_INI and report sacrebleu BLEU and chrF with their signatures."""
+    import json
+
+    from phrase_scorer.io.outputs import check_output
+    from phrase_scorer.moses.evaluate import evaluate as run_evaluate
+    from phrase_scorer.moses.installation import MosesInstallation
+
+    output = output or f"{moses_ini}.test.hyp"
+    check_output(output, [("the moses.ini", moses_ini), ("the test source", test[0]), ("the test reference", test[1])],
+                 overwrite=overwrite, companions=(".part", ".input", ".log"), what="the decoder output", regular_only=True)
+    result = run_evaluate(moses_ini, test[0], test[1], output,
+                          moses=MosesInstallation.find(moses_home), threads=threads, decoder_flags=decoder_flags,
+                          decoder=decoder, kind=references, lang=lang)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=1))
+    else:
+        click.echo(f"BLEU {result.bleu:.2f}  ({result.bleu_signature})")
+        click.echo(f"chrF {result.chrf:.2f}  ({result.chrf_signature})")
+        click.echo(f"{result.sentences} sentences, {result.references} references; output in {result.hypotheses_path}")

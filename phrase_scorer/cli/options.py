@@ -1,0 +1,192 @@
+"""Options shared by several verbs, each with its one default (from phrase_scorer.config)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Optional
+
+import click
+
+from phrase_scorer.config import (
+    ARCH_PRESETS, COLUMNS, INITS, LOSSES, OPTIMIZERS, PRECISIONS, RECIPES, TRAIN_PRECISIONS, UNK_SIDES, VALID_METRICS,
+    AnnotateOptions, ScoringOptions, TrainConfig,
+    TuneOptions,
+)
+from phrase_scorer.cli.group import Duration, explicit_options
+
+
+device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=TrainConfig.device,
+                             help="Where to run the model.")
+threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
+                              help="CPU threads for the model [default: the cores this process may use, shared "
+                                   "with the other ranks on the machine under torchrun; for score, annotate and "
+                                   "rescore, one with a model of under a million parameters].")
+batch_tokens_option = click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
+                                   help="Target tokens per scoring batch.")
+precision_option = click.option(
+    "--precision", type=click.Choice(PRECISIONS), default=ScoringOptions.precision,
+    help="fp32 on every device by default. bf16/fp16 (GPU only): autocast, so the decoder state and "
+         "the output layer run in half precision and log p moves by 2.2-2.7e-3 (fp16) and 1.8-2.1e-2 (bf16) "
+         "nats on average, up to 0.15 on one pair (docs/precision.md); only the log-softmax stays fp32. A CPU always scores in fp32.")
+resume_option = click.option("--resume", is_flag=True,
+                             help="Continue an interrupted run of the same command (starts afresh when there is nothing to resume).")
+overwrite_option = click.option("--overwrite", is_flag=True,
+                                help="Replace OUTPUT if it exists (never when it is one of the inputs).")
+moses_home_option = click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
+                                 help="Moses installation (bin/, scripts/) [default: $MOSES_HOME].")
+model_option = click.option("-m", "--model", "model_dir", required=True, type=click.Path(file_okay=False),
+                            help="Model directory made by 'phrase-scorer train'.")
+
+
+def training_options(function):
+    """The options that say what model to train and how: shared by 'train' and 'ems-config'."""
+    options = [
+        click.option("--arch", type=click.Choice(list(ARCH_PRESETS)), default=TrainConfig.arch,
+                     help="Architecture: the RNN Encoder-Decoder (Cho et al. 2014) or RNNsearch (Bahdanau et al. "
+                          "2015). Resumed training keeps the saved one."),
+        click.option("--preset", type=click.Choice(sorted({p for presets in ARCH_PRESETS.values() for p in presets})),
+                     default=TrainConfig.preset,
+                     help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests."),
+        click.option("--source-shortlist", type=click.IntRange(min=1), default=None,
+                     help="Source words kept [default: the preset's: 15000 for the encoder-decoder's paper preset, "
+                          "30000 for RNNsearch's]."),
+        click.option("--target-shortlist", type=click.IntRange(min=1), default=None,
+                     help="Target words kept [default: the preset's: 15000 for the encoder-decoder's paper preset, "
+                          "30000 for RNNsearch's]."),
+        click.option("--recipe", type=click.Choice(list(RECIPES)), default=TrainConfig.recipe,
+                     help="How to optimise: 'modern' (Adam, per-token label-smoothed loss, dropout, Glorot "
+                          "initialisation, rate halved on validation plateaus) or 'paper' (the papers' Adadelta and "
+                          "initialisations, for reproductions). The options below override single settings."),
+        click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None, help="[default: the recipe's]"),
+        click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Learning rate [default: the recipe's: 1e-3 for Adam, 1.0 for Adadelta]."),
+        click.option("--lr-decay", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+                     help="Rate times this after --lr-patience validations without improvement (1: never) [default: the recipe's]."),
+        click.option("--lr-patience", type=click.IntRange(min=1), default=None, help="[default: the recipe's]"),
+        click.option("--dropout", type=click.FloatRange(min=0, max=1, max_open=True), default=None,
+                     help="Dropout on embeddings, encoder outputs and readout features, in training only [default: the recipe's]."),
+        click.option("--label-smoothing", type=click.FloatRange(min=0, max=1, max_open=True), default=None,
+                     help="[default: the recipe's]"),
+        click.option("--loss", type=click.Choice(LOSSES), default=None,
+                     help="Mean NLL per pair (the papers) or per target token [default: the recipe's]."),
+        click.option("--init", type=click.Choice(INITS), default=None,
+                     help="Initial weights: the papers' or Glorot-uniform [default: the recipe's]."),
+        click.option("--batch-size", type=click.IntRange(min=1), default=TrainConfig.batch_size, help="Pairs per update."),
+        click.option("--valid-pairs", type=click.IntRange(min=0), default=TrainConfig.valid_pairs,
+                     help="About this many pairs are held out for validation, by source phrase."),
+        click.option("--valid-every", type=click.IntRange(min=1), default=TrainConfig.valid_every,
+                     help="Steps between validations and checkpoints."),
+        click.option("--valid-metric", type=click.Choice(VALID_METRICS), default=None,
+                     help="What picks the best weights, stops early and decays the rate: validation NLL per token, or "
+                          "the BLEU of the validation translations (sentence pairs only) [default: bleu with --corpus, "
+                          "else nll]."),
+        click.option("--valid-beam", type=click.IntRange(min=1), default=TrainConfig.valid_beam,
+                     help="Beam of the validation translations (1: greedy)."),
+        click.option("--average-checkpoints", type=click.IntRange(min=0), default=TrainConfig.average_checkpoints,
+                     metavar="K", help="When training stops, the mean of the weights of the last K validations "
+                                       "becomes model.pt if it validates better than the best single weights (0: off)."),
+        click.option("--patience", type=click.IntRange(min=1), default=TrainConfig.patience,
+                     help="Stop after this many validations without improvement."),
+        click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many updates."),
+        click.option("--max-epochs", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Stop after this many passes over the pairs."),
+        click.option("--max-time", type=Duration(), default=None, help="Stop after this long (3600, 90m, 2h, ...)."),
+        click.option("--clip-norm", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Gradient-norm clipping threshold [default: the recipe's]."),
+        click.option("--seed", type=int, default=TrainConfig.seed,
+                     help="Random seed (initial weights, validation split, data order)."),
+        device_option,
+        click.option("--precision", type=click.Choice(TRAIN_PRECISIONS), default=TrainConfig.precision,
+                     help="On a GPU: fp32, or bf16/fp16 autocast (products, GRU states and logits in half precision, "
+                          "fp32 weights; auto: bf16 where supported, else fp16). A CPU always trains in fp32."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def make_training_settings(ctx: click.Context, settings: dict, resume: bool):
+    """(TrainConfig, ModelConfig or None, the settings given explicitly) from training_options."""
+    from dataclasses import replace
+
+    names = [f.name for f in fields(TrainConfig)]
+    explicit = set(explicit_options(ctx, names))
+    config = TrainConfig(**{k: v for k, v in settings.items() if k in names})
+    source_shortlist, target_shortlist = settings.get("source_shortlist"), settings.get("target_shortlist")
+    model_config = None
+    if source_shortlist or target_shortlist:  # on --resume, checked against the saved ones
+        from phrase_scorer.train import preset_config
+
+        base = preset_config(config)
+        model_config = replace(base, source_shortlist=source_shortlist or base.source_shortlist,
+                               target_shortlist=target_shortlist or base.target_shortlist)
+    return config, model_config, explicit
+
+
+def parse_columns(ctx, param, value: str):
+    return tuple(c.strip() for c in value.split(",") if c.strip())
+
+
+def parse_weights(ctx, param, value):
+    """``0.2,-0.2`` -> (0.2, -0.2); one number -> that number (for every new column)."""
+    if value is None:
+        return None
+    try:
+        weights = tuple(float(w) for w in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers") from None
+    return weights[0] if len(weights) == 1 else weights
+
+
+def column_options(function):
+    """The options that say which columns to append and how: shared by 'annotate' and 'ems-config'."""
+    options = [
+        click.option("--columns", default=",".join(COLUMNS), callback=parse_columns,
+                     help="Columns to append: prob = p(y|x), unk = e^(number of unknown words)."),
+        click.option("--unk-side", type=click.Choice(UNK_SIDES), default=AnnotateOptions.unk_side,
+                     help="Whose words outside the model's shortlists the unk column counts."),
+        click.option("--length-normalize/--no-length-normalize", default=AnnotateOptions.length_normalize,
+                     help="Write exp(log p / (target words + 1)), p per target token, instead of p(y|x)."),
+        click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
+                     help="Target tokens per scoring batch."),
+        click.option("--window-lines", type=click.IntRange(min=1), default=AnnotateOptions.window_lines,
+                     help="Lines read, scored and written at a time (also the resume granularity)."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def tune_options(function):
+    """The mert-moses.pl options shared by 'tune' and 'experiment'."""
+    options = [
+        click.option("--method", type=click.Choice(["mert", "mira"]), default=TuneOptions.method,
+                     help="MERT or batch MIRA (PRO is left out: mert-moses.pl downloads it at run time)."),
+        click.option("--max-iterations", type=click.IntRange(min=1), default=TuneOptions.max_iterations),
+        click.option("--return-best-dev/--return-last", default=TuneOptions.return_best_dev,
+                     help="Keep the iteration with the best dev BLEU, or the last one."),
+        click.option("--threads", type=click.IntRange(min=1), default=None, help="Decoder threads [default: all cores]."),
+        click.option("--decoder-flags", default=TuneOptions.decoder_flags,
+                     help="More decoder options, e.g. '-v 0 -search-algorithm 1 -s 400'."),
+        click.option("--nbest", type=click.IntRange(min=1), default=TuneOptions.nbest),
+        click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin."),
+        click.option("--mertdir", type=click.Path(file_okay=False, exists=True), default=None,
+                     help="Folder of mert's programs (extractor, mert, kbmira, pro, evaluator) [default: MOSES_HOME/bin]."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def make_tune_options(method, max_iterations, return_best_dev, threads, decoder_flags, nbest, decoder, mertdir,
+                      seed=1):
+    return TuneOptions(method=method, max_iterations=max_iterations, return_best_dev=return_best_dev, seed=seed,
+                       threads=threads, decoder_flags=decoder_flags, nbest=nbest, decoder=decoder, mertdir=mertdir)
+
+
+def check_report(report: Optional[str], overwrite: bool, inputs) -> None:
+    """An experiment's --report is checked before hours of tuning, not when it is written."""
+    if report is not None:
+        from phrase_scorer.io.outputs import check_output
+
+        check_output(report, inputs, overwrite=overwrite, what="the report")

@@ -1,0 +1,160 @@
+"""``score``, ``annotate`` and ``rescore``: the model's scores appended to Moses' files."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from phrase_scorer.config import AnnotateOptions, RescoreOptions, ScoringOptions
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.cli.group import cli, interrupted_resumable
+from phrase_scorer.cli.options import (
+    batch_tokens_option, column_options, device_option, model_option, overwrite_option, precision_option,
+    resume_option, threads_option,
+)
+from phrase_scorer.threads import set_threads
+
+
+@cli.command()
+@model_option
+@click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", help="Where to write the scores.")
+@overwrite_option
+@batch_tokens_option
+@device_option
+@threads_option
+def score(model_dir, input, output, overwrite, batch_tokens, device, threads):
+    """Print log p(target | source) (natural log) for each 'src ||| tgt' line of INPUT.
+
+    INPUT may also be a whole phrase table; '-' reads stdin. One number per input line, in order.
+    """
+    from phrase_scorer.pair_scores import score_file
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.device import resolve_device
+
+    loaded = load_model(model_dir, resolve_device(device))
+    set_threads(threads, [loaded.model])
+    score_file(input, output, loaded, ScoringOptions(batch_tokens=batch_tokens), overwrite=overwrite)
+
+
+@cli.command()
+@click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
+@model_option
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Annotated table ('.gz' for gzip, '-' for stdout).")
+@column_options
+@device_option
+@precision_option
+@threads_option
+@click.option("--workers", type=click.IntRange(min=0), default=None,
+              help="Processes that read, check, format and compress the table beside the model "
+                   "(0: none, all in one process) [default: the cores, at most 8].")
+@resume_option
+@overwrite_option
+@click.option("--ini", "moses_ini", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Also write this moses.ini, patched for the new table, to --ini-output.")
+@click.option("--ini-output", type=click.Path(dir_okay=False), default=None,
+              help="Where --ini writes the patched moses.ini [default: OUTPUT's name + .moses.ini].")
+def annotate(table, model_dir, output, columns, unk_side, length_normalize, batch_tokens, window_lines,
+             device, precision, threads, workers, resume, overwrite, moses_ini, ini_output):
+    """Append the model's p(y|x) and unknown-word columns to every line of TABLE.
+
+    Under torchrun (torchrun --nproc-per-node N -m phrase_scorer annotate ...) every process
+    annotates a part of TABLE and the parts are joined into OUTPUT, byte for byte what one
+    process writes."""
+    from phrase_scorer.annotate import annotate as run_annotate
+    from phrase_scorer.device import resolve_device
+    from phrase_scorer.distributed import device_for_rank, world
+    from phrase_scorer.model_dir import load_model
+
+    from phrase_scorer.io.outputs import check_output, writes_directly
+
+    options = AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
+                              window_lines=window_lines)
+    if moses_ini:  # checked before the long work, not after it
+        if output == "-" and ini_output is None:
+            raise PhraseScorerError("--ini needs --ini-output when the table goes to standard output")
+        ini_output = ini_output or f"{output}.moses.ini"
+        check_output(ini_output, [("the phrase table", table), ("the annotated table", output),
+                                  ("the moses.ini", moses_ini)], overwrite=overwrite or resume,
+                     what="the patched moses.ini")
+        if not writes_directly(ini_output) and os.path.abspath(ini_output) == os.path.abspath(output):
+            raise PhraseScorerError(f"--ini-output {ini_output} is the annotated table -o {output}",
+                                    hint="write the patched moses.ini elsewhere")
+    loaded = load_model(model_dir, device_for_rank(resolve_device(device)))
+    set_threads(threads, [loaded.model])
+    try:
+        result = run_annotate(table, output, loaded, options,
+                              ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
+                              overwrite=overwrite, workers=workers)
+    except KeyboardInterrupt:
+        raise interrupted_resumable(output) from None
+    if not world().is_main:  # under torchrun, rank 0 reports for the job
+        return
+    if result.already_finished:
+        click.echo(f"{output} is already finished ({result.lines:,} lines, signature {output}.json): nothing to do",
+                   err=True)
+    else:
+        click.echo(
+            f"annotated {result.lines:,} lines in {result.seconds:.0f}s ({result.lines / max(result.seconds, 1e-9):,.0f} lines/s)"
+            + ("" if writes_directly(output) else f": {output}, signature {output}.json"),
+            err=True,
+        )
+    from phrase_scorer.io.moses_ini import moses_for_new_columns
+
+    click.echo(moses_for_new_columns(output, result.num_scores_before, result.num_scores_after,
+                                     tuple(result.signature["columns"]), moses_ini=moses_ini, ini_output=ini_output),
+               err=True)
+
+
+@cli.command()
+@click.argument("nbest", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--source", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="The sentences the n-best list was decoded from, one per line (plain or gzip).")
+@click.option("-m", "--model", "models", multiple=True, type=click.Path(file_okay=False),
+              help="Model scoring log p(hypothesis | source); repeatable, one feature each.")
+@click.option("-r", "--reverse-model", "reverse_models", multiple=True, type=click.Path(file_okay=False),
+              help="Model trained target->source, scoring log p(source | hypothesis); repeatable.")
+@click.option("--name", "names", multiple=True,
+              help="Feature name of each -m model, in order [default: RNN0, RNN1, ...].")
+@click.option("--reverse-name", "reverse_names", multiple=True,
+              help="Feature name of each --reverse-model, in order [default: RNNReverse0, ...].")
+@click.option("--ensemble", default=None, metavar="NAME",
+              help="Add the -m models as one feature NAME: the mean of their log p (one weight to tune).")
+@click.option("--reverse-ensemble", default=None, metavar="NAME",
+              help="Add the --reverse-model models as one feature NAME, the mean of their log p.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Rescored n-best list ('.gz' for gzip, '-' for stdout).")
+@click.option("--normalize/--no-normalize", default=RescoreOptions.normalize,
+              help="Write log p divided by the predicted tokens (words + 1) instead of log p.")
+@batch_tokens_option
+@click.option("--window-lines", type=click.IntRange(min=1), default=RescoreOptions.window_lines,
+              help="About this many lines (whole sentences) read, scored and written at a time (also the resume granularity).")
+@device_option
+@precision_option
+@threads_option
+@resume_option
+@overwrite_option
+def rescore(nbest, source, models, reverse_models, names, reverse_names, ensemble, reverse_ensemble, output, normalize,
+            batch_tokens, window_lines, device, precision, threads, resume, overwrite):
+    """Append the models' log-probabilities to every line of a Moses n-best list NBEST.
+
+    Each model adds one dense feature 'Name= value' (natural log, 6 significant digits), or
+    each ensemble one, the mean of its models' log p; every other byte of the list is kept. '-'
+    reads NBEST from stdin.
+    """
+    from phrase_scorer.rescore import feature_models, rescore as run_rescore
+    from phrase_scorer.device import resolve_device
+
+    loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device), ensemble=ensemble,
+                            reverse_ensemble=reverse_ensemble)
+    set_threads(threads, [feature.loaded.model for feature in loaded])
+    try:
+        result = run_rescore(nbest, source, output, loaded, RescoreOptions(normalize=normalize, window_lines=window_lines),
+                             ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
+                             overwrite=overwrite)
+    except KeyboardInterrupt:
+        raise interrupted_resumable(output) from None
+    click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"
+               + ("" if output == "-" else f": {output}, signature {output}.json"), err=True)

@@ -1,0 +1,72 @@
+"""``train``."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+
+from phrase_scorer import progress
+from phrase_scorer.cli.group import UserError, cli, log
+from phrase_scorer.cli.options import (
+    make_training_settings, threads_option, training_options,
+)
+from phrase_scorer.threads import set_threads
+
+
+@cli.command()
+@click.argument("table", type=click.Path(dir_okay=False), required=False)
+@click.option("--corpus", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
+              help="Train on the sentence pairs of two aligned files (plain or gzip, tokenised) instead of a TABLE.")
+@click.option("--dev", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
+              help="With --corpus: validate on these sentence pairs [default: hold out about --valid-pairs training pairs].")
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="With --corpus: leave out training pairs with a side longer than this many words (paper: 30 or 50) [default: no limit].")
+@click.option("--right-to-left", is_flag=True, default=False,
+              help="Read the target side last word first (a right-to-left model, a second opinion for rescoring). "
+                   "The model keeps it: score, rescore, annotate and translate reverse the words for it by themselves.")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Model directory to create.")
+@training_options
+@threads_option
+@click.option("--resume", is_flag=True, help="Continue an interrupted run from its last checkpoint.")
+@click.option("--overwrite", is_flag=True, help="Replace a model already in the output folder.")
+@click.pass_context
+def train(ctx, table, corpus, dev, output, threads, resume, overwrite, **settings):
+    """Train a model (--arch) on the unique phrase pairs of TABLE (plain or gzip), or on the
+    sentence pairs of --corpus SRC TGT."""
+    if (table is None) == (not corpus):
+        raise UserError("give either a phrase TABLE or --corpus SRC TGT (not both)" if table else
+                        "give a phrase TABLE or --corpus SRC TGT to train on")
+    if dev and not corpus:
+        raise UserError("--dev goes with --corpus (a phrase table's validation pairs are held out from it)")
+    set_threads(threads)
+    from phrase_scorer import distributed
+    from phrase_scorer.data.sentence_pairs import SentenceCorpus
+
+    if not distributed.world().is_main:  # under torchrun, rank 0 alone reports progress
+        log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
+        progress.show_bars = False
+    from phrase_scorer.train import TrainingInterrupted, train as run_training
+
+    config, model_config, explicit = make_training_settings(ctx, settings, resume)
+    data = table
+    data_args = table
+    if corpus:
+        data = SentenceCorpus(*corpus, *(dev or (None, None)))
+        data_args = f"--corpus {' '.join(corpus)}" + (f" --dev {' '.join(dev)}" if dev else "")
+    resume_command = f"phrase-scorer train {data_args} -o {output} --resume"
+    try:
+        state = run_training(data, output, config, resume=resume, overwrite=overwrite,
+                             model_config=model_config, explicit=explicit)
+    except TrainingInterrupted as stop:
+        raise UserError(f"stopped at step {stop.step}, checkpoint saved; resume with: {resume_command}",
+                        exit_code=130) from None
+    except KeyboardInterrupt:
+        if os.path.exists(os.path.join(output, "checkpoint.pt")):
+            message = f"interrupted; resume from the last checkpoint with: {resume_command}"
+        else:
+            message = "interrupted before the first checkpoint; run the same command again to start over"
+        raise UserError(message, exit_code=130) from None
+    click.echo(f"model in {output}: {state.step} steps, best validation NLL {state.best_valid_nll:.4f} per token "
+               f"at step {state.best_step} ({state.stop_reason})", err=True)

@@ -1,0 +1,55 @@
+"""CPU threads of a command that runs a model: how many, and whether the machine is busy."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+
+def other_running_tasks(samples: int = 5, interval: float = 0.01) -> Optional[int]:
+    """How many threads of other programs are running or waiting for a core right now.
+
+    Read from the kernel's count of runnable tasks (``/proc/loadavg``, this process excluded),
+    the least of a few samples; ``None`` where the kernel does not say. Unlike the one-minute
+    load average, it does not count a command that has just finished.
+    """
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg", encoding="ascii") as f:
+                running = int(f.read().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        counts.append(running - 1)
+        if counts[-1] <= 0:
+            break
+        if i + 1 < samples:
+            time.sleep(interval)
+    return min(counts)
+
+
+def set_threads(threads: Optional[int], models: Sequence = ()) -> None:
+    """By default all the cores this process may use (its CPU affinity, shared with the job's
+    other ranks on the machine under torchrun): the same count every run, so results repeat
+    exactly; one thread for scoring with ``models`` too small to gain from more
+    (:func:`phrase_scorer.scoring.default_threads`). On a busy machine PyTorch's threads wait on
+    each other and run far slower: say so."""
+    import torch
+
+    from phrase_scorer.distributed import cores_per_process
+
+    cores = cores_per_process()
+    if threads is None:
+        from phrase_scorer.scoring import default_threads
+
+        threads = default_threads(models, cores)
+        machine = os.cpu_count() or 1
+        busy = other_running_tasks()
+        if threads > 1 and busy is not None and busy > 0.75 * machine:
+            log.warning("this machine is busy (%d other tasks running on %d cores); if this runs slowly, give it fewer "
+                        "threads with --threads %d", busy, machine, max(1, min(cores, round(machine - busy))))
+    torch.set_num_threads(threads)
