@@ -36,7 +36,6 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -53,7 +52,6 @@ from phrase_scorer.io.files import (
     OutputLock,
     PathLike,
     is_gzip_name,
-    write_text_atomically,
 )
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files, refuse_existing, writes_directly
 from phrase_scorer.io.parallel import Pipeline, WorkerPool
@@ -61,12 +59,8 @@ from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_
 from phrase_scorer.progress import progress_bar
 from phrase_scorer.records import describe_difference, finished
 from phrase_scorer.resumable import (
-    ChunkWriter,
-    finish_resumable,
-    input_identity,
-    keep_or_remove_partial,
-    resumable_output,
-    start_resumable,
+    ChunkWriter, finish_resumable, input_identity, keep_or_remove_partial, make_signature, resumable_output,
+    start_resumable, write_signature,
 )
 
 log = logging.getLogger(__name__)
@@ -214,18 +208,10 @@ class AnnotateJob:
         return done
 
     def signature(self, output: str, lines: int, num_scores: Optional[int], **extra) -> Dict[str, Any]:
-        return {
-            "tool": "phrase-scorer annotate",
-            **self.settings,
-            "output": os.path.abspath(output) if output != STDIO else STDIO,
-            "lines": lines,
-            "columns": list(self.options.columns),
-            "column_values": column_encoding(self.options),
-            "num_scores_before": num_scores,
-            "num_scores_after": (num_scores or 0) + len(self.options.columns),
-            **extra,
-            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
+        return make_signature("phrase-scorer annotate", self.settings, output=output, lines=lines,
+                         columns=list(self.options.columns), column_values=column_encoding(self.options),
+                         num_scores_before=num_scores, num_scores_after=(num_scores or 0) + len(self.options.columns),
+                         **extra)
 
     def result_of(self, output: str, seconds: float = 0.0, already_finished: bool = False) -> AnnotateResult:
         signature = json.loads(Path(output + ".json").read_text())
@@ -401,7 +387,7 @@ def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
             raise PhraseScorerError("the phrase table is empty", path=job.table)
         signature = job.signature(output, lines, num_scores, ranks=len(parts))
         out.commit()
-    write_text_atomically(output + ".json", json.dumps(signature, indent=2) + "\n")
+    write_signature(output, signature)
     remove_shards(parts)
 
 

@@ -23,10 +23,9 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from phrase_scorer import __version__
 from phrase_scorer.config import RescoreOptions, ScoringOptions, TranslateOptions
@@ -38,7 +37,9 @@ from phrase_scorer.moses.installation import MosesInstallation, write_lines
 from phrase_scorer.moses.rerank import Reranker, apply_weights, read_reranker
 from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.progress import step_bar
-from phrase_scorer.resumable import ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable
+from phrase_scorer.resumable import (
+    ChunkWriter, finish_resumable, input_identity, make_signature, resumable_output, start_resumable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,10 @@ class RerankedTranslation:
     sentences: int
     chunks: int
     seconds: float
+    phase_seconds: Dict[str, float] = field(default_factory=dict)  # PHASES -> seconds spent in it
+
+
+PHASES = ("Moses", "rescoring", "reranking")  # where a chunk's time goes
 
 
 def reranker_models(reranker: Reranker, device: Any = "cpu") -> Tuple[list, bool]:
@@ -96,9 +101,9 @@ def source_chunks(source: PathLike, size: int, skip: int) -> Iterator[List[str]]
 
 def translate_chunk(lines: Sequence[str], work: Path, *, ini: PathLike, moses: MosesInstallation, reranker: Reranker,
                     models: list, normalize: bool, scoring_options: ScoringOptions, threads: Optional[int],
-                    decoder: str) -> bytes:
+                    decoder: str, phase_seconds: Dict[str, float]) -> bytes:
     """One line per input line: the reranked translation of each non-empty line, empty for an
-    empty one."""
+    empty one. The seconds of each of PHASES are added to ``phase_seconds``."""
     from phrase_scorer.rescore import rescore
 
     kept = [i for i, line in enumerate(lines) if line.strip()]
@@ -109,12 +114,17 @@ def translate_chunk(lines: Sequence[str], work: Path, *, ini: PathLike, moses: M
         nbest, rescored, chosen = work / "chunk.nbest", work / "chunk.rescored", work / "chunk.best"
         size = reranker.decoder.get("nbest_size")
         flags = f"{reranker.decoder.get('decoder_flags') or ''} -n-best-list {nbest} {size} distinct".strip()
+        started = time.monotonic()
         decode(ini, source, work / "chunk.1best", moses=moses, threads=threads, decoder_flags=flags, decoder=decoder)
+        decoded = time.monotonic()
         if models:
             rescore(nbest, source, rescored, models, RescoreOptions(normalize=normalize), scoring_options, overwrite=True)
         else:
             rescored = nbest
+        scored = time.monotonic()
         written = apply_weights(rescored, reranker.weights, chosen, reranker.ignore_features)
+        for phase, seconds in zip(PHASES, (decoded - started, scored - decoded, time.monotonic() - scored)):
+            phase_seconds[phase] = phase_seconds.get(phase, 0.0) + seconds
         chosen_lines = chosen.read_text(encoding="utf-8").split("\n")[:written]
         chosen_lines += [""] * (len(kept) - len(chosen_lines))  # sentences after the list's last id
         for i, line in zip(kept, chosen_lines):
@@ -156,6 +166,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     }))
     started = time.monotonic()
     chunks = 0
+    phase_seconds: Dict[str, float] = {}
     with OutputLock(output):
         done_lines, done_bytes, progress_path = start_resumable(source, output, settings, resume, overwrite=overwrite)
         work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="translate")
@@ -165,17 +176,17 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
                 for lines in source_chunks(source, chunk_sentences, done_lines):
                     writer.write(len(lines), translate_chunk(
                         lines, work, ini=ini, moses=moses, reranker=tuned, models=models, normalize=normalize,
-                        scoring_options=scoring_options, threads=threads, decoder=decoder))
+                        scoring_options=scoring_options, threads=threads, decoder=decoder,
+                        phase_seconds=phase_seconds))
                     chunks += 1
                     progress.update(len(lines))
                     log.info("translated %d sentences", writer.lines_done)
             if writer.lines_done == 0:
                 raise PhraseScorerError("the source is empty", path=source)
-            signature = {"tool": "phrase-scorer translate --moses --reranker", **settings,
-                         "moses.ini": os.path.abspath(ini), "reranker": os.path.abspath(reranker),
-                         "lines": writer.lines_done,
-                         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            record = make_signature("phrase-scorer translate --moses --reranker", settings, output=output,
+                               lines=writer.lines_done, **{"moses.ini": os.path.abspath(ini),
+                                                           "reranker": os.path.abspath(reranker)})
             out.commit()
-        finish_resumable(output, progress_path, signature)
+        finish_resumable(output, progress_path, record)
         shutil.rmtree(work, ignore_errors=True)
-    return RerankedTranslation(output, writer.lines_done, chunks, time.monotonic() - started)
+    return RerankedTranslation(output, writer.lines_done, chunks, time.monotonic() - started, phase_seconds)

@@ -36,7 +36,6 @@ import re
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -60,7 +59,9 @@ from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order
 from phrase_scorer.io.parallel import Pipeline
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.progress import progress_bar
-from phrase_scorer.resumable import ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable
+from phrase_scorer.resumable import (
+    ChunkWriter, finish_resumable, input_identity, make_signature, resumable_output, start_resumable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -303,21 +304,15 @@ def rescore(
             total_lines = writer.lines_done
             if total_lines == 0:
                 raise PhraseScorerError("the n-best list is empty", path=nbest)
-            signature = {
-                "tool": "phrase-scorer rescore",
-                **settings,
-                "output": os.path.abspath(output) if output != STDIO else STDIO,
-                "lines": total_lines,
-                "features": names,
-                "value": "log p per predicted token (words + </s>)" if options.normalize else "log p (natural log)",
-                "value_format": VALUE_FORMAT,
-                "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            }
+            record = make_signature(
+                "phrase-scorer rescore", settings, output=output, lines=total_lines, features=names,
+                value="log p per predicted token (words + </s>)" if options.normalize else "log p (natural log)",
+                value_format=VALUE_FORMAT)
             out.commit()
-        finish_resumable(output, progress_path, signature)
+        finish_resumable(output, progress_path, record)
     log.info("rescored %d lines with %s", total_lines, ", ".join(names))
     return RescoreResult(output=output, lines=total_lines, sentences=counts["sentences"], features=names,
-                         signature=signature, seconds=time.monotonic() - started,
+                         signature=record, seconds=time.monotonic() - started,
                          stats=[scorer.stats for scorer in scorers])
 
 

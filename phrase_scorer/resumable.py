@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
+from phrase_scorer import __version__
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import STDIO, AtomicOutput, PathLike, file_identity, part_path, write_text_atomically
 from phrase_scorer.io.outputs import refuse_existing, writes_directly
@@ -102,11 +104,32 @@ def resumable_output(output: str, done_bytes: int, progress_path: Optional[Path]
     return out
 
 
-def finish_resumable(output: str, progress_path: Optional[Path], signature: Dict[str, Any]) -> None:
+def make_signature(tool: str, settings: Mapping[str, Any], *, output: Optional[str] = None, lines: Optional[int] = None,
+              **described: Any) -> Dict[str, Any]:
+    """The record of what made an output, written beside it as OUT.json: the command, its settings
+    (inputs by identity, models by the SHA-256 of their weights, every option that moves a byte),
+    the output and its line count, what its values are, the package version and when it finished."""
+    record: Dict[str, Any] = {"tool": tool, **settings}
+    if output is not None:
+        record["output"] = os.path.abspath(output) if output != STDIO else STDIO
+    if lines is not None:
+        record["lines"] = lines
+    record.update(described)
+    record.setdefault("package_version", __version__)
+    record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return record
+
+
+def write_signature(output: str, record: Mapping[str, Any]) -> None:
+    """OUT.json, written atomically."""
+    write_text_atomically(output + ".json", json.dumps(record, indent=2) + "\n")
+
+
+def finish_resumable(output: str, progress_path: Optional[Path], record: Dict[str, Any]) -> None:
     """After the output is committed: drop the resume record and write the signature, OUT.json."""
     if progress_path is not None:
         progress_path.unlink(missing_ok=True)
-        write_text_atomically(output + ".json", json.dumps(signature, indent=2) + "\n")
+        write_signature(output, record)
 
 
 def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Optional[Tuple[int, int]]:

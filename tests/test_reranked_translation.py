@@ -5,6 +5,7 @@ build (MOSES_HOME) and the shared Multi30k system."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -66,7 +67,10 @@ def test_one_command_gives_what_the_steps_give_by_hand(system, tmp_path):
     assert out.read_text(encoding="utf-8").splitlines() == by_hand[:3] + [""] + by_hand[3:]
     signature = json.loads(Path(f"{out}.json").read_text())
     assert signature["lines"] == 8 and signature["models"][0]["name"] == "RNN0"
+    assert signature["tool"] == "phrase-scorer translate --moses --reranker" and signature["output"] == str(out)
     assert not Path(f"{out}.work").exists()  # the chunks' files are gone
+    phases = re.search(r"\(Moses ([\d.]+) s, rescoring ([\d.]+) s, reranking ([\d.]+) s\)", result.stderr)
+    assert phases and float(phases.group(1)) > 0 and float(phases.group(2)) > 0  # where the time went
 
 
 def test_a_model_changed_since_tuning_is_refused(system, tmp_path):

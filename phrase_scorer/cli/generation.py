@@ -126,7 +126,7 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
         if output == "-" or input == "-":
             raise UserError("--moses translates a named INPUT into a named -o OUTPUT (resumable, with a signature)")
         from phrase_scorer.moses.installation import MosesInstallation
-        from phrase_scorer.reranked_translation import translate_reranked
+        from phrase_scorer.reranked_translation import PHASES, translate_reranked
 
         try:
             result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,
@@ -135,8 +135,9 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
                                         working_dir=working_dir, resume=resume, overwrite=overwrite)
         except KeyboardInterrupt:
             raise interrupted_resumable(output) from None
-        click.echo(f"translated {result.sentences:,} sentences in {result.seconds:.0f}s: {output}, signature "
-                   f"{output}.json", err=True)
+        phases = ", ".join(f"{name} {result.phase_seconds.get(name, 0.0):.1f} s" for name in PHASES)
+        click.echo(f"translated {result.sentences:,} sentences in {result.seconds:.0f}s ({phases}): {output}, "
+                   f"signature {output}.json", err=True)
         return
     if reranker is not None or resume:
         raise UserError("--reranker and --resume go with --moses")

@@ -30,20 +30,19 @@ import math
 import os
 import re
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from phrase_scorer import __version__
 from phrase_scorer.config import RerankOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import STDIO, AtomicOutput, PathLike, write_text_atomically
+from phrase_scorer.io.files import STDIO, AtomicOutput, PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.io.nbest import NBestEntry, check_sentence_order, dense_feature_vector, group_by_sentence, read_nbest
 from phrase_scorer.moses.installation import MosesInstallation, read_lines, require_program, run_logged, write_lines
 from phrase_scorer.moses.tune import fresh_directory
+from phrase_scorer.resumable import make_signature, write_signature
 
 log = logging.getLogger(__name__)
 
@@ -588,19 +587,13 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
         start_from=learned.start_from, start_dev_bleu=learned.start_dev_bleu, dev_bleu=learned.best.dev_bleu,
         best_seed=learned.best.seed, runs=learned.runs, working_dir=os.fspath(work),
     )
-    signature = {
-        **reranker_record(learned.weights, options.ignore_features, rescored_models(dev_nbest),
-                          nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags),
-        "tool": "phrase-scorer rerank",
-        "dev": {"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
-        "test": {"nbest": os.path.abspath(test_nbest)},
-        "options": asdict(options),
-        "bleu": "Moses' BleuScorer on the dev list (x 100)",
-        **result.to_dict(),
-        "package_version": __version__,
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    write_text_atomically(output + ".json", json.dumps(signature, indent=2) + "\n")
+    write_signature(output, make_signature(
+        "phrase-scorer rerank",
+        reranker_record(learned.weights, options.ignore_features, rescored_models(dev_nbest),
+                        nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags),
+        dev={"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
+        test={"nbest": os.path.abspath(test_nbest)}, options=asdict(options),
+        bleu="Moses' BleuScorer on the dev list (x 100)", **result.to_dict()))
     log.info("test 1-best: %s (%d sentences); weights of seed %d, dev BLEU %.2f (start %.2f), in %s.json",
              output, sentences, result.best_seed, result.dev_bleu, result.start_dev_bleu, output)
     return result
