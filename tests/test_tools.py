@@ -86,3 +86,24 @@ def test_bench_learning_converts_a_loaded_run_to_idle_time(tmp_path):
     step, rows = bench_learning.ablation_rows(tmp_path, runs)
     assert step == 1000 and [r[:3] for r in rows] == [["modern", "the `modern` recipe", "30.00"],
                                                       ["no-dropout", "--dropout 0", "10.00"]]
+
+
+def test_bench_rescore_counts_hypotheses_per_second_for_each_model_and_all(tmp_path, tiny_model):
+    from conftest import SHARED_SYSTEM
+
+    nbest = SHARED_SYSTEM / "val.nbest.gz"
+    if not nbest.exists():
+        import pytest
+
+        pytest.skip(f"needs the shared Moses system's n-best list ({nbest})")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_rescore.py"), "--model", f"A={tiny_model}",
+         "--reverse-model", f"B={tiny_model}", "--sentences", "3", "--threads", "1", "--repeats", "1",
+         "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = re.findall(r"^\| ([\w +]+) \| 1 \| ([\d,]+) \| [\d.]+ \| ([\d,]+) \| [\d,]+ \|$", result.stdout, re.M)
+    assert [r[0] for r in rows] == ["A", "B", "A + B"]
+    hypotheses = {int(r[1].replace(",", "")) for r in rows}
+    assert len(hypotheses) == 1 and 3 <= hypotheses.pop() <= 300  # the first 3 sentences of a 100-best list
+    assert all(int(r[2].replace(",", "")) > 0 for r in rows)
