@@ -142,7 +142,7 @@ def moses():
 
 @pytest.mark.moses
 def test_the_extractor_reads_the_rescored_list(moses, tmp_path, loaded_tiny):
-    from phrase_scorer.moses.installation import run_logged
+    from phrase_scorer.io.programs import run_logged
     from phrase_scorer.rescore import FeatureModel, rescore
 
     rescored = tmp_path / "val.rescored.gz"

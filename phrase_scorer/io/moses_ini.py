@@ -28,7 +28,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -37,6 +36,7 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, write_text_atomically
 from phrase_scorer.io.outputs import check_output, same_file
 from phrase_scorer.io.phrase_table import PhraseTableReader
+from phrase_scorer.io.programs import run_logged
 
 log = logging.getLogger(__name__)
 
@@ -405,23 +405,11 @@ def run_binarizer(feature_type: str, text_table: PathLike, output: PathLike, num
                                 hint=f"MOSES_HOME must be the Moses folder whose bin/ holds {os.path.basename(program)}")
     _remove(built)
     log.info("binarising: %s", " ".join(command))
-    tail = b""
     try:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    except OSError as exc:
-        raise PhraseScorerError(f"cannot run: {exc.strerror or exc}", path=program) from None
-    with process:
-        for chunk in iter(lambda: process.stdout.read(1 << 16), b""):
-            tail = (tail + chunk)[-8192:]
-    if process.returncode != 0:
+        run_logged(command, final + ".log")  # appended to, each run after its command line
+    except PhraseScorerError:
         _remove(built)
-        said = [l.strip() for l in tail.decode("utf-8", "replace").splitlines() if l.strip()]
-        raise PhraseScorerError(
-            f"{os.path.basename(program)} failed with exit status {process.returncode}: "
-            + (" / ".join(said[-5:]) or "no output"),
-            path=text_table,
-            hint=f"command: {' '.join(command)}",
-        )
+        raise
     if not os.path.exists(built):
         raise PhraseScorerError(f"{os.path.basename(program)} succeeded but wrote nothing", path=built)
     try:

@@ -19,7 +19,8 @@ from typing import List, Optional, Sequence
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike
-from phrase_scorer.moses.installation import MosesInstallation, read_lines, run_logged, write_lines
+from phrase_scorer.io.programs import run_logged
+from phrase_scorer.moses.installation import MosesInstallation, read_lines, write_lines
 
 log = logging.getLogger(__name__)
 
