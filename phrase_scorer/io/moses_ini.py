@@ -535,6 +535,76 @@ def new_column_weights(add_features: int, initial_weights: Union[None, float, Se
     return weights
 
 
+def declared_scores(ini: MosesIni, feature: FeatureLine) -> int:
+    """The phrase-table feature's num-features (Moses' default 1 when absent), checked against its
+    weight line, its path= and its tuneable-components."""
+    number = feature.line.number
+    declared = feature.get("num-features")
+    if declared is None:
+        old = 1  # Moses' default
+    elif declared.isdigit():
+        old = int(declared)
+    else:
+        raise ini.error(f"num-features={declared} is not a whole number", number,
+                        "num-features is the number of scores on each table line, e.g. num-features=4")
+    weights = ini.weight_line(feature.name)
+    if len(weights.weights) != old:
+        raise ini.error(
+            f"{feature.name} has {len(weights.weights)} weights but num-features={old} (line {number})",
+            weights.line.number, "make them agree before adding columns; Moses refuses the mismatch",
+        )
+    if feature.get("path") is None:
+        raise ini.error(f"{feature.name} has no path=", number, "a phrase-table feature needs path=TABLE")
+    tuneable = feature.get("tuneable-components")
+    if tuneable is not None and len(tuneable.split(",")) != old:
+        raise ini.error(
+            f"tuneable-components has {len(tuneable.split(','))} values but num-features={old}", number,
+            "give one 0 or 1 per score",
+        )
+    return old
+
+
+def check_table_scores(ini: MosesIni, feature: FeatureLine, text_table: Optional[PathLike], phrase_table: PathLike,
+                       old: int, new: int) -> None:
+    """The score count on the first lines of the text table (or, without one, in the binary
+    table's own metadata) is the new num-features."""
+    if text_table is not None:
+        _check_count(text_table, count_table_scores(text_table), ini, feature, old, new,
+                     f"the {feature.type} text table")
+        return
+    found = binary_table_num_scores(feature.type, binary_table_file(feature.type, phrase_table))
+    if found is not None:
+        _check_count(phrase_table, found, ini, feature, old, new, f"the {feature.type} table")
+    else:
+        log.warning("%s: the score count of the binary %s table was not checked "
+                    "(give the text table to binarise to check it)", phrase_table, feature.type)
+
+
+def patched_lines(ini: MosesIni, feature: FeatureLine, new_path: str, old: int, new: int,
+                  weights_added: Sequence[float], absolute_paths: bool) -> Dict[int, str]:
+    """The new text of each changed line, by line number: the feature's line, its weight line and,
+    with ``absolute_paths``, every other feature with a relative path=."""
+    new_text: Dict[int, str] = {}
+    if absolute_paths:
+        ini_dir = os.path.dirname(os.path.abspath(ini.path))
+        for other in ini.features():
+            value = other.get("path")
+            if other is not feature and value and not os.path.isabs(value):
+                absolute = os.path.normpath(os.path.join(ini_dir, value))
+                new_text[other.line.number] = set_arguments(other.line, {"path": absolute})
+    values = {"path": new_path, "num-features": str(new)}
+    tuneable = feature.get("tuneable-components")
+    if tuneable is not None:
+        values["tuneable-components"] = tuneable + ",1" * (new - old)
+    text = set_arguments(feature.line, values)
+    if feature.get("num-features") is None:
+        text = insert_argument(feature.line, text, f"num-features={new}")
+    new_text[feature.line.number] = text
+    weights = ini.weight_line(feature.name)
+    new_text[weights.line.number] = append_values(weights.line, [format_weight(w) for w in weights_added])
+    return new_text
+
+
 def patch_moses_ini(
     ini_path: PathLike,
     output_path: PathLike,
@@ -581,70 +651,18 @@ def patch_moses_ini(
     check_output(output_path, [*ini_inputs(ini), ("the phrase table", phrase_table), ("the text table", binarize_from)],
                  overwrite=overwrite, what="the patched moses.ini")
     feature = ini.find_phrase_table(feature_name)
-    number = feature.line.number
-    declared = feature.get("num-features")
-    if declared is None:
-        old = 1  # Moses' default
-    elif declared.isdigit():
-        old = int(declared)
-    else:
-        raise ini.error(f"num-features={declared} is not a whole number", number,
-                        "num-features is the number of scores on each table line, e.g. num-features=4")
+    old = declared_scores(ini, feature)
     new = old + add_features
-    weights = ini.weight_line(feature.name)
-    if len(weights.weights) != old:
-        raise ini.error(
-            f"{feature.name} has {len(weights.weights)} weights but num-features={old} (line {number})",
-            weights.line.number, "make them agree before adding columns; Moses refuses the mismatch",
-        )
-    if feature.get("path") is None:
-        raise ini.error(f"{feature.name} has no path=", number, "a phrase-table feature needs path=TABLE")
-    tuneable = feature.get("tuneable-components")
-    if tuneable is not None and len(tuneable.split(",")) != old:
-        raise ini.error(
-            f"tuneable-components has {len(tuneable.split(','))} values but num-features={old}", number,
-            "give one 0 or 1 per score",
-        )
-
-    text_table = binarize_from
     if binarize_from is not None and feature.type in TEXT_TABLE_TYPES:
         raise PhraseScorerError(
             f"{feature.name} is a {feature.type}, which reads text tables: there is nothing to binarise",
-            path=ini.path, line=number, hint="drop --binarize-from, or declare a binary table type",
+            path=ini.path, line=feature.line.number, hint="drop --binarize-from, or declare a binary table type",
         )
-    if feature.type in TEXT_TABLE_TYPES:
-        text_table = phrase_table
     if check_table:
-        if text_table is not None:
-            found = count_table_scores(text_table)
-            _check_count(text_table, found, ini, feature, old, new, f"the {feature.type} text table")
-        else:
-            found = binary_table_num_scores(feature.type, binary_table_file(feature.type, phrase_table))
-            if found is not None:
-                _check_count(phrase_table, found, ini, feature, old, new, f"the {feature.type} table")
-            else:
-                log.warning("%s: the score count of the binary %s table was not checked "
-                            "(give the text table to binarise to check it)", phrase_table, feature.type)
-
-    ini_dir = os.path.dirname(os.path.abspath(ini.path))
-    new_path = os.fspath(phrase_table)
-    if absolute_paths:
-        new_path = os.path.abspath(new_path)
-    new_text: Dict[int, str] = {}
-    if absolute_paths:
-        for other in ini.features():
-            value = other.get("path")
-            if other is not feature and value and not os.path.isabs(value):
-                absolute = os.path.normpath(os.path.join(ini_dir, value))
-                new_text[other.line.number] = set_arguments(other.line, {"path": absolute})
-    values = {"path": new_path, "num-features": str(new)}
-    if tuneable is not None:
-        values["tuneable-components"] = tuneable + ",1" * add_features
-    text = set_arguments(feature.line, values)
-    if declared is None:
-        text = insert_argument(feature.line, text, f"num-features={new}")
-    new_text[number] = text
-    new_text[weights.line.number] = append_values(weights.line, [format_weight(w) for w in weights_added])
+        check_table_scores(ini, feature, phrase_table if feature.type in TEXT_TABLE_TYPES else binarize_from,
+                           phrase_table, old, new)
+    new_path = os.path.abspath(phrase_table) if absolute_paths else os.fspath(phrase_table)
+    new_text = patched_lines(ini, feature, new_path, old, new, weights_added, absolute_paths)
 
     command = None
     if binarize_from is not None:
