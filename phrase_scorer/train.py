@@ -30,17 +30,15 @@ import contextlib
 import logging
 import math
 import os
-import signal
-import threading
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 
 import numpy as np
 import torch
 
-from phrase_scorer import __version__, distributed
+from phrase_scorer import distributed
 from phrase_scorer.data.sentence_pairs import SentenceCorpus
 from phrase_scorer.data.batches import BatchSampler, hash_key
 from phrase_scorer.data.cache import PairSet
@@ -63,38 +61,18 @@ from phrase_scorer.model_dir import (
     TARGET_VOCAB,
     ModelDirectory,
     average_weights,
-    check_state_matches,
     recent_weight_files,
-    safe_torch_load,
 )
 from phrase_scorer.prefetch import Prefetcher
 from phrase_scorer.progress import step_bar
-from phrase_scorer.validation import validate, validation_bleu
+from phrase_scorer.validation import improves, validate, validation_bleu
+from phrase_scorer.checkpoints import TrainState, keep_recent_weights, load_checkpoint, save_checkpoint
+from phrase_scorer.optimisation import decay_on_plateau, make_grad_scaler, make_optimizer, set_learning_rate
+from phrase_scorer.stopping import StopRequests, TrainingInterrupted, stop_reason
 from phrase_scorer.records import refuse_changed
 from phrase_scorer.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainState:
-    """Where training stands; saved in every checkpoint."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    pairs_seen: int = 0
-    best_valid_nll: float = math.inf  # at the best step (by valid_metric)
-    best_valid_bleu: float = -math.inf  # at the best step, when BLEU is measured
-    best_step: int = 0
-    bad_validations: int = 0
-    lr: float = 0.0  # the learning rate now (the recipe's, times its decays); 0: not yet set
-    lr_bad_validations: int = 0  # validations without improvement since the rate last changed
-    train_seconds: float = 0.0
-    finished: bool = False
-    stop_reason: str = ""
-    device: str = ""  # where the last steps ran (cpu, cuda:<GPU name>); a resumed run may move
-    precision: str = ""  # and in which precision (fp32, bf16, fp16)
 
 
 # --- preparing the model directory ------------------------------------------------------------
@@ -355,7 +333,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
         references = data.valid_references(valid_pairs, target_vocab)
     loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device,
                         precision, train_module=train_module, target_vocab=target_vocab, references=references)
-    loop.set_learning_rate(state.lr)
+    set_learning_rate(optimizer, state.lr)
     loop.run()
     return loop.state
 
@@ -363,33 +341,6 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
 def coverage(counts, vocab: Vocabulary) -> float:
     total = sum(counts.values())
     return sum(c for w, c in counts.items() if w in vocab) / total if total else 0.0
-
-
-def make_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
-    """The recipe's optimiser over ``parameters`` (``config`` resolved)."""
-    if config.optimizer == "adadelta":
-        return torch.optim.Adadelta(parameters, lr=config.lr, rho=config.adadelta_rho, eps=config.adadelta_eps)
-    return torch.optim.Adam(parameters, lr=config.lr)
-
-
-def make_grad_scaler(precision: str):
-    """Loss scaling for fp16 training (``precision`` as resolved; fp16 happens only on a GPU)."""
-    return torch.amp.GradScaler("cuda", enabled=precision == "fp16")
-
-
-def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> TrainState:
-    path = directory.file(CHECKPOINT)
-    checkpoint = safe_torch_load(path)
-    try:
-        check_state_matches(model, checkpoint["model"], path)
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        if checkpoint.get("scaler"):
-            scaler.load_state_dict(checkpoint["scaler"])
-        known = {f.name for f in fields(TrainState)}
-        return TrainState(**{k: v for k, v in checkpoint["state"].items() if k in known})
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PhraseScorerError(f"checkpoint is damaged ({exc})", path=path, hint="start again with --overwrite") from None
 
 
 @dataclass
@@ -435,16 +386,7 @@ class TrainingLoop:
     # stopping ------------------------------------------------------------------------------------
 
     def stop_reason(self) -> str:
-        cfg, st = self.config, self.state
-        if cfg.max_steps is not None and st.step >= cfg.max_steps:
-            return f"reached --max-steps {cfg.max_steps}"
-        if cfg.max_epochs is not None and st.epoch + st.batch_in_epoch / max(self.sampler.batches_per_epoch, 1) >= cfg.max_epochs:
-            return f"reached --max-epochs {cfg.max_epochs:g}"
-        if cfg.max_time is not None and st.train_seconds >= cfg.max_time:
-            return f"reached --max-time {cfg.max_time:g}s"
-        if st.bad_validations >= cfg.patience:
-            return f"early stopping: no improvement in {cfg.patience} validations"
-        return ""
+        return stop_reason(self.config, self.state, self.sampler.batches_per_epoch)
 
     def agree(self, stop_requested: bool) -> bool:
         """Make every rank see the same clock (rank 0's) and the same stop request (any rank's),
@@ -597,7 +539,7 @@ class TrainingLoop:
             }
             nll = metrics.get("valid_nll_token", record["train_nll_token"])
             if self.config.average_checkpoints > 1:
-                self.keep_recent_weights()
+                keep_recent_weights(self.directory, self.model, st.step, self.config.average_checkpoints)
             if self.improved(nll, metrics.get("valid_bleu")):
                 st.best_valid_nll, st.best_valid_bleu, st.best_step, st.bad_validations = (
                     nll, metrics.get("valid_bleu", -math.inf), st.step, 0)
@@ -607,7 +549,7 @@ class TrainingLoop:
             else:
                 st.bad_validations += 1
                 st.lr_bad_validations += 1
-                self.decay_learning_rate()
+                decay_on_plateau(self.config, st)
             self.directory.append_log(record)
             bleu = f", BLEU {metrics['valid_bleu']:.2f}" if "valid_bleu" in metrics else ""
             log.info(
@@ -620,7 +562,7 @@ class TrainingLoop:
         (st.best_valid_nll, st.best_valid_bleu, st.best_step, st.bad_validations, st.lr,
          st.lr_bad_validations) = distributed.broadcast_object(
             (st.best_valid_nll, st.best_valid_bleu, st.best_step, st.bad_validations, st.lr, st.lr_bad_validations))
-        self.set_learning_rate(st.lr)
+        set_learning_rate(self.optimizer, st.lr)
         self.reset_interval()
 
     def measure(self) -> Dict[str, float]:
@@ -630,15 +572,6 @@ class TrainingLoop:
             metrics["valid_bleu"] = validation_bleu(self.model, self.valid_pairs, self.target_vocab, self.references,
                                                     self.config.valid_beam, self.device, self.precision)
         return metrics
-
-    def keep_recent_weights(self) -> None:
-        """The weights of this validation into ``recent/``, which keeps the last
-        ``average_checkpoints`` of them."""
-        recent = self.directory.path / RECENT_WEIGHTS
-        recent.mkdir(exist_ok=True)
-        self.directory.save_weights(self.model.state_dict(), f"{RECENT_WEIGHTS}/step-{self.state.step}.pt")
-        for old in recent_weight_files(recent)[: -self.config.average_checkpoints]:
-            old.unlink()
 
     def average_recent_weights(self) -> None:
         """Validate the mean of the kept weights; it becomes model.pt when it beats the best
@@ -666,78 +599,10 @@ class TrainingLoop:
                  "kept as model.pt" if kept else f"the weights of step {st.best_step} stay model.pt")
 
     def improved(self, nll: float, bleu: Optional[float]) -> bool:
-        """Is this validation the best so far, by ``valid_metric``?"""
-        st = self.state
-        if self.config.valid_metric == "bleu" and bleu is not None:
-            return bleu > st.best_valid_bleu + 1e-9
-        return nll < st.best_valid_nll - 1e-6
-
-    def decay_learning_rate(self) -> None:
-        """After ``lr_patience`` validations without improvement, the rate times ``lr_decay``
-        (never below ``min_lr``)."""
-        cfg, st = self.config, self.state
-        if cfg.lr_decay >= 1.0 or st.lr_bad_validations < cfg.lr_patience:
-            return
-        lr = max(cfg.min_lr, st.lr * cfg.lr_decay)
-        if lr < st.lr:
-            log.info("no improvement in %d validations: learning rate %.3g -> %.3g", st.lr_bad_validations, st.lr, lr)
-            st.lr = lr
-        st.lr_bad_validations = 0
-
-    def set_learning_rate(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        return improves(self.config.valid_metric, self.state, nll, bleu)
 
     def save_checkpoint(self) -> None:
-        if not distributed.world().is_main:
-            return
-        self.directory.save_weights(
-            {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
-                "state": asdict(self.state),
-                "package_version": __version__,
-            },
-            CHECKPOINT,
-        )
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Training stopped on request after step ``step``, with a checkpoint saved there."""
-
-    def __init__(self, step: int) -> None:
-        super().__init__(step)
-        self.step = step
-
-
-class StopRequests:
-    """Turns the first Ctrl-C (or SIGTERM) into a request to stop after the current step; a
-    second one interrupts at once."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Dict[int, Any] = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        log.warning("stopping after this step; press Ctrl-C again to stop at once (without a checkpoint)")
-
-    def __enter__(self) -> "StopRequests":
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                if signal.getsignal(sig) is signal.SIG_IGN:
-                    continue  # ignored when we were started (a background job, nohup): it stays so
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        save_checkpoint(self.directory, self.model, self.optimizer, self.scaler, self.state)
 
 
 def training_flops_per_pair(model_config: ModelConfig, target_vocab_size: int, source_length: float, target_length: float) -> float:

@@ -4,7 +4,7 @@ and the BLEU of the model's translations of the validation sources."""
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -80,3 +80,12 @@ def validation_bleu(model: TranslationModel, pairs: PairSet, target_vocab: Vocab
                 hypotheses[i] = " ".join(target_vocab.decode(hyps[0][0])) if hyps else ""
     model.train(was_training)
     return score(hypotheses, references, kind="tokenized").bleu
+
+
+def improves(valid_metric: str, state, nll: float, bleu: Optional[float]) -> bool:
+    """Is this validation the best so far (``state``: a TrainState), by ``valid_metric``: BLEU
+    where it was measured, else the NLL per token?"""
+    if valid_metric == "bleu" and bleu is not None:
+        return bleu > state.best_valid_bleu + 1e-9
+    return nll < state.best_valid_nll - 1e-6
+

@@ -1,0 +1,64 @@
+"""When training stops: its limits (steps, epochs, time, patience), and stop requests from the
+user (Ctrl-C, SIGTERM), honoured after the current step with a checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any, Dict
+
+from phrase_scorer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def stop_reason(config: TrainConfig, state, batches_per_epoch: int) -> str:
+    """Why training stops now (``""``: it goes on), from ``state`` (a TrainState)."""
+    if config.max_steps is not None and state.step >= config.max_steps:
+        return f"reached --max-steps {config.max_steps}"
+    if (config.max_epochs is not None
+            and state.epoch + state.batch_in_epoch / max(batches_per_epoch, 1) >= config.max_epochs):
+        return f"reached --max-epochs {config.max_epochs:g}"
+    if config.max_time is not None and state.train_seconds >= config.max_time:
+        return f"reached --max-time {config.max_time:g}s"
+    if state.bad_validations >= config.patience:
+        return f"early stopping: no improvement in {config.patience} validations"
+    return ""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped on request after step ``step``, with a checkpoint saved there."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+class StopRequests:
+    """Turns the first Ctrl-C (or SIGTERM) into a request to stop after the current step; a
+    second one interrupts at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("stopping after this step; press Ctrl-C again to stop at once (without a checkpoint)")
+
+    def __enter__(self) -> "StopRequests":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                if signal.getsignal(sig) is signal.SIG_IGN:
+                    continue  # ignored when we were started (a background job, nohup): it stays so
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
