@@ -94,6 +94,9 @@ def test_images_exist_and_are_linked(case):
         png = case["doc"].parent / link
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", link
     assert sum("rnnsearch-alignment-" in link for link in links) == 4
+    peaks = re.findall(r"line (\d+): ([\d.]+) \(1/\|x\| = ([\d.]+)\)", section)
+    assert len(peaks) == 4  # each drawn sentence: the mean of its rows' largest weights, beside uniform
+    assert all(float(flat) - 0.01 <= float(peak) <= 1.0 for _, peak, flat in peaks)  # a row's largest >= its mean
 
 
 def test_a_second_run_reuses_the_translations(case):

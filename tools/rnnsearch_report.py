@@ -181,7 +181,8 @@ def from_root(argument: str) -> str:
 
 
 def section(args, scores: Dict[str, Dict[str, object]], sizes: Dict[str, int], records: Dict[str, dict],
-            options: TranslateOptions, device: str, images: Dict[str, List[Path]], alignment_lines: List[int]) -> str:
+            options: TranslateOptions, device: str, images: Dict[str, List[Path]], alignment_lines: List[int],
+            alignment_peaks: List[float], uniform: List[float]) -> str:
     doc_dir = Path(args.doc).resolve().parent
 
     def link(path: Path) -> str:
@@ -240,6 +241,12 @@ def section(args, scores: Dict[str, Dict[str, object]], sizes: Dict[str, int], r
         f"{', '.join(map(str, alignment_lines))} (white: weight 1, black: 0):",
         "",
         *(f"![soft alignments, test line {line}]({link(png)})" for line, png in zip(alignment_lines, images["alignments"])),
+        "",
+        "The largest weight of each row (target word or </s>), averaged over the rows of each drawn sentence "
+        "(1 where every word attends to one source word; uniform attention gives 1/|x|): "
+        + "; ".join(f"line {line}: {peak:.2f} (1/|x| = {flat:.2f})"
+                    for line, peak, flat in zip(alignment_lines, alignment_peaks, uniform))
+        + (f"; mean {sum(alignment_peaks) / len(alignment_peaks):.2f}." if alignment_peaks else "."),
     ]
     return "\n".join(out) + "\n"
 
@@ -304,7 +311,8 @@ def report(args) -> str:
     records = {system: training_record(model_dirs[system]) for system in model_dirs}
     return section(args, scores, {name: len(lines[name][paths[0]]) for name, paths in sets.items()}, records,
                    options, device_label(device), {"length": length_pngs, "alignments": [Path(p.png) for p in plots]},
-                   [p.pair.line for p in plots])
+                   [p.pair.line for p in plots], [float(p.pair.weights.max(axis=1).mean()) for p in plots],
+                   [1.0 / p.pair.weights.shape[1] for p in plots])
 
 
 def main() -> None:
