@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from phrase_scorer import __version__, distributed
-from phrase_scorer.annotate_work import LOG_FLOOR  # noqa: F401  (the column encoding lives there)
+from phrase_scorer.columns import column_encoding
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import (
@@ -100,16 +100,6 @@ def annotation_settings(table: PathLike, output: PathLike, loaded, options: Anno
         "package_version": __version__,
     }
     return json.loads(json.dumps(settings))  # as JSON reads them back (tuples -> lists)
-
-
-def column_encoding(options: AnnotateOptions) -> Dict[str, str]:
-    """What each appended column holds, as the signature records it."""
-    from phrase_scorer.annotate_work import UNK_CAP
-
-    prob = "exp(log p / (target words + 1))" if options.length_normalize else "exp(log p)"
-    described = {"prob": f"{prob}, log p floored at {LOG_FLOOR:g}",
-                 "unk": f"exp(min(unknown words, {UNK_CAP})), unknown words on the {options.unk_side} side"}
-    return {column: described[column] for column in options.columns}
 
 
 def finished_annotation(table: PathLike, output: PathLike, loaded, options: AnnotateOptions,

@@ -40,16 +40,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from phrase_scorer.columns import check_finite, column_values
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.data.padding import IdRows
-from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import gzip_member
 from phrase_scorer.io.table_windows import ParsedWindow, RawWindow, parse_window
 from phrase_scorer.vocab import SPECIALS, UNK_ID, in_model_order
-
-LOG_FLOOR = -100.0  # Moses floors the log of every column here (LOWEST_SCORE in moses/TypeDef.h)
-UNK_CAP = 88  # the unk column is exp(min(n, UNK_CAP)): e^88 < 3.4e38, the largest 32-bit float Moses reads
-
 
 class ByteIds(dict):
     """UTF-8 word -> id; any other word (special-symbol spellings included) -> ``<unk>``'s id."""
@@ -132,11 +128,7 @@ class WindowWork:
                 first_line: int) -> List[bytes]:
         """The appended values of each line, formatted."""
         check_finite(log_probs, self.path, first_line)
-        if self.options.length_normalize:
-            log_probs = per_token(log_probs, target_lengths)
-        probs = np.exp(np.maximum(log_probs, LOG_FLOOR)).tolist()
-        counts = np.exp(np.minimum(unknown, UNK_CAP).astype(np.float64)).tolist()
-        columns = [probs if column == "prob" else counts for column in self.options.columns]
+        columns = column_values(log_probs, unknown, target_lengths, self.options)
         fmt = self.value_format
         return [fmt % values for values in zip(*columns)]
 
@@ -163,16 +155,3 @@ def look_up(phrases: List[List[bytes]], ids: ByteIds) -> IdRows:
     lengths = np.fromiter(map(len, phrases), np.int64, len(phrases))
     flat = np.fromiter(map(ids.__getitem__, itertools.chain.from_iterable(phrases)), np.int64, int(lengths.sum()))
     return IdRows.from_flat(flat, lengths)
-
-
-def check_finite(log_probs: np.ndarray, path: str, first_line: int) -> None:
-    """Refuse a NaN or infinite score; ``first_line`` is the input line of ``log_probs[0]``."""
-    if not np.isfinite(log_probs).all():
-        bad = int(np.flatnonzero(~np.isfinite(log_probs))[0])
-        raise PhraseScorerError("the model gave a non-finite score", path=path, line=first_line + bad,
-                                hint="the model weights are damaged")
-
-
-def per_token(log_probs: np.ndarray, target_lengths: np.ndarray) -> np.ndarray:
-    """log p divided by the number of predicted tokens: the ``target_lengths`` target words and ``</s>``."""
-    return log_probs / (np.asarray(target_lengths, np.float64) + 1)
