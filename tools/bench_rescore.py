@@ -42,22 +42,25 @@ def open_text(path: Path):
 
 def nbest_head(nbest: Path, source: Path, sentences: int, work: Path) -> Tuple[Path, Path, int, int]:
     """The list's lines of its first ``sentences`` sentences and those source lines, as files in
-    ``work``; and the number of hypotheses and of predicted target tokens."""
+    ``work``; and the number of sentences found, of hypotheses and of predicted target tokens."""
     head, head_source = work / f"head{sentences}.nbest", work / f"head{sentences}.src"
     hypotheses = tokens = 0
+    found = 0  # sentences in the list's head (a shorter list has fewer than asked)
     with open_text(nbest) as lines, open(head, "w", encoding="utf-8") as out:
         for line in lines:
-            if int(line.split(" ||| ", 1)[0]) >= sentences:
+            sentence = int(line.split(" ||| ", 1)[0])
+            if sentence >= sentences:
                 break
+            found = sentence + 1
             out.write(line)
             hypotheses += 1
             tokens += len(line.split(" ||| ")[1].split()) + 1
     with open_text(source) as lines, open(head_source, "w", encoding="utf-8") as out:
         for i, line in enumerate(lines):
-            if i >= sentences:
+            if i >= found:
                 break
             out.write(line)
-    return head, head_source, hypotheses, tokens
+    return head, head_source, found, hypotheses, tokens
 
 
 def model_args(forward: Sequence[Tuple[str, str]], reverse: Sequence[Tuple[str, str]]) -> List[str]:
@@ -80,7 +83,7 @@ def named(values: Sequence[str]) -> List[Tuple[str, str]]:
 
 
 def throughput(args, work: Path) -> str:
-    nbest, source, hypotheses, tokens = nbest_head(Path(args.nbest), Path(args.source), args.sentences, work)
+    nbest, source, sentences, hypotheses, tokens = nbest_head(Path(args.nbest), Path(args.source), args.sentences, work)
     forward, reverse = named(args.model), named(args.reverse_model)
     sets = [([m], []) for m in forward] + [([], [m]) for m in reverse]
     if len(forward) + len(reverse) > 1:
@@ -98,14 +101,14 @@ def throughput(args, work: Path) -> str:
     info = benchlib.machine()
     return (
         "## Rescoring: hypotheses per second on the CPU (`tools/bench_rescore.py`)\n\n"
-        f"`phrase-scorer rescore` of the first {args.sentences} sentences of `{Path(args.nbest).name}` "
+        f"`phrase-scorer rescore` of the first {sentences} sentences of `{Path(args.nbest).name}` "
         f"({hypotheses:,} hypotheses, {tokens:,} predicted target tokens), each model alone and all together, "
         f"best of {args.repeats} runs of the whole command (start-up and loading included), on {info['cpu']} "
         f"({info['cores']} cores), torch {info['torch']}; fp32 matmul rate in the same run: "
         f"{benchlib.matmul_rate() / 1e9:.0f} GFLOP/s. Models: "
         + ", ".join(f"{n} `{d}`" for n, d in [*forward, *reverse]) + ".\n\n"
         + benchlib.markdown_table(["models", "threads", "hypotheses", "seconds", "hypotheses/s", "tokens/s"], rows)
-        + "\n"
+        + f"\n\nCommand: `python tools/bench_rescore.py {' '.join(sys.argv[1:])}`.\n"
     )
 
 
@@ -134,7 +137,8 @@ def one_command(args, work: Path) -> str:
         f"first {args.translate_sentences} sentences of `{Path(args.source).name}` (decoder threads "
         f"{args.decoder_threads}), {seconds:.1f} s in all, "
         f"{args.translate_sentences / seconds:.2f} sentences/s, on {info['cpu']} ({info['cores']} cores).\n\n"
-        + benchlib.markdown_table(["part", "seconds", "share"], rows) + "\n"
+        + benchlib.markdown_table(["part", "seconds", "share"], rows)
+        + f"\n\nCommand: `python tools/bench_rescore.py {' '.join(sys.argv[1:])}`.\n"
     )
 
 
