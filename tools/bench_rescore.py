@@ -4,7 +4,7 @@ the CPU, and where the time of the one-command path (``translate --moses --reran
 
     python tools/bench_rescore.py --model NAME=DIR [--model NAME=DIR ...] [--reverse-model NAME=DIR]
         [--nbest NBEST --source SRC] [--sentences 200] [--threads 1,2] [--repeats 2]
-        [--reranker RERANKER --moses-ini INI --translate-sentences 100] [--write]
+        [--reranker RERANKER --moses-ini INI --translate-sentences 100] [--parts throughput,path] [--write]
 
 1. Throughput: the first --sentences sentences of NBEST (default: the shared Moses system's
    100-best list of val and its source) are rescored by each model alone (one feature) and by
@@ -155,12 +155,15 @@ def main() -> None:
     parser.add_argument("--moses-ini", default=None)
     parser.add_argument("--translate-sentences", type=int, default=100)
     parser.add_argument("--decoder-threads", type=int, default=1)
+    parser.add_argument("--parts", default="throughput,path", help="throughput, path (the path needs --reranker)")
     args = parser.parse_args()
-    if not args.model and not args.reverse_model:
-        parser.error("give at least one --model NAME=DIR")
+    parts = args.parts.split(",")
     with benchlib.work_dir(args.work_dir, "bench-rescore-") as work:
-        benchlib.report("bench_rescore_throughput", throughput(args, work), args.write)
-        if args.reranker:
+        if "throughput" in parts:
+            if not args.model and not args.reverse_model:
+                parser.error("give at least one --model NAME=DIR")
+            benchlib.report("bench_rescore_throughput", throughput(args, work), args.write)
+        if "path" in parts and args.reranker:
             if not args.moses_ini:
                 parser.error("--reranker needs --moses-ini")
             benchlib.report("bench_rescore_path", one_command(args, work), args.write)
