@@ -4,9 +4,11 @@
 --throughput  for each preset, training pairs/s on the table (after a warm-up), the analytic
               training FLOPs per pair (forward + backward = 3 x forward) and their share of the
               fp32 matmul rate measured in the same process.
---learning    trains the `small` preset on the whole table for --minutes (default 30) and reports
-              the held-out validation NLL per pair and per token, the perplexity and the margin
-              between true held-out pairs and the same sources with shuffled targets.
+--learning    trains the `small` preset on the whole table for --minutes (default 30) with each
+              recipe of --recipes (one after the other, or --side-by-side on one core each) and
+              reports, at equal training time, the held-out validation NLL per token, the
+              perplexity and the margin between true held-out pairs and the same sources with
+              shuffled targets.
 --processes   `phrase-scorer train` under torchrun with 1 and with 2 CPU processes (gloo, one
               thread each) in the same run, same global batch: training pairs/s from the
               training log (second validation interval, after warm-up) and their ratio.
@@ -23,7 +25,9 @@ import os
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -111,36 +115,92 @@ def throughput(args, work: Path) -> str:
     )
 
 
-def learning(args, work: Path) -> str:
-    out = Path(args.model_out) if args.model_out else work / "small"
-    command = benchlib.phrase_scorer_command("train", args.table, "-o", out, "--preset", "small",
-                                             "--max-time", f"{args.minutes}m", "--overwrite")
+def learning_run(args, out: Path, recipe: str) -> dict:
+    """One `train` run of the `small` preset for --minutes with ``recipe``: its log, config and cost."""
+    command = benchlib.phrase_scorer_command(
+        "train", args.table, "-o", out, "--preset", "small", "--recipe", recipe, "--max-time", f"{args.minutes}m",
+        "--overwrite", *(["--threads", learning_threads(args)] if learning_threads(args) else []))
     _, _, seconds, peak = benchlib.run_measured(command)
-    records = [json.loads(l) for l in (out / "train.log.jsonl").read_text().splitlines()]
-    best = min(records, key=lambda r: r["valid_nll_token"])
-    first = records[0]
-    pairs_per_second = best["pairs_seen"] / max(records[-1]["train_seconds"], 1e-9) if records else 0
-    last = records[-1]
-    rows = [[r["step"], f"{r['pairs_seen']:,}", f"{r['train_seconds'] / 60:.1f}", f"{r['valid_nll_pair']:.2f}",
-             f"{r['valid_nll_token']:.3f}", f"{r['valid_ppl']:.1f}", f"{r['valid_margin_pair']:.2f}",
-             f"{100 * r['valid_true_beats_shuffled']:.1f}%"]
-            for r in records if r is first or r is best or r is last or r["step"] % (5 * records[0]["step"]) == 0]
-    config = json.loads((out / "config.json").read_text())
-    return (
+    records = [json.loads(l) for l in (out / "train.log.jsonl").read_text().splitlines() if l.strip()]
+    return {"recipe": recipe, "records": records, "seconds": seconds, "peak": peak,
+            "config": json.loads((out / "config.json").read_text())}
+
+
+def learning_threads(args) -> Optional[int]:
+    """Threads per run: --threads, else one each when the runs share the machine side by side."""
+    return args.threads or (1 if args.side_by_side else None)
+
+
+def at_minutes(records: List[dict], minutes: float) -> Optional[dict]:
+    """The last validation at or before ``minutes`` of training time."""
+    before = [r for r in records if r["train_seconds"] <= minutes * 60 + 1e-6]
+    return before[-1] if before else None
+
+
+def learning(args, work: Path) -> str:
+    """Each recipe of --recipes trained for the same --minutes: one after the other with the
+    whole machine, or (--side-by-side) at the same time, one core each."""
+    base = Path(args.model_out) if args.model_out else work
+    recipes = args.recipes.split(",")
+    jobs = [(base / recipe, recipe) for recipe in recipes]
+    if args.side_by_side:
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            runs = list(pool.map(lambda job: learning_run(args, *job), jobs))
+    else:
+        runs = [learning_run(args, *job) for job in jobs]
+    info = benchlib.machine()
+    threads = learning_threads(args)
+    how = ("side by side, one thread each, nothing else running" if args.side_by_side else
+           "one after the other, nothing else running") + (f", {threads} thread(s) per run" if threads and not args.side_by_side else "")
+    command = ["phrase-scorer", "train", Path(args.table).name, "-o", "MODEL", "--preset", "small", "--recipe", "RECIPE",
+               "--max-time", f"{args.minutes}m", *(["--threads", str(threads)] if threads else [])]
+    config = runs[0]["config"]
+    text = (
         f"## Train: what {args.minutes} CPU minutes learn (`tools/bench_train.py --learning`)\n\n"
-        f"`{' '.join(['phrase-scorer', 'train', Path(args.table).name, '-o', 'MODEL', '--preset', 'small', '--max-time', f'{args.minutes}m'])}` "
-        f"on this machine ({benchlib.machine()['cpu']}, {os.cpu_count()} cores): "
-        f"{config['table']['unique_pairs']:,} unique pairs, shortlists of {config['source_vocab_size'] - 3:,} source and "
-        f"{config['target_vocab_size'] - 3:,} target words. Validation: about 5,000 pairs whose sources never occur "
-        f"in training. *margin*: mean log p(true target | source) - log p(another validation pair's target | source), "
-        "in nats per pair; *true wins*: share of pairs where the true target scores higher.\n\n"
-        + benchlib.markdown_table(["step", "pairs seen", "minutes", "valid NLL/pair", "valid NLL/token", "perplexity",
-                                   "margin (nats)", "true wins"], rows)
-        + f"\n\nBest: validation NLL {best['valid_nll_token']:.3f} per token (perplexity {best['valid_ppl']:.1f}), "
-        f"true-vs-shuffled margin {best['valid_margin_pair']:.2f} nats per pair, at {pairs_per_second:,.0f} training pairs/s "
-        f"({seconds / 60:.0f} minutes of wall time in all, counting words and writing the pair cache included; "
-        f"peak RSS {peak:,.0f} MB).\n"
+        f"Command: `python tools/bench_train.py --learning --recipes {args.recipes} --minutes {args.minutes}"
+        f"{' --side-by-side' if args.side_by_side else ''}{f' --threads {args.threads}' if args.threads else ''} --write`, "
+        f"which runs `{' '.join(command)}` for each recipe ({how}) on this machine ({info['cpu']}, {info['cores']} cores, "
+        f"torch {info['torch']}): {config['table']['unique_pairs']:,} unique pairs, shortlists of "
+        f"{config['source_vocab_size'] - 3:,} source and {config['target_vocab_size'] - 3:,} target words. Validation: "
+        "about 5,000 pairs whose sources never occur in training, scored without dropout or label smoothing. "
+        "*margin*: mean log p(true target | source) - log p(another validation pair's target | source), in nats "
+        "per pair; *true wins*: share of pairs where the true target scores higher.\n\n"
     )
+    marks = [m for m in (2, 5, 10, 15, 20, 25, 30, 45, 60, 90, 120) if m <= args.minutes]
+    if not marks or marks[-1] != args.minutes:
+        marks.append(args.minutes)
+    rows = []
+    for minutes in marks:
+        row = [minutes]
+        for run in runs:
+            r = at_minutes(run["records"], minutes)
+            row += ([f"{r['valid_nll_token']:.3f}", f"{r['valid_margin_pair']:.2f}",
+                     f"{100 * r['valid_true_beats_shuffled']:.1f}%"] if r else ["", "", ""])
+        rows.append(row)
+    header = ["minutes"]
+    for run in runs:
+        header += [f"{run['recipe']} NLL/token", f"{run['recipe']} margin", f"{run['recipe']} true wins"]
+    text += "At equal training time (the last validation at or before each mark):\n\n" + benchlib.markdown_table(header, rows) + "\n"
+    for run in runs:
+        records = run["records"]
+        best = min(records, key=lambda r: r["valid_nll_token"])
+        last = records[-1]
+        pairs_per_second = last["pairs_seen"] / max(last["train_seconds"], 1e-9)
+        every = 5 * records[0]["step"]
+        table = [[r["step"], f"{r['pairs_seen']:,}", f"{r['train_seconds'] / 60:.1f}", f"{r['valid_nll_pair']:.2f}",
+                  f"{r['valid_nll_token']:.3f}", f"{r['valid_ppl']:.1f}", f"{r['valid_margin_pair']:.2f}",
+                  f"{100 * r['valid_true_beats_shuffled']:.1f}%"]
+                 for r in records if r is records[0] or r is best or r is last or r["step"] % every == 0]
+        text += (
+            f"\n`--recipe {run['recipe']}`:\n\n"
+            + benchlib.markdown_table(["step", "pairs seen", "minutes", "valid NLL/pair", "valid NLL/token", "perplexity",
+                                       "margin (nats)", "true wins"], table)
+            + f"\n\nBest: validation NLL {best['valid_nll_token']:.3f} per token (perplexity {best['valid_ppl']:.1f}), "
+            f"margin {best['valid_margin_pair']:.2f} nats per pair; {pairs_per_second:,.0f} training pairs/s "
+            f"({run['seconds'] / 60:.0f} minutes of wall time in all, counting words and writing the pair cache "
+            f"included; peak RSS {run['peak']:,.0f} MB).\n"
+        )
+    return text
 
 
 PROCESS_STEPS = {"tiny": 200, "small": 40, "paper": 6}
@@ -214,7 +274,10 @@ def main() -> None:
     parser.add_argument("--throughput", action="store_true")
     parser.add_argument("--learning", action="store_true")
     parser.add_argument("--minutes", type=int, default=30)
-    parser.add_argument("--model-out", default=None, help="where --learning keeps its model")
+    parser.add_argument("--recipes", default="modern,paper", help="--learning: the recipes compared")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="--learning: train the recipes at the same time, one thread each")
+    parser.add_argument("--model-out", default=None, help="where --learning keeps its models (a folder per recipe)")
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--processes", action="store_true", help="1 against 2 torchrun processes on the CPU")
     args = parser.parse_args()
