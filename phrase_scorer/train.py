@@ -47,7 +47,6 @@ from phrase_scorer.device import device_label, precision_context, resolve_device
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock
 from phrase_scorer.config import ARCH_PRESETS, AnyModelConfig, ModelConfig, TrainConfig
-from phrase_scorer.models.encdec import forward_flops
 from phrase_scorer.models.architectures import build_model
 from phrase_scorer.models.base import count_parameters
 from phrase_scorer.model_dir import (
@@ -522,8 +521,8 @@ class TrainingLoop:
                                                                  device=self.device)])
         loss_sum, tokens = distributed.sum_over_ranks(totals).tolist()
         if distributed.world().is_main:
+            elapsed = time.monotonic() - self.interval_start  # the interval's training, without this validation
             metrics = self.measure()
-            elapsed = time.monotonic() - self.interval_start
             record = {
                 "step": st.step,
                 "epoch": st.epoch,
@@ -532,6 +531,7 @@ class TrainingLoop:
                 "train_nll_pair": loss_sum / max(self.interval_pairs, 1),
                 "train_nll_token": loss_sum / max(tokens, 1),
                 "pairs_per_second": self.interval_pairs / max(elapsed, 1e-9),
+                "target_tokens_per_second": tokens / max(elapsed, 1e-9),  # words + </s> of every rank
                 "batch_size": self.config.batch_size,
                 "processes": self.world,
                 "lr": st.lr,
@@ -603,8 +603,3 @@ class TrainingLoop:
 
     def save_checkpoint(self) -> None:
         save_checkpoint(self.directory, self.model, self.optimizer, self.scaler, self.state)
-
-
-def training_flops_per_pair(model_config: ModelConfig, target_vocab_size: int, source_length: float, target_length: float) -> float:
-    """Forward plus backward of the encoder-decoder: about three times the forward FLOPs."""
-    return 3.0 * forward_flops(model_config, target_vocab_size, source_length, target_length)["total"]

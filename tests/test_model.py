@@ -191,3 +191,22 @@ def test_analytic_flops_match_counted_flops():
     probe = min(OutputSoftmax.PROBE_COLUMNS, outputs) * 2 * (model.config.output_rank + 1)
     extra = (len(target) + 1) * (2 * 2 * outputs + probe)
     assert counted == analytic["total"] + extra
+
+
+@pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])
+def test_forward_flops_of_each_architecture_match_its_training_forward(arch):
+    """The FLOPs that training speed is measured against (architectures.FORWARD_FLOPS) are the
+    matrix products torch's flop counter sees in the teacher-forced forward pass."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from phrase_scorer.config import ARCH_PRESETS
+    from phrase_scorer.models.architectures import FORWARD_FLOPS, build_model, training_flops_per_pair
+
+    config = ARCH_PRESETS[arch]["tiny"]
+    model = build_model(config, 50, 60).eval()
+    for source, target in (([3, 4, 5], [6, 7, 8, 9]), ([3] * 7, [6, 7])):
+        with FlopCounterMode(display=False) as counter:
+            model(torch.tensor([source]), torch.tensor([len(source)]), torch.tensor([target]), torch.tensor([len(target)]))
+        analytic = FORWARD_FLOPS[arch](config, 60, len(source), len(target))["total"]
+        assert counter.get_total_flops() == analytic
+        assert training_flops_per_pair(config, 60, len(source), len(target)) == 3 * analytic

@@ -12,6 +12,9 @@
 --processes   `phrase-scorer train` under torchrun with 1 and with 2 CPU processes (gloo, one
               thread each) in the same run, same global batch: training pairs/s from the
               training log (second validation interval, after warm-up) and their ratio.
+--sentences   RNNsearch `small` on the Multi30k sentence pairs: training pairs/s and target
+              tokens/s, and their FLOPs' share of the matmul rate measured in the same run, by
+              processes x threads x batch size (--sentence-configs).
 --memory      peak RSS of `phrase-scorer train` (word counts, pair cache, 200 steps) on the table
               and on the table repeated ten times.
 
@@ -240,6 +243,90 @@ def processes(args, work: Path) -> str:
     )
 
 
+DATA = benchlib.ROOT.parent / "shared" / "data" / "multi30k-en-fr"
+
+
+def sentence_run(args, work: Path, processes: int, threads: int, batch: int) -> dict:
+    """`train --corpus` of RNNsearch `small` on the Multi30k sentences for --sentence-steps
+    updates; training pairs/s and target tokens/s of the validation intervals after the first."""
+    data = Path(args.data)
+    out = work / f"sentences-{processes}x{threads}x{batch}"
+    every = args.sentence_steps // 3
+    train_args = ["train", "--corpus", data / "train.tok.en.gz", data / "train.tok.fr.gz",
+                  "--dev", data / "val.tok.en.gz", data / "val.tok.fr.gz", "--arch", "rnnsearch", "--preset", "small",
+                  "--batch-size", batch, "--threads", threads, "--valid-metric", "nll", "--valid-every", every,
+                  "--max-steps", 3 * every, "-o", out, "--overwrite"]
+    if processes > 1:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(HERE.parent.parent)}
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+                   "-m", "phrase_scorer", "-q", *map(str, train_args)]
+    else:
+        env, command = None, benchlib.phrase_scorer_command(*train_args)
+    _, err, _, _ = benchlib.run_measured(command, env=env)
+    records = [json.loads(l) for l in (out / "train.log.jsonl").read_text().splitlines() if l.strip()]
+    if len(records) < 2:
+        raise SystemExit(f"{out}: training left fewer than 2 validations: {err[-2000:]}")
+    later = records[1:]  # the first interval holds the start-up
+
+    import numpy as np
+
+    from phrase_scorer.config import model_config_from_dict
+    from phrase_scorer.data.cache import PairSet
+    from phrase_scorer.models.architectures import training_flops_per_pair
+
+    config = json.loads((out / "config.json").read_text())
+    pairs = PairSet(out / "cache", "train")
+    lengths = pairs.lengths_of(np.arange(len(pairs))).astype(np.float64)  # (pairs, 2) source, target words
+    flops = float(np.mean(training_flops_per_pair(model_config_from_dict(config["model"]), config["target_vocab_size"],
+                                                  lengths[:, 0], lengths[:, 1])))
+    shutil.rmtree(out, ignore_errors=True)
+    return {"processes": processes, "threads": threads, "batch": batch, "flops_per_pair": flops,
+            "pairs_per_second": float(np.mean([r["pairs_per_second"] for r in later])),
+            "tokens_per_second": float(np.mean([r["target_tokens_per_second"] for r in later])),
+            "target_words_per_pair": float(lengths[:, 1].mean())}
+
+
+def sentences(args, work: Path) -> str:
+    """Sentence training speed against the matmul rate, by processes x threads x batch size."""
+    import torch
+
+    rates = {}
+    for threads in (1, os.cpu_count()):
+        torch.set_num_threads(threads)
+        rates[threads] = benchlib.matmul_rate()
+    machine_rate = rates[os.cpu_count()]
+    rows, results = [], []
+    for spec in args.sentence_configs.split(","):
+        processes, threads, batch = map(int, spec.split("x"))
+        r = sentence_run(args, work, processes, threads, batch)
+        print(json.dumps(r), flush=True)
+        results.append(r)
+        rows.append([processes, threads, batch, f"{r['pairs_per_second']:,.0f}", f"{r['tokens_per_second']:,.0f}",
+                     f"{r['flops_per_pair'] / 1e6:.1f}", f"{r['flops_per_pair'] * r['pairs_per_second'] / 1e9:.1f}",
+                     f"{r['flops_per_pair'] * r['pairs_per_second'] / machine_rate:.2f}"])
+    info = benchlib.machine()
+    best = max(results, key=lambda r: r["tokens_per_second"])
+    return (
+        "## Train: sentence pairs on the CPU (`tools/bench_train.py --sentences`)\n\n"
+        f"Command: `python tools/bench_train.py --sentences --sentence-configs {args.sentence_configs} "
+        f"--sentence-steps {args.sentence_steps} --write` on an otherwise idle machine ({info['cpu']}, "
+        f"{info['cores']} cores, torch {info['torch']}, fp32). Each configuration (*processes* x *threads* per "
+        "process x *batch* pairs per update) runs `phrase-scorer train --corpus train.tok.en.gz train.tok.fr.gz "
+        f"--arch rnnsearch --preset small --batch-size B --threads T --max-steps {3 * (args.sentence_steps // 3)}` "
+        "(2 processes: under `torchrun --standalone`, gloo) on the 29,000 Multi30k sentence pairs, with the "
+        "default recipe; the figures are the mean of the training log's validation intervals after the first "
+        "(validation excluded). *train MFLOP/pair*: 3 x the analytic forward FLOPs "
+        "(`models.architectures.FORWARD_FLOPS`, checked against torch's flop counter by a test) at each "
+        f"training pair's own lengths, mean {results[0]['target_words_per_pair']:.1f} target words; *share*: of "
+        f"the fp32 matmul rate of the whole machine measured in the same run ({machine_rate / 1e9:.0f} GFLOP/s on "
+        f"{os.cpu_count()} threads, {rates[1] / 1e9:.0f} on 1).\n\n"
+        + benchlib.markdown_table(["processes", "threads", "batch", "pairs/s", "target tokens/s", "train MFLOP/pair",
+                                   "GFLOP/s", "share"], rows)
+        + f"\n\nFastest: {best['processes']} x {best['threads']} x {best['batch']}, "
+        f"{best['tokens_per_second']:,.0f} target tokens/s.\n"
+    )
+
+
 def memory(args, work: Path) -> str:
     table = Path(args.table)
     big = benchlib.repeated_table(table, work / "table-x10.gz", times=10)
@@ -279,18 +366,25 @@ def main() -> None:
                         help="--learning: train the recipes at the same time, one thread each")
     parser.add_argument("--model-out", default=None, help="where --learning keeps its models (a folder per recipe)")
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--sentences", action="store_true",
+                        help="RNNsearch small on the Multi30k sentences: speed by processes x threads x batch")
+    parser.add_argument("--sentence-configs", default="1x1x80,1x2x80,2x1x80,1x2x40,1x2x160",
+                        help="--sentences: PROCESSESxTHREADSxBATCH, comma-separated")
+    parser.add_argument("--sentence-steps", type=int, default=120, help="--sentences: updates per configuration")
+    parser.add_argument("--data", default=str(DATA), help="--sentences: folder of the tokenised Multi30k files")
     parser.add_argument("--processes", action="store_true", help="1 against 2 torchrun processes on the CPU")
     args = parser.parse_args()
     if args.command == "worker":
         worker(args)
         return
-    if not (args.throughput or args.learning or args.memory or args.processes):
+    if not (args.throughput or args.learning or args.memory or args.processes or args.sentences):
         args.throughput = args.learning = args.memory = args.processes = True
     with benchlib.work_dir(args.work_dir, "bench-train-") as work:
         for enabled, name, function in ((args.throughput, "bench_train_throughput", throughput),
                                         (args.learning, "bench_train_learning", learning),
                                         (args.memory, "bench_train_memory", memory),
-                                        (args.processes, "bench_train_processes", processes)):
+                                        (args.processes, "bench_train_processes", processes),
+                                        (args.sentences, "bench_train_sentences", sentences)):
             if enabled:
                 benchlib.report(name, function(args, work), args.write)
 

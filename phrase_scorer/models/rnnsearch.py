@@ -32,7 +32,7 @@ features that predict y_i come from the state *before* the step that reads y_{i-
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Dict, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -242,3 +242,24 @@ class RNNsearch(TranslationModel):
             weights.append(alpha)
         _, valid = next_word_labels(tgt, tgt_len)  # (B, T+1)
         return torch.stack(weights, 1) * valid.unsqueeze(2).to(memory.annotations.dtype)  # (B, T+1, S)
+
+
+def forward_flops(config: RNNsearchConfig, target_vocab_size: int, source_length: float, target_length: float) -> Dict[str, float]:
+    """Analytic multiply-add FLOPs (2 per MAC) of the teacher-forced forward pass of one pair.
+
+    ``target_length`` counts words; the decoder runs one more step for </s>. Parts: ``encoder``
+    (both directions' GRU and U_a h_j per source word, and s_0), ``decoder`` (``decoder_step`` per
+    target step: W_a s, the scores v_a and the context over the source words, the GRU with its
+    context input, the maxout readout and the softmax's W_o). Elementwise work is left out.
+    """
+    m, n, n_a = config.embedding_dim, config.hidden_dim, config.alignment_dim
+    width, l, V = config.maxout_units * config.maxout_pieces, config.maxout_units, target_vocab_size - FIRST_OUTPUT_ID
+    encoder_step = 2 * 2 * (m * 3 * n + n * 2 * n + n * n) + 2 * (2 * n * n_a)  # two GRUs, then U_a h_j
+    encoder = source_length * encoder_step + 2 * n * n  # s_0 = tanh(W_s <-h_1)
+    attention = 2 * n * n_a + source_length * (2 * n_a + 2 * 2 * n)  # W_a s; v_a tanh(.) and a_ij h_j per word
+    readout = 2 * (n * width + m * width + 2 * n * width) + 2 * l * V
+    unit = 2 * (m * 3 * n + 2 * n * 3 * n + n * 2 * n + n * n)
+    decoder_step = attention + readout + unit
+    decoder = (target_length + 1) * decoder_step
+    return {"encoder": encoder, "encoder_step": encoder_step, "decoder": decoder, "decoder_step": decoder_step,
+            "total": encoder + decoder}
