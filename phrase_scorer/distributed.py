@@ -17,6 +17,9 @@ Sharding a table. The ranks split the table into contiguous runs of whole window
 whatever process reads it). Each window is scored exactly as one process would score it, so the
 parts, joined in rank order, are byte-identical to a one-process run. No line is repeated or
 dropped (unlike a ``DistributedSampler``, which pads the last shard with repeated items).
+
+``train --processes N`` starts such a job itself on this machine (:func:`launch_local`): the same
+command under ``torchrun --standalone --nproc-per-node N``.
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ import contextlib
 import datetime
 import logging
 import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
     import torch
@@ -76,6 +82,28 @@ def cores_per_process(current: Optional[World] = None) -> int:
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     return max(1, cores // current.local_size)
+
+
+def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int] = None) -> int:
+    """Run ``phrase-scorer ARGUMENTS`` as a job of ``processes`` ranks on this machine (torchrun
+    --standalone) and return its exit status. Each rank gets ``threads`` threads, by default its
+    share of the cores. An interrupt reaches the ranks (they checkpoint and stop) and this process
+    waits for them; a SIGTERM sent to this process is passed on."""
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(threads or cores_per_process(World(size=processes, local_size=processes)))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+               "-m", "phrase_scorer", *arguments]
+    job = subprocess.Popen(command, env=env)
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: job.send_signal(signal.SIGTERM))
+    try:
+        while True:
+            try:
+                return job.wait()
+            except KeyboardInterrupt:  # the terminal interrupted the ranks too: wait for their checkpoint
+                continue
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def device_for_rank(device) -> "torch.device":

@@ -79,6 +79,22 @@ def test_two_processes_learn_what_one_does_and_resume_with_nothing_there_starts_
     assert not list(out.glob("*.part"))
 
 
+def test_train_processes_starts_the_same_job_as_torchrun(tmp_path, one_process):
+    """`train --processes 2` runs the command as 2 ranks itself: the curve of one process with
+    the same global batch, one closing line."""
+    out = tmp_path / "two"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    run = subprocess.run([sys.executable, "-m", "phrase_scorer", *map(str, ARGS), "--max-steps", str(STEPS), "-o", str(out),
+                          "--processes", "2"], capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 0, run.stderr
+    assert "global batch: 16 pairs per update (2 processes x 8 pairs)" in run.stderr
+    assert run.stderr.count(f"model in {out}:") == 1
+    assert all(r["processes"] == 2 for r in records(out))
+    assert_same_curve(one_process, out)
+    mismatch = torchrun("-m", "phrase_scorer", *ARGS, "--max-steps", STEPS, "-o", tmp_path / "three", "--processes", 3)
+    assert mismatch.returncode != 0 and "--processes 3, but torchrun started 2 processes" in mismatch.stderr
+
+
 def test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_goes_on(tmp_path, one_process):
     out = tmp_path / "cut"
     ready = tmp_path / "ready"

@@ -51,7 +51,7 @@ def train_run(args) -> None:
         extra += [f"--{name}", value]
     command = phrase_scorer_command(
         "train", *corpus_args(Path(args.data), args.direction), "--arch", "rnnsearch", "--preset", "small", "--batch-size", 80,
-        "--valid-every", args.valid_every, "--recipe", args.recipe, "--threads", args.threads, *extra,
+        "--valid-every", args.valid_every, "--recipe", args.recipe, "--threads", args.threads, "--processes", args.processes, *extra,
         *(["--max-time", f"{args.minutes}m"] if args.minutes else []),
         *(["--max-steps", args.max_steps] if args.max_steps else []), "-o", out, "--resume")
     (Path(args.work_dir)).mkdir(parents=True, exist_ok=True)
@@ -225,7 +225,8 @@ def main() -> None:
     t.add_argument("--minutes", type=float, default=None)
     t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--valid-every", type=int, default=500)
-    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--threads", type=int, default=2, help="threads per process")
+    t.add_argument("--processes", type=int, default=1, help="train --processes (2 on a 2-core CPU with --threads 1)")
     t.add_argument("--direction", default="en-fr")
     t.add_argument("--data", default=str(DATA), help="folder of the tokenised Multi30k files")
     t.add_argument("--work-dir", required=True)
