@@ -246,22 +246,23 @@ def processes(args, work: Path) -> str:
 DATA = benchlib.ROOT.parent / "shared" / "data" / "multi30k-en-fr"
 
 
-def sentence_run(args, work: Path, processes: int, threads: int, batch: int) -> dict:
+def sentence_run(args, work: Path, processes: int, threads: int, batch: int, policy: str) -> dict:
     """`train --corpus` of RNNsearch `small` on the Multi30k sentences for --sentence-steps
     updates; training pairs/s and target tokens/s of the validation intervals after the first."""
     data = Path(args.data)
-    out = work / f"sentences-{processes}x{threads}x{batch}"
+    out = work / f"sentences-{processes}x{threads}x{batch}-{policy}"
     every = args.sentence_steps // 3
     train_args = ["train", "--corpus", data / "train.tok.en.gz", data / "train.tok.fr.gz",
                   "--dev", data / "val.tok.en.gz", data / "val.tok.fr.gz", "--arch", "rnnsearch", "--preset", "small",
                   "--batch-size", batch, "--threads", threads, "--valid-metric", "nll", "--valid-every", every,
                   "--max-steps", 3 * every, "-o", out, "--overwrite"]
+    env = {**os.environ, "OMP_WAIT_POLICY": policy.upper()}
     if processes > 1:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(HERE.parent.parent)}
+        env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=str(HERE.parent.parent))
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
                    "-m", "phrase_scorer", "-q", *map(str, train_args)]
     else:
-        env, command = None, benchlib.phrase_scorer_command(*train_args)
+        command = benchlib.phrase_scorer_command(*train_args)
     _, err, _, _ = benchlib.run_measured(command, env=env)
     records = [json.loads(l) for l in (out / "train.log.jsonl").read_text().splitlines() if l.strip()]
     if len(records) < 2:
@@ -280,7 +281,7 @@ def sentence_run(args, work: Path, processes: int, threads: int, batch: int) -> 
     flops = float(np.mean(training_flops_per_pair(model_config_from_dict(config["model"]), config["target_vocab_size"],
                                                   lengths[:, 0], lengths[:, 1])))
     shutil.rmtree(out, ignore_errors=True)
-    return {"processes": processes, "threads": threads, "batch": batch, "flops_per_pair": flops,
+    return {"processes": processes, "threads": threads, "batch": batch, "policy": policy, "flops_per_pair": flops,
             "pairs_per_second": float(np.mean([r["pairs_per_second"] for r in later])),
             "tokens_per_second": float(np.mean([r["target_tokens_per_second"] for r in later])),
             "target_words_per_pair": float(lengths[:, 1].mean())}
@@ -297,11 +298,12 @@ def sentences(args, work: Path) -> str:
     machine_rate = rates[os.cpu_count()]
     rows, results = [], []
     for spec in args.sentence_configs.split(","):
-        processes, threads, batch = map(int, spec.split("x"))
-        r = sentence_run(args, work, processes, threads, batch)
+        shape, _, policy = spec.partition(":")
+        processes, threads, batch = map(int, shape.split("x"))
+        r = sentence_run(args, work, processes, threads, batch, policy or "passive")
         print(json.dumps(r), flush=True)
         results.append(r)
-        rows.append([processes, threads, batch, f"{r['pairs_per_second']:,.0f}", f"{r['tokens_per_second']:,.0f}",
+        rows.append([processes, threads, batch, r["policy"], f"{r['pairs_per_second']:,.0f}", f"{r['tokens_per_second']:,.0f}",
                      f"{r['flops_per_pair'] / 1e6:.1f}", f"{r['flops_per_pair'] * r['pairs_per_second'] / 1e9:.1f}",
                      f"{r['flops_per_pair'] * r['pairs_per_second'] / machine_rate:.2f}"])
     info = benchlib.machine()
@@ -315,12 +317,13 @@ def sentences(args, work: Path) -> str:
         f"--arch rnnsearch --preset small --batch-size B --threads T --max-steps {3 * (args.sentence_steps // 3)}` "
         "(2 processes: under `torchrun --standalone`, gloo) on the 29,000 Multi30k sentence pairs, with the "
         "default recipe; the figures are the mean of the training log's validation intervals after the first "
-        "(validation excluded). *train MFLOP/pair*: 3 x the analytic forward FLOPs "
+        "(validation excluded). *OpenMP wait*: `OMP_WAIT_POLICY` of the run (`passive`, idle threads sleep, is "
+        "what the command line sets unless the environment says otherwise; `active`, they spin). *train MFLOP/pair*: 3 x the analytic forward FLOPs "
         "(`models.architectures.FORWARD_FLOPS`, checked against torch's flop counter by a test) at each "
         f"training pair's own lengths, mean {results[0]['target_words_per_pair']:.1f} target words; *share*: of "
         f"the fp32 matmul rate of the whole machine measured in the same run ({machine_rate / 1e9:.0f} GFLOP/s on "
         f"{os.cpu_count()} threads, {rates[1] / 1e9:.0f} on 1).\n\n"
-        + benchlib.markdown_table(["processes", "threads", "batch", "pairs/s", "target tokens/s", "train MFLOP/pair",
+        + benchlib.markdown_table(["processes", "threads", "batch", "OpenMP wait", "pairs/s", "target tokens/s", "train MFLOP/pair",
                                    "GFLOP/s", "share"], rows)
         + f"\n\nFastest: {best['processes']} x {best['threads']} x {best['batch']}, "
         f"{best['tokens_per_second']:,.0f} target tokens/s.\n"
@@ -369,7 +372,7 @@ def main() -> None:
     parser.add_argument("--sentences", action="store_true",
                         help="RNNsearch small on the Multi30k sentences: speed by processes x threads x batch")
     parser.add_argument("--sentence-configs", default="1x1x80,1x2x80,2x1x80,1x2x40,1x2x160",
-                        help="--sentences: PROCESSESxTHREADSxBATCH, comma-separated")
+                        help="--sentences: PROCESSESxTHREADSxBATCH[:active|passive] (OpenMP wait policy, default passive), comma-separated")
     parser.add_argument("--sentence-steps", type=int, default=120, help="--sentences: updates per configuration")
     parser.add_argument("--data", default=str(DATA), help="--sentences: folder of the tokenised Multi30k files")
     parser.add_argument("--processes", action="store_true", help="1 against 2 torchrun processes on the CPU")
