@@ -32,8 +32,8 @@ from phrase_scorer.threads import set_threads
 @threads_option
 @click.option("--processes", type=click.IntRange(min=1), default=1,
               help="Train in this many processes on this machine, each on its part of every batch (as under "
-                   "torchrun --standalone; the batch stays --batch-size pairs). On a 2-core CPU, 2 processes "
-                   "train RNNsearch small on sentence pairs about 1.4 times as fast as 1 process with 2 threads.")
+                   "torchrun --standalone; the batch stays --batch-size pairs). On an idle 2-core CPU, 2 processes "
+                   "train RNNsearch small on sentence pairs 1.36 times as fast as the default single process.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace a model already in the output folder.")
 @click.pass_context
