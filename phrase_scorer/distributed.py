@@ -18,8 +18,8 @@ whatever process reads it). Each window is scored exactly as one process would s
 parts, joined in rank order, are byte-identical to a one-process run. No line is repeated or
 dropped (unlike a ``DistributedSampler``, which pads the last shard with repeated items).
 
-``train --processes N`` starts such a job itself on this machine (:func:`launch_local`): the same
-command under ``torchrun --standalone --nproc-per-node N``.
+``train --processes N`` starts such a job itself on this machine (:func:`launch_local`): N
+processes with the environment ``torchrun --standalone --nproc-per-node N`` would give them.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ import datetime
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
@@ -84,26 +86,51 @@ def cores_per_process(current: Optional[World] = None) -> int:
     return max(1, cores // current.local_size)
 
 
+LAUNCH_GRACE = 30.0  # seconds the other ranks of a local job get to end after one failed
+
+
 def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int] = None) -> int:
-    """Run ``phrase-scorer ARGUMENTS`` as a job of ``processes`` ranks on this machine (torchrun
-    --standalone) and return its exit status. Each rank gets ``threads`` threads, by default its
-    share of the cores. An interrupt reaches the ranks (they checkpoint and stop) and this process
-    waits for them; a SIGTERM sent to this process is passed on."""
-    env = dict(os.environ)
-    if "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(threads or cores_per_process(World(size=processes, local_size=processes)))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-               "-m", "phrase_scorer", *arguments]
-    job = subprocess.Popen(command, env=env)
-    previous = signal.signal(signal.SIGTERM, lambda number, frame: job.send_signal(signal.SIGTERM))
+    """Run ``phrase-scorer ARGUMENTS`` as a job of ``processes`` ranks on this machine, each a
+    process with the environment torchrun would give it, and return the job's exit status (rank
+    0's, else the first failure's). Each rank gets ``threads`` threads, by default its share of
+    the cores. An interrupt from the terminal reaches every rank (they stop after the same step
+    with a checkpoint) and this process waits for them; a SIGTERM sent to this process is passed
+    on. A rank that fails leaves the others LAUNCH_GRACE seconds to end before they are stopped."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks = []
+    for rank in range(processes):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(processes), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(processes), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.setdefault("OMP_NUM_THREADS", str(threads or cores_per_process(World(size=processes, local_size=processes))))
+        ranks.append(subprocess.Popen([sys.executable, "-m", "phrase_scorer", *arguments], env=env))
+
+    def forward(number, frame) -> None:
+        for job in ranks:
+            if job.poll() is None:
+                job.send_signal(number)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    failed_at = None
     try:
-        while True:
+        while any(job.poll() is None for job in ranks):
             try:
-                return job.wait()
-            except KeyboardInterrupt:  # the terminal interrupted the ranks too: wait for their checkpoint
+                time.sleep(0.2)
+            except KeyboardInterrupt:  # the ranks got it too: wait for their checkpoint
                 continue
+            if failed_at is None and any(job.returncode for job in ranks if job.returncode is not None):
+                failed_at = time.monotonic()
+            waited = time.monotonic() - failed_at if failed_at is not None else 0.0
+            for job in ranks:
+                if job.poll() is None and waited > 2 * LAUNCH_GRACE:
+                    job.kill()
+                elif job.poll() is None and waited > LAUNCH_GRACE:
+                    job.terminate()
     finally:
         signal.signal(signal.SIGTERM, previous)
+    codes = [job.returncode for job in ranks]
+    return codes[0] or next((code for code in codes if code), 0)
 
 
 def device_for_rank(device) -> "torch.device":

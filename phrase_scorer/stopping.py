@@ -8,6 +8,7 @@ import signal
 import threading
 from typing import Any, Dict
 
+from phrase_scorer.distributed import world
 from phrase_scorer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ class StopRequests:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        log.warning("stopping after this step; press Ctrl-C again to stop at once (without a checkpoint)")
+        if world().is_main:  # a terminal's Ctrl-C reaches every rank: one of them says it
+            log.warning("stopping after this step; press Ctrl-C again to stop at once (without a checkpoint)")
 
     def __enter__(self) -> "StopRequests":
         if threading.current_thread() is threading.main_thread():

@@ -95,6 +95,32 @@ def test_train_processes_starts_the_same_job_as_torchrun(tmp_path, one_process):
     assert mismatch.returncode != 0 and "--processes 3, but torchrun started 2 processes" in mismatch.stderr
 
 
+def test_train_processes_passes_a_sigterm_on_and_says_once_where_the_job_stopped(tmp_path):
+    """A SIGTERM to `train --processes 2` reaches both ranks: they stop after the same step with
+    a checkpoint, the job exits 130 with one line naming the resume command, and it resumes."""
+    out = tmp_path / "stopped"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "phrase_scorer", *map(str, ARGS), "-o", str(out), "--processes", "2"]
+    proc = subprocess.Popen([*command, "--max-steps", "100000"], stderr=subprocess.PIPE, text=True, env=env)
+    log = out / "train.log.jsonl"
+    deadline = time.monotonic() + 600
+    while not (log.exists() and log.read_text().strip()):  # the first validation is written
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "no validation within 10 minutes"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=600) == 130, err
+    assert err.count("stopped at step") == 1 and "--processes 2 --resume" in err
+    step = int(err.split("stopped at step ")[1].split(",")[0])
+    assert (out / "checkpoint.pt").exists()
+    resumed = subprocess.run([*command, "--max-steps", str(step + 10), "--resume"], capture_output=True, text=True,
+                             env=env, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming at step {step}" in resumed.stderr
+    assert records(out)[-1]["step"] == step + 10
+
+
 def test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_goes_on(tmp_path, one_process):
     out = tmp_path / "cut"
     ready = tmp_path / "ready"
@@ -115,7 +141,8 @@ def test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_goes_on(tm
         time.sleep(0.05)
     err = proc.stderr.read()
     assert proc.returncode != 0
-    assert err.count("stopped at step 15, checkpoint saved") == 2, err  # both ranks, after step 15
+    # rank 0 says it, once; the checkpoint (written after both ranks agreed) is of step 15
+    assert err.count("stopped at step 15, checkpoint saved") == 1, err
     state = torch.load(out / "checkpoint.pt", weights_only=True)["state"]
     assert state["step"] == 15
     resumed = torchrun("-m", "phrase_scorer", *ARGS, "--max-steps", STEPS, "-o", out, "--resume")

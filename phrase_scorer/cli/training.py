@@ -67,14 +67,18 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
     if corpus:
         data = SentenceCorpus(*corpus, *(dev or (None, None)))
         data_args = f"--corpus {' '.join(corpus)}" + (f" --dev {' '.join(dev)}" if dev else "")
-    resume_command = f"phrase-scorer train {data_args} -o {output} --resume"
+    resume_command = f"phrase-scorer train {data_args} -o {output}{f' --processes {processes}' if processes > 1 else ''} --resume"
     try:
         state = run_training(data, output, config, resume=resume, overwrite=overwrite,
                              model_config=model_config, explicit=explicit)
     except TrainingInterrupted as stop:
+        if not current.is_main:  # rank 0 says where the job stopped, once
+            raise SystemExit(130) from None
         raise UserError(f"stopped at step {stop.step}, checkpoint saved; resume with: {resume_command}",
                         exit_code=130) from None
     except KeyboardInterrupt:
+        if not current.is_main:
+            raise SystemExit(130) from None
         if os.path.exists(os.path.join(output, "checkpoint.pt")):
             message = f"interrupted; resume from the last checkpoint with: {resume_command}"
         else:
