@@ -30,8 +30,13 @@ ARGS = ["train", EXAMPLE_TABLE, "--preset", "tiny", "--valid-pairs", 200, "--val
 STEPS = 30
 
 
+def job_env() -> dict:
+    """The environment of a job's processes: one thread each, this checkout's package."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
 def torchrun(*args, processes: int = 2, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = job_env()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
                *map(str, args)]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
@@ -83,7 +88,7 @@ def test_train_processes_starts_the_same_job_as_torchrun(tmp_path, one_process):
     """`train --processes 2` runs the command as 2 ranks itself: the curve of one process with
     the same global batch, one closing line."""
     out = tmp_path / "two"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = job_env()
     run = subprocess.run([sys.executable, "-m", "phrase_scorer", *map(str, ARGS), "--max-steps", str(STEPS), "-o", str(out),
                           "--processes", "2"], capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0, run.stderr
@@ -99,7 +104,7 @@ def test_train_processes_passes_a_sigterm_on_and_says_once_where_the_job_stopped
     """A SIGTERM to `train --processes 2` reaches both ranks: they stop after the same step with
     a checkpoint, the job exits 130 with one line naming the resume command, and it resumes."""
     out = tmp_path / "stopped"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = job_env()
     command = [sys.executable, "-m", "phrase_scorer", *map(str, ARGS), "-o", str(out), "--processes", "2"]
     proc = subprocess.Popen([*command, "--max-steps", "100000"], stderr=subprocess.PIPE, text=True, env=env)
     log = out / "train.log.jsonl"
@@ -124,7 +129,7 @@ def test_train_processes_passes_a_sigterm_on_and_says_once_where_the_job_stopped
 def test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_goes_on(tmp_path, one_process):
     out = tmp_path / "cut"
     ready = tmp_path / "ready"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = job_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          str(PAUSE_AT), "step:14", str(ready), "--", *map(str, ARGS), "--max-steps", "400", "-o", str(out)],

@@ -40,7 +40,7 @@ def open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
 
 
-def nbest_head(nbest: Path, source: Path, sentences: int, work: Path) -> Tuple[Path, Path, int, int]:
+def nbest_head(nbest: Path, source: Path, sentences: int, work: Path) -> Tuple[Path, Path, int, int, int]:
     """The list's lines of its first ``sentences`` sentences and those source lines, as files in
     ``work``; and the number of sentences found, of hypotheses and of predicted target tokens."""
     head, head_source = work / f"head{sentences}.nbest", work / f"head{sentences}.src"

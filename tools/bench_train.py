@@ -120,9 +120,10 @@ def throughput(args, work: Path) -> str:
 
 def learning_run(args, out: Path, recipe: str) -> dict:
     """One `train` run of the `small` preset for --minutes with ``recipe``: its log, config and cost."""
+    threads = learning_threads(args)
     command = benchlib.phrase_scorer_command(
         "train", args.table, "-o", out, "--preset", "small", "--recipe", recipe, "--max-time", f"{args.minutes}m",
-        "--overwrite", *(["--threads", learning_threads(args)] if learning_threads(args) else []))
+        "--overwrite", *(["--threads", threads] if threads else []))
     _, _, seconds, peak = benchlib.run_measured(command)
     records = [json.loads(l) for l in (out / "train.log.jsonl").read_text().splitlines() if l.strip()]
     return {"recipe": recipe, "records": records, "seconds": seconds, "peak": peak,
@@ -256,14 +257,8 @@ def sentence_run(args, work: Path, processes: int, threads: int, batch: int, pol
                   "--dev", data / "val.tok.en.gz", data / "val.tok.fr.gz", "--arch", "rnnsearch", "--preset", "small",
                   "--batch-size", batch, "--threads", threads, "--valid-metric", "nll", "--valid-every", every,
                   "--max-steps", 3 * every, "-o", out, "--overwrite"]
-    env = {**os.environ, "OMP_WAIT_POLICY": policy.upper()}
-    if processes > 1:
-        env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=str(HERE.parent.parent))
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-                   "-m", "phrase_scorer", "-q", *map(str, train_args)]
-    else:
-        command = benchlib.phrase_scorer_command(*train_args)
-    _, err, _, _ = benchlib.run_measured(command, env=env)
+    command = benchlib.phrase_scorer_command(*train_args, "--processes", processes)
+    _, err, _, _ = benchlib.run_measured(command, env={**os.environ, "OMP_WAIT_POLICY": policy.upper()})
     records = [json.loads(l) for l in (out / "train.log.jsonl").read_text().splitlines() if l.strip()]
     if len(records) < 2:
         raise SystemExit(f"{out}: training left fewer than 2 validations: {err[-2000:]}")
@@ -322,8 +317,8 @@ def sentences(args, work: Path) -> str:
         f"--sentence-steps {args.sentence_steps} --repeats {args.repeats} --write` on an otherwise idle machine ({info['cpu']}, "
         f"{info['cores']} cores, torch {info['torch']}, fp32). Each configuration (*processes* x *threads* per "
         "process x *batch* pairs per update) runs `phrase-scorer train --corpus train.tok.en.gz train.tok.fr.gz "
-        f"--arch rnnsearch --preset small --batch-size B --threads T --max-steps {3 * (args.sentence_steps // 3)}` "
-        "(2 processes: under `torchrun --standalone`, gloo) on the 29,000 Multi30k sentence pairs, with the "
+        f"--arch rnnsearch --preset small --batch-size B --threads T --processes P --max-steps {3 * (args.sentence_steps // 3)}` "
+        "(2 processes: gloo) on the 29,000 Multi30k sentence pairs, with the "
         "default recipe; the figures are the mean of the training log's validation intervals after the first "
         "(validation excluded), the best of --repeats rounds that each run every configuration once. *OpenMP wait*: `OMP_WAIT_POLICY` of the run (`passive`, idle threads sleep, is "
         "what the command line sets unless the environment says otherwise; `active`, they spin). *train MFLOP/pair*: 3 x the analytic forward FLOPs "

@@ -56,7 +56,7 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
     set_threads(threads)
     from phrase_scorer.data.sentence_pairs import SentenceCorpus
 
-    if not distributed.world().is_main:  # under torchrun, rank 0 alone reports progress
+    if not current.is_main:  # under torchrun, rank 0 alone reports progress
         log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
         progress.show_bars = False
     from phrase_scorer.train import TrainingInterrupted, train as run_training
