@@ -75,7 +75,7 @@ PRESETS: Dict[str, ModelConfig] = {
 }
 DEFAULT_PRESET = "paper"
 
-# Precisions (what each does: phrase_scorer/device.py; measured effect on scores: docs/precision.md).
+# Precisions (what each does: phrase_scorer/runtime/device.py; measured effect on scores: docs/precision.md).
 # A CPU always runs in fp32. Training's "auto" is bf16 autocast on a GPU that supports it, else fp16.
 PRECISIONS = ("fp32", "bf16", "fp16")
 TRAIN_PRECISIONS = ("auto", *PRECISIONS)

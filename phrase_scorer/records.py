@@ -12,7 +12,9 @@ current compares that record with the settings it would use now, here:
   settings it began with, else one error naming every difference;
 * :func:`finished` -- the signature of an output finished with these settings, or None;
 * :func:`reuse_or_clear` -- an experiment step's outputs are reused when their record matches,
-  else removed so that the step runs afresh.
+  else removed so that the step runs afresh; :class:`Step` -- that rule and the writing of the
+  record, the one protocol of every step of the experiments;
+* :func:`as_recorded` -- a value as its JSON record reads back (tuples as lists).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import STDIO, PathLike, part_path
+from phrase_scorer.io.files import STDIO, PathLike, part_path, write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +114,66 @@ def reuse_or_clear(record_path: Path, inputs: Mapping[str, Any], outputs: Sequen
     if not differing:
         # the same inputs: done, or interrupted (the step goes on from its partial output)
         return all(p.exists() for p in outputs)
-    log.info("%s was made from other inputs (%s changed): making it again", record_path.parent, ", ".join(differing))
+    log.info("%s is out of date (%s changed): making it again", ", ".join(map(str, outputs)) or record_path.parent,
+             ", ".join(differing))
     for path in outputs:
         for leftover in (path, part_path(path), Path(str(part_path(path)) + ".json")):
             leftover.unlink(missing_ok=True)
     return False
+
+
+def as_recorded(value: Any) -> Any:
+    """``value`` as JSON reads it back from a record (tuples become lists, keys strings), so that it
+    compares equal to what a record written from it holds."""
+    return json.loads(json.dumps(value))
+
+
+class Step:
+    """One step of an experiment: outputs made from recorded inputs, reused when a re-run has the
+    same inputs, made again when they changed, resumed when the step was interrupted.
+
+    ::
+
+        step = Step(folder / "inputs.json", inputs, [output])
+        if step.done:
+            return output  # made from the same inputs before
+        with step:
+            ...  # make the outputs (a partial output left by an interrupted run may be resumed)
+
+    Entering the step records the inputs as not finished yet, so an interrupted step is seen as
+    the same step by the next run (its partial outputs kept for it to resume from); leaving it
+    without an exception records them as finished. Outputs made from other inputs are removed
+    when the step is created (:func:`reuse_or_clear`); a step that works in a ``folder`` of its
+    own has the whole folder removed instead, and also when no record says what made it.
+    """
+
+    def __init__(self, record: PathLike, inputs: Mapping[str, Any], outputs: Sequence[PathLike], *,
+                 folder: Optional[PathLike] = None) -> None:
+        self.record = Path(record)
+        self.inputs = as_recorded(inputs)
+        self.outputs = [Path(p) for p in outputs]
+        if folder is not None and os.path.isdir(folder):
+            stale = changed(read_record(self.record), self.inputs)
+            if stale:
+                log.info("%s was made with other inputs (%s changed): removing it to run it again", folder,
+                         ", ".join(stale))
+                shutil.rmtree(folder)
+        self.done = reuse_or_clear(self.record, self.inputs, self.outputs)
+
+    def __enter__(self) -> "Step":
+        if self.done:
+            raise RuntimeError(f"the step recorded in {self.record} is done: nothing to make")
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        self._write({**self.inputs, "finished": False})
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self._write(self.inputs)
+            self.done = True
+
+    def _write(self, record: Mapping[str, Any]) -> None:
+        write_text_atomically(self.record, json.dumps(record, indent=1) + "\n")
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -148,7 +148,7 @@ def moses():
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny model trained for a few hundred steps on the bundled example table."""
     from phrase_scorer.config import TrainConfig
-    from phrase_scorer.train import train
+    from phrase_scorer.training.run import train
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     train(EXAMPLE_TABLE, out, TrainConfig(preset="tiny", max_steps=400, valid_every=200, valid_pairs=300, seed=3))
@@ -161,7 +161,7 @@ def sentence_models(tmp_path_factory):
     500 Multi30k sentence pairs, trained on first use and shared by the session."""
     from phrase_scorer.config import TrainConfig
     from phrase_scorer.data.sentence_pairs import SentenceCorpus
-    from phrase_scorer.train import train
+    from phrase_scorer.training.run import train
 
     made = {}
 
@@ -186,7 +186,7 @@ def loaded_tiny(tiny_model):
 
 @pytest.fixture(autouse=True)
 def _quiet_progress(monkeypatch):
-    from phrase_scorer import progress
+    from phrase_scorer.runtime import progress
 
     monkeypatch.setattr(progress, "show_bars", False)
     monkeypatch.setenv("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED", "0"))

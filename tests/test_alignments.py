@@ -14,7 +14,7 @@ from phrase_scorer.analysis.alignments import alignment_weights, choose_pairs, p
 from phrase_scorer.cli import cli
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.model_dir import load_model
-from phrase_scorer.scoring import pad
+from phrase_scorer.scoring.batch_scorer import pad
 
 from test_analysis import png_size
 

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 from conftest import A_MAN_TABLE
 from phrase_scorer.analysis.compare import CompareOptions, compare, to_markdown
-from phrase_scorer.annotate import annotate
+from phrase_scorer.scoring.annotate import annotate
 from phrase_scorer.cli import cli
 from phrase_scorer.io.phrase_table import read_phrase_table
-from phrase_scorer.scoring import BatchScorer
+from phrase_scorer.scoring.batch_scorer import BatchScorer
 
 
 def run(*args):

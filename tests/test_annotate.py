@@ -19,8 +19,8 @@ from conftest import A_MAN_TABLE, EXAMPLE_TABLE, SHARED_TABLE, kill, require_sha
 from phrase_scorer.cli import cli
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.annotate import annotate, finished_annotation
-from phrase_scorer.scoring import BatchScorer, default_chunk_rows
+from phrase_scorer.scoring.annotate import annotate, finished_annotation
+from phrase_scorer.scoring.batch_scorer import BatchScorer, default_chunk_rows
 
 
 def run(*args):

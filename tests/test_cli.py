@@ -94,7 +94,7 @@ def test_help_and_version_start_without_torch():
 
 def test_other_running_tasks_sees_busy_cores():
     """The busy-machine warning counts programs running now, not the one-minute load average."""
-    from phrase_scorer.threads import other_running_tasks
+    from phrase_scorer.runtime.threads import other_running_tasks
 
     if not os.path.exists("/proc/loadavg"):
         pytest.skip("needs Linux's /proc/loadavg")
@@ -114,7 +114,7 @@ def test_default_threads_share_this_process_cores_with_the_other_local_ranks(mon
     (its CPU affinity), not all of them: N ranks x all cores would oversubscribe the machine."""
     import torch
 
-    from phrase_scorer.threads import set_threads
+    from phrase_scorer.runtime.threads import set_threads
 
     if local_ranks > 1:
         for name, value in (("WORLD_SIZE", "2"), ("RANK", "1"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")):

@@ -21,7 +21,7 @@ from phrase_scorer.data.sentence_pairs import PAPER_WINDOW_BATCHES, SentenceCorp
 from phrase_scorer.data.batches import BatchSampler
 from phrase_scorer.data.cache import PairSet
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.train import train
+from phrase_scorer.training.run import train
 from phrase_scorer.vocab import Vocabulary
 
 QUICK = dict(preset="tiny", batch_size=16, valid_every=20, seed=11)

@@ -16,8 +16,8 @@ import torch
 
 from conftest import EXAMPLE_TABLE, PAUSE_AT, ROOT
 from phrase_scorer.config import TrainConfig
-from phrase_scorer.distributed import shard
-from phrase_scorer.train import train
+from phrase_scorer.runtime.distributed import shard
+from phrase_scorer.training.run import train
 
 pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")]

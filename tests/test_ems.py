@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from conftest import A_MAN_TABLE, DATA
 from phrase_scorer.cli import cli
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
+from phrase_scorer.io.moses_ini import MosesIni
+from phrase_scorer.moses.ini_patch import patch_moses_ini
 from phrase_scorer.experiments.ems import BINARY_SUFFIXES, MODEL_SUFFIX, TABLE_SUFFIX, parse_binarizer
 
 TRAINING = ["--preset", "tiny", "--max-steps", "6", "--valid-every", "3", "--valid-pairs", "50", "--batch-size", "16", "--threads", "1"]
@@ -182,6 +183,6 @@ def test_errors_are_one_line(ems_model_dir, tiny_model, tmp_path):
 
 
 def test_binary_suffixes_cover_every_binarizer():
-    from phrase_scorer.io.moses_ini import BINARIZERS
+    from phrase_scorer.moses.binarise import BINARIZERS
 
     assert set(BINARY_SUFFIXES) == set(BINARIZERS)

@@ -13,7 +13,7 @@ import torch
 
 from conftest import A_MAN_TABLE
 from phrase_scorer.config import ExperimentOptions, TuneOptions
-from phrase_scorer.experiments.table1 import RUN_INPUTS, RunResult, prepare_tables, reusable_run, run_inputs, system_inputs
+from phrase_scorer.experiments.table1 import RUN_INPUTS, RunResult, prepare_tables, result_of, run_inputs, run_step, system_inputs
 
 
 def system(tmp_path: Path) -> Path:
@@ -97,12 +97,12 @@ def test_a_tuning_run_is_reused_only_with_the_same_inputs(tmp_path, caplog):
 
     run_dir = tmp_path / "rnn" / "run-1"
     result = finished_run(run_dir, inputs)
-    assert reusable_run(run_dir, inputs) == result
-    assert reusable_run(run_dir, run_inputs(system_inputs(ini, table, dev, test, options), tune)) == result  # recomputed: same
+    assert result_of(run_step(run_dir, inputs)) == result
+    assert result_of(run_step(run_dir, run_inputs(system_inputs(ini, table, dev, test, options), tune))) == result  # recomputed: same
     # the same bytes with a new modification time (a table annotated again, data copied anew): same
     for path in (table, *dev, *test):
         os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
-    assert reusable_run(run_dir, run_inputs(system_inputs(ini, table, dev, test, options), tune)) == result
+    assert result_of(run_step(run_dir, run_inputs(system_inputs(ini, table, dev, test, options), tune))) == result
 
     for change, name in [
         (lambda: ini.write_text("[weight]\nTranslationModel0= 0.3\n"), "system ini sha256"),
@@ -116,7 +116,7 @@ def test_a_tuning_run_is_reused_only_with_the_same_inputs(tmp_path, caplog):
         now = run_inputs(system_inputs(ini, table, dev, test, options),
                          replace(tune, max_iterations=3) if name == "tuning options" else tune)
         caplog.clear()
-        assert reusable_run(run_dir, now) is None
+        assert result_of(run_step(run_dir, now)) is None
         assert f"({name} changed)" in caplog.text
         assert not run_dir.exists()  # the stale run is gone, so it is redone from scratch
         inputs = now
@@ -124,8 +124,8 @@ def test_a_tuning_run_is_reused_only_with_the_same_inputs(tmp_path, caplog):
     # a run recorded before inputs were (no inputs.json) is redone too
     finished_run(run_dir, inputs)
     (run_dir / RUN_INPUTS).unlink()
-    assert reusable_run(run_dir, inputs) is None and not run_dir.exists()
+    assert result_of(run_step(run_dir, inputs)) is None and not run_dir.exists()
     # an interrupted run with the same inputs is kept for tuning again (nothing finished to reuse)
     run_dir.mkdir(parents=True)
     (run_dir / RUN_INPUTS).write_text(json.dumps(inputs))
-    assert reusable_run(run_dir, inputs) is None and run_dir.exists()
+    assert result_of(run_step(run_dir, inputs)) is None and run_dir.exists()

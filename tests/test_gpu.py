@@ -18,8 +18,8 @@ from conftest import A_MAN_TABLE, EXAMPLE_TABLE
 from phrase_scorer.config import ScoringOptions, TrainConfig
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.model_dir import load_model
-from phrase_scorer.scoring import BatchScorer
-from phrase_scorer.train import train
+from phrase_scorer.scoring.batch_scorer import BatchScorer
+from phrase_scorer.training.run import train
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,6 +1,7 @@
-"""The package's import rules: phrase_scorer.moses and phrase_scorer.io (the Moses drivers and the
-file formats) never reach torch, not even through an import inside a function, so the Moses-side
-commands start at once and run where torch cannot be imported."""
+"""The package's import rules (docs/layout.md): which package may import which, at module level or
+inside a function; phrase_scorer.moses and phrase_scorer.io (the Moses drivers and the file formats)
+never reach torch, so the Moses-side commands start at once and run where torch cannot be imported;
+the top of phrase_scorer/ holds only what every package shares."""
 import ast
 import subprocess
 import sys
@@ -8,6 +9,24 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "phrase_scorer"
 TORCH_FREE = ("moses", "io")
+
+#: What each part of the package may import (besides itself and the version in phrase_scorer/__init__.py).
+#: "shared" is the top level's config, records and vocab; model_dir stands apart because it builds models.
+LOWER = {"errors": set(), "io": {"errors"}}
+LOWER["shared"] = {"errors", "io"}
+LOWER["runtime"] = LOWER["shared"] | {"shared"}
+LOWER["models"] = {"errors", "shared"}
+LOWER["model_dir"] = LOWER["models"] | {"io", "models"}
+LOWER["data"] = LOWER["runtime"] | {"runtime"}
+LOWER["moses"] = LOWER["runtime"] | {"runtime"}
+LOWER["scoring"] = LOWER["data"] | LOWER["model_dir"] | {"data", "model_dir"}
+LOWER["generation"] = LOWER["scoring"] | LOWER["moses"] | {"scoring", "moses"}
+LOWER["training"] = LOWER["generation"] | {"generation"}
+LOWER["analysis"] = LOWER["generation"] | {"generation"}
+LOWER["experiments"] = LOWER["training"] | {"training"}
+LOWER["cli"] = LOWER["experiments"] | LOWER["analysis"] | {"experiments", "analysis", "training"}
+LOWER["__main__"] = {"cli"}
+TOP_LEVEL = {"__init__", "__main__", "errors", "config", "records", "vocab", "model_dir"}
 
 
 def module_name(path: Path) -> str:
@@ -45,8 +64,47 @@ def package_of(path: Path) -> str:
     return module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
 
 
+def part_of(module: str) -> str:
+    """The part of the package (a key of LOWER) that holds ``module``."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "phrase_scorer"
+    if len(parts) == 1 and not (PACKAGE / parts[0]).is_dir():
+        return {"config": "shared", "records": "shared", "vocab": "shared"}.get(parts[0], parts[0])
+    return parts[0]
+
+
+def all_imports():
+    return {module_name(p): set(imported_modules(p, package_of(p))) for p in PACKAGE.rglob("*.py")}
+
+
+def test_each_package_imports_only_the_packages_below_it():
+    sources = all_imports()
+    wrong = []
+    for name, imported in sources.items():
+        here = part_of(name)
+        for target in sorted(m for m in imported if m in sources and m != "phrase_scorer"):
+            there = part_of(target)
+            if there != here and there not in LOWER[here]:
+                wrong.append(f"{name} imports {target} ({here} may import {sorted(LOWER[here])})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_top_level_holds_only_what_every_package_shares():
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    assert modules <= TOP_LEVEL, f"modules at the top of phrase_scorer/: {sorted(modules - TOP_LEVEL)}"
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(LOWER) - {
+        "errors", "shared", "model_dir", "__main__"}
+
+
+def test_a_moved_module_names_its_new_place():
+    done = subprocess.run([sys.executable, "-c", "import phrase_scorer.rescore"], capture_output=True, text=True,
+                          cwd=PACKAGE.parent)
+    assert "phrase_scorer.rescore moved to phrase_scorer.scoring.rescore" in done.stderr
+
+
 def test_moses_and_io_never_reach_torch_not_even_lazily():
-    sources = {module_name(p): set(imported_modules(p, package_of(p))) for p in PACKAGE.rglob("*.py")}
+    sources = all_imports()
     for package in TORCH_FREE:
         for name in [n for n in sources if n == f"phrase_scorer.{package}" or n.startswith(f"phrase_scorer.{package}.")]:
             torchy = {m for m in reachable(name, sources) if m == "torch" or m.startswith("torch.")}
@@ -78,6 +136,6 @@ def test_inference_reaches_no_training_data_code():
     """The scorer pads with data.padding and reaches none of the training data's modules."""
     sources = {module_name(p): set(imported_modules(p, package_of(p))) for p in PACKAGE.rglob("*.py")}
     training_data = {f"phrase_scorer.data.{m}" for m in ("cache", "batches", "phrase_pairs", "sentence_pairs")}
-    for name in ("phrase_scorer.scoring", "phrase_scorer.annotate_work", "phrase_scorer.rescore"):
-        assert "phrase_scorer.data.padding" in reachable(name, sources) or name != "phrase_scorer.scoring"
+    for name in ("phrase_scorer.scoring.batch_scorer", "phrase_scorer.scoring.annotate_work", "phrase_scorer.scoring.rescore"):
+        assert "phrase_scorer.data.padding" in reachable(name, sources) or name != "phrase_scorer.scoring.batch_scorer"
         assert not reachable(name, sources) & training_data, f"{name} reaches the training data's code"

@@ -10,7 +10,7 @@ import torch
 
 from phrase_scorer.config import PRESETS, ModelConfig
 from phrase_scorer.models.encdec import RNNEncoderDecoder, forward_flops
-from phrase_scorer.scoring import pad
+from phrase_scorer.scoring.batch_scorer import pad
 from phrase_scorer.vocab import EOS_ID, PAD_ID
 
 SMALL = ModelConfig(embedding_dim=5, hidden_dim=7, maxout_units=4, output_rank=3, source_shortlist=20, target_shortlist=20)
@@ -120,7 +120,7 @@ def test_probabilities_of_all_targets_up_to_a_length_sum_to_one():
     scorer, with its own chunked softmax, must give the same mass."""
     import itertools
 
-    from phrase_scorer.scoring import BatchScorer
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     torch.manual_seed(0)
     model = RNNEncoderDecoder(SMALL, 23, 6).to(torch.float64)  # classes: </s>, <unk>, 3 words
@@ -173,7 +173,7 @@ def test_analytic_flops_match_counted_flops():
     """forward_flops counts the same matrix products that torch's flop counter sees."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from phrase_scorer.scoring import BatchScorer, ScoringOptions
+    from phrase_scorer.scoring.batch_scorer import BatchScorer, ScoringOptions
 
     model = random_model(dtype=torch.float32)
     source, target = [3, 4, 5], [6, 7, 8, 9]
@@ -185,7 +185,7 @@ def test_analytic_flops_match_counted_flops():
     # The scorer embeds words by lookup (not counted) and runs the same products, except that its
     # output product carries two extra columns (bias and shift) per row, 2 * 2 * V per step, and
     # the shift comes from a product with the first K output rows, 2 * (R + 1) * K per step.
-    from phrase_scorer.scoring import OutputSoftmax
+    from phrase_scorer.scoring.batch_scorer import OutputSoftmax
 
     outputs = model.target_vocab_size - 1
     probe = min(OutputSoftmax.PROBE_COLUMNS, outputs) * 2 * (model.config.output_rank + 1)

@@ -96,7 +96,7 @@ def test_fresh_directory_never_removes_foreign_folders(tmp_path):
 
 
 def test_dropping_the_unknown_word_column_restores_five_columns(tmp_path, loaded_tiny):
-    from phrase_scorer.annotate import annotate
+    from phrase_scorer.scoring.annotate import annotate
 
     six = tmp_path / "six.gz"
     annotate(A_MAN_TABLE, six, loaded_tiny)

@@ -13,12 +13,9 @@ from click.testing import CliRunner
 from conftest import A_MAN_TABLE, DATA, ROOT, SHARED_SYSTEM, require_shared
 from phrase_scorer.cli import cli
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.moses_ini import (
-    MosesIni,
-    binarize_command,
-    format_weight,
-    patch_moses_ini,
-)
+from phrase_scorer.io.moses_ini import MosesIni, format_weight
+from phrase_scorer.moses.ini_patch import patch_moses_ini
+from phrase_scorer.moses.binarise import binarize_command
 from phrase_scorer.io.phrase_table import read_phrase_table
 
 INI = DATA / "moses.ini"
@@ -576,7 +573,7 @@ def test_cli_does_not_import_torch(tmp_path):
 def test_an_annotated_table_is_explained_for_moses_or_patched_into_its_ini(tmp_path):
     """What annotate says after writing a table: the change to make by hand (with the moses-ini
     command that makes it), or, with --ini, the patched moses.ini itself."""
-    from phrase_scorer.io.moses_ini import moses_for_new_columns
+    from phrase_scorer.moses.ini_patch import moses_for_new_columns
 
     table = tmp_path / "table.rnn.gz"
     advice = moses_for_new_columns(str(table), 4, 6, ("prob", "unk"))

@@ -25,7 +25,7 @@ VAL_FR = SHARED / "multi30k-en-fr" / "val.tok.fr.gz"
 @pytest.fixture(scope="module")
 def annotated_table(tmp_path_factory, loaded_tiny):
     """The whole Multi30k phrase table with the tiny model's two columns."""
-    from phrase_scorer.annotate import annotate
+    from phrase_scorer.scoring.annotate import annotate
 
     out = tmp_path_factory.mktemp("annotated") / "phrase-table.rnn.gz"
     annotate(SHARED_TABLE, out, loaded_tiny)
@@ -52,10 +52,10 @@ def decode(moses, ini: Path, source: Path, *extra: str, program: str = "moses") 
 def rnnsearch_slice(tmp_path_factory):
     """The pairs of the table for the first 60 test sentences, and that slice annotated by a tiny
     RNNsearch model trained on it."""
-    from phrase_scorer.annotate import annotate
+    from phrase_scorer.scoring.annotate import annotate
     from phrase_scorer.config import TrainConfig
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.train import train
+    from phrase_scorer.training.run import train
 
     work = tmp_path_factory.mktemp("rnnsearch")
     source = first_lines(TEST_EN, 60, work / "test.en")
@@ -72,7 +72,7 @@ def test_annotated_table_loads_and_translates(moses, arch, request, tmp_path):
     """Moses loads a table annotated by each architecture and uses its new columns: the whole
     table annotated by the tiny encoder-decoder, or the test sentences' slice annotated by a tiny
     RNNsearch trained on that slice."""
-    from phrase_scorer.io.moses_ini import patch_moses_ini
+    from phrase_scorer.moses.ini_patch import patch_moses_ini
 
     if arch == "encdec":
         table, annotated_table = SHARED_TABLE, request.getfixturevalue("annotated_table")
@@ -111,7 +111,8 @@ def test_annotated_table_loads_and_translates(moses, arch, request, tmp_path):
 
 def test_patch_tune_and_evaluate(moses, annotated_table, tmp_path):
     from phrase_scorer.config import TuneOptions
-    from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
+    from phrase_scorer.io.moses_ini import MosesIni
+    from phrase_scorer.moses.ini_patch import patch_moses_ini
     from phrase_scorer.moses.evaluate import evaluate, score
     from phrase_scorer.moses.installation import read_lines
     from phrase_scorer.moses.tune import tune
@@ -234,7 +235,8 @@ def binary_case(moses, annotated_table, tmp_path_factory):
 def patched_system(moses, case: dict, table_type: str, name: str) -> Path:
     """The system with its phrase table declared as ``table_type`` and patched by
     ``patch_moses_ini`` for the slice's six scores (binarised into ``pt.NAME`` for binary types)."""
-    from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
+    from phrase_scorer.io.moses_ini import MosesIni
+    from phrase_scorer.moses.ini_patch import patch_moses_ini
 
     work = case["work"]
     declared = work / f"{name}.ini"
@@ -329,7 +331,8 @@ def test_moses2_features_are_the_log_of_the_annotated_columns(moses, annotated_t
     table (floored at -100): the model's p(y|x) column and e^n_unk included."""
     import math
 
-    from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
+    from phrase_scorer.io.moses_ini import MosesIni
+    from phrase_scorer.moses.ini_patch import patch_moses_ini
     from phrase_scorer.io.nbest import read_nbest
     from phrase_scorer.io.phrase_table import read_phrase_table
     from phrase_scorer.moses.tune import with_absolute_paths

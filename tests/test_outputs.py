@@ -370,7 +370,7 @@ def test_4_moses_file_outputs_refuse_devices(tmp_path, tiny_model, sentence_mode
 
 
 def test_7_the_unknown_word_column_is_capped_and_annotate_reads_its_output(tmp_path, tiny_model):
-    from phrase_scorer.columns import UNK_CAP
+    from phrase_scorer.scoring.columns import UNK_CAP
 
     table = tmp_path / "t.txt"
     words = " ".join(f"zzunknown{i}" for i in range(800))

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from conftest import EXAMPLE_TABLE, head_lines
-from phrase_scorer.annotate import annotate
+from phrase_scorer.scoring.annotate import annotate
 from phrase_scorer.config import AnnotateOptions, ScoringOptions, TrainConfig
-from phrase_scorer.device import resolve_precision
+from phrase_scorer.runtime.device import resolve_precision
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.train import train
+from phrase_scorer.training.run import train
 
 
 def test_scoring_defaults_to_fp32_and_a_cpu_always_computes_in_fp32():
@@ -82,7 +82,7 @@ def test_training_resumed_on_another_device_says_so(tmp_path, caplog):
     assert (checkpoint["state"]["device"], checkpoint["state"]["precision"]) == ("cpu", "fp32")
     checkpoint["state"].update(device="cuda:NVIDIA H100 80GB HBM3", precision="bf16")
     torch.save(checkpoint, out / "checkpoint.pt")
-    logger = logging.getLogger("phrase_scorer.train")  # the CLI tests may stop propagation at "phrase_scorer"
+    logger = logging.getLogger("phrase_scorer.training.run")  # the CLI tests may stop propagation at "phrase_scorer"
     logger.addHandler(caplog.handler)
     try:
         state = train(EXAMPLE_TABLE, out, TrainConfig(max_steps=8, **quick), resume=True, explicit={"max_steps"})

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from phrase_scorer.prefetch import Prefetcher
+from phrase_scorer.training.prefetch import Prefetcher
 
 
 @pytest.mark.parametrize("depth", [0, 1, 3])

@@ -15,7 +15,7 @@ from phrase_scorer.data.sentence_pairs import SentenceCorpus
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.model_dir import load_model
 from phrase_scorer.models.architectures import build_model
-from phrase_scorer.train import train
+from phrase_scorer.training.run import train
 
 QUICK = dict(preset="tiny", valid_pairs=200, valid_every=20, batch_size=16, seed=11)
 
@@ -95,8 +95,8 @@ def test_dropout_acts_in_training_only(arch):
 def test_scores_translations_and_samples_are_deterministic_after_dropout_training(tmp_path):
     """A model trained with dropout: every scoring, translating and sampling path gives the
     same result twice, and loads with no dropout."""
-    from phrase_scorer.scoring import BatchScorer
-    from phrase_scorer.translate import translate_sentences
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
+    from phrase_scorer.generation.translate import translate_sentences
 
     out = tmp_path / "m"
     train(SentenceCorpus(str(TRAIN_EN), str(TRAIN_FR)), out,

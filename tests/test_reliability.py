@@ -567,7 +567,7 @@ def test_a_worker_whose_parent_is_gone_leaves_even_in_the_middle_of_a_read():
     that is not its parent's), instead of living on and holding the parent's stderr open."""
     import multiprocessing
 
-    from phrase_scorer.io import parallel
+    from phrase_scorer.runtime import workers as parallel
 
     process = multiprocessing.get_context("spawn").Process(target=parallel._serve,
                                                            args=(dict, (), StuckInbox(), {}, -1))

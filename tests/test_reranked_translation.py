@@ -28,7 +28,7 @@ def run(*args):
 def system(moses, tmp_path_factory, tiny_model):
     """The tuned Multi30k system on a slice of its table, and a reranker for it: the decoder's
     weights plus a weight for the tiny model's feature, as `rerank` would write it."""
-    from phrase_scorer.io.moses_ini import patch_moses_ini
+    from phrase_scorer.moses.ini_patch import patch_moses_ini
     from phrase_scorer.moses.rerank import dense_layout, reranker_record, rescored_models, weights_from_ini
 
     work = tmp_path_factory.mktemp("reranked")
@@ -85,7 +85,7 @@ def test_a_model_changed_since_tuning_is_refused(system, tmp_path):
 
 
 def test_an_interrupted_run_resumes_to_the_same_bytes(system, tmp_path, monkeypatch):
-    import phrase_scorer.reranked_translation as module
+    import phrase_scorer.generation.reranked_translation as module
 
     args = ["translate", "--moses", system["ini"], "--reranker", system["reranker"], system["source"],
             "--chunk-sentences", 3, "--moses-home", system["moses"].home]

@@ -8,6 +8,7 @@ experiment with Moses' extractor and mert on the tuned Multi30k system's 100-bes
 from __future__ import annotations
 
 import gzip
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from phrase_scorer.experiments.rescoring import (
     run_rescore_experiment,
 )
 from phrase_scorer.experiments.statistics import ngram_stats, smoothed_sentence_bleu
-from phrase_scorer.records import reuse_or_clear
+from phrase_scorer.records import Step
 
 VAL_EN = SHARED / "multi30k-en-fr" / "val.tok.en.gz"
 VAL_FR = SHARED / "multi30k-en-fr" / "val.tok.fr.gz"
@@ -56,42 +57,43 @@ def test_decoder_systems_are_parsed_and_bad_ones_refused(tmp_path):
 def test_a_step_is_reused_for_the_same_bytes_and_redone_for_new_ones(tmp_path):
     """A step's record names its input files by their bytes: a copy with a new modification time
     (data unpacked again) reuses the step's output; other bytes of the same size redo it."""
-    import json
     import os
 
     from phrase_scorer.io.files import content_identity
 
     source, output, record = tmp_path / "val.en", tmp_path / "val.out", tmp_path / "val.inputs.json"
     source.write_text("a man .\n", encoding="utf-8")
-    output.write_text("done\n", encoding="utf-8")
-    record.write_text(json.dumps({"source": content_identity(source)}), encoding="utf-8")
+    step = Step(record, {"source": content_identity(source)}, [output])
+    assert not step.done
+    with step:
+        output.write_text("done\n", encoding="utf-8")
     stat = source.stat()
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**10))
-    assert reuse_or_clear(record, json.loads(json.dumps({"source": content_identity(source)})), [output])
+    assert Step(record, {"source": content_identity(source)}, [output]).done
     assert output.exists()
     source.write_text("a dog .\n", encoding="utf-8")  # the same size, other bytes
-    assert not reuse_or_clear(record, json.loads(json.dumps({"source": content_identity(source)})), [output])
+    assert not Step(record, {"source": content_identity(source)}, [output]).done
     assert not output.exists()
 
 
 def test_an_interrupted_step_keeps_its_partial_output_for_the_resume(tmp_path):
     """The same inputs and no finished output: the step was interrupted, and what it wrote so far
-    stays for it to go on from; other inputs remove it."""
-    import json
-
+    stays for it to go on from; other inputs remove it. A step that fails is not recorded as finished."""
     from phrase_scorer.io.files import content_identity, part_path
 
     source, output, record = tmp_path / "val.en", tmp_path / "val.nbest.gz", tmp_path / "val.inputs.json"
     source.write_text("a man .\n", encoding="utf-8")
     partial, partial_record = part_path(output), Path(str(part_path(output)) + ".json")
-    partial.write_bytes(b"half")
-    partial_record.write_text("{}", encoding="utf-8")
-    inputs = json.loads(json.dumps({"source": content_identity(source)}))
-    record.write_text(json.dumps({**inputs, "finished": False}), encoding="utf-8")
-    assert not reuse_or_clear(record, inputs, [output])
+    with pytest.raises(KeyboardInterrupt):
+        with Step(record, {"source": content_identity(source)}, [output]):
+            partial.write_bytes(b"half")
+            partial_record.write_text("{}", encoding="utf-8")
+            raise KeyboardInterrupt
+    assert json.loads(record.read_text())["finished"] is False
+    assert not Step(record, {"source": content_identity(source)}, [output]).done
     assert partial.read_bytes() == b"half" and partial_record.exists()
     source.write_text("a dog .\n", encoding="utf-8")
-    assert not reuse_or_clear(record, json.loads(json.dumps({"source": content_identity(source)})), [output])
+    assert not Step(record, {"source": content_identity(source)}, [output]).done
     assert not partial.exists() and not partial_record.exists()
 
 
@@ -146,7 +148,7 @@ def split_list(tmp_path: Path, cut: int):
 
 @pytest.mark.moses
 def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_tiny, caplog):
-    from phrase_scorer.rescore import FeatureModel
+    from phrase_scorer.scoring.rescore import FeatureModel
 
     sets = split_list(tmp_path, 50)
     models = [FeatureModel("RNN", loaded_tiny), FeatureModel("RNNReverse", loaded_tiny, reverse=True)]
@@ -194,7 +196,7 @@ def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_ti
 
 @pytest.mark.moses
 def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tiny):
-    from phrase_scorer.rescore import FeatureModel
+    from phrase_scorer.scoring.rescore import FeatureModel
 
     sets = []
     with gzip.open(VAL_EN, "rt", encoding="utf-8") as f:

@@ -25,7 +25,7 @@ from phrase_scorer.model_dir import SOURCE_VOCAB, TARGET_VOCAB, BEST_WEIGHTS, Mo
 from phrase_scorer.models.architectures import ARCHITECTURES, build_model
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, next_word_labels, previous_words
 from phrase_scorer.models.rnnsearch import RNNsearch
-from phrase_scorer.scoring import pad
+from phrase_scorer.scoring.batch_scorer import pad
 from phrase_scorer.vocab import EOS_ID, PAD_ID, Vocabulary
 
 TINY_SEARCH = RNNsearchConfig(embedding_dim=5, hidden_dim=6, alignment_dim=4, maxout_units=3,

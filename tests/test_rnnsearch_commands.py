@@ -13,8 +13,8 @@ from conftest import A_MAN_TABLE, EXAMPLE_TABLE, head_lines, in_fp64
 from phrase_scorer.cli import cli
 from phrase_scorer.model_dir import load_model
 from phrase_scorer.models.rnnsearch import RNNsearch
-from phrase_scorer.sampling import beam_search, beam_search_batch
-from phrase_scorer.scoring import log_probs_by_forward
+from phrase_scorer.generation.sampling import beam_search, beam_search_batch
+from phrase_scorer.scoring.batch_scorer import log_probs_by_forward
 
 
 def run(*args):

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from phrase_scorer.cli import cli
 from phrase_scorer.config import SampleOptions
-from phrase_scorer.sampling import SourcePreparer, ancestral_samples, beam_search, display, propose
-from phrase_scorer.scoring import BatchScorer
+from phrase_scorer.generation.sampling import SourcePreparer, ancestral_samples, beam_search, display, propose
+from phrase_scorer.scoring.batch_scorer import BatchScorer
 from phrase_scorer.vocab import EOS_ID
 
 
@@ -97,7 +97,7 @@ def test_language_model_column_and_ranking(tmp_path, loaded_tiny):
     arpa.write_text(
         "\\data\\\nngram 1=6\nngram 2=1\n\n\\1-grams:\n-1.0\t<unk>\t0\n-99\t<s>\t0\n-1.0\t</s>\t0\n"
         "-0.3\tun\t0\n-0.4\thomme\t0\n-2.0\tfemme\t0\n\n\\2-grams:\n-0.1\tun homme\n\n\\end\\\n")
-    from phrase_scorer.sampling import TargetLanguageModel
+    from phrase_scorer.generation.sampling import TargetLanguageModel
 
     lm = TargetLanguageModel(str(arpa))
     assert lm.log_prob(["un", "homme"]) == pytest.approx(-0.4 * math.log(10), abs=1e-4)  # p(un) p(homme | un)

@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import A_MAN_TABLE, EXAMPLE_TABLE, head_lines
-from phrase_scorer.annotate import annotate
-from phrase_scorer.annotate_work import ByteIds, WindowWork, WorkerScoring
+from phrase_scorer.scoring.annotate import annotate
+from phrase_scorer.scoring.annotate_work import ByteIds, WindowWork, WorkerScoring
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
-from phrase_scorer.distributed import shard_lines
+from phrase_scorer.runtime.distributed import shard_lines
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.parallel import WorkerPool
+from phrase_scorer.runtime.workers import WorkerPool
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.io.table_windows import RawWindow, RawWindows, count_lines, parse_window
 from phrase_scorer.vocab import UNK_ID
@@ -181,8 +181,8 @@ def test_workers_do_not_change_the_output(tmp_path, loaded_tiny):
 def test_a_one_thread_scorer_runs_in_the_workers_with_the_same_scores(tmp_path, loaded_tiny):
     import torch
 
-    from phrase_scorer.annotate import scoring_in_workers
-    from phrase_scorer.scoring import BatchScorer, scorer_for_worker
+    from phrase_scorer.scoring.annotate import scoring_in_workers
+    from phrase_scorer.scoring.batch_scorer import BatchScorer, scorer_for_worker
 
     threads = torch.get_num_threads()
     try:

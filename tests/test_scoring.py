@@ -11,15 +11,14 @@ from phrase_scorer.config import ModelConfig, RNNsearchConfig, ScoringOptions
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.models.encdec import RNNEncoderDecoder
 from phrase_scorer.models.architectures import build_model
-from phrase_scorer.scoring import (
+from phrase_scorer.runtime.threads import ONE_THREAD_PARAMETERS, default_threads
+from phrase_scorer.scoring.batch_scorer import (
     CPU_CHUNK_BYTES,
     CPU_CHUNK_ROWS,
     GPU_CHUNK_BYTES,
-    ONE_THREAD_PARAMETERS,
     BatchScorer,
     build_trie,
     default_chunk_rows,
-    default_threads,
     log_probs_by_forward,
     pad,
 )
@@ -210,7 +209,7 @@ def test_softmax_overflow_falls_back_to_the_exact_sum(real_pairs):
     """A rare output whose logit dwarfs every frequent one (by more than fp32's exp can hold)
     overflows the shifted sum; those rows are recomputed exactly, so scores still equal
     teacher forcing."""
-    from phrase_scorer.scoring import OutputSoftmax
+    from phrase_scorer.scoring.batch_scorer import OutputSoftmax
 
     sources, targets = real_pairs[0][:300], real_pairs[1][:300]
     model = make_model(real_pairs, torch.float64)

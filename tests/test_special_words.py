@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLE_TABLE, head_lines
-from phrase_scorer.annotate import annotate
-from phrase_scorer.pair_scores import score_file
+from phrase_scorer.scoring.annotate import annotate
+from phrase_scorer.scoring.score import score_file
 from phrase_scorer.config import AnnotateOptions, SampleOptions, TrainConfig
 from phrase_scorer.data.cache import PairSet
-from phrase_scorer.sampling import SourcePreparer, propose
-from phrase_scorer.train import train
+from phrase_scorer.generation.sampling import SourcePreparer, propose
+from phrase_scorer.training.run import train
 from phrase_scorer.vocab import EOS_ID, PAD_ID, SPECIALS, UNK_ID, Vocabulary
 
 LITERAL = " ".join(SPECIALS)  # "<pad> </s> <unk>"

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from phrase_scorer.cli import cli
 from phrase_scorer.config import TranslateOptions
 from phrase_scorer.model_dir import load_model
-from phrase_scorer.scoring import BatchScorer, pad
-from phrase_scorer.translate import translate_sentences
+from phrase_scorer.scoring.batch_scorer import BatchScorer, pad
+from phrase_scorer.generation.translate import translate_sentences
 from phrase_scorer.vocab import EOS_ID, PAD_ID, UNK_ID
 
 from conftest import VAL_EN, in_fp64

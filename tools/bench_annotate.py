@@ -92,7 +92,7 @@ def worker(args) -> None:
     from phrase_scorer.io.phrase_table import read_phrase_table
     from phrase_scorer.models.encdec import forward_flops
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.scoring import BatchScorer, log_probs_by_forward
+    from phrase_scorer.scoring.batch_scorer import BatchScorer, log_probs_by_forward
 
     torch.set_num_threads(args.threads or os.cpu_count())
     loaded = load_model(args.model_dir)
@@ -126,7 +126,7 @@ def worker(args) -> None:
         log_probs_by_forward(model, [sources[i] for i in order], [targets[i] for i in order], batch)
         seconds = time.perf_counter() - start
     elif args.strategy == "annotate":
-        from phrase_scorer.annotate import annotate
+        from phrase_scorer.scoring.annotate import annotate
 
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()

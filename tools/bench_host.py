@@ -115,7 +115,7 @@ def host_run(table: Path, model_dir: Path, workers: int, work: Path):
 
 def host_worker(args) -> None:
     """One host-pipeline run (constant scores) in this process; prints its figures."""
-    from phrase_scorer.annotate import annotate
+    from phrase_scorer.scoring.annotate import annotate
     from phrase_scorer.model_dir import load_model
 
     loaded = load_model(args.model_dir)
@@ -243,11 +243,11 @@ def scorer_profile(args) -> None:
     sys.path[:0] = os.environ.get("PYTHONPATH", "").split(os.pathsep)  # before this checkout's root
     import torch
 
-    from phrase_scorer.annotate_work import WindowWork
+    from phrase_scorer.scoring.annotate_work import WindowWork
     from phrase_scorer.config import AnnotateOptions, ScoringOptions
     from phrase_scorer.io.table_windows import RawWindows
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.scoring import BatchScorer
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     torch.set_num_threads(1)
     loaded = load_model(args.model_dir)

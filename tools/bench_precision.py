@@ -97,7 +97,7 @@ def score(loaded, sources, targets, precision: str, device: str, batch_tokens: i
     import torch
 
     from phrase_scorer.config import ScoringOptions
-    from phrase_scorer.scoring import BatchScorer
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     model = loaded.model.to(device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
@@ -167,7 +167,7 @@ def score_batched(model, sources, targets, batching: Batching, threads: int) -> 
     import torch
 
     from phrase_scorer.config import ScoringOptions
-    from phrase_scorer.scoring import BatchScorer
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     torch.set_num_threads(batching.threads or threads)
     try:

@@ -49,7 +49,7 @@ def worker(args) -> None:
     from phrase_scorer.config import TrainConfig
     from phrase_scorer.data.cache import PairSet
     from phrase_scorer.models.encdec import forward_flops
-    from phrase_scorer.train import train
+    from phrase_scorer.training.run import train
     from phrase_scorer.model_dir import ModelDirectory
 
     torch.set_num_threads(args.threads or os.cpu_count())

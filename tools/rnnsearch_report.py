@@ -69,9 +69,9 @@ def translation_record(model_dir: Path, source: Path, options: TranslateOptions,
 
 def translate_cached(model_dir: Path, source: Path, output: Path, options: TranslateOptions, device) -> Path:
     """``output``: the model's translation of ``source``, made now unless a matching one is there."""
-    from phrase_scorer.device import device_label
+    from phrase_scorer.runtime.device import device_label
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.translate import translate_file
+    from phrase_scorer.generation.translate import translate_file
 
     record = translation_record(model_dir, source, options, device_label(device))
     meta = output.with_name(output.name + ".json")
@@ -257,7 +257,7 @@ def section(args, scores: Dict[str, Dict[str, object]], sizes: Dict[str, int], r
 def report(args) -> str:
     from phrase_scorer.analysis.alignments import plot_alignments
     from phrase_scorer.analysis.bleu_by_length import bleu_by_length, plot_bleu_by_length
-    from phrase_scorer.device import device_label, resolve_device
+    from phrase_scorer.runtime.device import device_label, resolve_device
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.moses.evaluate import score
 

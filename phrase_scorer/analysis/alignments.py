@@ -116,7 +116,7 @@ def alignment_weights(loaded, pairs: Sequence[Tuple[Sequence[str], Sequence[str]
     target word i in reading order (for a right-to-left model too), the last row ``</s>``."""
     import torch
 
-    from phrase_scorer.scoring import pad
+    from phrase_scorer.scoring.batch_scorer import pad
 
     require_alignments(loaded)
     model = loaded.model
@@ -139,7 +139,7 @@ def output_for_line(output: PathLike, line: int) -> Path:
 def plot_alignment(pair: AlignedPair, output: PathLike, *, dpi: int = 100) -> None:
     """One pair's heat map: source words along the top, target words (and </s>) down the left."""
     from phrase_scorer.analysis.plots import require_matplotlib, save_figure
-    from phrase_scorer.sampling import display
+    from phrase_scorer.generation.sampling import display
 
     plt = require_matplotlib()
     rows, columns = pair.weights.shape

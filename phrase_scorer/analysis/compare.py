@@ -6,7 +6,7 @@ least ``min_words`` words with at least ``min_targets`` targets are candidates; 
 ones have the largest source counts (the second number of the counts field), the ``rare`` ones
 the smallest. Only the chosen groups are kept in memory. The model's score of a pair comes from
 the table's own model column when the table was annotated by this model (its signature says
-so), and from :class:`~phrase_scorer.scoring.BatchScorer` otherwise.
+so), and from :class:`~phrase_scorer.scoring.batch_scorer.BatchScorer` otherwise.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def compare(table: PathLike, loaded, options: CompareOptions = CompareOptions(),
     picked = select(table, options, column, chosen)
     missing = [(g, i) for _, g in picked for i, entry in enumerate(g.lines) if entry[3] is None]
     if missing:
-        from phrase_scorer.scoring import BatchScorer
+        from phrase_scorer.scoring.batch_scorer import BatchScorer
 
         scores = BatchScorer(loaded.model).score(
             [loaded.source_vocab.encode(g.source.split()) for g, _ in missing],

@@ -220,7 +220,7 @@ def phrase_vectors(loaded, phrases: Sequence[Sequence[str]]) -> np.ndarray:
     """The summaries c = tanh(V h_N) of the encoder for ``phrases``."""
     import torch
 
-    from phrase_scorer.scoring import pad
+    from phrase_scorer.scoring.batch_scorer import pad
 
     from phrase_scorer.models.encdec import RNNEncoderDecoder
 
@@ -306,7 +306,7 @@ def plot_embeddings(loaded, output: PathLike, *, kind: str = "words", table: Opt
                     words: int = 1000, phrases: int = 2000, min_words: int = 4, method: str = "auto", seed: int = 1,
                     labels: int = 60, html_output: Optional[PathLike] = None) -> MapResult:
     """A 2-D map of word embeddings (Fig. 4) or of phrase representations c (Fig. 5)."""
-    from phrase_scorer.sampling import display
+    from phrase_scorer.generation.sampling import display
 
     require_matplotlib()
     if kind == "words":

@@ -10,7 +10,7 @@ from phrase_scorer.cli.group import UserError, cli
 from phrase_scorer.cli.options import (
     device_option, model_option, overwrite_option, threads_option,
 )
-from phrase_scorer.threads import set_threads
+from phrase_scorer.runtime.threads import set_threads
 
 
 @cli.command()
@@ -32,8 +32,8 @@ def compare(model_dir, table, frequent, rare, sources, top, min_words, min_targe
     set_threads(threads)
     from phrase_scorer.analysis.compare import CompareOptions, compare as run_compare, to_json, to_markdown
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.sampling import display
-    from phrase_scorer.device import resolve_device
+    from phrase_scorer.generation.sampling import display
+    from phrase_scorer.runtime.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
     options = CompareOptions(min_words=min_words, min_targets=min_targets, top=top, frequent=frequent, rare=rare,
@@ -95,7 +95,7 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
     from phrase_scorer.analysis.plots import plot_embeddings as run
     from phrase_scorer.io.outputs import check_output, model_files, same_file
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.device import resolve_device
+    from phrase_scorer.runtime.device import resolve_device
 
     inputs = [("the table", table), *model_files(model_dir)]
     check_output(output, inputs, overwrite=overwrite, what="the figure")
@@ -135,7 +135,7 @@ def plot_alignments(model_dir, source, target, output, lines, count, seed, max_w
     alignment and is refused.
     """
     from phrase_scorer.analysis.alignments import DEFAULT_COUNT, parse_line_numbers, plot_alignments as run
-    from phrase_scorer.device import resolve_device
+    from phrase_scorer.runtime.device import resolve_device
     from phrase_scorer.io.outputs import model_files
     from phrase_scorer.model_dir import load_model
 

@@ -12,7 +12,7 @@ from phrase_scorer.cli.options import (
     batch_tokens_option, check_report, column_options, device_option, make_training_settings, make_tune_options,
     moses_home_option, precision_option, threads_option, training_options, tune_options,
 )
-from phrase_scorer.threads import set_threads
+from phrase_scorer.runtime.threads import set_threads
 
 
 @cli.command()
@@ -110,9 +110,9 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     n-best lists, rescore them, re-tune and rerank each row --runs times, and report BLEU, chrF
     and paired bootstrap tests against Moses' 1-best."""
     set_threads(threads)
-    from phrase_scorer.device import resolve_device
+    from phrase_scorer.runtime.device import resolve_device
     from phrase_scorer.moses.installation import MosesInstallation
-    from phrase_scorer.rescore import ensembles_by_name, feature_models
+    from phrase_scorer.scoring.rescore import ensembles_by_name, feature_models
     from phrase_scorer.experiments.rescoring import (
         EvalSet, parse_named, parse_row, parse_system, run_rescore_experiment, set_name,
     )

@@ -11,7 +11,7 @@ from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
     device_option, model_option, moses_home_option, overwrite_option, resume_option, threads_option,
 )
-from phrase_scorer.threads import set_threads
+from phrase_scorer.runtime.threads import set_threads
 
 
 @cli.command()
@@ -44,8 +44,8 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
     import json
 
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.sampling import SourcePreparer, TargetLanguageModel, display, propose, read_source_phrases
-    from phrase_scorer.device import resolve_device
+    from phrase_scorer.generation.sampling import SourcePreparer, TargetLanguageModel, display, propose, read_source_phrases
+    from phrase_scorer.runtime.device import resolve_device
 
     sources = list(phrases)
     if input_file:
@@ -116,7 +116,7 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
     words outside the model's shortlist are read as <unk>. An empty line gives an empty line.
     """
     set_threads(threads)
-    from phrase_scorer.device import resolve_device
+    from phrase_scorer.runtime.device import resolve_device
 
     if (model_dir is None) == (moses_ini is None):
         raise UserError("give -m MODEL (the model alone) or --moses INI --reranker RERANKER (the whole system)")
@@ -126,7 +126,7 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
         if output == "-" or input == "-":
             raise UserError("--moses translates a named INPUT into a named -o OUTPUT (resumable, with a signature)")
         from phrase_scorer.moses.installation import MosesInstallation
-        from phrase_scorer.reranked_translation import PHASES, translate_reranked
+        from phrase_scorer.generation.reranked_translation import PHASES, translate_reranked
 
         try:
             result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,
@@ -142,7 +142,7 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
     if reranker is not None or resume:
         raise UserError("--reranker and --resume go with --moses")
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.translate import translate_file
+    from phrase_scorer.generation.translate import translate_file
 
     loaded = load_model(model_dir, resolve_device(device))
     options = TranslateOptions(beam=beam, length_normalize=length_normalize, max_length_ratio=max_length_ratio,

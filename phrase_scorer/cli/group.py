@@ -10,7 +10,8 @@ from typing import Optional
 
 import click
 
-from phrase_scorer import __version__, progress
+from phrase_scorer import __version__
+from phrase_scorer.runtime import progress
 from phrase_scorer.errors import PhraseScorerError
 
 

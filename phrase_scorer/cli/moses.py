@@ -41,7 +41,7 @@ def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_wei
     Points the phrase-table feature at the new table, raises its num-features and appends the
     new columns' weights. Every other line is copied unchanged.
     """
-    from phrase_scorer.io.moses_ini import patch_moses_ini
+    from phrase_scorer.moses.ini_patch import patch_moses_ini
 
     result = patch_moses_ini(moses_ini, output, phrase_table=phrase_table, add_features=add_features,
                              initial_weights=initial_weights, feature_name=feature_name,

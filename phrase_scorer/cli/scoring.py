@@ -13,7 +13,7 @@ from phrase_scorer.cli.options import (
     batch_tokens_option, column_options, device_option, model_option, overwrite_option, precision_option,
     resume_option, threads_option,
 )
-from phrase_scorer.threads import set_threads
+from phrase_scorer.runtime.threads import set_threads
 
 
 @cli.command()
@@ -29,9 +29,9 @@ def score(model_dir, input, output, overwrite, batch_tokens, device, threads):
 
     INPUT may also be a whole phrase table; '-' reads stdin. One number per input line, in order.
     """
-    from phrase_scorer.pair_scores import score_file
+    from phrase_scorer.scoring.score import score_file
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.device import resolve_device
+    from phrase_scorer.runtime.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
     set_threads(threads, [loaded.model])
@@ -63,9 +63,9 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
     Under torchrun (torchrun --nproc-per-node N -m phrase_scorer annotate ...) every process
     annotates a part of TABLE and the parts are joined into OUTPUT, byte for byte what one
     process writes."""
-    from phrase_scorer.annotate import annotate as run_annotate
-    from phrase_scorer.device import resolve_device
-    from phrase_scorer.distributed import device_for_rank, world
+    from phrase_scorer.scoring.annotate import annotate as run_annotate
+    from phrase_scorer.runtime.device import resolve_device
+    from phrase_scorer.runtime.distributed import device_for_rank, world
     from phrase_scorer.model_dir import load_model
 
     from phrase_scorer.io.outputs import check_output, writes_directly
@@ -101,7 +101,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
             + ("" if writes_directly(output) else f": {output}, signature {output}.json"),
             err=True,
         )
-    from phrase_scorer.io.moses_ini import moses_for_new_columns
+    from phrase_scorer.moses.ini_patch import moses_for_new_columns
 
     click.echo(moses_for_new_columns(output, result.num_scores_before, result.num_scores_after,
                                      tuple(result.signature["columns"]), moses_ini=moses_ini, ini_output=ini_output),
@@ -144,8 +144,8 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, ensembl
     each ensemble one, the mean of its models' log p; every other byte of the list is kept. '-'
     reads NBEST from stdin.
     """
-    from phrase_scorer.rescore import feature_models, rescore as run_rescore
-    from phrase_scorer.device import resolve_device
+    from phrase_scorer.scoring.rescore import feature_models, rescore as run_rescore
+    from phrase_scorer.runtime.device import resolve_device
 
     loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device), ensemble=ensemble,
                             reverse_ensemble=reverse_ensemble)

@@ -8,12 +8,12 @@ import sys
 
 import click
 
-from phrase_scorer import progress
+from phrase_scorer.runtime import progress
 from phrase_scorer.cli.group import UserError, cli, log
 from phrase_scorer.cli.options import (
     make_training_settings, threads_option, training_options,
 )
-from phrase_scorer.threads import set_threads
+from phrase_scorer.runtime.threads import set_threads
 
 
 @cli.command()
@@ -45,7 +45,7 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
                         "give a phrase TABLE or --corpus SRC TGT to train on")
     if dev and not corpus:
         raise UserError("--dev goes with --corpus (a phrase table's validation pairs are held out from it)")
-    from phrase_scorer import distributed
+    from phrase_scorer.runtime import distributed
 
     current = distributed.world()
     if processes > 1 and not current.is_distributed:  # start the job; its ranks run this command again
@@ -59,7 +59,7 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
     if not current.is_main:  # under torchrun, rank 0 alone reports progress
         log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
         progress.show_bars = False
-    from phrase_scorer.train import TrainingInterrupted, train as run_training
+    from phrase_scorer.training.run import TrainingInterrupted, train as run_training
 
     config, model_config, explicit = make_training_settings(ctx, settings, resume)
     data = table

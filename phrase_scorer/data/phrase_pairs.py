@@ -26,7 +26,7 @@ from phrase_scorer.data.cache import (
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_identity
 from phrase_scorer.io.phrase_table import read_phrase_table
-from phrase_scorer.progress import progress_bar
+from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary
 
 CACHE_FORMAT = "phrase-scorer-pair-cache"
@@ -143,7 +143,7 @@ def build_cache(
 @dataclass(frozen=True)
 class PhraseTableData:
     """Training data from the unique phrase pairs of a Moses table, for
-    :func:`phrase_scorer.train.train`.
+    :func:`phrase_scorer.training.run.train`.
 
     A data source offers ``kind`` (the key under which ``config.json`` records the data),
     ``path`` (for messages), ``window_batches`` (how many batches :class:`BatchSampler` sorts by

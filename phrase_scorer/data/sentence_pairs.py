@@ -37,7 +37,7 @@ from phrase_scorer.data.cache import (
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_identity, open_input, read_failure
 from phrase_scorer.io.phrase_table import split_words
-from phrase_scorer.progress import progress_bar
+from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def left_out(source_words: List[str], target_words: List[str], max_length: Optio
 
 @dataclass(frozen=True)
 class SentenceCorpus:
-    """Training data from sentence pairs, for :func:`phrase_scorer.train.train`.
+    """Training data from sentence pairs, for :func:`phrase_scorer.training.run.train`.
 
     Implements the same data-source interface as :class:`phrase_scorer.data.phrase_pairs.PhraseTableData`:
     ``kind`` (the key under which ``config.json`` records the data), ``path`` (for messages),

@@ -13,7 +13,7 @@ that tuning and evaluation then use (``model/moses.bin.ini.N``). :func:`build_em
 the model on IN's phrase table (or takes a trained one), annotates the table, binarises it when
 ``-Binarizer`` names a Moses binariser, and writes OUT with the phrase-table feature pointing at
 the new table, ``num-features`` raised and the new columns' start weights appended
-(:func:`phrase_scorer.io.moses_ini.patch_moses_ini` makes that change).
+(:func:`phrase_scorer.moses.ini_patch.patch_moses_ini` makes that change).
 
 Why this step. ``binarize-config`` is the one EMS step that takes a whole moses.ini and hands a
 new one to tuning and evaluation, and its re-run rule covers what matters here: EMS re-runs it
@@ -55,9 +55,9 @@ from phrase_scorer.config import AnnotateOptions, ModelConfig, ScoringOptions, T
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, part_path
 from phrase_scorer.io.outputs import check_output
-from phrase_scorer.io.moses_ini import (
-    BINARIZERS, TEXT_TABLE_TYPES, MosesIni, binary_table_file, patch_moses_ini,
-)
+from phrase_scorer.io.moses_ini import TEXT_TABLE_TYPES, MosesIni, binary_table_file
+from phrase_scorer.moses.ini_patch import patch_moses_ini
+from phrase_scorer.moses.binarise import BINARIZERS
 
 log = logging.getLogger(__name__)
 
@@ -188,13 +188,13 @@ def build_ems_config(
     Trains a model on ``ini_in``'s phrase table into ``ini_out.rnn-model`` (or uses
     ``model_dir``), annotates the table, binarises it if ``binarizer`` names a Moses binariser,
     and writes ``ini_out`` for the new table. ``train_config``, ``model_config`` and ``explicit``
-    are those of :func:`phrase_scorer.train.train`.
+    are those of :func:`phrase_scorer.training.run.train`.
     """
-    from phrase_scorer.annotate import annotate, finished_annotation
-    from phrase_scorer.device import resolve_device
+    from phrase_scorer.scoring.annotate import annotate, finished_annotation
+    from phrase_scorer.runtime.device import resolve_device
     from phrase_scorer.model_dir import ModelDirectory, load_model
-    from phrase_scorer.scoring import BatchScorer
-    from phrase_scorer.train import train
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
+    from phrase_scorer.training.run import train
 
     ini_in, ini_out = os.fspath(ini_in), os.fspath(ini_out)
     # EMS numbers its steps' outputs and re-runs a step into the same OUT: an existing OUT is

@@ -52,7 +52,7 @@ from phrase_scorer.moses.rerank import apply_weights, learn_weights
 from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.experiments.report import NONE, closing_lines, mean_sd, p_values, table, two_decimals, write_report
 from phrase_scorer.experiments.statistics import ngram_stats, paired_bootstrap_p, smoothed_sentence_bleu
-from phrase_scorer.records import read_record, reuse_or_clear
+from phrase_scorer.records import Step, read_record
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,13 @@ class RowRun:
     weights: Dict[str, List[float]] = field(default_factory=dict)
     tuned_dev_bleu: Optional[float] = None  # Moses' BLEU of the reranked dev list (the optimiser's)
 
+    def add(self, eval_set: "EvalSet", hypotheses: Path, options: RescoreExperimentOptions) -> Evaluation:
+        """Score the run's output ``hypotheses`` of ``eval_set`` into its row."""
+        evaluation = scores_of(read_lines(hypotheses), read_lines(eval_set.reference), options)
+        self.scores[eval_set.name] = {"bleu": evaluation.bleu, "chrf": evaluation.chrf}
+        self.hypotheses[eval_set.name] = os.fspath(hypotheses)
+        return evaluation
+
 
 @dataclass
 class RescoreExperimentReport:
@@ -178,44 +185,44 @@ def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstalla
     folder = work / "nbest"
     folder.mkdir(exist_ok=True)
     nbest = folder / f"{eval_set.name}.nbest"
-    inputs = json.loads(json.dumps({"moses.ini sha256": file_sha256(ini), "source": content_identity(eval_set.source),
-                                    "size": options.nbest_size, "decoder": options.decoder,
-                                    "decoder flags": options.decoder_flags}))
-    record = folder / f"{eval_set.name}.inputs.json"
-    if reuse_or_clear(record, inputs, [nbest]):
+    step = Step(folder / f"{eval_set.name}.inputs.json",
+                {"moses.ini sha256": file_sha256(ini), "source": content_identity(eval_set.source),
+                 "size": options.nbest_size, "decoder": options.decoder, "decoder flags": options.decoder_flags},
+                [nbest])
+    if step.done:
         log.info("%s: n-best list already decoded", eval_set.name)
         return nbest
-    part = part_path(nbest)
-    flags = f"{options.decoder_flags} -n-best-list {part} {options.nbest_size} distinct".strip()
-    log.info("%s: decoding %d-best lists", eval_set.name, options.nbest_size)
-    decode(ini, eval_set.source, folder / f"{eval_set.name}.1best", moses=moses, threads=options.threads,
-           decoder_flags=flags, decoder=options.decoder)
-    os.replace(part, nbest)
-    write_text_atomically(record, json.dumps(inputs, indent=1) + "\n")
+    with step:
+        part = part_path(nbest)
+        flags = f"{options.decoder_flags} -n-best-list {part} {options.nbest_size} distinct".strip()
+        log.info("%s: decoding %d-best lists", eval_set.name, options.nbest_size)
+        decode(ini, eval_set.source, folder / f"{eval_set.name}.1best", moses=moses, threads=options.threads,
+               decoder_flags=flags, decoder=options.decoder)
+        os.replace(part, nbest)
     return nbest
 
 
 def rescored_nbest(nbest: Path, eval_set: EvalSet, work: Path, models: Sequence, options: RescoreExperimentOptions,
                    scoring_options: ScoringOptions) -> Path:
     """The set's list with every model's feature appended (``rescore``, resumed if interrupted)."""
-    from phrase_scorer.rescore import rescore
-    from phrase_scorer.scoring import BatchScorer
+    from phrase_scorer.scoring.rescore import rescore
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     folder = work / "rescored"
     folder.mkdir(exist_ok=True)
     out = folder / f"{eval_set.name}.nbest.gz"
     rescore_options = RescoreOptions(normalize=options.normalize)
-    inputs = json.loads(json.dumps({"nbest": content_identity(nbest), "source": content_identity(eval_set.source),
-                                    "models": [m.describe() for m in models], "options": asdict(rescore_options),
-                                    "scoring": [BatchScorer(m.loaded.model, scoring_options).describe() for m in models]}))
-    record = folder / f"{eval_set.name}.inputs.json"
-    if reuse_or_clear(record, inputs, [out]):
+    step = Step(folder / f"{eval_set.name}.inputs.json",
+                {"nbest": content_identity(nbest), "source": content_identity(eval_set.source),
+                 "models": [m.describe() for m in models], "options": asdict(rescore_options),
+                 "scoring": [BatchScorer(m.loaded.model, scoring_options).describe() for m in models]},
+                [out])
+    if step.done:
         log.info("%s: n-best list already rescored", eval_set.name)
         return out
-    write_text_atomically(record, json.dumps({**inputs, "finished": False}, indent=1) + "\n")
-    rescore(nbest, eval_set.source, out, models, rescore_options, scoring_options, resume=part_path(out).exists(),
-            overwrite=True)
-    write_text_atomically(record, json.dumps(inputs, indent=1) + "\n")
+    with step:
+        rescore(nbest, eval_set.source, out, models, rescore_options, scoring_options,
+                resume=part_path(out).exists(), overwrite=True)
     return out
 
 
@@ -244,19 +251,18 @@ def decoded_system_run(system: DecodedSystem, run: int, sets: Sequence[EvalSet],
     result = RowRun(row=system.label, seed=run, scores={}, hypotheses={})
     for s in sets:
         hyp = folder / f"{s.name}.hyp"
-        inputs = json.loads(json.dumps({"moses.ini sha256": ini_sha256, "source": content_identity(s.source),
-                                        "decoder": options.decoder, "decoder flags": options.decoder_flags}))
-        record = folder / f"{s.name}.inputs.json"
-        if reuse_or_clear(record, inputs, [hyp]):
+        step = Step(folder / f"{s.name}.inputs.json",
+                    {"moses.ini sha256": ini_sha256, "source": content_identity(s.source),
+                     "decoder": options.decoder, "decoder flags": options.decoder_flags},
+                    [hyp])
+        if step.done:
             log.info("%s, run %d, %s: already decoded", system.label, run, s.name)
         else:
-            decoded = decode(ini, s.source, folder / f"{s.name}.1best", moses=moses, threads=options.threads,
-                             decoder_flags=options.decoder_flags, decoder=options.decoder)
-            write_lines(hyp, [line.strip(" ") for line in decoded])
-            write_text_atomically(record, json.dumps(inputs, indent=1) + "\n")
-        evaluation = scores_of(read_lines(hyp), read_lines(s.reference), options)
-        result.scores[s.name] = {"bleu": evaluation.bleu, "chrf": evaluation.chrf}
-        result.hypotheses[s.name] = os.fspath(hyp)
+            with step:
+                decoded = decode(ini, s.source, folder / f"{s.name}.1best", moses=moses, threads=options.threads,
+                                 decoder_flags=options.decoder_flags, decoder=options.decoder)
+                write_lines(hyp, [line.strip(" ") for line in decoded])
+        result.add(s, hyp, options)
     log.info("%s, run %d: %s", system.label, run,
              ", ".join(f"{name} BLEU {v['bleu']:.2f}" for name, v in result.scores.items()))
     return result
@@ -270,29 +276,28 @@ def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence
     rerank_options = RerankOptions(method=options.method, seeds=(seed,), restarts=options.restarts,
                                    threads=options.threads or os.cpu_count() or 1, ignore_features=ignore,
                                    mertdir=options.mertdir)
-    inputs = json.loads(json.dumps({"row": asdict(row), "lists": {s.name: content_identity(rescored[s.name]) for s in sets},
-                                    "references": {s.name: content_identity(s.reference) for s in sets},
-                                    "start ini sha256": file_sha256(ini), "rerank options": asdict(rerank_options),
-                                    "scoring": {"references": options.references, "lang": options.lang}}))
     result_path = run_dir / "result.json"
-    if reuse_or_clear(run_dir / "inputs.json", inputs, [result_path]):
+    step = Step(run_dir / "inputs.json",
+                {"row": asdict(row), "lists": {s.name: content_identity(rescored[s.name]) for s in sets},
+                 "references": {s.name: content_identity(s.reference) for s in sets},
+                 "start ini sha256": file_sha256(ini), "rerank options": asdict(rerank_options),
+                 "scoring": {"references": options.references, "lang": options.lang}},
+                [result_path])
+    if step.done:
         return RowRun(**read_record(result_path))
     if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    write_text_atomically(run_dir / "inputs.json", json.dumps(inputs, indent=1) + "\n")
-    dev = sets[0]
-    learned = learn_weights(rescored[dev.name], dev.reference, fresh_directory(run_dir / "tune", verb="rerank"),
-                            moses=moses, options=rerank_options, start_ini=ini)
-    run = RowRun(row=row.label, seed=seed, scores={}, hypotheses={}, weights=learned.weights.by_name(),
-                 tuned_dev_bleu=learned.best.dev_bleu)
-    for eval_set in sets:
-        hyp = run_dir / f"{eval_set.name}.hyp"
-        apply_weights(rescored[eval_set.name], learned.weights, hyp, ignore)
-        evaluation = scores_of(read_lines(hyp), read_lines(eval_set.reference), options)
-        run.scores[eval_set.name] = {"bleu": evaluation.bleu, "chrf": evaluation.chrf}
-        run.hypotheses[eval_set.name] = os.fspath(hyp)
-    write_text_atomically(result_path, json.dumps(asdict(run), indent=1) + "\n")
+        shutil.rmtree(run_dir)  # what an interrupted run left: the optimiser starts again
+    with step:
+        dev = sets[0]
+        learned = learn_weights(rescored[dev.name], dev.reference, fresh_directory(run_dir / "tune", verb="rerank"),
+                                moses=moses, options=rerank_options, start_ini=ini)
+        run = RowRun(row=row.label, seed=seed, scores={}, hypotheses={}, weights=learned.weights.by_name(),
+                     tuned_dev_bleu=learned.best.dev_bleu)
+        for eval_set in sets:
+            hyp = run_dir / f"{eval_set.name}.hyp"
+            apply_weights(rescored[eval_set.name], learned.weights, hyp, ignore)
+            run.add(eval_set, hyp, options)
+        write_text_atomically(result_path, json.dumps(asdict(run), indent=1) + "\n")
     log.info("%s, seed %d: %s", row.label, seed,
              ", ".join(f"{name} BLEU {s['bleu']:.2f}" for name, s in run.scores.items()))
     return run
@@ -352,7 +357,7 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
                            options: RescoreExperimentOptions = RescoreExperimentOptions(),
                            scoring_options: ScoringOptions = ScoringOptions()) -> RescoreExperimentReport:
     """Run (or resume) the experiment. ``sets[0]`` is the dev set (the optimiser tunes on it);
-    ``models`` are :class:`phrase_scorer.rescore.FeatureModel`s; ``systems`` other decoder
+    ``models`` are :class:`phrase_scorer.scoring.rescore.FeatureModel`s; ``systems`` other decoder
     systems reported beside Moses."""
     if len(sets) < 2:
         raise PhraseScorerError("the experiment needs a dev set and at least one test set")
@@ -385,12 +390,9 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
     for s in sets:
         hyp = moses_dir / f"{s.name}.hyp"
         write_lines(hyp, first_hypotheses(lists[s.name]))
-        references = read_lines(s.reference)
-        evaluation = scores_of(read_lines(hyp), references, options)
-        baseline.scores[s.name] = {"bleu": evaluation.bleu, "chrf": evaluation.chrf}
-        baseline.hypotheses[s.name] = os.fspath(hyp)
+        evaluation = baseline.add(s, hyp, options)
         signatures = {"BLEU": evaluation.bleu_signature, "chrF": evaluation.chrf_signature}
-        oracle[s.name] = oracle_figures(lists[s.name], references, options)
+        oracle[s.name] = oracle_figures(lists[s.name], read_lines(s.reference), options)
 
     runs = [baseline]
     for system in systems:

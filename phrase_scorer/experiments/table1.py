@@ -40,7 +40,6 @@ import json
 import logging
 import os
 import re
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -48,16 +47,17 @@ from typing import Dict, List, Optional, Sequence
 from phrase_scorer.config import COLUMNS, SYSTEMS, ExperimentOptions, System, TuneOptions, start_weights
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import AtomicOutput, PathLike, content_identity, file_identity, file_sha256, write_text_atomically
-from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
+from phrase_scorer.io.moses_ini import MosesIni
+from phrase_scorer.moses.ini_patch import patch_moses_ini
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.moses.evaluate import decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.moses.tune import tune, with_absolute_paths
-from phrase_scorer.progress import progress_bar
+from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.experiments.report import closing_lines, mean_sd, p_values, table, two_decimals, write_report
 from phrase_scorer.experiments.statistics import paired_bootstrap_p
-from phrase_scorer.records import changed, read_record
+from phrase_scorer.records import Step, changed, read_record
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathL
             raise PhraseScorerError("give a model (--model DIR) or an annotated table (--annotated TABLE)")
         stale = stale_annotation(both, original, model_dir)
         if stale:
-            from phrase_scorer.annotate import annotate
+            from phrase_scorer.scoring.annotate import annotate
             from phrase_scorer.model_dir import load_model
 
             if both.exists():
@@ -154,14 +154,11 @@ def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathL
                 log.info("the interrupted annotation was made with other inputs: starting it again")
                 annotate(original, both, load_model(model_dir), overwrite=True)
     prob_only = tables / "phrase-table.rnn.gz"
-    made_from = {"two-column table": file_identity(both)}
-    stale = changed(read_record(str(prob_only) + ".json") if prob_only.exists() else None, made_from)
-    if stale:
-        if prob_only.exists():
-            log.info("%s is out of date (%s changed): writing it again", prob_only, ", ".join(stale))
+    step = Step(str(prob_only) + ".json", {"two-column table": file_identity(both)}, [prob_only])
+    if not step.done:
         log.info("writing the table without the unknown-word column")
-        drop_last_columns(both, prob_only, 1)
-        write_text_atomically(str(prob_only) + ".json", json.dumps(made_from, indent=1) + "\n")
+        with step:
+            drop_last_columns(both, prob_only, 1)
     return {"baseline": original, "rnn": os.fspath(prob_only), "rnn+wp": os.fspath(both)}
 
 
@@ -195,29 +192,28 @@ def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[
         inputs_of_system = system_inputs(ini, tables[system.folder], dev, test, options)
         for seed in range(1, options.runs + 1):
             run_dir = folder / f"run-{seed}"
-            done = run_dir / "result.json"
             inputs = run_inputs(inputs_of_system, replace(tune_options, seed=seed))
-            finished = reusable_run(run_dir, inputs)
+            step = run_step(run_dir, inputs)
+            finished = result_of(step)
             if finished is not None:
                 report.runs.append(finished)
                 log.info("%s, seed %d: already done (test BLEU %.2f)", system.name, seed, finished.test_bleu)
                 continue
             log.info("%s, seed %d: tuning", system.name, seed)
-            run_dir.mkdir(exist_ok=True)
-            write_text_atomically(run_dir / RUN_INPUTS, json.dumps(inputs, indent=1) + "\n")
-            tuned = run_dir / "tuned.ini"
-            result = tune(ini, dev[0], dev[1], tuned, moses=moses, options=replace(tune_options, seed=seed),
-                          working_dir=run_dir / "tune")
-            # the test set is decoded as the tuning decoded the dev set: with the same decoder flags
-            hypotheses = decode(tuned, test[0], run_dir / "test.hyp", moses=moses, threads=tune_options.threads,
-                                decoder_flags=tune_options.decoder_flags, decoder=tune_options.decoder)
-            evaluation = score(hypotheses, test_references, kind=options.references, lang=options.lang,
-                               hypotheses_path=os.fspath(run_dir / "test.hyp"))
-            run = RunResult(system=system.name, seed=seed, dev_bleu=result.dev_bleu, test_bleu=evaluation.bleu,
-                            test_chrf=evaluation.chrf, iterations=len(result.iterations), tuned_ini=os.fspath(tuned),
-                            hypotheses=os.fspath(run_dir / "test.hyp"), bleu_signature=evaluation.bleu_signature,
-                            chrf_signature=evaluation.chrf_signature)
-            write_text_atomically(done, json.dumps(asdict(run), indent=1) + "\n")
+            with step:
+                tuned = run_dir / "tuned.ini"
+                result = tune(ini, dev[0], dev[1], tuned, moses=moses, options=replace(tune_options, seed=seed),
+                              working_dir=run_dir / "tune")
+                # the test set is decoded as the tuning decoded the dev set: with the same decoder flags
+                hypotheses = decode(tuned, test[0], run_dir / "test.hyp", moses=moses, threads=tune_options.threads,
+                                    decoder_flags=tune_options.decoder_flags, decoder=tune_options.decoder)
+                evaluation = score(hypotheses, test_references, kind=options.references, lang=options.lang,
+                                   hypotheses_path=os.fspath(run_dir / "test.hyp"))
+                run = RunResult(system=system.name, seed=seed, dev_bleu=result.dev_bleu, test_bleu=evaluation.bleu,
+                                test_chrf=evaluation.chrf, iterations=len(result.iterations),
+                                tuned_ini=os.fspath(tuned), hypotheses=os.fspath(run_dir / "test.hyp"),
+                                bleu_signature=evaluation.bleu_signature, chrf_signature=evaluation.chrf_signature)
+                write_text_atomically(step.outputs[0], json.dumps(asdict(run), indent=1) + "\n")
             report.runs.append(run)
             log.info("%s, seed %d: dev BLEU %s, test BLEU %.2f", system.name, seed,
                      "?" if run.dev_bleu is None else f"{run.dev_bleu:.2f}", run.test_bleu)
@@ -250,18 +246,16 @@ def run_inputs(system: Dict[str, object], tune_options: TuneOptions) -> Dict[str
     return {**system, "tuning options": json.loads(json.dumps(asdict(tune_options)))}
 
 
-def reusable_run(run_dir: Path, inputs: Dict[str, object]) -> Optional[RunResult]:
-    """The finished run in ``run_dir`` if it was made from ``inputs``; a run (finished or not) made
-    from other inputs is deleted, so that it is redone from scratch."""
-    if not run_dir.exists():
-        return None
-    stale = changed(read_record(run_dir / RUN_INPUTS), inputs)
-    if stale:
-        log.info("%s was made with other inputs (%s changed): removing it to run it again", run_dir, ", ".join(stale))
-        shutil.rmtree(run_dir)
-        return None
-    done = read_record(run_dir / "result.json")
-    return RunResult(**done) if done is not None else None
+def run_step(run_dir: Path, inputs: Dict[str, object]) -> Step:
+    """A tuning run as an experiment step: done when ``run_dir`` holds its finished result made from
+    ``inputs``; a run (finished or not) made from other inputs, or from inputs nobody recorded, is
+    deleted so that it is redone from scratch; an interrupted run is kept for tuning again."""
+    return Step(run_dir / RUN_INPUTS, inputs, [run_dir / "result.json"], folder=run_dir)
+
+
+def result_of(step: Step) -> Optional[RunResult]:
+    """The finished run of a :func:`run_step`, or None."""
+    return RunResult(**read_record(step.outputs[0])) if step.done else None
 
 
 def significance(runs: Sequence[RunResult], references: Sequence[str], options: ExperimentOptions) -> Dict[str, List[float]]:

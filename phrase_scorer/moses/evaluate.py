@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike
-from phrase_scorer.io.programs import run_logged
+from phrase_scorer.runtime.programs import run_logged
 from phrase_scorer.moses.installation import MosesInstallation, read_lines, write_lines
 
 log = logging.getLogger(__name__)

@@ -40,10 +40,10 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import STDIO, AtomicOutput, PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.io.nbest import NBestEntry, check_sentence_order, dense_feature_vector, group_by_sentence, read_nbest
-from phrase_scorer.io.programs import run_logged
+from phrase_scorer.runtime.programs import run_logged
 from phrase_scorer.moses.installation import MosesInstallation, read_lines, require_program, write_lines
 from phrase_scorer.moses.tune import fresh_directory
-from phrase_scorer.resumable import make_signature, write_signature
+from phrase_scorer.runtime.resumable import make_signature, write_signature
 
 log = logging.getLogger(__name__)
 

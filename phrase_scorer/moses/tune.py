@@ -23,8 +23,9 @@ from typing import List, Optional, Tuple
 from phrase_scorer.config import TuneOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike
-from phrase_scorer.io.moses_ini import MosesIni, patch_moses_ini
-from phrase_scorer.io.programs import run_logged
+from phrase_scorer.io.moses_ini import MosesIni
+from phrase_scorer.moses.ini_patch import patch_moses_ini
+from phrase_scorer.runtime.programs import run_logged
 from phrase_scorer.moses.installation import MosesInstallation, parse_mert_progress, read_lines, write_lines
 
 log = logging.getLogger(__name__)

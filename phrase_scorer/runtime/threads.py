@@ -32,20 +32,32 @@ def other_running_tasks(samples: int = 5, interval: float = 0.01) -> Optional[in
     return min(counts)
 
 
+ONE_THREAD_PARAMETERS = 1_000_000  # a CPU scores a model smaller than this fastest on one thread
+
+
+def default_threads(models: Sequence, cores: int) -> int:
+    """CPU threads for scoring with ``models`` when the user gives none: all ``cores``, or one
+    when every model has fewer than :data:`ONE_THREAD_PARAMETERS` parameters (the ``tiny``
+    preset has about 30,000). Such a model's operations are too small to gain from a second
+    thread, and a waiting thread still takes a core from the processes that read and write
+    (docs/benchmarks.md, "Annotate's ceiling": one thread is faster with workers and without)."""
+    if models and all(sum(p.numel() for p in m.parameters()) < ONE_THREAD_PARAMETERS for m in models):
+        return 1
+    return cores
+
+
 def set_threads(threads: Optional[int], models: Sequence = ()) -> None:
     """By default all the cores this process may use (its CPU affinity, shared with the job's
     other ranks on the machine under torchrun): the same count every run, so results repeat
     exactly; one thread for scoring with ``models`` too small to gain from more
-    (:func:`phrase_scorer.scoring.default_threads`). On a busy machine PyTorch's threads wait on
+    (:func:`default_threads`). On a busy machine PyTorch's threads wait on
     each other and run far slower: say so."""
     import torch
 
-    from phrase_scorer.distributed import cores_per_process
+    from phrase_scorer.runtime.distributed import cores_per_process
 
     cores = cores_per_process()
     if threads is None:
-        from phrase_scorer.scoring import default_threads
-
         threads = default_threads(models, cores)
         machine = os.cpu_count() or 1
         busy = other_running_tasks()

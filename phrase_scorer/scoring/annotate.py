@@ -17,12 +17,12 @@ scores.
 A window is ``window_lines`` lines (window k is lines k * window_lines + 1 onwards, however the
 run started); the queues hold a few windows per worker whatever the table's size. The output
 keeps every line, in order, and every field but the score field byte for byte. The column
-encoding is described in :mod:`phrase_scorer.annotate_work`.
+encoding is described in :mod:`phrase_scorer.scoring.annotate_work`.
 
 Under torchrun each rank annotates a contiguous run of whole windows into a shard file and rank
 0 joins the shards (:func:`annotate_sharded`), byte for byte what one process writes.
 
-Resuming: the output is resumable (:mod:`phrase_scorer.resumable`). A resumed run must use the
+Resuming: the output is resumable (:mod:`phrase_scorer.runtime.resumable`). A resumed run must use the
 same input, model, options, device, precision and gzip library (a chunk scored in bf16 next to
 one in fp32 would differ silently): :func:`annotation_settings` defines them once, for the
 resume record, the signature and the check that an output is already finished; ``--resume`` of
@@ -41,8 +41,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from phrase_scorer import __version__, distributed
-from phrase_scorer.columns import column_encoding
+from phrase_scorer import __version__
+from phrase_scorer.runtime import distributed
+from phrase_scorer.scoring.columns import column_encoding
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import (
@@ -54,11 +55,11 @@ from phrase_scorer.io.files import (
     is_gzip_name,
 )
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files, refuse_existing, writes_directly
-from phrase_scorer.io.parallel import Pipeline, WorkerPool
+from phrase_scorer.runtime.workers import Pipeline, WorkerPool
 from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_count
-from phrase_scorer.progress import progress_bar
+from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.records import describe_difference, finished
-from phrase_scorer.resumable import (
+from phrase_scorer.runtime.resumable import (
     ChunkWriter, finish_resumable, input_identity, keep_or_remove_partial, make_signature, resumable_output,
     start_resumable, write_signature,
 )
@@ -131,7 +132,7 @@ def annotate(
     (:func:`annotate_sharded`). ``constant_log_prob`` replaces the model by a constant, to
     measure the host pipeline alone (benchmarks only; the signature says so).
     """
-    from phrase_scorer.scoring import BatchScorer
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     scoring_options = scoring_options or ScoringOptions()
     output = os.fspath(output)
@@ -162,12 +163,12 @@ def default_workers(cores: int) -> int:
 
 def scoring_in_workers(loaded, scorer, workers: int):
     """Where the model scores: in the worker processes (a
-    :class:`~phrase_scorer.annotate_work.WorkerScoring`) when the scorer runs on a CPU with one
-    thread (a model too small to split, :func:`phrase_scorer.scoring.default_threads`, or
+    :class:`~phrase_scorer.scoring.annotate_work.WorkerScoring`) when the scorer runs on a CPU with one
+    thread (a model too small to split, :func:`phrase_scorer.runtime.threads.default_threads`, or
     ``--threads 1``) and there are workers: each worker then scores its own windows with one
     thread, the same scores, and the main process only reads and writes. Else (a GPU, several
     threads, or no workers) in the main process (None)."""
-    from phrase_scorer.annotate_work import WorkerScoring
+    from phrase_scorer.scoring.annotate_work import WorkerScoring
 
     if scorer.device.type != "cpu" or workers == 0 or scorer.describe()["threads"] != 1:
         return None
@@ -251,7 +252,7 @@ class AnnotateJob:
         """Read, prepare (workers), score (here, or in the workers: :func:`scoring_in_workers`),
         finish (workers) and write every window, in order. Returns the table's score count (None
         if no window was read)."""
-        from phrase_scorer.annotate_work import WindowWork
+        from phrase_scorer.scoring.annotate_work import WindowWork
 
         if self.constant_log_prob is None:
             score = lambda prepared: self.scorer.score(prepared.source_ids, prepared.target_ids)  # noqa: E731

@@ -1,6 +1,6 @@
 """The host work of ``annotate`` on one window of lines, done in a worker process.
 
-Two stages per window, both in the same worker (see :class:`~phrase_scorer.io.parallel.WorkerPool`):
+Two stages per window, both in the same worker (see :class:`~phrase_scorer.runtime.workers.WorkerPool`):
 
     prepare:  raw bytes -> checked lines -> word ids and unknown-word counts (sent to the scorer)
     finish:   log p from the scorer -> the two columns -> formatted lines -> one gzip member
@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from phrase_scorer.columns import check_finite, column_values
+from phrase_scorer.scoring.columns import check_finite, column_values
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.data.padding import IdRows
 from phrase_scorer.io.files import gzip_member
@@ -119,7 +119,7 @@ class WindowWork:
         :meth:`finish` a window: its score count and its finished bytes."""
         prepared = self.prepare(index, window, num_scores)
         if self._scorer is None:
-            from phrase_scorer.scoring import scorer_for_worker
+            from phrase_scorer.scoring.batch_scorer import scorer_for_worker
 
             self._scorer = scorer_for_worker(self.scoring)
         return prepared.num_scores, self.finish(index, self._scorer.score(prepared.source_ids, prepared.target_ids))

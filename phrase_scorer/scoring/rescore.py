@@ -13,9 +13,9 @@ significant digits Moses prints its own feature values with, and written with ``
 other byte of the line is kept: id, hypothesis, the features already there, total, the fields
 after it (segmentation, alignment) and the newline.
 
-The work runs in the :class:`~phrase_scorer.io.parallel.Pipeline` annotate uses: a reader thread cuts
+The work runs in the :class:`~phrase_scorer.runtime.workers.Pipeline` annotate uses: a reader thread cuts
 the list into windows of whole sentences (about ``window_lines`` lines) and looks up word ids in
-each model's vocabularies; the main thread asks :class:`~phrase_scorer.scoring.BatchScorer` for
+each model's vocabularies; the main thread asks :class:`~phrase_scorer.scoring.batch_scorer.BatchScorer` for
 log p, one call per model and window, so each source sentence is encoded once for all its
 hypotheses and the hypotheses' shared prefixes are decoded once; a writer thread appends the
 features and writes the window as one chunk with a resume record. Output is atomic, resumable
@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from phrase_scorer import __version__
-from phrase_scorer.columns import check_finite, per_token
+from phrase_scorer.scoring.columns import check_finite, per_token
 from phrase_scorer.config import FORWARD_FEATURE_PREFIX, REVERSE_FEATURE_PREFIX, RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import (
@@ -56,10 +56,10 @@ from phrase_scorer.io.files import (
 )
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
 from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order, moses_rounded
-from phrase_scorer.io.parallel import Pipeline
+from phrase_scorer.runtime.workers import Pipeline
 from phrase_scorer.io.phrase_table import split_words
-from phrase_scorer.progress import progress_bar
-from phrase_scorer.resumable import (
+from phrase_scorer.runtime.progress import progress_bar
+from phrase_scorer.runtime.resumable import (
     ChunkWriter, finish_resumable, input_identity, make_signature, resumable_output, start_resumable,
 )
 
@@ -245,7 +245,7 @@ def rescore(
 
     An existing ``output`` is replaced only with ``overwrite``, or when ``resume`` continues the
     run that is making it."""
-    from phrase_scorer.scoring import BatchScorer
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     if not models:
         raise PhraseScorerError("no model given", hint="pass -m MODEL (and/or --reverse-model MODEL)")

@@ -17,7 +17,7 @@ gives the same model on the same machine, and ``resume`` continues exactly where
 left off (or starts afresh when there is nothing to resume, so a preempted job can be re-run
 with the same command line).
 
-Under ``torchrun`` (:mod:`phrase_scorer.distributed`) the processes train one model with
+Under ``torchrun`` (:mod:`phrase_scorer.runtime.distributed`) the processes train one model with
 DistributedDataParallel: ``batch_size`` stays the global batch, each rank takes its contiguous
 share of every global batch, rank 0 alone writes the directory and validates, and stop
 decisions are agreed between ranks. On a GPU the next batches are read and padded in a
@@ -38,12 +38,12 @@ from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 import numpy as np
 import torch
 
-from phrase_scorer import distributed
+from phrase_scorer.runtime import distributed
 from phrase_scorer.data.sentence_pairs import SentenceCorpus
 from phrase_scorer.data.batches import BatchSampler, hash_key
 from phrase_scorer.data.cache import PairSet
 from phrase_scorer.data.phrase_pairs import PhraseTableData
-from phrase_scorer.device import device_label, precision_context, resolve_device, resolve_precision
+from phrase_scorer.runtime.device import device_label, precision_context, resolve_device, resolve_precision
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock
 from phrase_scorer.config import ARCH_PRESETS, AnyModelConfig, ModelConfig, TrainConfig
@@ -62,12 +62,12 @@ from phrase_scorer.model_dir import (
     average_weights,
     recent_weight_files,
 )
-from phrase_scorer.prefetch import Prefetcher
-from phrase_scorer.progress import step_bar
-from phrase_scorer.validation import improves, validate, validation_bleu
-from phrase_scorer.checkpoints import TrainState, keep_recent_weights, load_checkpoint, save_checkpoint
-from phrase_scorer.optimisation import decay_on_plateau, make_grad_scaler, make_optimizer, set_learning_rate
-from phrase_scorer.stopping import StopRequests, TrainingInterrupted, stop_reason
+from phrase_scorer.training.prefetch import Prefetcher
+from phrase_scorer.runtime.progress import step_bar
+from phrase_scorer.training.validation import improves, validate, validation_bleu
+from phrase_scorer.training.checkpoints import TrainState, keep_recent_weights, load_checkpoint, save_checkpoint
+from phrase_scorer.training.optimisation import decay_on_plateau, make_grad_scaler, make_optimizer, set_learning_rate
+from phrase_scorer.training.stopping import StopRequests, TrainingInterrupted, stop_reason
 from phrase_scorer.records import refuse_changed
 from phrase_scorer.vocab import Vocabulary
 

@@ -27,7 +27,7 @@ is counted on the device and handled by scoring that batch again.
 The scorer talks to the model only through :mod:`phrase_scorer.models.base`, so it scores with
 either architecture.
 
-It runs in ``options.precision`` on a GPU (fp32 by default; see :mod:`phrase_scorer.device` for
+It runs in ``options.precision`` on a GPU (fp32 by default; see :mod:`phrase_scorer.runtime.device` for
 what bf16 and fp16 change) and always in fp32 on a CPU.
 
 The result equals the teacher-forced :meth:`TranslationModel.forward` pair by pair (the tests
@@ -47,7 +47,7 @@ from torch import Tensor
 
 from phrase_scorer.config import ScoringOptions
 from phrase_scorer.data.padding import NO_ID, IdRows, pad_ids
-from phrase_scorer.device import device_label, precision_context, resolve_precision
+from phrase_scorer.runtime.device import device_label, precision_context, resolve_precision
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel, at_least_fp32
 from phrase_scorer.vocab import EOS_ID, PAD_ID
 
@@ -145,20 +145,6 @@ def default_chunk_rows(device: torch.device, outputs: int) -> int:
     and more); ``tiny``'s 500 words get about 1,000 rows."""
     budget = CPU_CHUNK_BYTES if device.type == "cpu" else GPU_CHUNK_BYTES
     return max(CPU_CHUNK_ROWS, budget // (4 * outputs))
-
-
-ONE_THREAD_PARAMETERS = 1_000_000  # a CPU scores a model smaller than this fastest on one thread
-
-
-def default_threads(models: Sequence[TranslationModel], cores: int) -> int:
-    """CPU threads for scoring with ``models`` when the user gives none: all ``cores``, or one
-    when every model has fewer than :data:`ONE_THREAD_PARAMETERS` parameters (the ``tiny``
-    preset has about 30,000). Such a model's operations are too small to gain from a second
-    thread, and a waiting thread still takes a core from the processes that read and write
-    (docs/benchmarks.md, "Annotate's ceiling": one thread is faster with workers and without)."""
-    if models and all(sum(p.numel() for p in m.parameters()) < ONE_THREAD_PARAMETERS for m in models):
-        return 1
-    return cores
 
 
 class BatchScorer:
@@ -412,7 +398,7 @@ class OutputSoftmax:
 
 
 def scorer_for_worker(scoring) -> BatchScorer:
-    """A worker process's scorer (:class:`phrase_scorer.annotate_work.WorkerScoring`): the model
+    """A worker process's scorer (:class:`phrase_scorer.scoring.annotate_work.WorkerScoring`): the model
     loaded on the CPU, scoring with one thread, refused if its weights are not the ones the run
     records."""
     from phrase_scorer.errors import PhraseScorerError

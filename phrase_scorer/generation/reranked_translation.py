@@ -36,8 +36,8 @@ from phrase_scorer.moses.evaluate import decode
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
 from phrase_scorer.moses.rerank import Reranker, apply_weights, read_reranker
 from phrase_scorer.moses.tune import fresh_directory
-from phrase_scorer.progress import step_bar
-from phrase_scorer.resumable import (
+from phrase_scorer.runtime.progress import step_bar
+from phrase_scorer.runtime.resumable import (
     ChunkWriter, finish_resumable, input_identity, make_signature, resumable_output, start_resumable,
 )
 
@@ -60,7 +60,7 @@ def reranker_models(reranker: Reranker, device: Any = "cpu") -> Tuple[list, bool
     """The models behind the reranker's added features, in the order of its weights, each checked
     to be the bytes the reranker was tuned with; and whether the features are per token."""
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.rescore import FeatureModel
+    from phrase_scorer.scoring.rescore import FeatureModel
 
     models, normalize = [], set()
     for name, _ in reranker.weights.layout:
@@ -104,7 +104,7 @@ def translate_chunk(lines: Sequence[str], work: Path, *, ini: PathLike, moses: M
                     decoder: str, phase_seconds: Dict[str, float]) -> bytes:
     """One line per input line: the reranked translation of each non-empty line, empty for an
     empty one. The seconds of each of PHASES are added to ``phase_seconds``."""
-    from phrase_scorer.rescore import rescore
+    from phrase_scorer.scoring.rescore import rescore
 
     kept = [i for i, line in enumerate(lines) if line.strip()]
     best: List[str] = [""] * len(lines)

@@ -4,20 +4,20 @@ phrase table), in order.
 It reads the input as ``annotate`` does, in windows of whole lines
 (:class:`~phrase_scorer.io.table_windows.RawWindows`, checked by
 :func:`~phrase_scorer.io.table_windows.parse_window`, scores not required), looks the words up
-with the same byte dictionaries (:class:`~phrase_scorer.annotate_work.PhraseIds`) and scores each
-window with :class:`~phrase_scorer.scoring.BatchScorer`; a reader thread and a writer thread keep
+with the same byte dictionaries (:class:`~phrase_scorer.scoring.annotate_work.PhraseIds`) and scores each
+window with :class:`~phrase_scorer.scoring.batch_scorer.BatchScorer`; a reader thread and a writer thread keep
 the model busy.
 """
 
 from __future__ import annotations
 
-from phrase_scorer.annotate_work import PhraseIds
+from phrase_scorer.scoring.annotate_work import PhraseIds
 from phrase_scorer.config import ScoringOptions
 from phrase_scorer.io.files import AtomicOutput, PathLike
 from phrase_scorer.io.outputs import check_output, model_files
-from phrase_scorer.io.parallel import Pipeline
+from phrase_scorer.runtime.workers import Pipeline
 from phrase_scorer.io.table_windows import RawWindows, parse_window
-from phrase_scorer.progress import progress_bar
+from phrase_scorer.runtime.progress import progress_bar
 
 
 def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None, window_lines: int = 20000, *,
@@ -25,7 +25,7 @@ def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None,
     """Write one natural-log log p(y|x) per line of ``source`` (``src ||| tgt`` lines or a whole
     phrase table), in order. Returns the number of lines. An existing ``output`` is replaced
     only with ``overwrite``."""
-    from phrase_scorer.scoring import BatchScorer
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
     scorer = BatchScorer(loaded.model, scoring_options or ScoringOptions())

@@ -11,9 +11,9 @@ import torch
 
 from phrase_scorer.config import TranslateOptions
 from phrase_scorer.data.cache import PairSet
-from phrase_scorer.device import precision_context
+from phrase_scorer.runtime.device import precision_context
 from phrase_scorer.models.base import TranslationModel
-from phrase_scorer.scoring import log_probs_by_forward
+from phrase_scorer.scoring.batch_scorer import log_probs_by_forward
 from phrase_scorer.vocab import Vocabulary
 
 
@@ -64,7 +64,7 @@ def validation_bleu(model: TranslationModel, pairs: PairSet, target_vocab: Vocab
     validation sources, by beam search of width ``beam`` (1: greedy) as ``translate`` searches,
     against ``references`` (one string per validation pair)."""
     from phrase_scorer.moses.evaluate import score
-    from phrase_scorer.sampling import beam_search_batch
+    from phrase_scorer.generation.sampling import beam_search_batch
 
     was_training = model.training
     sources = [pairs.pair(i)[0].tolist() for i in range(len(pairs))]  # the validation split is small

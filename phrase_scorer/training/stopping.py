@@ -8,7 +8,7 @@ import signal
 import threading
 from typing import Any, Dict
 
-from phrase_scorer.distributed import world
+from phrase_scorer.runtime.distributed import world
 from phrase_scorer.config import TrainConfig
 
 log = logging.getLogger(__name__)

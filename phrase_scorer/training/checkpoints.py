@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from phrase_scorer import __version__, distributed
+from phrase_scorer import __version__
+from phrase_scorer.runtime import distributed
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.model_dir import (
     CHECKPOINT, RECENT_WEIGHTS, ModelDirectory, check_state_matches, recent_weight_files, safe_torch_load,

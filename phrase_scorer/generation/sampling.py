@@ -3,7 +3,7 @@
 :func:`propose` takes raw or tokenised source phrases and returns, for each, its candidate target
 phrases ranked by log p(y|x). Candidates come from ``n`` ancestral samples (duplicates merged,
 with their counts) or, with ``beam``, from beam search. Every candidate's log p is then computed
-by :class:`~phrase_scorer.scoring.BatchScorer`, the scorer behind ``score`` and ``annotate``, so
+by :class:`~phrase_scorer.scoring.batch_scorer.BatchScorer`, the scorer behind ``score`` and ``annotate``, so
 the numbers agree with theirs. A target language model (ARPA or KenLM binary, read with the
 ``kenlm`` module) can add its log-probability as a second score and to the ranking.
 """
@@ -22,7 +22,7 @@ from phrase_scorer.config import SampleOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import text_lines
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel
-from phrase_scorer.scoring import BatchScorer, pad
+from phrase_scorer.scoring.batch_scorer import BatchScorer, pad
 from phrase_scorer.vocab import EOS_ID, PAD_ID, UNK_ID, Vocabulary
 
 LN10 = math.log(10.0)

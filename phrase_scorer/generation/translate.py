@@ -3,7 +3,7 @@
 Input lines are tokenised sentences, like the Moses system's data (words separated by spaces);
 words outside the model's source shortlist are read as ``<unk>``. Sentences are searched
 ``batch_sentences`` at a time by the package's one beam search
-(:func:`phrase_scorer.sampling.beam_search_batch`), each with a length limit of
+(:func:`phrase_scorer.generation.sampling.beam_search_batch`), each with a length limit of
 ``ceil(max_length_ratio * source words)`` target words. The output is the best hypothesis's
 words joined by single spaces, as the target vocabulary holds them (tokenised like Moses'
 output, so BLEU is computed the same way); ``<unk>`` is never generated. An empty input line gives
@@ -22,7 +22,7 @@ from phrase_scorer.config import TranslateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import AtomicOutput, PathLike, gzip_member, is_gzip_name, open_input
 from phrase_scorer.io.outputs import check_output, model_files
-from phrase_scorer.progress import progress_bar
+from phrase_scorer.runtime.progress import progress_bar
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Translation:
 
 def translate_sentences(loaded, sentences: Sequence[Sequence[str]], options: TranslateOptions = TranslateOptions()) -> List[Translation]:
     """The best translation of each tokenised sentence (a list of words), in order."""
-    from phrase_scorer.sampling import beam_search_batch
+    from phrase_scorer.generation.sampling import beam_search_batch
 
     out: List[Translation] = [Translation([], 0.0) for _ in sentences]
     todo = [i for i, words in enumerate(sentences) if words]

@@ -1,0 +1,1 @@
+"""Generation: sampling target phrases, translating sentences, and the reranked Moses system."""

@@ -1,0 +1,1 @@
+"""Training: the run and its loop, checkpoints, the optimiser, validation, stopping, prefetching."""
