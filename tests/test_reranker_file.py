@@ -99,7 +99,7 @@ MODEL = {"directory": "/models/a", "weights_sha256": "0" * 64, "reverse": False,
 
 @pytest.mark.parametrize("change, key", [
     (lambda r: r.update(models=None), "models is null, not an object"),
-    (lambda r: r.update(models=[]), "models is list, not an object"),
+    (lambda r: r.update(models=[]), "models is a list, not an object"),
     (lambda r: r.update(models={"RNN0": dict(MODEL, reverse="no")}), "models.RNN0.reverse"),
     (lambda r: r.update(models={"RNN0": {k: v for k, v in MODEL.items() if k != "reverse"}}),
      "models.RNN0.reverse is missing"),
@@ -196,6 +196,19 @@ def test_weights_whose_sums_overflow_still_give_every_sentence_its_first_hypothe
     assert out.read_text(encoding="utf-8") == "".join(h[0] + "\n" for h in hypotheses_by_sentence())
 
 
+def test_dev_bleu_ranks_undefined_and_infinite_sums_as_reranking_does():
+    """The BLEU a tuning run reports for weights is that of the hypotheses apply_weights picks:
+    sentence 0's first sum is inf - inf (ranked last) and its third has -inf weighted 0 (not
+    counted): the third wins; sentence 1's sums are all -inf: the first wins."""
+    from phrase_scorer.moses.rerank import MertData, reranked_bleu
+
+    features = [np.array([[math.inf, math.inf, 0.0], [1.0, 0.0, 0.0], [2.0, 0.0, -math.inf]]),
+                np.array([[-math.inf, 0.0, 0.0], [-math.inf, -5.0, 0.0]])]
+    perfect, poor = [5, 5, 4, 4, 3, 3, 2, 2, 5], [1, 5, 0, 4, 0, 3, 0, 2, 5]
+    stats = [np.array([poor, poor, perfect], float), np.array([perfect, poor], float)]
+    assert reranked_bleu(MertData(features, stats), [1.0, -1.0, 0.0]) == pytest.approx(100.0)
+
+
 @pytest.mark.parametrize("line", [
     "0\t|||\tun\thomme\t|||\tLM0= -1\t|||\t-1\n",
     "0 ||| un\thomme ||| LM0= -1 ||| -1\n",
@@ -271,7 +284,8 @@ def test_a_signature_older_than_its_size_and_hash_is_trusted_with_a_warning(tmp_
     list without a signature is, with a warning that they cannot be checked against the list."""
     path, reranker = rescored
     signature = json.loads(Path(f"{path}.json").read_text())
-    del signature["output_size"], signature["output_sha256"]
+    for key in ("output_size", "output_sha256"):
+        signature.pop(key, None)
     Path(f"{path}.json").write_text(json.dumps(signature))
     out = tmp_path / "out.txt"
     result = run("rerank", "--weights", reranker, "--test", path, "-o", out)

@@ -88,13 +88,14 @@ def checked_dense_values(entry: NBestEntry, path: PathLike) -> np.ndarray:
     return values
 
 
-def weighted_sum(values: np.ndarray, weights: np.ndarray) -> float:
-    """The weighted sum of a hypothesis' dense features; a feature weighted 0 does not count (its
-    value may be -inf). Infinite values or a sum too large for a float give +-inf, or NaN when
-    +inf meets -inf: :func:`better` ranks those."""
+def weighted_sum(values: np.ndarray, weights: np.ndarray):
+    """The weighted sum of a hypothesis' dense features (of each row, for a matrix of hypotheses);
+    a feature weighted 0 does not count (its value may be -inf). Infinite values or a sum too large
+    for a float give +-inf, or NaN when +inf meets -inf: :func:`better` ranks those."""
     used = weights != 0
     with np.errstate(over="ignore", invalid="ignore"):
-        return float(values[used] @ weights[used])
+        sums = values[..., used] @ weights[used]
+    return float(sums) if sums.ndim == 0 else sums
 
 
 def better(score: float, best: Optional[float]) -> bool:
@@ -106,6 +107,15 @@ def better(score: float, best: Optional[float]) -> bool:
     if math.isnan(score):
         return False
     return math.isnan(best) or score > best
+
+
+def best_of(sums: Sequence[float]) -> int:
+    """The index of the best of a sentence's weighted sums, by :func:`better`."""
+    best, index = None, 0
+    for i, score in enumerate(sums):
+        if better(float(score), best):
+            best, index = float(score), i
+    return index
 
 
 @dataclass
@@ -276,11 +286,12 @@ def moses_bleu(stats: np.ndarray) -> float:
 
 
 def reranked_bleu(data: MertData, weights: Sequence[float]) -> float:
-    """BLEU (x 100) of the dev list's best hypotheses under ``weights``."""
+    """BLEU (x 100) of the dev list's best hypotheses under ``weights``, chosen as
+    :func:`apply_weights` chooses them (:func:`weighted_sum`, :func:`best_of`)."""
     w = np.asarray(weights, np.float64)
     total = np.zeros(2 * BLEU_ORDER + 1)
     for features, stats in zip(data.features, data.stats):
-        total += stats[int(np.argmax(features @ w))]
+        total += stats[best_of(weighted_sum(features, w))]
     return moses_bleu(total)
 
 
@@ -586,9 +597,9 @@ def _parse_float(text: str):
 
 
 class RerankerFile:
-    """The typed reader of a reranker file: each ``take_*`` returns the value at ``key`` (a JSON
-    path such as ``weights.LM0[0]``) checked to be of its type, or raises a one-line error naming
-    the file and the key."""
+    """The typed reader of a reranker file: each method returns the value at ``key`` (a JSON path
+    such as ``weights.LM0[0]``) checked to be of its type, or raises a one-line error naming the
+    file and the key."""
 
     HINT = "tune it again with 'phrase-scorer rerank --dev ...', or give the OUTPUT.json it wrote unchanged"
 
@@ -601,7 +612,9 @@ class RerankerFile:
     def describe(self, value: Any) -> str:
         if isinstance(value, _NotFinite):
             return value
-        return json.dumps(value)[:40] if not isinstance(value, (dict, list)) else type(value).__name__
+        if isinstance(value, (dict, list)):
+            return "an object" if isinstance(value, dict) else "a list"
+        return json.dumps(value)[:40]
 
     def required(self, data: dict, key: str, name: str) -> Any:
         if name not in data:
