@@ -733,7 +733,7 @@ class RerankerFile:
                                     hint="tune it again with this version's rerank")
         layout = self.layout(self.required(data, "layout", "layout"))
         weights = self.weights(self.required(data, "weights", "weights"), layout)
-        ignore = tuple(self.feature_name(n, f"ignore_features[{i}]")
+        ignore = tuple(self.string(n, f"ignore_features[{i}]")  # any label --ignore-feature took
                        for i, n in enumerate(self.sequence(data.get("ignore_features", []), "ignore_features")))
         models = {self.feature_name(name, f"models.{name}"): self.model(record, f"models.{name}")
                   for name, record in self.mapping(data.get("models", {}), "models").items()}
