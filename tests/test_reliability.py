@@ -174,6 +174,117 @@ def test_fuzz_nbest_long(tmp_path_factory, data):
     fuzz_nbest(tmp_path_factory.mktemp("f"), data)
 
 
+# --- reranker files ----------------------------------------------------------------------------------
+
+RERANKER_NBEST = Path(__file__).parent / "data" / "val.nbest.head.gz"  # 3 sentences
+RERANKER_LAYOUT = [["LexicalReordering0", 6], ["Distortion0", 1], ["LM0", 1], ["WordPenalty0", 1],
+                   ["PhrasePenalty0", 1], ["TranslationModel0", 4]]  # the dense features of RERANKER_NBEST
+# written as bare numbers too large for a float: 1e400 (which a JSON reader takes for infinity), 10 ** 400
+OVERFLOW, HUGE = "@1e400@", "@10**400@"
+json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-2, 2 ** 70), st.floats(), st.text(max_size=5),
+                        st.sampled_from([OVERFLOW, HUGE]))
+json_value = st.recursive(json_scalar, lambda inner: st.lists(inner, max_size=3)
+                          | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+feature_label = st.sampled_from([name for name, _ in RERANKER_LAYOUT] + ["RNN0", "", "a_b", "LM0 ", "x="])
+good_weight = st.one_of(st.floats(-2, 2), st.floats(-1e308, 1e308))  # the second can overflow the sums
+weight_value = st.one_of(good_weight, json_scalar)
+model_record = st.fixed_dictionaries({
+    "directory": st.one_of(st.just("/m"), st.lists(st.just("/m"), max_size=3), json_scalar),
+    "weights_sha256": st.one_of(st.just("0" * 64), st.lists(st.just("0" * 64), max_size=3), json_scalar),
+    "reverse": st.one_of(st.booleans(), json_scalar), "normalize": st.one_of(st.booleans(), json_scalar)})
+maybe = object()  # a key left out
+
+
+@st.composite
+def reranker_text(draw) -> bytes:
+    """A reranker file: mostly the real layout with good or bad weights, counts and keys; or damage."""
+    layout = draw(st.one_of(st.just(RERANKER_LAYOUT), st.just(RERANKER_LAYOUT), json_value,
+                            st.lists(st.tuples(feature_label, st.one_of(st.integers(-1, 7), json_scalar)).map(list),
+                                     max_size=4)))
+
+    def some_weights(count: int) -> list:
+        count = min(max(count, 0), 8)
+        return draw(st.one_of(st.lists(weight_value, min_size=count, max_size=count),
+                              st.lists(weight_value, max_size=count + 2), json_value))
+
+    weights = {}
+    for pair in layout if isinstance(layout, list) else []:
+        if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], int):
+            weights[pair[0]] = some_weights(pair[1])
+    record = {"format": draw(st.sampled_from(["phrase-scorer-reranker"] * 6 + ["x", None])),
+              "version": draw(st.sampled_from([1] * 6 + [2, "1", True, 1.0, None])),
+              "layout": layout, "weights": draw(st.one_of(st.just(weights), st.just(weights), json_value)),
+              "ignore_features": draw(st.one_of(st.just(maybe), st.lists(feature_label, max_size=2), json_value)),
+              "models": draw(st.one_of(st.just(maybe), st.dictionaries(feature_label, model_record | json_value,
+                                                                       max_size=2), json_value)),
+              "decoder": draw(st.one_of(st.just(maybe), json_value, st.fixed_dictionaries(
+                  {"nbest_size": st.one_of(st.none(), st.integers(-1, 200), json_scalar),
+                   "decoder_flags": st.one_of(st.none(), st.text(max_size=8), json_scalar)}))),
+              "runs": draw(json_value)}
+    if draw(st.booleans()):  # a file as rerank writes it, but for the weights of at most one feature
+        weights = {name: draw(st.lists(good_weight, min_size=count, max_size=count))
+                   for name, count in RERANKER_LAYOUT}
+        if draw(st.booleans()):
+            name, count = draw(st.sampled_from(RERANKER_LAYOUT))
+            weights[name] = some_weights(count)
+        record.update(format="phrase-scorer-reranker", version=1, layout=RERANKER_LAYOUT, weights=weights,
+                      ignore_features=[], models={}, decoder=maybe)
+    for key in draw(st.sets(st.sampled_from(sorted(record)), max_size=2)):
+        if draw(st.integers(0, 3)) == 0:
+            del record[key]
+    text = json.dumps({k: v for k, v in record.items() if v is not maybe})
+    text = text.replace(f'"{OVERFLOW}"', "1e400").replace(f'"{HUGE}"', "1" + "0" * 400)
+    return text.encode("utf-8")[:draw(st.one_of(st.none(), st.none(), st.none(), st.integers(0, 400)))]
+
+
+reranker_bytes = st.one_of(reranker_text(), reranker_text(), reranker_text(), st.binary(max_size=200))
+
+
+def fuzz_reranker(tmp_path, data: bytes) -> None:
+    """A reranker file either loads to a valid reranker, which gives every sentence of a list its
+    line (or refuses the list in one line naming it), or is refused in one line naming the file."""
+    import math
+
+    from phrase_scorer.moses.rerank import apply_reranker, read_reranker
+
+    path = tmp_path / "reranker.json"
+    path.write_bytes(data)
+    try:
+        loaded = read_reranker(path)
+    except PhraseScorerError as exc:
+        assert str(exc).startswith(f"{path}: ") and "\n" not in str(exc)
+        record("fuzz", reader="reranker", outcome="error")
+        return
+    layout = loaded.weights.layout
+    assert layout and all(count >= 1 for _, count in layout) and len({name for name, _ in layout}) == len(layout)
+    assert all(math.isfinite(v) for v in loaded.weights.values)
+    given = json.loads(data)["weights"]
+    assert loaded.weights.by_name() == {name: [float(v) for v in given[name]] for name, _ in layout}
+    out = tmp_path / "out.txt"
+    try:
+        written = apply_reranker(path, RERANKER_NBEST, out)
+    except PhraseScorerError as exc:
+        assert str(exc).startswith(f"{RERANKER_NBEST} line 1: ") and "\n" not in str(exc) and not out.exists()
+        record("fuzz", reader="reranker", outcome="parsed")
+        return
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert written == 3 and len(lines) == 4 and all(lines[:3]) and lines[3] == ""
+    record("fuzz", reader="reranker", outcome="parsed")
+
+
+@QUICK
+@given(data=reranker_bytes)
+def test_fuzz_reranker(tmp_path_factory, data):
+    fuzz_reranker(tmp_path_factory.mktemp("f"), data)
+
+
+@pytest.mark.fuzz
+@LONG
+@given(data=reranker_bytes)
+def test_fuzz_reranker_long(tmp_path_factory, data):
+    fuzz_reranker(tmp_path_factory.mktemp("f"), data)
+
+
 @pytest.mark.parametrize("case, data", [
     ("1 MB line", b"a ||| " + b"b " * 500_000 + b"||| 0.5\n"),
     ("1 MB field without spaces", b"a ||| b ||| 0.5 ||| " + b"x" * 1_000_000 + b"\n"),

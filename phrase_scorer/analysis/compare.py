@@ -4,7 +4,8 @@ translation probability p(e|f) next to the top targets by the model.
 The table is read once, in order, as Moses writes it (lines grouped by source). Sources of at
 least ``min_words`` words with at least ``min_targets`` targets are candidates; the ``frequent``
 ones have the largest source counts (the second number of the counts field), the ``rare`` ones
-the smallest. Only the chosen groups are kept in memory. The model's score of a pair comes from
+the smallest; a table without a candidate is refused, naming the limits. Only the chosen groups
+are kept in memory. The model's score of a pair comes from
 the table's own model column when the table was annotated by this model (its signature says
 so), and from :class:`~phrase_scorer.scoring.batch_scorer.BatchScorer` otherwise.
 """
@@ -134,6 +135,13 @@ def select(table: PathLike, options: CompareOptions, annotated_column: Optional[
         return picked
     picked += [("frequent", g) for *_, g in sorted(frequent, reverse=True)]
     picked += [("rare", g) for *_, g in sorted(rare, reverse=True)]
+    if not picked:  # an empty table would say nothing: name what qualifies instead
+        if options.frequent <= 0 and options.rare <= 0:
+            raise PhraseScorerError("--frequent 0 and --rare 0 show no source phrase",
+                                    hint="give --frequent or --rare a count, or choose sources with --source")
+        raise PhraseScorerError(f"no source phrase of {options.min_words} words or more has {options.min_targets} "
+                                "targets or more", path=table,
+                                hint="lower --min-words or --min-targets, or choose sources with --source")
     return picked
 
 

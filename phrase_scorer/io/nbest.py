@@ -4,6 +4,7 @@ A line of an n-best list is::
 
     id ||| hypothesis ||| Name= v ... Name2= v v ||| total [||| segmentation] [||| alignment]
 
+The fields are separated by `` ||| ``, words and values by spaces; a line with a tab is refused.
 Moses 1 may add the segmentation (``-include-segmentation-in-n-best``) and word-alignment
 (``-print-alignment-info-in-n-best``) fields; Moses2 writes only the first four. Feature labels end
 in ``=``; a label with ``_`` in its name is a sparse feature (``TranslationModel0_x= 1``).
@@ -149,6 +150,10 @@ def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = No
     def error(message: str, hint: Optional[str] = None) -> PhraseScorerError:
         return PhraseScorerError(message, path=path, line=number, hint=hint)
 
+    tab = text.find("\t")
+    if tab >= 0:  # Moses writes none: a tab would pass for a space in the features and stay in the words
+        raise error(f"a tab at column {tab + 1}",
+                    "Moses separates the fields of an n-best line with ' ||| ' and words and values with spaces")
     fields = text.split(SEPARATOR)
     if len(fields) < 4:
         raise error(f"expected at least 4 fields separated by '|||', found {len(fields)}",

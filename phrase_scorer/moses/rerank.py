@@ -19,7 +19,11 @@ the extractor's statistics), on the dev list as reranked by the weights.
 A sentence's best hypothesis is the first of those with the largest weighted sum of the dense
 features; it is written as its hypothesis field with the surrounding spaces removed, which is
 the words Moses prints as the 1-best translation (it ends that line with a space). A sentence id that the test list skips gets an
-empty line, so line k + 1 is always sentence k.
+empty line, so line k + 1 is always sentence k. Every sentence with hypotheses gets its line
+(:func:`weighted_sum`, :func:`better`): a feature weighted 0 does not count, even at -inf; a sum
+that is no number (+inf and -inf features together) ranks below every number, -inf included; so
+among hypotheses whose sums are all -inf, or all undefined, the first wins: Moses' own 1-best,
+as in every tie. A feature value that is NaN is refused, naming the list and the line.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from phrase_scorer.io.nbest import NBestEntry, check_sentence_order, dense_featu
 from phrase_scorer.runtime.programs import run_logged
 from phrase_scorer.moses.installation import MosesInstallation, read_lines, require_program, write_lines
 from phrase_scorer.moses.tune import fresh_directory
-from phrase_scorer.runtime.resumable import make_signature, write_signature
+from phrase_scorer.runtime.resumable import make_signature, signature_describes, write_signature
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,50 @@ def dense_layout(entry: NBestEntry) -> Layout:
 
 def describe_layout(layout: Layout) -> str:
     return " ".join(f"{name}=x{count}" if count > 1 else f"{name}=" for name, count in layout)
+
+
+def checked_dense_values(entry: NBestEntry, path: PathLike) -> np.ndarray:
+    """The dense feature values of ``entry`` (:func:`dense_feature_vector`), refusing a NaN: no
+    weight can rank a hypothesis by it. Infinite values are kept (Moses writes -inf for an
+    impossible hypothesis); :func:`weighted_sum` and :func:`better` rank them."""
+    values = np.asarray(dense_feature_vector(entry), np.float64)
+    if np.isnan(values).any():
+        position = int(np.argmax(np.isnan(values)))
+        names = [name for name, count in dense_layout(entry) for _ in range(count)]
+        raise PhraseScorerError(f"feature {names[position]} is nan", path=path, line=entry.line_number,
+                                hint="no weight can rank a hypothesis by a value that is not a number; "
+                                     "fix or drop the hypotheses that have one")
+    return values
+
+
+def weighted_sum(values: np.ndarray, weights: np.ndarray):
+    """The weighted sum of a hypothesis' dense features (of each row, for a matrix of hypotheses);
+    a feature weighted 0 does not count (its value may be -inf). Infinite values or a sum too large
+    for a float give +-inf, or NaN when +inf meets -inf: :func:`better` ranks those."""
+    used = weights != 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        sums = values[..., used] @ weights[used]
+    return float(sums) if sums.ndim == 0 else sums
+
+
+def better(score: float, best: Optional[float]) -> bool:
+    """Whether a hypothesis of weighted sum ``score`` replaces the best so far (``best``, None for
+    none yet): only a strictly larger sum does, so the first of equals wins, as Moses orders its
+    lists best first; NaN ranks below every number, -inf included."""
+    if best is None:
+        return True
+    if math.isnan(score):
+        return False
+    return math.isnan(best) or score > best
+
+
+def best_of(sums: Sequence[float]) -> int:
+    """The index of the best of a sentence's weighted sums, by :func:`better`."""
+    best, index = None, 0
+    for i, score in enumerate(sums):
+        if better(float(score), best):
+            best, index = float(score), i
+    return index
 
 
 @dataclass
@@ -159,7 +207,7 @@ def copy_checked(nbest: PathLike, copy: Path, ignore: Sequence[str] = ()) -> Dev
                 check_sentence_order(entry, last_id, nbest)
                 last_id = entry.sentence_id
                 out.write(entry.to_line().encode("utf-8"))
-            features = np.array([dense_feature_vector(e) for e in entries])  # (H, D)
+            features = np.array([checked_dense_values(e, nbest) for e in entries])  # (H, D)
             totals = np.array([e.total for e in entries])  # (H,)
             features -= features.mean(0)
             totals -= totals.mean()
@@ -238,11 +286,12 @@ def moses_bleu(stats: np.ndarray) -> float:
 
 
 def reranked_bleu(data: MertData, weights: Sequence[float]) -> float:
-    """BLEU (x 100) of the dev list's best hypotheses under ``weights``."""
+    """BLEU (x 100) of the dev list's best hypotheses under ``weights``, chosen as
+    :func:`apply_weights` chooses them (:func:`weighted_sum`, :func:`best_of`)."""
     w = np.asarray(weights, np.float64)
     total = np.zeros(2 * BLEU_ORDER + 1)
     for features, stats in zip(data.features, data.stats):
-        total += stats[int(np.argmax(features @ w))]
+        total += stats[best_of(weighted_sum(features, w))]
     return moses_bleu(total)
 
 
@@ -408,13 +457,18 @@ def learn_weights(dev_nbest: PathLike, dev_reference: PathLike, work: Path, *, m
 
 def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: Sequence[str] = ()) -> int:
     """Write the best hypothesis of each sentence of ``nbest`` under ``weights`` (the features in
-    ``ignore`` left out); returns the number of lines written (largest sentence id + 1)."""
+    ``ignore`` left out); returns the number of lines written (largest sentence id + 1). Each
+    sentence's best is chosen by :func:`weighted_sum` and :func:`better`: never none."""
     w = np.asarray(weights.values, np.float64)
+    if not np.isfinite(w).all():
+        name = weights.value_names()[int(np.argmax(~np.isfinite(w)))]
+        raise PhraseScorerError(f"the weight of {name} is {w[~np.isfinite(w)][0]}, not a finite number",
+                                hint="tune the weights again")
     written = 0
 
     def best_lines() -> Iterator[bytes]:
         nonlocal written
-        last_id, best, best_score = -1, None, -math.inf
+        last_id, best, best_score = -1, None, None
         for entry in read_nbest(nbest):
             found = dense_layout(without_features(entry, ignore))
             if found != weights.layout:
@@ -430,9 +484,9 @@ def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: S
                 for _ in range(written, entry.sentence_id):  # a sentence with no hypotheses
                     yield b"\n"
                     written += 1
-                last_id, best, best_score = entry.sentence_id, None, -math.inf
-            score = float(np.asarray(dense_feature_vector(without_features(entry, ignore))) @ w)
-            if score > best_score:
+                last_id, best, best_score = entry.sentence_id, None, None
+            score = weighted_sum(checked_dense_values(without_features(entry, ignore), nbest), w)
+            if better(score, best_score):
                 best, best_score = (entry.hypothesis.strip(" ") + "\n").encode("utf-8"), score
         if best is not None:
             yield best
@@ -459,15 +513,42 @@ RERANKER_FORMAT = "phrase-scorer-reranker"
 RERANKER_VERSION = 1
 
 
+def rescore_signature(nbest: PathLike) -> Optional[dict]:
+    """The signature ``rescore`` wrote beside ``nbest`` (``NBEST.json``), checked to describe the
+    list as it is now (:func:`~phrase_scorer.runtime.resumable.signature_describes`: its size, then its
+    SHA-256); None when the list has no rescore signature (a list made otherwise). A signature
+    of other bytes (the list was rewritten since, by another command or another rescore) is
+    refused: its models are not those of this list's features."""
+    signature = Path(os.fspath(nbest) + ".json")
+    try:
+        data = json.loads(signature.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("tool") != "phrase-scorer rescore":
+        return None
+    current = signature_describes(nbest, data)
+    if current is False:
+        raise PhraseScorerError(f"{signature} does not describe this list any more: the list was rewritten since "
+                                "rescore signed it, so the models behind its features are unknown", path=nbest,
+                                hint="rescore the list again with the models the reranker was tuned with")
+    if current is None:
+        # Written before signatures recorded the list's size and SHA-256: accepted, as a list
+        # without any signature is (refusing it would only teach deleting NBEST.json), with a
+        # warning that it cannot be checked against the list.
+        log.warning("%s predates signatures that record their list's size and SHA-256: cannot check that it still "
+                    "describes %s (rescore the list again to make it checkable)", signature, os.fspath(nbest))
+    return data
+
+
 def rescored_models(nbest: PathLike) -> Dict[str, dict]:
     """The models behind the features ``rescore`` added to ``nbest``, read from its signature
-    (``NBEST.json``): feature name -> directory, weights_sha256, reverse, normalize (for an
+    (:func:`rescore_signature`): feature name -> directory, weights_sha256, reverse, normalize (for an
     ensemble, directory and weights_sha256 list its models). Empty when the list has no such
     signature (a list made otherwise)."""
+    data = rescore_signature(nbest)
+    if data is None:
+        return {}
     try:
-        data = json.loads(Path(os.fspath(nbest) + ".json").read_text(encoding="utf-8"))
-        if data.get("tool") != "phrase-scorer rescore":
-            return {}
         normalize = bool(data.get("options", {}).get("normalize", False))
         found: Dict[str, dict] = {}
         for m in data["models"]:
@@ -479,7 +560,7 @@ def rescored_models(nbest: PathLike) -> Dict[str, dict]:
                 found[m["name"]] = {"directory": m["directory"], "weights_sha256": m["weights_sha256"],
                                     "reverse": bool(m["reverse"]), "normalize": normalize}
         return found
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+    except (AttributeError, KeyError, TypeError):
         return {}
 
 
@@ -506,32 +587,167 @@ class Reranker:
     decoder: Dict[str, Any] = field(default_factory=dict)  # nbest_size, decoder_flags of the tuned lists
 
 
+class _NotFinite(str):
+    """A JSON number that is not a finite float (NaN, Infinity, 1e400), kept as its text for the message."""
+
+
+def _parse_float(text: str):
+    value = float(text)
+    return value if math.isfinite(value) else _NotFinite(text)
+
+
+class RerankerFile:
+    """The typed reader of a reranker file: each method returns the value at ``key`` (a JSON path
+    such as ``weights.LM0[0]``) checked to be of its type, or raises a one-line error naming the
+    file and the key."""
+
+    HINT = "tune it again with 'phrase-scorer rerank --dev ...', or give the OUTPUT.json it wrote unchanged"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def error(self, key: str, problem: str) -> PhraseScorerError:
+        return PhraseScorerError(f"the reranker is damaged: {key} {problem}", path=self.path, hint=self.HINT)
+
+    def describe(self, value: Any) -> str:
+        if isinstance(value, _NotFinite):
+            return value
+        if isinstance(value, (dict, list)):
+            return "an object" if isinstance(value, dict) else "a list"
+        return json.dumps(value)[:40]
+
+    def required(self, data: dict, key: str, name: str) -> Any:
+        if name not in data:
+            raise self.error(key, "is missing")
+        return data[name]
+
+    def number(self, value: Any, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(key, f"is {self.describe(value)}, not a finite number")
+        try:
+            return float(value)
+        except OverflowError:  # an integer too large for a float
+            raise self.error(key, f"is {self.describe(value)}, not a finite number") from None
+
+    def count(self, value: Any, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.error(key, f"is {self.describe(value)}, not a whole number of at least 1")
+        return value
+
+    def string(self, value: Any, key: str) -> str:
+        if not isinstance(value, str) or isinstance(value, _NotFinite):
+            raise self.error(key, f"is {self.describe(value)}, not a string")
+        return value
+
+    def boolean(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(key, f"is {self.describe(value)}, not true or false")
+        return value
+
+    def mapping(self, value: Any, key: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.error(key, f"is {self.describe(value)}, not an object")
+        return value
+
+    def sequence(self, value: Any, key: str) -> list:
+        if not isinstance(value, list):
+            raise self.error(key, f"is {self.describe(value)}, not a list")
+        return value
+
+    def feature_name(self, value: Any, key: str) -> str:
+        name = self.string(value, key)
+        if not name or "_" in name or "=" in name or name != "".join(name.split()):
+            raise self.error(key, f"{name!r} is not a dense feature name (no '_', '=' or spaces)")
+        return name
+
+    def layout(self, value: Any) -> Layout:
+        items = self.sequence(value, "layout")
+        if not items:
+            raise self.error("layout", "is empty: the reranker weights no feature")
+        layout: List[Tuple[str, int]] = []
+        for i, item in enumerate(items):
+            pair = self.sequence(item, f"layout[{i}]")
+            if len(pair) != 2:
+                raise self.error(f"layout[{i}]", f"has {len(pair)} items, not [name, number of values]")
+            name = self.feature_name(pair[0], f"layout[{i}][0]")
+            if any(name == seen for seen, _ in layout):
+                raise self.error(f"layout[{i}][0]", f"names {name} a second time")
+            layout.append((name, self.count(pair[1], f"layout[{i}][1]")))
+        return tuple(layout)
+
+    def weights(self, value: Any, layout: Layout) -> Weights:
+        by_name = self.mapping(value, "weights")
+        for name in by_name:
+            if all(name != known for known, _ in layout):
+                raise self.error(f"weights.{name}", f"is not in the layout ({describe_layout(layout)})")
+        values: List[float] = []
+        for name, count in layout:
+            key = f"weights.{name}"
+            given = self.sequence(self.required(by_name, key, name), key)
+            if len(given) != count:
+                raise self.error(key, f"has {len(given)} values, but the layout gives {name} {count}")
+            values += [self.number(v, f"{key}[{i}]") for i, v in enumerate(given)]
+        return Weights(layout, values)
+
+    def model(self, value: Any, key: str) -> dict:
+        record = self.mapping(value, key)
+        directory = self.required(record, f"{key}.directory", "directory")
+        digest = self.required(record, f"{key}.weights_sha256", "weights_sha256")
+        if isinstance(directory, list):  # an ensemble: one directory and digest per model
+            if not directory:
+                raise self.error(f"{key}.directory", "is an empty list")
+            directory = [self.string(d, f"{key}.directory[{i}]") for i, d in enumerate(directory)]
+            digest = self.sequence(digest, f"{key}.weights_sha256")
+            if len(digest) != len(directory):
+                raise self.error(f"{key}.weights_sha256",
+                                 f"has {len(digest)} digests for {len(directory)} directories")
+            digest = [self.string(d, f"{key}.weights_sha256[{i}]") for i, d in enumerate(digest)]
+        else:
+            directory = self.string(directory, f"{key}.directory")
+            digest = self.string(digest, f"{key}.weights_sha256")
+        return {"directory": directory, "weights_sha256": digest,
+                "reverse": self.boolean(self.required(record, f"{key}.reverse", "reverse"), f"{key}.reverse"),
+                "normalize": self.boolean(record.get("normalize", False), f"{key}.normalize")}
+
+    def decoder(self, value: Any) -> Dict[str, Any]:
+        record = self.mapping(value, "decoder")
+        size, flags = record.get("nbest_size"), record.get("decoder_flags")
+        return {"nbest_size": None if size is None else self.count(size, "decoder.nbest_size"),
+                "decoder_flags": None if flags is None else self.string(flags, "decoder.decoder_flags")}
+
+    def read(self) -> Reranker:
+        try:
+            data = json.loads(Path(self.path).read_text(encoding="utf-8"), parse_float=_parse_float,
+                              parse_constant=_NotFinite)
+        except OSError as exc:
+            raise PhraseScorerError(f"cannot read the reranker ({exc.strerror})", path=self.path) from None
+        except (ValueError, RecursionError):
+            data = None
+        if not isinstance(data, dict) or data.get("format") != RERANKER_FORMAT:
+            raise PhraseScorerError(
+                "not a reranker file", path=self.path,
+                hint="give the OUTPUT.json that 'phrase-scorer rerank --dev ...' wrote beside its output")
+        if data.get("version") != RERANKER_VERSION or isinstance(data.get("version"), bool):
+            raise PhraseScorerError(f"reranker version {self.describe(data.get('version'))}; this version of "
+                                    f"phrase-scorer reads {RERANKER_VERSION}", path=self.path,
+                                    hint="tune it again with this version's rerank")
+        layout = self.layout(self.required(data, "layout", "layout"))
+        weights = self.weights(self.required(data, "weights", "weights"), layout)
+        ignore = tuple(self.string(n, f"ignore_features[{i}]")  # any label --ignore-feature took
+                       for i, n in enumerate(self.sequence(data.get("ignore_features", []), "ignore_features")))
+        models = {self.feature_name(name, f"models.{name}"): self.model(record, f"models.{name}")
+                  for name, record in self.mapping(data.get("models", {}), "models").items()}
+        decoder = self.decoder(data.get("decoder", {}))
+        return Reranker(self.path, weights, ignore, models, decoder)
+
+
 def read_reranker(path: PathLike) -> Reranker:
-    path = os.fspath(path)
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise PhraseScorerError(f"cannot read the reranker ({exc.strerror})", path=path) from None
-    except ValueError:
-        data = None
-    if not isinstance(data, dict) or data.get("format") != RERANKER_FORMAT:
-        raise PhraseScorerError("not a reranker file", path=path,
-                                hint="give the OUTPUT.json that 'phrase-scorer rerank --dev ...' wrote beside its output")
-    if data.get("version") != RERANKER_VERSION:
-        raise PhraseScorerError(f"reranker version {data.get('version')!r}; this version of phrase-scorer reads "
-                                f"{RERANKER_VERSION}", path=path, hint="tune it again with this version's rerank")
-    try:
-        layout = tuple((str(name), int(count)) for name, count in data["layout"])
-        by_name = data["weights"]
-        values = [float(v) for name, _ in layout for v in by_name[name]]
-        if len(values) != sum(count for _, count in layout):
-            raise ValueError("weights do not match the layout")
-        ignore = tuple(str(n) for n in data.get("ignore_features", []))
-        models = {str(k): dict(v) for k, v in data.get("models", {}).items()}
-        decoder = dict(data.get("decoder") or {})
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PhraseScorerError(f"the reranker is damaged ({exc})", path=path, hint="tune it again") from None
-    return Reranker(path, Weights(layout, values), ignore, models, decoder)
+    """The reranker file ``path``, read through its one schema (:class:`RerankerFile`): the format
+    and version, a non-empty layout of dense features, one list of finite numbers per feature as
+    long as the layout says, the features left out, the models (directory, weights' SHA-256,
+    direction, normalisation) and the decoder's n-best size and flags. Keys it does not know
+    (the runs and BLEU ``rerank`` records) are left alone."""
+    return RerankerFile(os.fspath(path)).read()
 
 
 def check_rescored_with_same_models(reranker: Reranker, nbest: PathLike) -> None:
@@ -580,6 +796,7 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
         if os.fspath(path) == STDIO:
             raise PhraseScorerError("rerank reads its n-best lists twice; give them as files, not '-'")
     mert_programs(moses, options)  # before any work
+    dev_models = rescored_models(dev_nbest)  # a stale signature is refused before the optimisers run
     work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="rerank")
     learned = learn_weights(dev_nbest, dev_reference, work, moses=moses, options=options, start_ini=start_ini)
     sentences = apply_weights(test_nbest, learned.weights, output, options.ignore_features)
@@ -590,7 +807,7 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
     )
     write_signature(output, make_signature(
         "phrase-scorer rerank",
-        reranker_record(learned.weights, options.ignore_features, rescored_models(dev_nbest),
+        reranker_record(learned.weights, options.ignore_features, dev_models,
                         nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags),
         dev={"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
         test={"nbest": os.path.abspath(test_nbest)}, options=asdict(options),

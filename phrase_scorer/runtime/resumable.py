@@ -27,7 +27,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from phrase_scorer import __version__
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import STDIO, AtomicOutput, PathLike, file_identity, part_path, write_text_atomically
+from phrase_scorer.io.files import (
+    STDIO, AtomicOutput, PathLike, file_identity, file_sha256, part_path, write_text_atomically,
+)
 from phrase_scorer.io.outputs import refuse_existing, writes_directly
 from phrase_scorer.records import refuse_changed
 
@@ -105,19 +107,37 @@ def resumable_output(output: str, done_bytes: int, progress_path: Optional[Path]
 
 
 def make_signature(tool: str, settings: Mapping[str, Any], *, output: Optional[str] = None, lines: Optional[int] = None,
-              **described: Any) -> Dict[str, Any]:
+              content: Optional[PathLike] = None, **described: Any) -> Dict[str, Any]:
     """The record of what made an output, written beside it as OUT.json: the command, its settings
     (inputs by identity, models by the SHA-256 of their weights, every option that moves a byte),
-    the output and its line count, what its values are, the package version and when it finished."""
+    the output and its line count, what its values are, the package version and when it finished.
+    ``content``, the file holding the output's finished bytes (``OUT.part`` before the rename),
+    adds their size and SHA-256 (``output_size``, ``output_sha256``), by which a reader tells
+    whether the signature still describes OUT (:func:`signature_describes`)."""
     record: Dict[str, Any] = {"tool": tool, **settings}
     if output is not None:
         record["output"] = os.path.abspath(output) if output != STDIO else STDIO
     if lines is not None:
         record["lines"] = lines
+    if content is not None:
+        record["output_size"] = os.path.getsize(content)
+        record["output_sha256"] = file_sha256(content)
     record.update(described)
     record.setdefault("package_version", __version__)
     record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return record
+
+
+def signature_describes(output: PathLike, record: Mapping[str, Any]) -> Optional[bool]:
+    """Whether the signature ``record`` describes the bytes of ``output`` now: their size first,
+    then, when it matches, their SHA-256. None for a signature that records neither (written
+    before signatures did): the caller decides what to trust."""
+    size, digest = record.get("output_size"), record.get("output_sha256")
+    if size is None and digest is None:
+        return None
+    if os.path.getsize(output) != size:
+        return False
+    return file_sha256(output) == digest
 
 
 def write_signature(output: str, record: Mapping[str, Any]) -> None:

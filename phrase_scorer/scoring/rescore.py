@@ -304,8 +304,10 @@ def rescore(
             total_lines = writer.lines_done
             if total_lines == 0:
                 raise PhraseScorerError("the n-best list is empty", path=nbest)
+            out.flush()  # the signature records the bytes' size and SHA-256
             record = make_signature(
-                "phrase-scorer rescore", settings, output=output, lines=total_lines, features=names,
+                "phrase-scorer rescore", settings, output=output, lines=total_lines, content=out.tmp_path,
+                features=names,
                 value="log p per predicted token (words + </s>)" if options.normalize else "log p (natural log)",
                 value_format=VALUE_FORMAT)
             out.commit()
