@@ -245,12 +245,12 @@ def fuzz_reranker(tmp_path, data: bytes) -> None:
     line (or refuses the list in one line naming it), or is refused in one line naming the file."""
     import math
 
-    from phrase_scorer.moses.rerank import apply_reranker, read_reranker
+    from phrase_scorer.moses.reranker import apply_reranker, Reranker
 
     path = tmp_path / "reranker.json"
     path.write_bytes(data)
     try:
-        loaded = read_reranker(path)
+        loaded = Reranker.read(path)
     except PhraseScorerError as exc:
         assert str(exc).startswith(f"{path}: ") and "\n" not in str(exc)
         record("fuzz", reader="reranker", outcome="error")

@@ -22,10 +22,10 @@ from phrase_scorer.cli import cli
 from phrase_scorer.config import RerankOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
-from phrase_scorer.moses.rerank import (
-    BLEU_ORDER, Weights, apply_weights, copy_checked, dense_layout, moses_bleu, read_mert_data, weights_from_ini,
-    weights_from_totals,
-)
+from phrase_scorer.io.nbest import dense_layout
+from phrase_scorer.moses.mert_files import BLEU_ORDER, copy_checked, moses_bleu, read_mert_data
+from phrase_scorer.moses.optimisers import weights_from_ini, weights_from_totals
+from phrase_scorer.moses.weights import apply_weights
 
 NBEST = DATA / "val.nbest.head.gz"
 TUNED_INI = DATA / "moses.tuned.ini"  # the weights the lists were decoded with
@@ -238,9 +238,9 @@ def test_ignored_features_are_neither_tuned_nor_used(tmp_path):
 
 
 def write_reranker(path, weights, models=None, ignore=()) -> Path:
-    from phrase_scorer.moses.rerank import reranker_record
+    from phrase_scorer.moses.reranker import Reranker
 
-    Path(path).write_text(json.dumps(reranker_record(weights, ignore, models or {})), encoding="utf-8")
+    Path(path).write_text(json.dumps(Reranker(weights, tuple(ignore), models or {}).to_json()), encoding="utf-8")
     return Path(path)
 
 
@@ -258,7 +258,7 @@ def test_a_reranker_applies_to_the_whole_shared_list(tmp_path):
 
 
 def test_a_reranker_refuses_lists_rescored_otherwise(tmp_path, tiny_model, sentence_models):
-    from phrase_scorer.moses.rerank import rescored_models
+    from phrase_scorer.moses.reranker import rescored_models
 
     rescored = tmp_path / "rescored.gz"
     assert run("rescore", NBEST, "--source", DATA / "val.tok.en.head", "-m", tiny_model, "-o", rescored).exit_code == 0

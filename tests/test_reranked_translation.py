@@ -29,7 +29,9 @@ def system(moses, tmp_path_factory, tiny_model):
     """The tuned Multi30k system on a slice of its table, and a reranker for it: the decoder's
     weights plus a weight for the tiny model's feature, as `rerank` would write it."""
     from phrase_scorer.moses.ini_patch import patch_moses_ini
-    from phrase_scorer.moses.rerank import dense_layout, reranker_record, rescored_models, weights_from_ini
+    from phrase_scorer.io.nbest import dense_layout
+    from phrase_scorer.moses.optimisers import weights_from_ini
+    from phrase_scorer.moses.reranker import Reranker, rescored_models
 
     work = tmp_path_factory.mktemp("reranked")
     source = first_lines(TEST_EN, 7, work / "test.en")
@@ -47,7 +49,7 @@ def system(moses, tmp_path_factory, tiny_model):
     weights = weights_from_ini(ini, dense_layout(next(iter(read_nbest(rescored)))))
     weights.values[-1] = 0.05  # RNN0: enough to change some choices
     reranker = work / "reranker.json"
-    reranker.write_text(json.dumps(reranker_record(weights, (), rescored_models(rescored), nbest_size=50)))
+    reranker.write_text(json.dumps(Reranker(weights, (), rescored_models(rescored), nbest_size=50).to_json()))
     by_hand = work / "by-hand.txt"
     result = run("rerank", "--weights", reranker, "--test", rescored, "-o", by_hand)
     assert result.exit_code == 0, result.stderr

@@ -20,7 +20,9 @@ from conftest import DATA
 from phrase_scorer.cli import cli
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
-from phrase_scorer.moses.rerank import dense_layout, reranker_record, rescored_models, weights_from_ini
+from phrase_scorer.io.nbest import dense_layout
+from phrase_scorer.moses.optimisers import weights_from_ini
+from phrase_scorer.moses.reranker import Reranker, rescored_models
 
 NBEST = DATA / "val.nbest.head.gz"  # 3 sentences, 100 hypotheses each, best first
 TUNED_INI = DATA / "moses.tuned.ini"
@@ -37,7 +39,7 @@ def decoder_weights(nbest=NBEST):
 
 
 def decoder_record(models=None) -> dict:
-    return json.loads(json.dumps(reranker_record(decoder_weights(), (), models or {})))
+    return json.loads(json.dumps(Reranker(decoder_weights(), (), models or {}).to_json()))
 
 
 def write_json(path: Path, data) -> Path:
@@ -200,7 +202,7 @@ def test_dev_bleu_ranks_undefined_and_infinite_sums_as_reranking_does():
     """The BLEU a tuning run reports for weights is that of the hypotheses apply_weights picks:
     sentence 0's first sum is inf - inf (ranked last) and its third has -inf weighted 0 (not
     counted): the third wins; sentence 1's sums are all -inf: the first wins."""
-    from phrase_scorer.moses.rerank import MertData, reranked_bleu
+    from phrase_scorer.moses.mert_files import MertData, reranked_bleu
 
     features = [np.array([[math.inf, math.inf, 0.0], [1.0, 0.0, 0.0], [2.0, 0.0, -math.inf]]),
                 np.array([[-math.inf, 0.0, 0.0], [-math.inf, -5.0, 0.0]])]
@@ -237,7 +239,7 @@ def rescored(tmp_path, tiny_model):
     assert result.exit_code == 0, result.stderr
     weights = decoder_weights(path)
     weights.values[-1] = 0.5  # RNN0
-    reranker = write_json(tmp_path / "r.json", reranker_record(weights, (), rescored_models(path)))
+    reranker = write_json(tmp_path / "r.json", Reranker(weights, (), rescored_models(path)).to_json())
     return path, reranker
 
 

@@ -258,7 +258,7 @@ def test_an_ensemble_is_one_feature_the_mean_of_its_models(tmp_path, tiny_model,
     assert signature["features"] == ["Ens", "RNNReverse0"]
     assert [(m["name"], m["ensemble"]) for m in signature["models"]] == [("Ens", True), ("Ens", True),
                                                                           ("RNNReverse0", False)]
-    from phrase_scorer.moses.rerank import rescored_models
+    from phrase_scorer.moses.reranker import rescored_models
 
     behind = rescored_models(together)
     assert len(behind["Ens"]["weights_sha256"]) == 2 and isinstance(behind["RNNReverse0"]["weights_sha256"], str)

@@ -123,7 +123,8 @@ def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts
     apply weights tuned before to a new list."""
     from phrase_scorer.io.outputs import check_output, refuse_existing
     from phrase_scorer.moses.installation import MosesInstallation
-    from phrase_scorer.moses.rerank import apply_reranker, rerank as run_rerank
+    from phrase_scorer.moses.rerank import rerank as run_rerank
+    from phrase_scorer.moses.reranker import apply_reranker
 
     if (dev is None) == (reranker is None):
         raise UserError("give --dev NBEST REFERENCES (to tune) or --weights RERANKER (to apply one), not both")

@@ -48,7 +48,8 @@ from phrase_scorer.io.files import PathLike, content_identity, file_sha256, part
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.evaluate import Evaluation, decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines, write_lines
-from phrase_scorer.moses.rerank import apply_weights, learn_weights
+from phrase_scorer.moses.optimisers import learn_weights
+from phrase_scorer.moses.weights import apply_weights
 from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.experiments.report import NONE, closing_lines, mean_sd, p_values, table, two_decimals, write_report
 from phrase_scorer.experiments.statistics import ngram_stats, paired_bootstrap_p, smoothed_sentence_bleu

@@ -34,7 +34,8 @@ from phrase_scorer.io.files import OutputLock, PathLike, file_sha256, text_lines
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
 from phrase_scorer.moses.evaluate import decode
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
-from phrase_scorer.moses.rerank import Reranker, apply_weights, read_reranker
+from phrase_scorer.moses.reranker import Reranker
+from phrase_scorer.moses.weights import apply_weights
 from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.runtime.progress import step_bar
 from phrase_scorer.runtime.resumable import (
@@ -144,7 +145,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     ``ini`` and the reranker file ``reranker`` into ``output``, one line per input line."""
     output = os.fspath(output)
     scoring_options = scoring_options or ScoringOptions()
-    tuned = read_reranker(reranker)
+    tuned = Reranker.read(reranker)
     if not tuned.decoder.get("nbest_size"):
         raise PhraseScorerError("the reranker does not record the n-best size it was tuned with", path=reranker,
                                 hint="tune it again with this version's rerank")

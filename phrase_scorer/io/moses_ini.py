@@ -225,6 +225,15 @@ class MosesIni:
         raise self.error(f"no feature named {name}", self.header_line("feature"),
                          f"phrase tables here: {_describe(tables)}")
 
+    def weight_names(self) -> List[str]:
+        """The features the ``[weight]`` section gives weights to (``Name= w1 w2 ...`` lines), in order."""
+        names = []
+        for line in self.section_lines("weight"):
+            label = line.tokens()[0][2]
+            if label.endswith("=") and label[:-1] not in names:
+                names.append(label[:-1])
+        return names
+
     def weight_line(self, name: str) -> WeightLine:
         """The ``[weight]`` line of feature ``name``."""
         found: List[WeightLine] = []

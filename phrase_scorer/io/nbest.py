@@ -20,8 +20,10 @@ import io
 import itertools
 import os
 import re
-from dataclasses import dataclass, field
-from typing import IO, Iterable, Iterator, List, Optional, Tuple, Union
+from dataclasses import dataclass, field, replace
+from typing import IO, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import (
@@ -264,3 +266,45 @@ def write_nbest(entries: Iterable[NBestEntry], path_or_stream: Union[PathLike, I
             out.write(gzip_member(b"".join(chunk)) if packed else b"".join(chunk))
         out.commit()
     return count
+
+
+# --- the dense features, as Moses' optimisers read them -------------------------------------------
+
+
+Layout = Tuple[Tuple[str, int], ...]  # the dense features of a line: (name, number of values), in order
+
+
+
+def without_features(entry: NBestEntry, ignore: Sequence[str]) -> NBestEntry:
+    """``entry`` without the features labelled with a name in ``ignore`` (``entry`` itself when
+    there are none to remove)."""
+    if not ignore or not any(name in ignore for name, _ in entry.features):
+        return entry
+    return replace(entry, features=[(name, values) for name, values in entry.features if name not in ignore])
+
+
+
+def dense_layout(entry: NBestEntry) -> Layout:
+    """The dense features of an entry (labels without ``_``), as the extractor reads them."""
+    return tuple((name, len(values)) for name, values in entry.features if "_" not in name)
+
+
+
+def describe_layout(layout: Layout) -> str:
+    return " ".join(f"{name}=x{count}" if count > 1 else f"{name}=" for name, count in layout)
+
+
+
+def checked_dense_values(entry: NBestEntry, path: PathLike) -> np.ndarray:
+    """The dense feature values of ``entry`` (:func:`dense_feature_vector`), refusing a NaN: no
+    weight can rank a hypothesis by it. Infinite values are kept (Moses writes -inf for an
+    impossible hypothesis); :func:`weighted_sum` and :func:`better` rank them."""
+    values = np.asarray(dense_feature_vector(entry), np.float64)
+    if np.isnan(values).any():
+        position = int(np.argmax(np.isnan(values)))
+        names = [name for name, count in dense_layout(entry) for _ in range(count)]
+        raise PhraseScorerError(f"feature {names[position]} is nan", path=path, line=entry.line_number,
+                                hint="no weight can rank a hypothesis by a value that is not a number; "
+                                     "fix or drop the hypotheses that have one")
+    return values
+

@@ -1,0 +1,142 @@
+"""Weights for the dense features of n-best lists, and applying them: each sentence's best hypothesis.
+
+A sentence's best hypothesis is the first of those with the largest weighted sum of the dense
+features; it is written as its hypothesis field with the surrounding spaces removed, which is
+the words Moses prints as the 1-best translation (it ends that line with a space). A sentence id
+that the list skips gets an empty line, so line k + 1 is always sentence k. Every sentence with
+hypotheses gets its line (:func:`weighted_sum`, :func:`better`): a feature weighted 0 does not
+count, even at -inf; a sum that is no number (+inf and -inf features together) ranks below every
+number, -inf included; so among hypotheses whose sums are all -inf, or all undefined, the first
+wins: Moses' own 1-best, as in every tie. A feature value that is NaN is refused, naming the list
+and the line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import AtomicOutput, PathLike
+from phrase_scorer.io.nbest import (
+    Layout,
+    check_sentence_order,
+    checked_dense_values,
+    dense_layout,
+    describe_layout,
+    read_nbest,
+    without_features,
+)
+
+log = logging.getLogger(__name__)
+
+
+def weighted_sum(values: np.ndarray, weights: np.ndarray):
+    """The weighted sum of a hypothesis' dense features (of each row, for a matrix of hypotheses);
+    a feature weighted 0 does not count (its value may be -inf). Infinite values or a sum too large
+    for a float give +-inf, or NaN when +inf meets -inf: :func:`better` ranks those."""
+    used = weights != 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        sums = values[..., used] @ weights[used]
+    return float(sums) if sums.ndim == 0 else sums
+
+
+
+def better(score: float, best: Optional[float]) -> bool:
+    """Whether a hypothesis of weighted sum ``score`` replaces the best so far (``best``, None for
+    none yet): only a strictly larger sum does, so the first of equals wins, as Moses orders its
+    lists best first; NaN ranks below every number, -inf included."""
+    if best is None:
+        return True
+    if math.isnan(score):
+        return False
+    return math.isnan(best) or score > best
+
+
+
+def best_of(sums: Sequence[float]) -> int:
+    """The index of the best of a sentence's weighted sums, by :func:`better`."""
+    best, index = None, 0
+    for i, score in enumerate(sums):
+        if better(float(score), best):
+            best, index = float(score), i
+    return index
+
+
+
+@dataclass
+class Weights:
+    """One weight per dense feature value, in the lists' order."""
+
+    layout: Layout
+    values: List[float]
+
+    def by_name(self) -> Dict[str, List[float]]:
+        out: Dict[str, List[float]] = {}
+        position = 0
+        for name, count in self.layout:
+            out[name] = self.values[position : position + count]
+            position += count
+        return out
+
+    def value_names(self) -> List[str]:
+        """Each value's feature name, repeated for a feature with several values (mert-moses.pl's
+        dense weight file)."""
+        return [name for name, count in self.layout for _ in range(count)]
+
+
+
+def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: Sequence[str] = ()) -> int:
+    """Write the best hypothesis of each sentence of ``nbest`` under ``weights`` (the features in
+    ``ignore`` left out); returns the number of lines written (largest sentence id + 1). Each
+    sentence's best is chosen by :func:`weighted_sum` and :func:`better`: never none."""
+    w = np.asarray(weights.values, np.float64)
+    if not np.isfinite(w).all():
+        name = weights.value_names()[int(np.argmax(~np.isfinite(w)))]
+        raise PhraseScorerError(f"the weight of {name} is {w[~np.isfinite(w)][0]}, not a finite number",
+                                hint="tune the weights again")
+    written = 0
+
+    def best_lines() -> Iterator[bytes]:
+        nonlocal written
+        last_id, best, best_score = -1, None, None
+        for entry in read_nbest(nbest):
+            found = dense_layout(without_features(entry, ignore))
+            if found != weights.layout:
+                raise PhraseScorerError(
+                    f"the dense features are {describe_layout(found)}, but the weights are for "
+                    f"{describe_layout(weights.layout)}", path=nbest, line=entry.line_number,
+                    hint="rerank lists made by the same decoder and rescored with the same models")
+            check_sentence_order(entry, last_id, nbest)
+            if entry.sentence_id != last_id:
+                if best is not None:
+                    yield best
+                    written += 1
+                for _ in range(written, entry.sentence_id):  # a sentence with no hypotheses
+                    yield b"\n"
+                    written += 1
+                last_id, best, best_score = entry.sentence_id, None, None
+            score = weighted_sum(checked_dense_values(without_features(entry, ignore), nbest), w)
+            if better(score, best_score):
+                best, best_score = (entry.hypothesis.strip(" ") + "\n").encode("utf-8"), score
+        if best is not None:
+            yield best
+            written += 1
+
+    with AtomicOutput(output) as out:
+        chunk: List[bytes] = []
+        for line in best_lines():
+            chunk.append(line)
+            if len(chunk) == 4096:
+                out.write(b"".join(chunk))
+                chunk = []
+        out.write(b"".join(chunk))
+        if written == 0:
+            raise PhraseScorerError("the n-best list is empty", path=nbest)
+        out.commit()
+    return written
+
