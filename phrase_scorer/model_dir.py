@@ -26,6 +26,7 @@ import os
 import pickle
 import re
 import struct
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -55,9 +56,29 @@ def vocab_hashes(source_vocab: Vocabulary, target_vocab: Vocabulary) -> Dict[str
     return {"source": source_vocab.sha256(), "target": target_vocab.sha256()}
 
 
-def safe_torch_load(path: PathLike, map_location: Any = "cpu") -> Any:
-    """``torch.load`` with ``weights_only=True``: tensors and plain containers only, never code."""
+def check_zip_crcs(path: PathLike) -> None:
+    """Refuse a weights file in PyTorch's zip format whose bytes changed since it was written:
+    torch.load does not check the CRC-32 the archive records for each of its files, and a byte
+    changed inside a tensor would load as another weight."""
     try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except FileNotFoundError:
+        raise PhraseScorerError("file is missing", path=path) from None
+    except Exception as exc:  # what zipfile raises on a damaged archive: BadZipFile, ValueError, ...
+        raise PhraseScorerError(f"not a readable PyTorch weights file (damaged: {type(exc).__name__})",
+                                path=path, hint="restore the file, or train the model again") from None
+    if damaged is not None:
+        raise PhraseScorerError(f"not a readable PyTorch weights file (damaged: the bytes of {damaged!r} changed "
+                                "since it was saved)", path=path, hint="restore the file, or train the model again")
+
+
+def safe_torch_load(path: PathLike, map_location: Any = "cpu") -> Any:
+    """``torch.load`` with ``weights_only=True``: tensors and plain containers only, never code;
+    a file in PyTorch's zip format is first checked against its CRC-32s (:func:`check_zip_crcs`)."""
+    try:
+        if zipfile.is_zipfile(path):
+            check_zip_crcs(path)
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise PhraseScorerError("file is missing", path=path) from None
@@ -241,7 +262,7 @@ def check_state_matches(model: torch.nn.Module, state: Dict[str, Any], path: Pat
     """Refuse weights whose names or shapes disagree with the config and vocabularies."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    unexpected = sorted(map(repr, set(state) - set(expected)))
     if missing or unexpected:
         detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise PhraseScorerError(f"weights do not belong to this model ({detail})", path=path)
@@ -254,6 +275,8 @@ def check_state_matches(model: torch.nn.Module, state: Dict[str, Any], path: Pat
                 path=path,
                 hint="the config, vocabularies and weights come from different models",
             )
+        if not value.is_floating_point():
+            raise PhraseScorerError(f"weight {name} holds {value.dtype} values, not floating-point numbers", path=path)
         if not torch.isfinite(value).all():
             raise PhraseScorerError(f"weight {name} holds NaN or infinite values", path=path)
 
