@@ -30,7 +30,8 @@ def check_whole_number(name: str, value: Any, low: int = 1, high: Optional[int] 
         raise PhraseScorerError(f"{name} is {value!r}; it must be a whole number from {low:,}{upto}")
 
 
-def check_number(name: str, value: Any, low: float, high: float, low_open: bool = False, high_open: bool = False) -> None:
+def check_number(name: str, value: Any, low: float, high: float, low_open: bool = False,
+                 high_open: bool = False) -> None:
     """Refuse a setting that is not a finite number (int or float, not a bool) in its range."""
     inside = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
               and (value > low if low_open else value >= low) and (value < high if high_open else value <= high))

@@ -1,7 +1,7 @@
 """The model directory: fixed file names, safe loading.
 
     MODEL_DIR/
-      config.json          model sizes, training settings, vocabulary sizes, package version
+      config.json          model sizes, training settings, vocabulary sizes and SHA-256s, package version
       vocab.source.json    source shortlist
       vocab.target.json    target shortlist
       model.pt             best weights so far (lowest validation NLL): used for scoring

@@ -369,7 +369,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     loop.run()
     if distributed.world().is_main and not directory.file(BEST_WEIGHTS).exists():  # never a "model" without weights
         raise PhraseScorerError(f"training stopped ({loop.state.stop_reason}) without weights to keep: no validation "
-                                f"gave a finite NLL", path=directory.file(BEST_WEIGHTS),
+                                "gave a finite NLL", path=directory.file(BEST_WEIGHTS),
                                 hint="lower --lr, or raise the stopping limits and resume with --resume")
     return loop.state
 

@@ -114,7 +114,8 @@ def test_a_config_size_of_the_wrong_type_or_range_is_refused_naming_config_json_
 
 
 @pytest.mark.parametrize("key, value", [("source_vocab_size", "503"), ("target_vocab_size", -1)])
-def test_a_vocabulary_size_of_the_wrong_type_is_refused_naming_config_json_and_the_key(tmp_path, tiny_model, key, value):
+def test_a_vocabulary_size_of_the_wrong_type_is_refused_naming_config_json_and_the_key(tmp_path, tiny_model, key,
+                                                                                       value):
     model = copy_model(tiny_model, tmp_path / "m")
     edit_config(model, lambda c: c.__setitem__(key, value))
     pairs = tmp_path / "pairs.txt"
