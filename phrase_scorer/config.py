@@ -9,10 +9,35 @@ directory stores the first two as JSON. This module imports neither torch nor nu
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Dict, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
+
+# The largest sizes a network config may ask for: far above the papers' networks (1000 units,
+# 30,000-word shortlists), low enough that a hand-edited config.json cannot ask for a network
+# that no machine holds.
+MAX_WIDTH = 1 << 16  # embedding, hidden, alignment and readout units, output rank
+MAX_SHORTLIST = 1 << 24  # words per shortlist
+MAX_MAXOUT_PIECES = 64
+
+
+def check_whole_number(name: str, value: Any, low: int = 1, high: Optional[int] = None) -> None:
+    """Refuse a setting that is not an integer in [low, high] (a bool, a string, 2.5 or 1e9 too)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        upto = f" to {high:,}" if high is not None else " or more"
+        raise PhraseScorerError(f"{name} is {value!r}; it must be a whole number from {low:,}{upto}")
+
+
+def check_number(name: str, value: Any, low: float, high: float, low_open: bool = False,
+                 high_open: bool = False) -> None:
+    """Refuse a setting that is not a finite number (int or float, not a bool) in its range."""
+    inside = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+              and (value > low if low_open else value >= low) and (value < high if high_open else value <= high))
+    if not inside:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise PhraseScorerError(f"{name} is {value!r}; it must be a number in {interval}")
 
 
 class ArchitectureConfig:
@@ -25,6 +50,16 @@ class ArchitectureConfig:
     def __post_init__(self) -> None:
         if self.arch != self.ARCH:
             raise ValueError(f"{type(self).__name__} is the {self.ARCH!r} architecture, not {self.arch!r}")
+        for f in fields(self):  # every size a whole number in its range, every scale a finite number
+            value = getattr(self, f.name)
+            if f.name.endswith("_shortlist"):
+                check_whole_number(f"model.{f.name}", value, 1, MAX_SHORTLIST)
+            elif f.name == "maxout_pieces":
+                check_whole_number(f"model.{f.name}", value, 1, MAX_MAXOUT_PIECES)
+            elif isinstance(f.default, int):
+                check_whole_number(f"model.{f.name}", value, 1, MAX_WIDTH)
+            elif isinstance(f.default, float):
+                check_number(f"model.{f.name}", value, 0.0, 1.0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -220,7 +255,26 @@ class TrainConfig:
                  "average_checkpoints")
     RECIPE_SETTINGS = tuple(f.name for f in fields(Recipe))
 
+    # The numeric settings and their ranges (as the command line's options have them): a whole
+    # number from a minimum; a number in an interval (open at an end where the flag says so).
+    WHOLE = {"batch_size": 1, "valid_pairs": 0, "valid_every": 1, "valid_beam": 1, "patience": 1,
+             "average_checkpoints": 0, "lr_patience": 1, "max_steps": 1, "max_length": 1}
+    OPTIONAL = ("lr_patience", "max_steps", "max_length")
+    NUMBERS = {"lr": (0.0, math.inf, True, True), "clip_norm": (0.0, math.inf, True, True),
+               "label_smoothing": (0.0, 1.0, False, True), "dropout": (0.0, 1.0, False, True),
+               "lr_decay": (0.0, 1.0, True, False), "min_lr": (0.0, math.inf, False, True),
+               "adadelta_rho": (0.0, 1.0, True, True), "adadelta_eps": (0.0, 1.0, True, False),
+               "max_epochs": (0.0, math.inf, True, True), "max_time": (0.0, math.inf, True, True)}
+
     def __post_init__(self) -> None:
+        for name, low in self.WHOLE.items():
+            if getattr(self, name) is not None or name not in self.OPTIONAL:  # None: the recipe's, or no limit
+                check_whole_number(f"training.{name}", getattr(self, name), low,
+                                   MAX_SHORTLIST if name in ("batch_size", "valid_beam") else None)
+        for name, interval in self.NUMBERS.items():
+            if getattr(self, name) is not None:
+                check_number(f"training.{name}", getattr(self, name), *interval)
+        check_whole_number("training.seed", self.seed, -(1 << 63), (1 << 63) - 1)
         if self.recipe not in RECIPES:
             raise PhraseScorerError(f"unknown recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
         for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS), ("loss", self.loss, LOSSES),

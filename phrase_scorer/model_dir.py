@@ -1,7 +1,7 @@
 """The model directory: fixed file names, safe loading.
 
     MODEL_DIR/
-      config.json          model sizes, training settings, vocabulary sizes, package version
+      config.json          model sizes, training settings, vocabulary sizes and SHA-256s, package version
       vocab.source.json    source shortlist
       vocab.target.json    target shortlist
       model.pt             best weights so far (lowest validation NLL): used for scoring
@@ -10,7 +10,13 @@
       cache/               the pair cache, word ids read with pread (can be deleted once trained)
 
 Weights are read with ``torch.load(..., weights_only=True)``, which refuses pickled code, and
-checked against the config and vocabularies before a model is built.
+checked against the config and vocabularies before a model is built. ``config.json`` records
+the SHA-256 of each vocabulary (``vocab_sha256``: ``source`` and ``target``, of the vocabulary as
+:meth:`~phrase_scorer.vocab.Vocabulary.to_json` writes it), written with the vocabularies and
+checked at every load, so vocabularies swapped for another model's of the same size are refused
+instead of scoring garbage. A config.json without the key (written by earlier versions) loads
+as before. Every size of the model section is a whole number in its range
+(:class:`~phrase_scorer.config.ModelConfig`), checked before anything is allocated.
 """
 
 from __future__ import annotations
@@ -20,14 +26,15 @@ import os
 import pickle
 import re
 import struct
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 from phrase_scorer import __version__
-from phrase_scorer.config import AnyModelConfig, model_config_from_dict
+from phrase_scorer.config import MAX_SHORTLIST, AnyModelConfig, check_whole_number, model_config_from_dict
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_sha256, write_text_atomically
 from phrase_scorer.models.architectures import build_model
@@ -40,11 +47,38 @@ from phrase_scorer.io.model_layout import (  # noqa: F401  (the names of a model
 )
 
 MODEL_FORMAT = "phrase-scorer-model"
+VOCAB_HASHES = "vocab_sha256"  # config.json's record of the vocabularies: {"source": sha256, "target": sha256}
+VOCAB_FILES = {"source": SOURCE_VOCAB, "target": TARGET_VOCAB}
+
+
+def vocab_hashes(source_vocab: Vocabulary, target_vocab: Vocabulary) -> Dict[str, str]:
+    """config.json's ``vocab_sha256`` section for these vocabularies."""
+    return {"source": source_vocab.sha256(), "target": target_vocab.sha256()}
+
+
+def check_zip_crcs(path: PathLike) -> None:
+    """Refuse a weights file in PyTorch's zip format whose bytes changed since it was written:
+    torch.load does not check the CRC-32 the archive records for each of its files, and a byte
+    changed inside a tensor would load as another weight."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except FileNotFoundError:
+        raise PhraseScorerError("file is missing", path=path) from None
+    except Exception as exc:  # what zipfile raises on a damaged archive: BadZipFile, ValueError, ...
+        raise PhraseScorerError(f"not a readable PyTorch weights file (damaged: {type(exc).__name__})",
+                                path=path, hint="restore the file, or train the model again") from None
+    if damaged is not None:
+        raise PhraseScorerError(f"not a readable PyTorch weights file (damaged: the bytes of {damaged!r} changed "
+                                "since it was saved)", path=path, hint="restore the file, or train the model again")
 
 
 def safe_torch_load(path: PathLike, map_location: Any = "cpu") -> Any:
-    """``torch.load`` with ``weights_only=True``: tensors and plain containers only, never code."""
+    """``torch.load`` with ``weights_only=True``: tensors and plain containers only, never code;
+    a file in PyTorch's zip format is first checked against its CRC-32s (:func:`check_zip_crcs`)."""
     try:
+        if zipfile.is_zipfile(path):
+            check_zip_crcs(path)
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise PhraseScorerError("file is missing", path=path) from None
@@ -157,15 +191,46 @@ class ModelDirectory:
         data = data if data is not None else self.read_config()
         try:
             return model_config_from_dict(data["model"])
+        except PhraseScorerError as exc:  # a size of the wrong type or out of its range
+            raise PhraseScorerError(exc.message, path=self.path / CONFIG,
+                                    hint="correct it, or use the config.json saved with this model") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise PhraseScorerError(f"config has no valid 'model' section ({exc})", path=self.path / CONFIG) from None
+
+    def vocabularies(self, data: Optional[Dict[str, Any]] = None) -> Tuple[Vocabulary, Vocabulary]:
+        """The source and target vocabularies, checked against what config.json records of them:
+        their SHA-256 (``vocab_sha256``) and sizes, where it records them."""
+        data = data if data is not None else self.read_config()
+        vocabs = {side: Vocabulary.load(self.path / name) for side, name in VOCAB_FILES.items()}
+        config = self.path / CONFIG
+        hashes = data.get(VOCAB_HASHES)
+        if hashes is not None and not (isinstance(hashes, dict)
+                                       and all(isinstance(hashes.get(side), str) for side in VOCAB_FILES)):
+            raise PhraseScorerError(f"'{VOCAB_HASHES}' is not a record of the two vocabularies' SHA-256", path=config,
+                                    hint="use the config.json saved with this model")
+        for side, vocab in vocabs.items():
+            size = data.get(f"{side}_vocab_size")
+            if size is not None:
+                try:
+                    check_whole_number(f"{side}_vocab_size", size, 4, MAX_SHORTLIST + 3)
+                except PhraseScorerError as exc:
+                    raise PhraseScorerError(exc.message, path=config,
+                                            hint="use the config.json saved with this model") from None
+            redo = "put back the vocabulary saved with this model, or train the model again"
+            if hashes is not None and vocab.sha256() != hashes[side]:
+                raise PhraseScorerError("is not the vocabulary these weights were trained with (its SHA-256 differs "
+                                        "from the one config.json records)", path=self.path / VOCAB_FILES[side],
+                                        hint=redo)
+            if size is not None and size != len(vocab):
+                raise PhraseScorerError(f"holds {len(vocab)} entries, but config.json records {size}",
+                                        path=self.path / VOCAB_FILES[side], hint=redo)
+        return vocabs["source"], vocabs["target"]
 
     def load(self, device: Any = "cpu", weights: str = BEST_WEIGHTS) -> LoadedModel:
         """Build the model from its directory, checking that every part agrees with the others."""
         data = self.read_config()
         config = self.model_config(data)
-        source_vocab = Vocabulary.load(self.path / SOURCE_VOCAB)
-        target_vocab = Vocabulary.load(self.path / TARGET_VOCAB)
+        source_vocab, target_vocab = self.vocabularies(data)
         weights_path = self.path / weights
         if not weights_path.exists():
             hint = "training has not reached its first validation yet" if (self.path / CHECKPOINT).exists() else "train the model first"
@@ -175,8 +240,10 @@ class ModelDirectory:
             state = state["model"]  # a training checkpoint
         if not isinstance(state, dict):
             raise PhraseScorerError("weights file does not hold a state dict", path=weights_path)
+        with torch.device("meta"):  # the shapes the config calls for, without allocating a weight
+            skeleton = build_model(config, len(source_vocab), len(target_vocab))
+        check_state_matches(skeleton, state, weights_path)
         model = build_model(config, len(source_vocab), len(target_vocab))
-        check_state_matches(model, state, weights_path)
         model.load_state_dict(state)
         model.to(device)
         model.eval()
@@ -195,7 +262,7 @@ def check_state_matches(model: torch.nn.Module, state: Dict[str, Any], path: Pat
     """Refuse weights whose names or shapes disagree with the config and vocabularies."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    unexpected = sorted(map(repr, set(state) - set(expected)))
     if missing or unexpected:
         detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise PhraseScorerError(f"weights do not belong to this model ({detail})", path=path)
@@ -208,6 +275,8 @@ def check_state_matches(model: torch.nn.Module, state: Dict[str, Any], path: Pat
                 path=path,
                 hint="the config, vocabularies and weights come from different models",
             )
+        if not value.is_floating_point():
+            raise PhraseScorerError(f"weight {name} holds {value.dtype} values, not floating-point numbers", path=path)
         if not torch.isfinite(value).all():
             raise PhraseScorerError(f"weight {name} holds NaN or infinite values", path=path)
 

@@ -19,6 +19,7 @@ Its file records ``"order": "right-to-left"``; a file without the key is left to
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -84,6 +85,12 @@ class Vocabulary:
         order = {"order": RIGHT_TO_LEFT} if self.right_to_left else {}  # left to right: the files as before
         return json.dumps({"format": FORMAT, "version": 1, **order, "tokens": self.tokens}, ensure_ascii=False,
                           indent=0)
+
+    def sha256(self) -> str:
+        """The SHA-256 of the vocabulary as :meth:`to_json` writes it (its words, their order and
+        its reading order): what config.json records to tie the vocabularies to the weights. A
+        file re-indented by hand keeps it; a word changed, added or moved does not."""
+        return hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()
 
     def save(self, path: PathLike) -> None:
         write_text_atomically(path, self.to_json() + "\n")

@@ -154,3 +154,39 @@ def test_sigterm_on_one_rank_stops_all_after_the_same_step_and_resume_goes_on(tm
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming at step 15" in resumed.stderr
     assert_same_curve(one_process, out, train_loss=False)
+
+
+def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The process id of rank ``rank`` of a job `train --processes` started: the child of the
+    launcher whose environment says RANK=rank."""
+    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+    for child in children:
+        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ:
+            return int(child)
+    raise AssertionError(f"no rank {rank} among the children {children} of the launcher")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the ranks through /proc (Linux)")
+def test_a_rank_killed_by_sigkill_ends_the_job_with_one_line_naming_it_and_the_resume_command(tmp_path):
+    """SIGKILL of rank 1 once the first checkpoint exists: the job exits non-zero with one line
+    naming the rank, the signal and the resume command; rank 0's traceback about its lost peer
+    (gloo's "connection reset") is not shown."""
+    out = tmp_path / "killed"
+    env = job_env()
+    command = [sys.executable, "-m", "phrase_scorer", *map(str, ARGS), "-o", str(out), "--processes", "2",
+               "--max-steps", "100000"]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 600
+    while not (out / "checkpoint.pt").exists():  # the first validation's checkpoint is written
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
+        time.sleep(0.05)
+    os.kill(rank_pid(proc, 1), signal.SIGKILL)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=600) != 0, err
+    assert "Traceback" not in err and "[rank0]" not in err and "Connection reset" not in err, err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert errors == [f"phrase-scorer: error: rank 1 of 2 was killed by SIGKILL; the other ranks were stopped "
+                      f"(resume with: phrase-scorer train {EXAMPLE_TABLE} -o {out} --processes 2 --resume)"], err
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["state"]["step"] >= 10

@@ -623,7 +623,7 @@ def test_a_model_file_carrying_code_is_refused(tmp_path, tiny_model, container):
 
 @pytest.mark.parametrize("damage, message", [
     (lambda d: (d / "vocab.target.json").write_text('{"format": "phrase-scorer-vocabulary", "tokens": ["<pad>", "</s>", "<unk>", "a"]}'),
-     "call for"),
+     "is not the vocabulary these weights were trained with"),
     (lambda d: (d / "config.json").write_text("{not json"), "config is not valid JSON"),
     (lambda d: (d / "model.pt").write_bytes(b"garbage"), "not a readable PyTorch weights file"),
     (lambda d: (d / "vocab.source.json").unlink(), "vocabulary file is missing"),
@@ -635,6 +635,106 @@ def test_damaged_model_directories_give_clear_errors(tmp_path, tiny_model, damag
     result = CliRunner().invoke(cli, ["score", "-m", str(model), str(EXAMPLE_TABLE)])
     assert result.exit_code == 1 and message in result.stderr.strip().splitlines()[-1], result.stderr
     record("untrusted", container="damaged directory", outcome="clear error")
+
+
+# --- damaged model directories -------------------------------------------------------------------------
+
+MODEL_PAIRS = [("a man", "un homme"), ("the dog", "le chien"), ("a man in a red shirt", "un homme en chemise rouge")]
+MODEL_KEYS = ["arch", "embedding_dim", "hidden_dim", "maxout_units", "maxout_pieces", "output_rank",
+              "source_shortlist", "target_shortlist", "init_std", "recurrent_init_scale", "alignment_dim"]
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+size_value = st.one_of(st.integers(-2**40, 2**40),
+                       st.sampled_from([0, 1, -1, 2, 16, 32, 500, 503, 2**16, 2**31, 10**12]),
+                       st.sampled_from([16.0, 2.5, "16", True, False, None, float("nan"), float("inf")]), json_value)
+model_damage = st.one_of(
+    st.tuples(st.just("config.json: model setting"), st.sampled_from(MODEL_KEYS), size_value),
+    st.tuples(st.just("config.json: model setting removed"), st.sampled_from(MODEL_KEYS), st.none()),
+    st.tuples(st.just("config.json: top-level key"),
+              st.sampled_from(["source_vocab_size", "target_vocab_size", "vocab_sha256", "model", "format", "preset",
+                               "training"]), size_value),
+    st.tuples(st.just("vocabulary truncated"), st.sampled_from(["source", "target"]), st.floats(0, 1)),
+    st.tuples(st.just("vocabularies swapped"), st.none(), st.none()),
+    st.tuples(st.just("vocabulary garbled"), st.sampled_from(["source", "target"]),
+              st.tuples(st.floats(0, 1), st.binary(min_size=1, max_size=8))),
+    st.tuples(st.just("weights truncated"), st.none(), st.floats(0, 1)),
+    st.tuples(st.just("weights garbled"), st.none(), st.tuples(st.floats(0, 1), st.binary(min_size=1, max_size=8))),
+    st.tuples(st.just("weights bit flipped"), st.none(), st.tuples(st.floats(0, 1), st.integers(0, 7))),
+)
+
+
+def model_scores(loaded) -> list:
+    from phrase_scorer.scoring import BatchScorer
+
+    sources = [loaded.source_vocab.encode(s.split()) for s, _ in MODEL_PAIRS]
+    targets = [loaded.target_vocab.encode(t.split()) for _, t in MODEL_PAIRS]
+    return BatchScorer(loaded.model).score(sources, targets).tolist()
+
+
+def damage_model(folder: Path, kind: str, where, value) -> None:
+    def at(data: bytes, fraction: float) -> int:
+        return min(int(len(data) * fraction), max(len(data) - 1, 0))
+
+    if kind.startswith("config.json"):
+        config = json.loads((folder / "config.json").read_text())
+        if kind == "config.json: model setting":
+            config["model"][where] = value
+        elif kind == "config.json: model setting removed":
+            config["model"].pop(where, None)
+        else:
+            config[where] = value
+        (folder / "config.json").write_text(json.dumps(config))
+    elif kind == "vocabularies swapped":
+        source, target = folder / "vocab.source.json", folder / "vocab.target.json"
+        data = source.read_bytes()
+        source.write_bytes(target.read_bytes())
+        target.write_bytes(data)
+    else:
+        path = folder / (f"vocab.{where}.json" if kind.startswith("vocabulary") else "model.pt")
+        data = bytearray(path.read_bytes())
+        if kind.endswith("truncated"):
+            data = data[:at(data, value)]
+        elif kind.endswith("garbled"):
+            start = at(data, value[0])
+            data[start:start + len(value[1])] = value[1]
+        else:  # one bit flipped
+            data[at(data, value[0])] ^= 1 << value[1]
+        path.write_bytes(bytes(data))
+
+
+def fuzz_model_directory(tmp_path: Path, model: Path, reference: list, damage) -> None:
+    """A model directory damaged in one place either loads and scores exactly as before, or is
+    refused with one line naming a file of the directory; never another exception."""
+    from phrase_scorer.model_dir import ModelDirectory
+
+    folder = tmp_path / "m"
+    shutil.copytree(model, folder, ignore=shutil.ignore_patterns("cache", "checkpoint.pt", "recent", "train.log.jsonl"))
+    damage_model(folder, *damage)
+    try:
+        loaded = ModelDirectory(folder).load()
+    except PhraseScorerError as exc:
+        text = str(exc)
+        assert text.startswith(str(folder)) and "\n" not in text, text
+        record("fuzz", reader=f"model directory ({damage[0]})", outcome="error")
+        return
+    assert model_scores(loaded) == reference, damage
+    record("fuzz", reader=f"model directory ({damage[0]})", outcome="parsed")
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(damage=model_damage)
+def test_fuzz_model_directory(tmp_path_factory, tiny_model, loaded_tiny, damage):
+    fuzz_model_directory(tmp_path_factory.mktemp("md"), tiny_model, model_scores(loaded_tiny), damage)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=3000, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(damage=model_damage)
+def test_fuzz_model_directory_long(tmp_path_factory, tiny_model, loaded_tiny, damage):
+    fuzz_model_directory(tmp_path_factory.mktemp("md"), tiny_model, model_scores(loaded_tiny), damage)
 
 
 # --- concurrent runs -----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from conftest import DATA, EXAMPLE_TABLE, TRAIN_EN, TRAIN_FR, VAL_EN, VAL_FR
 from phrase_scorer.cli import cli
 from phrase_scorer.io.nbest import read_nbest
+from phrase_scorer.vocab import Vocabulary
 
 NBEST = DATA / "val.nbest.head.gz"
 SOURCE = DATA / "val.tok.en.head"
@@ -48,6 +49,9 @@ def read_left_to_right(right_to_left, tmp_path_factory) -> Path:
     vocab = json.loads((copy / "vocab.target.json").read_text(encoding="utf-8"))
     assert vocab.pop("order") == "right-to-left"
     (copy / "vocab.target.json").write_text(json.dumps(vocab), encoding="utf-8")
+    config = json.loads((copy / "config.json").read_text(encoding="utf-8"))  # the hash of the vocabulary it now has
+    config["vocab_sha256"]["target"] = Vocabulary.load(copy / "vocab.target.json").sha256()
+    (copy / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return copy
 
 

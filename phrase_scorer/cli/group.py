@@ -47,6 +47,10 @@ class Duration(click.ParamType):
     """Seconds, or a duration such as 90s, 30m, 2h, 1h30m."""
 
     name = "duration"
+
+    def __init__(self, positive: bool = False) -> None:
+        self.positive = positive  # refuse 0 (a run that stops before its first step)
+
     _PART = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
     _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -63,6 +67,9 @@ class Duration(click.ParamType):
             pos = match.end()
         if not text:
             self.fail("empty duration", param, ctx)
+        if self.positive and total <= 0:
+            self.fail(f"{value!r} is no time at all; give a positive duration (a run that stops before its first "
+                      "step writes no model)", param, ctx)
         return total
 
 

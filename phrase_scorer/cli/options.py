@@ -9,7 +9,7 @@ import click
 
 from phrase_scorer.config import (
     ARCH_PRESETS, COLUMNS, INITS, LOSSES, OPTIMIZERS, PRECISIONS, RECIPES, TRAIN_PRECISIONS, UNK_SIDES, VALID_METRICS,
-    AnnotateOptions, ScoringOptions, TrainConfig,
+    MAX_SHORTLIST, AnnotateOptions, ScoringOptions, TrainConfig,
     TuneOptions,
 )
 from phrase_scorer.cli.group import Duration, explicit_options
@@ -47,10 +47,10 @@ def training_options(function):
         click.option("--preset", type=click.Choice(sorted({p for presets in ARCH_PRESETS.values() for p in presets})),
                      default=TrainConfig.preset,
                      help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests."),
-        click.option("--source-shortlist", type=click.IntRange(min=1), default=None,
+        click.option("--source-shortlist", type=click.IntRange(min=1, max=MAX_SHORTLIST), default=None,
                      help="Source words kept [default: the preset's: 15000 for the encoder-decoder's paper preset, "
                           "30000 for RNNsearch's]."),
-        click.option("--target-shortlist", type=click.IntRange(min=1), default=None,
+        click.option("--target-shortlist", type=click.IntRange(min=1, max=MAX_SHORTLIST), default=None,
                      help="Target words kept [default: the preset's: 15000 for the encoder-decoder's paper preset, "
                           "30000 for RNNsearch's]."),
         click.option("--recipe", type=click.Choice(list(RECIPES)), default=TrainConfig.recipe,
@@ -73,7 +73,8 @@ def training_options(function):
                      help="Initial weights: the papers' or Glorot-uniform [default: the recipe's]."),
         click.option("--batch-size", type=click.IntRange(min=1), default=TrainConfig.batch_size, help="Pairs per update."),
         click.option("--valid-pairs", type=click.IntRange(min=0), default=TrainConfig.valid_pairs,
-                     help="About this many pairs are held out for validation, by source phrase."),
+                     help="About this many pairs are held out for validation, by source phrase (0: none; the "
+                          "training NLL then picks the best weights)."),
         click.option("--valid-every", type=click.IntRange(min=1), default=TrainConfig.valid_every,
                      help="Steps between validations and checkpoints."),
         click.option("--valid-metric", type=click.Choice(VALID_METRICS), default=None,
@@ -90,7 +91,8 @@ def training_options(function):
         click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many updates."),
         click.option("--max-epochs", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Stop after this many passes over the pairs."),
-        click.option("--max-time", type=Duration(), default=None, help="Stop after this long (3600, 90m, 2h, ...)."),
+        click.option("--max-time", type=Duration(positive=True), default=None,
+                     help="Stop after this long (3600, 90m, 2h, ...)."),
         click.option("--clip-norm", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Gradient-norm clipping threshold [default: the recipe's]."),
         click.option("--seed", type=int, default=TrainConfig.seed,

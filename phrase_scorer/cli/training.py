@@ -47,9 +47,12 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
         raise UserError("--dev goes with --corpus (a phrase table's validation pairs are held out from it)")
     from phrase_scorer.runtime import distributed
 
+    data_args = f"--corpus {' '.join(corpus)}" + (f" --dev {' '.join(dev)}" if dev else "") if corpus else table
+    resume_command = (f"phrase-scorer train {data_args} -o {output}"
+                      f"{f' --processes {processes}' if processes > 1 else ''} --resume")
     current = distributed.world()
     if processes > 1 and not current.is_distributed:  # start the job; its ranks run this command again
-        ctx.exit(distributed.launch_local(processes, sys.argv[1:], threads))
+        ctx.exit(distributed.launch_local(processes, sys.argv[1:], threads, resume_command=resume_command))
     if processes > 1 and processes != current.local_size:
         raise UserError(f"--processes {processes}, but torchrun started {current.local_size} processes on this machine; "
                         "give --processes or run under torchrun, not both")
@@ -63,14 +66,12 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
 
     config, model_config, explicit = make_training_settings(ctx, settings, resume)
     data = table
-    data_args = table
     if corpus:
         data = SentenceCorpus(*corpus, *(dev or (None, None)))
-        data_args = f"--corpus {' '.join(corpus)}" + (f" --dev {' '.join(dev)}" if dev else "")
-    resume_command = f"phrase-scorer train {data_args} -o {output}{f' --processes {processes}' if processes > 1 else ''} --resume"
     try:
-        state = run_training(data, output, config, resume=resume, overwrite=overwrite,
-                             model_config=model_config, explicit=explicit)
+        with distributed.failures_to_launcher():
+            state = run_training(data, output, config, resume=resume, overwrite=overwrite,
+                                 model_config=model_config, explicit=explicit)
     except TrainingInterrupted as stop:
         if not current.is_main:  # rank 0 says where the job stopped, once
             raise SystemExit(130) from None

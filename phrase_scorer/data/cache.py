@@ -39,7 +39,7 @@ def source_hash(source_words: List[str], seed: int) -> float:
 
 
 def vocab_digest(vocab: Vocabulary) -> str:
-    return hashlib.sha256(vocab.to_json().encode("utf-8")).hexdigest()
+    return vocab.sha256()
 
 
 def id_dtype_for(source_vocab: Vocabulary, target_vocab: Vocabulary) -> str:

@@ -28,11 +28,14 @@ import contextlib
 import datetime
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
@@ -87,33 +90,78 @@ def cores_per_process(current: Optional[World] = None) -> int:
 
 
 LAUNCH_GRACE = 30.0  # seconds the other ranks of a local job get to end after one failed
+# Set by launch_local for each rank: the file where the rank writes a failure it did not expect
+# (a traceback) instead of the terminal (see failures_to_launcher).
+RANK_FAILURE_FILE = "PHRASE_SCORER_RANK_FAILURE"
 
 
-def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int] = None) -> int:
+@contextlib.contextmanager
+def failures_to_launcher() -> Iterator[None]:
+    """Under :func:`launch_local`, an unexpected exception of this rank (one that would print a
+    traceback) is written to the file the launcher named, and the rank exits with status 1. The
+    launcher shows it when the job ends, unless another rank was killed by a signal: the failure
+    is then that lost peer's consequence (a collective's "connection reset"), and the launcher's
+    one line says what happened. Project errors, I/O errors and interrupts are reported as always."""
+    path = os.environ.get(RANK_FAILURE_FILE)
+    if not path:
+        yield
+        return
+    from phrase_scorer.errors import PhraseScorerError
+
+    try:
+        yield
+    except (PhraseScorerError, OSError):
+        raise
+    except Exception:
+        with open(path, "w", encoding="utf-8") as failure:
+            failure.write(traceback.format_exc())
+        raise SystemExit(1) from None
+
+
+def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int] = None,
+                 resume_command: Optional[str] = None) -> int:
     """Run ``phrase-scorer ARGUMENTS`` as a job of ``processes`` ranks on this machine, each a
     process with the environment torchrun would give it, and return the job's exit status (rank
     0's, else the first failure's). Each rank gets ``threads`` threads, by default its share of
     the cores. An interrupt from the terminal reaches every rank (they stop after the same step
     with a checkpoint) and this process waits for them; a SIGTERM sent to this process is passed
-    on. A rank that fails leaves the others LAUNCH_GRACE seconds to end before they are stopped."""
+    on. A rank that fails leaves the others LAUNCH_GRACE seconds to end before they are stopped.
+
+    A rank killed by a signal (SIGKILL from the out-of-memory killer or a user, a segfault) ends
+    the job at once: the other ranks are stopped, their tracebacks about the lost peer are not
+    shown, and a :class:`~phrase_scorer.errors.PhraseScorerError` names the rank, the signal and
+    ``resume_command``."""
+    from phrase_scorer.errors import PhraseScorerError
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    failures = tempfile.mkdtemp(prefix="phrase-scorer-ranks-")
     ranks = []
-    for rank in range(processes):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(processes), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(processes), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        env.setdefault("OMP_NUM_THREADS", str(threads or cores_per_process(World(size=processes, local_size=processes))))
-        ranks.append(subprocess.Popen([sys.executable, "-m", "phrase_scorer", *arguments], env=env))
+    sent = set()  # signals this process sent or passed on: a rank they end was not killed by surprise
+    stopped = set()  # ranks this process stopped itself
 
     def forward(number, frame) -> None:
+        sent.add(number)
         for job in ranks:
             if job.poll() is None:
                 job.send_signal(number)
 
+    def killed() -> Optional[Tuple[int, int]]:
+        """(rank, signal) of the first rank a signal from elsewhere ended, if any."""
+        return next(((rank, -job.returncode) for rank, job in enumerate(ranks) if job.returncode is not None
+                     and job.returncode < 0 and -job.returncode not in sent and rank not in stopped), None)
+
     previous = signal.signal(signal.SIGTERM, forward)
     failed_at = None
     try:
+        for rank in range(processes):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(processes), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(processes), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            env[RANK_FAILURE_FILE] = os.path.join(failures, f"rank-{rank}.txt")
+            env.setdefault("OMP_NUM_THREADS",
+                           str(threads or cores_per_process(World(size=processes, local_size=processes))))
+            ranks.append(subprocess.Popen([sys.executable, "-m", "phrase_scorer", *arguments], env=env))
         while any(job.poll() is None for job in ranks):
             try:
                 time.sleep(0.2)
@@ -122,14 +170,32 @@ def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int
             if failed_at is None and any(job.returncode for job in ranks if job.returncode is not None):
                 failed_at = time.monotonic()
             waited = time.monotonic() - failed_at if failed_at is not None else 0.0
-            for job in ranks:
+            for rank, job in enumerate(ranks):
                 if job.poll() is None and waited > 2 * LAUNCH_GRACE:
                     job.kill()
-                elif job.poll() is None and waited > LAUNCH_GRACE:
+                    stopped.add(rank)
+                elif job.poll() is None and (waited > LAUNCH_GRACE or killed()):  # a lost rank: the job cannot go on
                     job.terminate()
+                    stopped.add(rank)
+        codes = [job.returncode for job in ranks]
+        lost = killed()
+        if lost is not None:
+            rank, number = lost
+            name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else f"signal {number}"
+            raise PhraseScorerError(f"rank {rank} of {processes} was killed by {name}; the other ranks were stopped",
+                                    hint=f"resume with: {resume_command}" if resume_command else None)
+        for rank in range(processes):  # what the ranks did not expect, as they would have shown it
+            path = os.path.join(failures, f"rank-{rank}.txt")
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as failure:
+                    sys.stderr.write(failure.read())
     finally:
         signal.signal(signal.SIGTERM, previous)
-    codes = [job.returncode for job in ranks]
+        for job in ranks:  # an error here (ranks not all started) leaves none behind
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        shutil.rmtree(failures, ignore_errors=True)
     return codes[0] or next((code for code in codes if code), 0)
 
 

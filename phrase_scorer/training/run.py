@@ -53,6 +53,7 @@ from phrase_scorer.model_dir import (
     BEST_WEIGHTS,
     CACHE,
     CHECKPOINT,
+    CONFIG,
     MODEL_FILES,
     MODEL_STATE_FILES,
     RECENT_WEIGHTS,
@@ -61,6 +62,7 @@ from phrase_scorer.model_dir import (
     ModelDirectory,
     average_weights,
     recent_weight_files,
+    vocab_hashes,
 )
 from phrase_scorer.training.prefetch import Prefetcher
 from phrase_scorer.runtime.progress import step_bar
@@ -193,6 +195,9 @@ class RunSetup:
     config: TrainConfig
     model_config: Any
     error: str = ""
+    # config.json of a new run: written with its first checkpoint (TrainingLoop.write_config), so
+    # that a run failing before it has anything to resume leaves no folder a re-run takes for a model
+    new_config: Optional[Dict[str, Any]] = None
 
 
 def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConfig, resume: bool, overwrite: bool,
@@ -200,11 +205,19 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
     """Prepare the directory: settings, vocabularies and the pair cache (rank 0 only)."""
     output = directory.path
     resuming = prepare_directory(directory, resume, overwrite)
+    new_config = None
     if resuming:
         saved = directory.read_config()
         saved_model = directory.model_config(saved)  # its "arch" is the saved run's architecture
-        saved_config = TrainConfig.from_dict({**saved.get("training", {}), "arch": saved_model.arch})
-        saved_config = saved_config.resolved(corpus="corpus" in saved)
+        try:
+            saved_config = TrainConfig.from_dict({**saved.get("training", {}), "arch": saved_model.arch})
+            saved_config = saved_config.resolved(corpus="corpus" in saved)
+        except PhraseScorerError as exc:  # a setting of the wrong type or out of its range
+            raise PhraseScorerError(exc.message, path=directory.file(CONFIG),
+                                    hint="correct it, or start a new run with --overwrite") from None
+        except TypeError as exc:
+            raise PhraseScorerError(f"config has no valid 'training' section ({exc})", path=directory.file(CONFIG),
+                                    hint="start a new run with --overwrite") from None
         config = check_resume_settings(saved_config, config.resolved(corpus="corpus" in saved), explicit)
         if model_config is not None:
             names = ("source_shortlist", "target_shortlist")
@@ -212,8 +225,7 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
                            label=lambda name: "--" + name.replace("_", "-"), path=output,
                            hint="leave them out (the saved ones are used) or start a new run")
         model_config = saved_model
-        source_vocab = Vocabulary.load(directory.file(SOURCE_VOCAB))
-        target_vocab = Vocabulary.load(directory.file(TARGET_VOCAB))
+        source_vocab, target_vocab = directory.vocabularies(saved)
         if data.kind not in saved:
             trained_on = "a sentence corpus (--corpus)" if "corpus" in saved else "a phrase table"
             raise PhraseScorerError(f"the interrupted run trained on {trained_on}", path=output,
@@ -241,16 +253,36 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
             len(source_vocab) - 3, len(source_counts), 100 * data_info["source_coverage"],
             len(target_vocab) - 3, len(target_counts), 100 * data_info["target_coverage"],
         )
-        directory.write_config({
+    data.build_cache(directory.cache_dir, source_vocab, target_vocab, data_info, config, keep_existing=resuming)
+    config = check_validation_split(directory, data, config, resuming, explicit)
+    if not resuming:
+        new_config = {
             "preset": config.preset,
             "model": model_config.to_dict(),
             "source_vocab_size": len(source_vocab),
             "target_vocab_size": len(target_vocab),
+            "vocab_sha256": vocab_hashes(source_vocab, target_vocab),
             "training": config.to_dict(),
             data.kind: data_info,
-        })
-    data.build_cache(directory.cache_dir, source_vocab, target_vocab, data_info, config, keep_existing=resuming)
-    return RunSetup(resuming, config, model_config)
+        }
+    return RunSetup(resuming, config, model_config, new_config=new_config)
+
+
+def check_validation_split(directory: ModelDirectory, data: TrainingData, config: TrainConfig, resuming: bool,
+                           explicit: Set[str]) -> TrainConfig:
+    """The run's settings for its validation split. Without validation pairs (``--valid-pairs 0``,
+    or none held out of a small corpus) the training NLL picks the best weights: the BLEU of no
+    translations cannot, so a BLEU metric that was only the default for sentence pairs becomes
+    nll; one asked for (``--valid-metric bleu``) is refused."""
+    if config.valid_metric != "bleu" or len(PairSet(directory.cache_dir, "valid")):
+        return config
+    held_out = ("--dev holds no pair with two non-empty sides" if getattr(data, "dev_source", None)
+                else f"--valid-pairs {config.valid_pairs} held out none of the pairs")
+    if resuming or "valid_metric" in explicit:
+        raise PhraseScorerError(f"--valid-metric bleu needs validation pairs, but {held_out}", path=data.path,
+                                hint="give --dev SRC TGT or a larger --valid-pairs, or validate by --valid-metric nll")
+    log.info("no validation pairs (%s): the training NLL picks the best weights (--valid-metric nll)", held_out)
+    return replace(config, valid_metric="nll")
 
 
 def agree_on_setup(run: Callable[[], RunSetup]) -> RunSetup:
@@ -331,9 +363,14 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     if config.valid_metric == "bleu":
         references = data.valid_references(valid_pairs, target_vocab)
     loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device,
-                        precision, train_module=train_module, target_vocab=target_vocab, references=references)
+                        precision, train_module=train_module, target_vocab=target_vocab, references=references,
+                        new_config=setup.new_config)
     set_learning_rate(optimizer, state.lr)
     loop.run()
+    if distributed.world().is_main and not directory.file(BEST_WEIGHTS).exists():  # never a "model" without weights
+        raise PhraseScorerError(f"training stopped ({loop.state.stop_reason}) without weights to keep: no validation "
+                                "gave a finite NLL", path=directory.file(BEST_WEIGHTS),
+                                hint="lower --lr, or raise the stopping limits and resume with --resume")
     return loop.state
 
 
@@ -364,8 +401,10 @@ class TrainingLoop:
     def __init__(self, model, optimizer, scaler, directory: ModelDirectory, config: TrainConfig, state: TrainState,
                  sampler: BatchSampler, train_pairs: PairSet, valid_pairs: PairSet, device: torch.device,
                  precision: str = "fp32", train_module: Optional[torch.nn.Module] = None,
-                 target_vocab: Optional[Vocabulary] = None, references: Optional[list] = None) -> None:
+                 target_vocab: Optional[Vocabulary] = None, references: Optional[list] = None,
+                 new_config: Optional[Dict[str, Any]] = None) -> None:
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.new_config = new_config  # config.json of a new run, not written yet (rank 0)
         self.target_vocab, self.references = target_vocab, references
         self.train_module = train_module or model  # the DistributedDataParallel wrapper under torchrun
         self.directory, self.config, self.state = directory, config, state
@@ -428,6 +467,8 @@ class TrainingLoop:
         st, cfg = self.state, self.config
         reason = self.stop_reason()
         if reason:
+            if st.step and not st.best_step:  # a stop request's checkpoint, never validated: keep its weights
+                self.validate_and_checkpoint()
             st.finished, st.stop_reason = True, reason
             return
         self.model.train()
@@ -521,6 +562,7 @@ class TrainingLoop:
                                                                  device=self.device)])
         loss_sum, tokens = distributed.sum_over_ranks(totals).tolist()
         if distributed.world().is_main:
+            self.write_config()
             elapsed = time.monotonic() - self.interval_start  # the interval's training, without this validation
             metrics = self.measure()
             record = {
@@ -601,5 +643,14 @@ class TrainingLoop:
     def improved(self, nll: float, bleu: Optional[float]) -> bool:
         return improves(self.config.valid_metric, self.state, nll, bleu)
 
+    def write_config(self) -> None:
+        """config.json of a new run, before the first file that makes the folder a model (its
+        best weights, checkpoint or log): what a failed run leaves before it (vocabularies, the
+        pair cache) a re-run replaces without --overwrite."""
+        if self.new_config is not None and distributed.world().is_main:
+            self.directory.write_config(self.new_config)
+            self.new_config = None
+
     def save_checkpoint(self) -> None:
+        self.write_config()
         save_checkpoint(self.directory, self.model, self.optimizer, self.scaler, self.state)
