@@ -665,7 +665,7 @@ model_damage = st.one_of(
 
 
 def model_scores(loaded) -> list:
-    from phrase_scorer.scoring import BatchScorer
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     sources = [loaded.source_vocab.encode(s.split()) for s, _ in MODEL_PAIRS]
     targets = [loaded.target_vocab.encode(t.split()) for _, t in MODEL_PAIRS]
