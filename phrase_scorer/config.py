@@ -169,6 +169,16 @@ def model_config_from_dict(data: dict) -> AnyModelConfig:
     return MODEL_CONFIGS[arch].from_dict(data)
 
 
+def preset_config(config: TrainConfig) -> AnyModelConfig:
+    """The network of ``config.arch``'s preset ``config.preset``."""
+    if config.arch not in ARCH_PRESETS:
+        raise PhraseScorerError(f"unknown architecture {config.arch!r}; choose one of {', '.join(ARCH_PRESETS)}")
+    presets = ARCH_PRESETS[config.arch]
+    if config.preset not in presets:
+        raise PhraseScorerError(f"unknown preset {config.preset!r} for {config.arch}; choose one of {', '.join(presets)}")
+    return presets[config.preset]
+
+
 @dataclass(frozen=True)
 class Recipe:
     """How a network is optimised: the settings a training recipe fixes (each can be given on

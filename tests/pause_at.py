@@ -57,7 +57,7 @@ def install(point: str, ready: Path) -> None:
 
         files.AtomicOutput.write = write
     elif kind == "step":
-        from phrase_scorer.training import run as train
+        from phrase_scorer.training import loop as train
 
         step = int(spec)
         original_step = train.TrainingLoop.train_step

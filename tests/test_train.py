@@ -171,7 +171,7 @@ def test_max_time_accepts_durations():
 def test_early_stopping_after_patience_validations_without_improvement(tmp_path, monkeypatch):
     """Validation NLLs 5, 4, 4.5, 4.2, 4.0 (no better than the best, 4): with patience 3 training stops at the
     fifth validation, and model.pt keeps the weights of the second."""
-    from phrase_scorer.training import run as train_module
+    from phrase_scorer.training import loop as train_module
 
     nlls = iter([5.0, 4.0, 4.5, 4.2, 4.0, 3.0, 2.0])
     real_validate = train_module.validate

@@ -117,7 +117,7 @@ def make_training_settings(ctx: click.Context, settings: dict, resume: bool):
     source_shortlist, target_shortlist = settings.get("source_shortlist"), settings.get("target_shortlist")
     model_config = None
     if source_shortlist or target_shortlist:  # on --resume, checked against the saved ones
-        from phrase_scorer.training.run import preset_config
+        from phrase_scorer.config import preset_config
 
         base = preset_config(config)
         model_config = replace(base, source_shortlist=source_shortlist or base.source_shortlist,

@@ -62,7 +62,8 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
     if not current.is_main:  # under torchrun, rank 0 alone reports progress
         log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
         progress.show_bars = False
-    from phrase_scorer.training.run import TrainingInterrupted, train as run_training
+    from phrase_scorer.training.run import train as run_training
+    from phrase_scorer.training.stopping import TrainingInterrupted
 
     config, model_config, explicit = make_training_settings(ctx, settings, resume)
     data = table

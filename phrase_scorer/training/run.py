@@ -28,25 +28,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
-import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Optional, Set
 
-import numpy as np
 import torch
 
 from phrase_scorer.runtime import distributed
 from phrase_scorer.data.sentence_pairs import SentenceCorpus
-from phrase_scorer.data.batches import BatchSampler, hash_key
+from phrase_scorer.data.batches import BatchSampler
 from phrase_scorer.data.cache import PairSet
 from phrase_scorer.data.phrase_pairs import PhraseTableData
-from phrase_scorer.runtime.device import device_label, precision_context, resolve_device, resolve_precision
+from phrase_scorer.runtime.device import device_label, resolve_device, resolve_precision
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import OutputLock
-from phrase_scorer.config import ARCH_PRESETS, AnyModelConfig, ModelConfig, TrainConfig
+from phrase_scorer.config import AnyModelConfig, ModelConfig, TrainConfig, preset_config
 from phrase_scorer.models.architectures import build_model
 from phrase_scorer.models.base import count_parameters
 from phrase_scorer.model_dir import (
@@ -60,16 +57,12 @@ from phrase_scorer.model_dir import (
     SOURCE_VOCAB,
     TARGET_VOCAB,
     ModelDirectory,
-    average_weights,
     recent_weight_files,
     vocab_hashes,
 )
-from phrase_scorer.training.prefetch import Prefetcher
-from phrase_scorer.runtime.progress import step_bar
-from phrase_scorer.training.validation import improves, validate, validation_bleu
-from phrase_scorer.training.checkpoints import TrainState, keep_recent_weights, load_checkpoint, save_checkpoint
-from phrase_scorer.training.optimisation import decay_on_plateau, make_grad_scaler, make_optimizer, set_learning_rate
-from phrase_scorer.training.stopping import StopRequests, TrainingInterrupted, stop_reason
+from phrase_scorer.training.loop import LoopParts, TrainingLoop
+from phrase_scorer.training.checkpoints import TrainState, load_checkpoint
+from phrase_scorer.training.optimisation import make_grad_scaler, make_optimizer, set_learning_rate
 from phrase_scorer.records import refuse_changed
 from phrase_scorer.vocab import Vocabulary
 
@@ -118,16 +111,6 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
         old.unlink()
     path.mkdir(parents=True, exist_ok=True)
     return False
-
-
-def preset_config(config: TrainConfig) -> AnyModelConfig:
-    """The network of ``config.arch``'s preset ``config.preset``."""
-    if config.arch not in ARCH_PRESETS:
-        raise PhraseScorerError(f"unknown architecture {config.arch!r}; choose one of {', '.join(ARCH_PRESETS)}")
-    presets = ARCH_PRESETS[config.arch]
-    if config.preset not in presets:
-        raise PhraseScorerError(f"unknown preset {config.preset!r} for {config.arch}; choose one of {', '.join(presets)}")
-    return presets[config.preset]
 
 
 def check_resume_settings(saved: TrainConfig, asked: TrainConfig, explicit: Set[str]) -> TrainConfig:
@@ -362,9 +345,9 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     references = None
     if config.valid_metric == "bleu":
         references = data.valid_references(valid_pairs, target_vocab)
-    loop = TrainingLoop(model, optimizer, scaler, directory, config, state, sampler, train_pairs, valid_pairs, device,
-                        precision, train_module=train_module, target_vocab=target_vocab, references=references,
-                        new_config=setup.new_config)
+    parts = LoopParts(model, optimizer, scaler, device, precision, sampler, train_pairs, valid_pairs,
+                      train_module=train_module, target_vocab=target_vocab, references=references)
+    loop = TrainingLoop(parts, directory, config, state, new_config=setup.new_config)
     set_learning_rate(optimizer, state.lr)
     loop.run()
     if distributed.world().is_main and not directory.file(BEST_WEIGHTS).exists():  # never a "model" without weights
@@ -377,280 +360,3 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
 def coverage(counts, vocab: Vocabulary) -> float:
     total = sum(counts.values())
     return sum(c for w, c in counts.items() if w in vocab) / total if total else 0.0
-
-
-@dataclass
-class LoadedBatch:
-    """This rank's part of one global batch, as tensors ready to go to the device."""
-
-    epoch: int
-    batch_in_epoch: int  # the position after this batch
-    global_pairs: int  # pairs in the global batch (all ranks)
-    global_tokens: int  # target tokens in the global batch (</s> included)
-    tensors: list  # src (B, S), src_len (B,), tgt (B, T), tgt_len (B,) of this rank's pairs
-    weight: float  # 0.0 when this rank has no pair of a short last batch (it runs one pair for nothing)
-    tokens: int  # this rank's target tokens (</s> included)
-
-
-class TrainingLoop:
-    ESTIMATE_AFTER_STEPS = 20
-    # Batches prepared ahead in a thread while a GPU works. On a CPU the thread would only
-    # compete with the training thread for the interpreter and the cores: batches are made inline.
-    PREFETCH_BATCHES = {"cuda": 2}
-
-    def __init__(self, model, optimizer, scaler, directory: ModelDirectory, config: TrainConfig, state: TrainState,
-                 sampler: BatchSampler, train_pairs: PairSet, valid_pairs: PairSet, device: torch.device,
-                 precision: str = "fp32", train_module: Optional[torch.nn.Module] = None,
-                 target_vocab: Optional[Vocabulary] = None, references: Optional[list] = None,
-                 new_config: Optional[Dict[str, Any]] = None) -> None:
-        self.model, self.optimizer, self.scaler = model, optimizer, scaler
-        self.new_config = new_config  # config.json of a new run, not written yet (rank 0)
-        self.target_vocab, self.references = target_vocab, references
-        self.train_module = train_module or model  # the DistributedDataParallel wrapper under torchrun
-        self.directory, self.config, self.state = directory, config, state
-        self.sampler, self.train_pairs, self.valid_pairs = sampler, train_pairs, valid_pairs
-        self.device, self.precision = device, precision
-        current = distributed.world()
-        self.world, self.rank = current.size, current.rank
-        self.reset_interval()
-
-    def reset_interval(self) -> None:
-        # summed on the device and read only at validation time: no host sync per step
-        self.interval_loss = torch.zeros((), dtype=torch.float64, device=self.device)  # NLL of this rank's pairs
-        self.interval_tokens = 0  # this rank's target tokens
-        self.interval_pairs = 0  # pairs of the global batches
-        self.interval_start = time.monotonic()
-
-    # stopping ------------------------------------------------------------------------------------
-
-    def stop_reason(self) -> str:
-        return stop_reason(self.config, self.state, self.sampler.batches_per_epoch)
-
-    def agree(self, stop_requested: bool) -> bool:
-        """Make every rank see the same clock (rank 0's) and the same stop request (any rank's),
-        so that all of them take the same decisions after the same step."""
-        if self.world == 1:
-            return stop_requested
-        requested, seconds = distributed.max_over_ranks(
-            [float(stop_requested), self.state.train_seconds if self.rank == 0 else 0.0])
-        self.state.train_seconds = seconds
-        return requested > 0
-
-    # the data ------------------------------------------------------------------------------------
-
-    def positions(self) -> Iterator[Tuple[int, int, np.ndarray]]:
-        """(epoch, position after the batch, global batch) from where the state stands, forever."""
-        epoch, start = self.state.epoch, self.state.batch_in_epoch
-        while True:
-            for position, batch in enumerate(self.sampler.epoch(epoch, start), start + 1):
-                yield epoch, position, batch
-            epoch, start = epoch + 1, 0
-
-    def load(self, item: Tuple[int, int, np.ndarray]) -> LoadedBatch:
-        """This rank's part of a global batch as tensors (in the loader thread)."""
-        epoch, position, batch = item
-        local, weight = distributed.shard(batch), 1.0
-        if len(local) == 0:
-            local, weight = batch[:1], 0.0
-        arrays = self.train_pairs.batch_arrays(local)
-        tensors = [torch.from_numpy(a) for a in arrays]
-        if self.device.type == "cuda":
-            tensors = [t.pin_memory() for t in tensors]
-        tokens = int(arrays[3].sum() + len(local)) if weight else 0
-        global_tokens = tokens if self.world == 1 else int(self.train_pairs.lengths_of(batch)[:, 1].sum() + len(batch))
-        return LoadedBatch(epoch, position, global_pairs=len(batch), global_tokens=global_tokens,
-                           tensors=tensors, weight=weight, tokens=tokens)
-
-    # the loop ------------------------------------------------------------------------------------
-
-    def run(self) -> None:
-        st, cfg = self.state, self.config
-        reason = self.stop_reason()
-        if reason:
-            if st.step and not st.best_step:  # a stop request's checkpoint, never validated: keep its weights
-                self.validate_and_checkpoint()
-            st.finished, st.stop_reason = True, reason
-            return
-        self.model.train()
-        bar = step_bar("training", cfg.max_steps, initial=st.step)
-        last_tick = time.monotonic()
-        with StopRequests() as stop_requests, Prefetcher(self.positions(), self.load,
-                                                        self.PREFETCH_BATCHES.get(self.device.type, 0)) as batches:
-            try:
-                for batch in batches:
-                    loss_sum = self.train_step(batch)
-                    st.step += 1
-                    st.epoch, st.batch_in_epoch = batch.epoch, batch.batch_in_epoch
-                    st.pairs_seen += batch.global_pairs
-                    self.interval_loss += loss_sum
-                    self.interval_pairs += batch.global_pairs
-                    self.interval_tokens += batch.tokens
-                    bar.update(1)
-                    if st.step % 10 == 0 and not bar.disable:  # reading the loss syncs: only for a visible bar
-                        bar.set_postfix(loss=f"{float(self.interval_loss) / max(self.interval_pairs, 1) * self.world:.2f}",
-                                        epoch=st.epoch)
-                    now = time.monotonic()
-                    st.train_seconds += now - last_tick
-                    last_tick = now
-                    stop_requested = self.agree(stop_requests.requested)
-                    if st.step == self.ESTIMATE_AFTER_STEPS:
-                        self.report_speed()
-                    if st.step % cfg.valid_every == 0:
-                        self.validate_and_checkpoint()
-                    if stop_requested:
-                        # the step is complete, so the checkpoint resumes exactly here
-                        self.save_checkpoint()
-                        distributed.barrier()  # no rank leaves before the checkpoint is written
-                        raise TrainingInterrupted(st.step)
-                    reason = self.stop_reason()
-                    if reason:
-                        if st.step % cfg.valid_every:
-                            self.validate_and_checkpoint()
-                        st.finished, st.stop_reason = True, reason
-                        self.save_checkpoint()
-                        if cfg.average_checkpoints > 1 and distributed.world().is_main:
-                            self.average_recent_weights()
-                        distributed.barrier()
-                        log.info("training stopped: %s; best validation NLL %.4f per token at step %d",
-                                 reason, st.best_valid_nll, st.best_step)
-                        break
-            finally:
-                bar.close()
-
-    def train_step(self, batch: LoadedBatch) -> torch.Tensor:
-        """One update on a global batch; returns the summed NLL of this rank's pairs (on the device)."""
-        src, src_len, tgt, tgt_len = [t.to(self.device, non_blocking=True) for t in batch.tensors]
-        cfg = self.config
-        self.optimizer.zero_grad(set_to_none=True)
-        if cfg.dropout:
-            # dropout masks depend only on (seed, step, rank), so a resumed run draws the same ones
-            torch.manual_seed(hash_key(cfg.seed, self.state.step, self.rank))
-        with precision_context(self.device, self.precision):
-            if cfg.label_smoothing:
-                log_probs, objective = self.train_module(src, src_len, tgt, tgt_len, cfg.label_smoothing)  # (B,) each
-            else:
-                log_probs = objective = self.train_module(src, src_len, tgt, tgt_len)  # (B,)
-        # The mean over the global batch, per pair (as the papers) or per target token: each
-        # rank's sum scaled so that the average of the ranks' gradients is the global mean's.
-        total = batch.global_pairs if cfg.loss == "pair" else batch.global_tokens
-        loss = -objective.sum() * (batch.weight * self.world / total)
-        self.scaler.scale(loss).backward()
-        self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        return -log_probs.detach().sum().double() * batch.weight
-
-    def report_speed(self) -> None:
-        st, cfg = self.state, self.config
-        pairs_per_second = st.pairs_seen / max(st.train_seconds, 1e-9) if st.pairs_seen else 0.0
-        if not pairs_per_second:
-            return
-        epoch_hours = len(self.train_pairs) / pairs_per_second / 3600
-        log.info("speed: %.0f pairs/s, about %.1f h per epoch of %d pairs", pairs_per_second, epoch_hours, len(self.train_pairs))
-        if self.device.type == "cpu" and cfg.preset == "paper":
-            log.warning(
-                "the paper preset on CPU trains at %.0f pairs/s: about %.1f hours per epoch. "
-                "For a quick model on CPU use --preset small.", pairs_per_second, epoch_hours,
-            )
-
-    def validate_and_checkpoint(self) -> None:
-        """Rank 0 validates (the same computation as one process), logs and saves; every rank
-        then takes rank 0's view of the best validation so far."""
-        st = self.state
-        totals = torch.stack([self.interval_loss, torch.tensor(float(self.interval_tokens), dtype=torch.float64,
-                                                                 device=self.device)])
-        loss_sum, tokens = distributed.sum_over_ranks(totals).tolist()
-        if distributed.world().is_main:
-            self.write_config()
-            elapsed = time.monotonic() - self.interval_start  # the interval's training, without this validation
-            metrics = self.measure()
-            record = {
-                "step": st.step,
-                "epoch": st.epoch,
-                "pairs_seen": st.pairs_seen,
-                "train_seconds": round(st.train_seconds, 1),
-                "train_nll_pair": loss_sum / max(self.interval_pairs, 1),
-                "train_nll_token": loss_sum / max(tokens, 1),
-                "pairs_per_second": self.interval_pairs / max(elapsed, 1e-9),
-                "target_tokens_per_second": tokens / max(elapsed, 1e-9),  # words + </s> of every rank
-                "batch_size": self.config.batch_size,
-                "processes": self.world,
-                "lr": st.lr,
-                **metrics,
-            }
-            nll = metrics.get("valid_nll_token", record["train_nll_token"])
-            if self.config.average_checkpoints > 1:
-                keep_recent_weights(self.directory, self.model, st.step, self.config.average_checkpoints)
-            if self.improved(nll, metrics.get("valid_bleu")):
-                st.best_valid_nll, st.best_valid_bleu, st.best_step, st.bad_validations = (
-                    nll, metrics.get("valid_bleu", -math.inf), st.step, 0)
-                st.lr_bad_validations = 0
-                self.directory.save_weights(self.model.state_dict(), BEST_WEIGHTS)
-                record["best"] = True
-            else:
-                st.bad_validations += 1
-                st.lr_bad_validations += 1
-                decay_on_plateau(self.config, st)
-            self.directory.append_log(record)
-            bleu = f", BLEU {metrics['valid_bleu']:.2f}" if "valid_bleu" in metrics else ""
-            log.info(
-                "step %d epoch %d: train NLL %.3f/pair, valid NLL %.3f/pair %.3f/token (ppl %.1f)%s, true-vs-shuffled margin %.2f nats, %.0f pairs/s%s",
-                st.step, st.epoch, record["train_nll_pair"], metrics.get("valid_nll_pair", float("nan")), nll,
-                metrics.get("valid_ppl", float("nan")), bleu, metrics.get("valid_margin_pair", float("nan")),
-                record["pairs_per_second"], " (best)" if record.get("best") else "",
-            )
-            self.save_checkpoint()
-        (st.best_valid_nll, st.best_valid_bleu, st.best_step, st.bad_validations, st.lr,
-         st.lr_bad_validations) = distributed.broadcast_object(
-            (st.best_valid_nll, st.best_valid_bleu, st.best_step, st.bad_validations, st.lr, st.lr_bad_validations))
-        set_learning_rate(self.optimizer, st.lr)
-        self.reset_interval()
-
-    def measure(self) -> Dict[str, float]:
-        """The validation figures of the model's current weights (BLEU too, for sentence pairs)."""
-        metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
-        if self.references is not None:
-            metrics["valid_bleu"] = validation_bleu(self.model, self.valid_pairs, self.target_vocab, self.references,
-                                                    self.config.valid_beam, self.device, self.precision)
-        return metrics
-
-    def average_recent_weights(self) -> None:
-        """Validate the mean of the kept weights; it becomes model.pt when it beats the best
-        single weights by ``valid_metric``. config.json records the outcome under ``averaged``."""
-        st = self.state
-        files = recent_weight_files(self.directory.path / RECENT_WEIGHTS)[-self.config.average_checkpoints :]
-        if len(files) < 2:
-            return
-        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
-        averaged = average_weights(files)
-        self.model.load_state_dict(averaged)
-        metrics = self.measure()
-        kept = self.improved(metrics["valid_nll_token"], metrics.get("valid_bleu"))
-        if kept:
-            self.directory.save_weights(averaged, BEST_WEIGHTS)
-        self.model.load_state_dict(trained)
-        self.directory.update_config(averaged={
-            "steps": [int(f.stem.split("-")[1]) for f in files], "kept_as_model": kept,
-            "valid_nll_token": metrics["valid_nll_token"], "valid_bleu": metrics.get("valid_bleu"),
-            "best_single": {"step": st.best_step, "valid_nll_token": st.best_valid_nll,
-                            "valid_bleu": None if st.best_valid_bleu == -math.inf else st.best_valid_bleu},
-        })
-        log.info("mean of the weights of steps %s: valid NLL %.4f/token%s; %s", ", ".join(f.stem[5:] for f in files),
-                 metrics["valid_nll_token"], f", BLEU {metrics['valid_bleu']:.2f}" if "valid_bleu" in metrics else "",
-                 "kept as model.pt" if kept else f"the weights of step {st.best_step} stay model.pt")
-
-    def improved(self, nll: float, bleu: Optional[float]) -> bool:
-        return improves(self.config.valid_metric, self.state, nll, bleu)
-
-    def write_config(self) -> None:
-        """config.json of a new run, before the first file that makes the folder a model (its
-        best weights, checkpoint or log): what a failed run leaves before it (vocabularies, the
-        pair cache) a re-run replaces without --overwrite."""
-        if self.new_config is not None and distributed.world().is_main:
-            self.directory.write_config(self.new_config)
-            self.new_config = None
-
-    def save_checkpoint(self) -> None:
-        self.write_config()
-        save_checkpoint(self.directory, self.model, self.optimizer, self.scaler, self.state)

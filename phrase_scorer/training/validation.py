@@ -9,11 +9,12 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
-from phrase_scorer.config import TranslateOptions
+from phrase_scorer.config import TrainConfig, TranslateOptions
 from phrase_scorer.data.cache import PairSet
 from phrase_scorer.runtime.device import precision_context
 from phrase_scorer.models.base import TranslationModel
 from phrase_scorer.scoring.batch_scorer import log_probs_by_forward
+from phrase_scorer.training.optimisation import decay_on_plateau
 from phrase_scorer.vocab import Vocabulary
 
 
@@ -89,3 +90,18 @@ def improves(valid_metric: str, state, nll: float, bleu: Optional[float]) -> boo
         return bleu > state.best_valid_bleu + 1e-9
     return nll < state.best_valid_nll - 1e-6
 
+
+def record_validation(config: TrainConfig, state, nll: float, bleu: Optional[float]) -> bool:
+    """The policy of a validation's outcome, kept in ``state`` (a TrainState): the best so far by
+    ``valid_metric`` (:func:`improves`) becomes the best (its NLL, BLEU and step; the counts of
+    validations without improvement start again); any other counts as one more validation without
+    improvement, for early stopping (``patience``) and the rate's decay on plateaus. Returns
+    whether it is the best."""
+    if improves(config.valid_metric, state, nll, bleu):
+        state.best_valid_nll, state.best_valid_bleu, state.best_step = nll, -math.inf if bleu is None else bleu, state.step
+        state.bad_validations = state.lr_bad_validations = 0
+        return True
+    state.bad_validations += 1
+    state.lr_bad_validations += 1
+    decay_on_plateau(config, state)
+    return False
