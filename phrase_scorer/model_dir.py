@@ -56,6 +56,23 @@ def vocab_hashes(source_vocab: Vocabulary, target_vocab: Vocabulary) -> Dict[str
     return {"source": source_vocab.sha256(), "target": target_vocab.sha256()}
 
 
+def config_record(*, preset: str, model: AnyModelConfig, source_vocab: Vocabulary, target_vocab: Vocabulary,
+                  training: Dict[str, Any], data_kind: str, data_info: Dict[str, Any]) -> Dict[str, Any]:
+    """config.json of a new model, its schema in one place (:meth:`ModelDirectory.write_config` adds
+    the format, its version and the package version): the preset, the network's settings, the
+    vocabularies' sizes and SHA-256s, the training settings, and what it was trained on under
+    ``data_kind`` (``phrase_table`` or ``corpus``)."""
+    return {
+        "preset": preset,
+        "model": model.to_dict(),
+        "source_vocab_size": len(source_vocab),
+        "target_vocab_size": len(target_vocab),
+        "vocab_sha256": vocab_hashes(source_vocab, target_vocab),
+        "training": training,
+        data_kind: data_info,
+    }
+
+
 def check_zip_crcs(path: PathLike) -> None:
     """Refuse a weights file in PyTorch's zip format whose bytes changed since it was written:
     torch.load does not check the CRC-32 the archive records for each of its files, and a byte

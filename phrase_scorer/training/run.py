@@ -58,7 +58,7 @@ from phrase_scorer.model_dir import (
     TARGET_VOCAB,
     ModelDirectory,
     recent_weight_files,
-    vocab_hashes,
+    config_record,
 )
 from phrase_scorer.training.loop import LoopParts, TrainingLoop
 from phrase_scorer.training.checkpoints import TrainState, load_checkpoint
@@ -239,15 +239,9 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
     data.build_cache(directory.cache_dir, source_vocab, target_vocab, data_info, config, keep_existing=resuming)
     config = check_validation_split(directory, data, config, resuming, explicit)
     if not resuming:
-        new_config = {
-            "preset": config.preset,
-            "model": model_config.to_dict(),
-            "source_vocab_size": len(source_vocab),
-            "target_vocab_size": len(target_vocab),
-            "vocab_sha256": vocab_hashes(source_vocab, target_vocab),
-            "training": config.to_dict(),
-            data.kind: data_info,
-        }
+        new_config = config_record(preset=config.preset, model=model_config, source_vocab=source_vocab,
+                                   target_vocab=target_vocab, training=config.to_dict(), data_kind=data.kind,
+                                   data_info=data_info)
     return RunSetup(resuming, config, model_config, new_config=new_config)
 
 
