@@ -30,6 +30,8 @@ class UserError(click.ClickException):
 
 class Group(click.Group):
     def invoke(self, ctx):
+        from phrase_scorer.io.files import release_output_locks
+
         try:
             return super().invoke(ctx)
         except PhraseScorerError as exc:
@@ -40,6 +42,8 @@ class Group(click.Group):
             from phrase_scorer.io.files import describe_os_error
 
             raise UserError(str(describe_os_error(exc, exc.filename or "output"))) from None
+        finally:  # the outputs the command claimed and did not release (phrase_scorer.io.outputs)
+            release_output_locks()
 
 
 class Duration(click.ParamType):
