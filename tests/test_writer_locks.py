@@ -236,4 +236,5 @@ def test_a_json_kept_where_the_signature_goes_is_replaced_only_with_overwrite(tm
     else:
         assert result.exit_code == 0, result.stderr
         assert json.loads(kept.read_text())["tool"] == f"phrase-scorer {verb}"
-    record("outputs", case=f"5. {verb} -o NAME with NAME.json and no NAME", outcome="refused; replaced with --overwrite")
+    record("outputs", case=f"6. {verb} -o NAME with NAME.json and no NAME",
+           outcome="refused; replaced with --overwrite")
