@@ -199,6 +199,10 @@ def test_every_writer_refuses_an_output_another_run_is_writing(tmp_path, tiny_mo
         assert written.read_bytes() == b"what the other run has written so far\n"
         assert Path(f"{written}.lock").exists()  # the holder's lock is left to it
         assert not Path(f"{written}.part").exists() and not Path(f"{written}.json").exists()
+    # once the other run has let go, the same command goes on (to its end, or to the missing Moses),
+    # and what it claimed is free when it ends, whether its writer released it or not
+    again = run(*args)
+    assert BUSY not in again.stderr and not Path(f"{written}.lock").exists(), again.stderr
     record("lock", command=verb, outcome="second run refused, the other run's output kept")
 
 

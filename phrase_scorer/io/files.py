@@ -397,10 +397,18 @@ class OutputLock:
 _HELD: Dict[str, OutputLock] = {}
 
 
-def release_output_locks() -> None:
-    """Let go of every output lock this process still holds (at the end of a command, and at
-    exit): an output claimed by a writer that never released it is free once its command ends."""
+def held_output_locks() -> list:
+    """The output locks this process holds now."""
+    return list(_HELD.values())
+
+
+def release_output_locks(keep=()) -> None:
+    """Let go of every output lock this process still holds but those in ``keep`` (at the end of a
+    command, and at exit): an output claimed by a writer that never released it is free once its
+    command ends."""
     for lock in list(_HELD.values()):
+        if any(lock is kept for kept in keep):
+            continue
         if lock._pid == os.getpid():
             lock._let_go(all_users=True)
         else:  # a forked child's copy of its parent's lock: the parent's to release
