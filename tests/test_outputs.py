@@ -206,6 +206,7 @@ def test_4_a_fifo_is_written_to_not_replaced(tmp_path, tiny_model, table):
     assert result.exit_code == 0, result.stderr
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert received and len(received[0].splitlines()) == 60
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pt.txt", "scores.fifo"]  # no .part, .lock or .json
     record("4. score -o a FIFO", "written to, FIFO kept")
 
 

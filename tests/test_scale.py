@@ -217,8 +217,9 @@ def test_resume_with_nothing_to_resume_starts_afresh_and_says_so(tmp_path, loade
     annotate(A_MAN_TABLE, out, loaded_tiny, resume=True, workers=0)  # no earlier run at all
     assert "nothing to resume" in caplog.text and "starting afresh" in caplog.text
     assert out.read_bytes() == reference.read_bytes()
-    # a run killed before its first chunk leaves a part file and no record
+    # a run killed before its first chunk leaves a part file and no record (and no signature)
     out.unlink()
+    Path(str(out) + ".json").unlink()
     Path(str(out) + ".part").write_bytes(b"\x1f\x8b half a member")
     caplog.clear()
     annotate(A_MAN_TABLE, out, loaded_tiny, resume=True, workers=0)
@@ -265,6 +266,7 @@ def test_torchrun_shards_join_to_the_one_process_bytes_and_resume(tmp_path, tiny
 
     # killed once a shard has written a chunk, then run again blindly with --resume
     out.unlink()
+    Path(str(out) + ".json").unlink()  # a signature without its output is replaced only with --overwrite
     proc = subprocess.Popen(torchrun_annotate(tiny_model, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     records = [Path(f"{out}.shard-0000{r}-of-00002.part.json") for r in (1, 2)]

@@ -108,7 +108,7 @@ def main() -> None:
         env = {**os.environ, "PHRASE_SCORER_RELIABILITY_LOG": str(log)}
         marker = "fuzz or not fuzz" if args.fuzz else "not fuzz"
         start = time.monotonic()
-        tests = ["tests/test_reliability.py", "tests/test_outputs.py"]
+        tests = ["tests/test_reliability.py", "tests/test_outputs.py", "tests/test_writer_locks.py"]
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, *tests],
                               cwd=ROOT, env=env, capture_output=True, text=True)
         minutes = (time.monotonic() - start) / 60

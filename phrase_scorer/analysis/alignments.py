@@ -10,6 +10,7 @@ of its own. An encoder-decoder model has no alignment and is refused.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,13 +170,15 @@ def plot_alignments(loaded, source: PathLike, target: PathLike, output: PathLike
     require_alignments(loaded)
     require_matplotlib()
     chosen = choose_pairs(source, target, lines=lines, count=count, seed=seed, max_words=max_words)
-    for line, _, _ in chosen:
-        check_output(output_for_line(output, line), inputs, overwrite=overwrite, what="the figure")
-    weights = alignment_weights(loaded, [(s, t) for _, s, t in chosen])
-    plots = []
-    for (line, source_words, target_words), alpha in zip(chosen, weights):
-        pair = AlignedPair(line, source_words, target_words, alpha)
-        png = output_for_line(output, line)
-        plot_alignment(pair, png)
-        plots.append(AlignmentPlot(pair, str(png)))
+    with contextlib.ExitStack() as claims:
+        for line, _, _ in chosen:
+            claims.enter_context(check_output(output_for_line(output, line), inputs, overwrite=overwrite,
+                                              what="the figure"))
+        weights = alignment_weights(loaded, [(s, t) for _, s, t in chosen])
+        plots = []
+        for (line, source_words, target_words), alpha in zip(chosen, weights):
+            pair = AlignedPair(line, source_words, target_words, alpha)
+            png = output_for_line(output, line)
+            plot_alignment(pair, png)
+            plots.append(AlignmentPlot(pair, str(png)))
     return plots

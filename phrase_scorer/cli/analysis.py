@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import click
@@ -62,11 +63,10 @@ def plot_scores(table, output, table_column, model_column, max_points, seed, ove
     from phrase_scorer.analysis.plots import plot_scores as run
     from phrase_scorer.io.outputs import check_output
 
-    check_output(output, [("the table", table)], overwrite=overwrite, what="the figure")
-
     names = {0: "log p(f|e)", 1: "log lex(f|e)", 2: "log p(e|f)", 3: "log lex(e|f)"}
-    stats = run(table, output, table_column=table_column, model_column=model_column, max_points=max_points, seed=seed,
-                table_label=f"{names.get(table_column, f'log column {table_column}')}, phrase table")
+    with check_output(output, [("the table", table)], overwrite=overwrite, what="the figure"):
+        stats = run(table, output, table_column=table_column, model_column=model_column, max_points=max_points,
+                    seed=seed, table_label=f"{names.get(table_column, f'log column {table_column}')}, phrase table")
     click.echo(f"{output}: {stats.points:,} of {stats.lines:,} pairs; correlation of model and table scores: "
                f"Pearson {stats.pearson:.3f}, Spearman {stats.spearman:.3f}")
 
@@ -98,15 +98,16 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
     from phrase_scorer.runtime.device import resolve_device
 
     inputs = [("the table", table), *model_files(model_dir)]
-    check_output(output, inputs, overwrite=overwrite, what="the figure")
-    if html_output is not None:
-        if os.path.abspath(html_output) == os.path.abspath(output) or same_file(html_output, output):
-            raise UserError(f"--html {html_output} is the figure -o {output}: give it another name")
-        check_output(html_output, inputs, overwrite=overwrite, what="the page")
+    with contextlib.ExitStack() as claims:
+        claims.enter_context(check_output(output, inputs, overwrite=overwrite, what="the figure"))
+        if html_output is not None:
+            if os.path.abspath(html_output) == os.path.abspath(output) or same_file(html_output, output):
+                raise UserError(f"--html {html_output} is the figure -o {output}: give it another name")
+            claims.enter_context(check_output(html_output, inputs, overwrite=overwrite, what="the page"))
 
-    loaded = load_model(model_dir, resolve_device(device))
-    result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,
-                 method=method, seed=seed, labels=labels, html_output=html_output)
+        loaded = load_model(model_dir, resolve_device(device))
+        result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,
+                     method=method, seed=seed, labels=labels, html_output=html_output)
     click.echo(f"{output}: {result.method} map of {result.points:,} {kind}" + (f"; {html_output}" if html_output else ""))
 
 

@@ -31,6 +31,9 @@ class UserError(click.ClickException):
 
 class Group(click.Group):
     def invoke(self, ctx):
+        from phrase_scorer.io.files import held_output_locks, release_output_locks
+
+        held_before = held_output_locks()  # a caller's own, kept
         try:
             return super().invoke(ctx)
         except PhraseScorerError as exc:
@@ -41,6 +44,8 @@ class Group(click.Group):
             from phrase_scorer.io.files import describe_os_error
 
             raise UserError(str(describe_os_error(exc, exc.filename or "output"))) from None
+        finally:  # the outputs the command claimed and did not release (phrase_scorer.io.outputs)
+            release_output_locks(keep=held_before)
 
 
 class Duration(click.ParamType):

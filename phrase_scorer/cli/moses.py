@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from phrase_scorer.config import ExperimentOptions, RerankOptions, TuneOptions
@@ -74,10 +72,10 @@ def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **opt
     from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.moses.tune import tune as run_tune
 
-    check_output(output, [("the moses.ini", moses_ini), ("the dev source", dev[0]), ("the dev reference", dev[1])],
-                 overwrite=overwrite, what="the tuned moses.ini", regular_only=True)
-    result = run_tune(moses_ini, dev[0], dev[1], output, moses=MosesInstallation.find(moses_home),
-                      options=make_tune_options(seed=seed, **options), working_dir=working_dir)
+    with check_output(output, [("the moses.ini", moses_ini), ("the dev source", dev[0]), ("the dev reference", dev[1])],
+                      overwrite=overwrite, what="the tuned moses.ini", regular_only=True):
+        result = run_tune(moses_ini, dev[0], dev[1], output, moses=MosesInstallation.find(moses_home),
+                          options=make_tune_options(seed=seed, **options), working_dir=working_dir)
     history = ", ".join(f"{it}: {bleu:.2f}" for it, bleu in result.iterations)
     click.echo(f"tuned config: {output} (dev BLEU by iteration: {history}; "
                f"kept: {'?' if result.dev_bleu is None else f'{result.dev_bleu:.2f}'})", err=True)
@@ -121,7 +119,7 @@ def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts
     """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
     then write the best hypothesis of each sentence of the test n-best list; or, with --weights,
     apply weights tuned before to a new list."""
-    from phrase_scorer.io.outputs import check_output, refuse_existing
+    from phrase_scorer.io.outputs import check_output
     from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.moses.rerank import rerank as run_rerank
     from phrase_scorer.moses.reranker import apply_reranker
@@ -134,22 +132,21 @@ def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts
         given = [name for name, value in tuning_only.items() if value is not None]
         if given:
             raise UserError(f"{', '.join(given)} only apply when tuning (--dev); the reranker holds what it was tuned with")
-        check_output(output, [("the test n-best list", test_nbest), ("the reranker", reranker)], overwrite=overwrite)
-        sentences = apply_reranker(reranker, test_nbest, output)
+        with check_output(output, [("the test n-best list", test_nbest), ("the reranker", reranker)],
+                          overwrite=overwrite):
+            sentences = apply_reranker(reranker, test_nbest, output)
         click.echo(f"test 1-best: {output} ({sentences} sentences), weights from {reranker}", err=True)
         return
     inputs = [("the dev n-best list", dev[0]), ("the dev references", dev[1]), ("the test n-best list", test_nbest),
               ("the moses.ini", start_ini)]
-    check_output(output, inputs, overwrite=overwrite, companions=(".part", ".json"), what="the reranked output",
-                 regular_only=True)
-    if os.path.exists(output + ".json") and not overwrite:
-        refuse_existing(output + ".json", what="the reranker written beside the output")
-
-    moses = MosesInstallation.find(moses_home) if moses_home or not mertdir else None
-    options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
-                            threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features))
-    result = run_rerank(dev[0], dev[1], test_nbest, output, moses=moses, options=options, start_ini=start_ini,
-                        working_dir=working_dir, decoder_flags=decoder_flags)
+    # the reranker goes to OUTPUT.json: one the user keeps there without OUTPUT is replaced only with --overwrite
+    with check_output(output, inputs, overwrite=overwrite, companions=(".part", ".json"), what="the reranked output",
+                      regular_only=True):
+        moses = MosesInstallation.find(moses_home) if moses_home or not mertdir else None
+        options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
+                                threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features))
+        result = run_rerank(dev[0], dev[1], test_nbest, output, moses=moses, options=options, start_ini=start_ini,
+                            working_dir=working_dir, decoder_flags=decoder_flags)
     runs = ", ".join(f"seed {r.seed}: {r.dev_bleu:.2f}" for r in result.runs)
     click.echo(f"dev BLEU {result.start_dev_bleu:.2f} with the starting weights; after {method}: {runs}; "
                f"kept seed {result.best_seed}", err=True)
@@ -182,11 +179,12 @@ def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, 
     from phrase_scorer.moses.installation import MosesInstallation
 
     output = output or f"{moses_ini}.test.hyp"
-    check_output(output, [("the moses.ini", moses_ini), ("the test source", test[0]), ("the test reference", test[1])],
-                 overwrite=overwrite, companions=(".part", ".input", ".log"), what="the decoder output", regular_only=True)
-    result = run_evaluate(moses_ini, test[0], test[1], output,
-                          moses=MosesInstallation.find(moses_home), threads=threads, decoder_flags=decoder_flags,
-                          decoder=decoder, kind=references, lang=lang)
+    with check_output(output, [("the moses.ini", moses_ini), ("the test source", test[0]),
+                               ("the test reference", test[1])], overwrite=overwrite,
+                      companions=(".part", ".input", ".log"), what="the decoder output", regular_only=True):
+        result = run_evaluate(moses_ini, test[0], test[1], output,
+                              moses=MosesInstallation.find(moses_home), threads=threads, decoder_flags=decoder_flags,
+                              decoder=decoder, kind=references, lang=lang)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:

@@ -186,9 +186,11 @@ def make_tune_options(method, max_iterations, return_best_dev, threads, decoder_
                        threads=threads, decoder_flags=decoder_flags, nbest=nbest, decoder=decoder, mertdir=mertdir)
 
 
-def check_report(report: Optional[str], overwrite: bool, inputs) -> None:
-    """An experiment's --report is checked before hours of tuning, not when it is written."""
-    if report is not None:
-        from phrase_scorer.io.outputs import check_output
+def check_report(report: Optional[str], overwrite: bool, inputs):
+    """An experiment's --report is checked before hours of tuning, not when it is written; it is
+    claimed from then on, until the command ends (see :mod:`phrase_scorer.io.outputs`)."""
+    from phrase_scorer.io.outputs import OutputClaim, check_output
 
-        check_output(report, inputs, overwrite=overwrite, what="the report")
+    if report is None:
+        return OutputClaim()
+    return check_output(report, inputs, overwrite=overwrite, what="the report")

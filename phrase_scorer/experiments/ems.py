@@ -199,71 +199,72 @@ def build_ems_config(
     ini_in, ini_out = os.fspath(ini_in), os.fspath(ini_out)
     # EMS numbers its steps' outputs and re-runs a step into the same OUT: an existing OUT is
     # replaced, but never when it is the input (by device and inode) or not a regular file.
-    check_output(ini_out, [("the input config", ini_in)], overwrite=True, what="the output config", regular_only=True)
-    target = parse_binarizer(binarizer)
-    ini = MosesIni.read(ini_in)
-    feature = ini.find_phrase_table(feature_name)
-    if feature.type not in TEXT_TABLE_TYPES:
-        raise ini.error(
-            f"{feature.name} is a {feature.type}; this step reads the text table create-config declares",
-            feature.line.number, "leave binarising to this step: set ttable-binarizer, not a binary table type",
-        )
-    table = phrase_table_file(ini, feature.get("path") or "", feature.line.number)
+    with check_output(ini_out, [("the input config", ini_in)], overwrite=True, what="the output config",
+                      regular_only=True):
+        target = parse_binarizer(binarizer)
+        ini = MosesIni.read(ini_in)
+        feature = ini.find_phrase_table(feature_name)
+        if feature.type not in TEXT_TABLE_TYPES:
+            raise ini.error(
+                f"{feature.name} is a {feature.type}; this step reads the text table create-config declares",
+                feature.line.number, "leave binarising to this step: set ttable-binarizer, not a binary table type",
+            )
+        table = phrase_table_file(ini, feature.get("path") or "", feature.line.number)
 
-    # 1. the model
-    if model_dir is not None:
-        training = "given"
-    else:
-        model_dir = ini_out + MODEL_SUFFIX
-        resume = ModelDirectory(model_dir).exists()
-        before = last_logged_step(model_dir) if resume else None
-        state = train(table, model_dir, train_config, resume=resume, model_config=model_config, explicit=explicit)
-        training = "trained" if not resume else "finished before" if state.step == before else "resumed"
-    loaded = load_model(model_dir, resolve_device(train_config.device))
+        # 1. the model
+        if model_dir is not None:
+            training = "given"
+        else:
+            model_dir = ini_out + MODEL_SUFFIX
+            resume = ModelDirectory(model_dir).exists()
+            before = last_logged_step(model_dir) if resume else None
+            state = train(table, model_dir, train_config, resume=resume, model_config=model_config, explicit=explicit)
+            training = "trained" if not resume else "finished before" if state.step == before else "resumed"
+        loaded = load_model(model_dir, resolve_device(train_config.device))
 
-    # 2. the annotated text table
-    annotated = ini_out + TABLE_SUFFIX
-    scoring = BatchScorer(loaded.model, scoring_options).describe()
-    if finished_annotation(table, annotated, loaded, annotate_options, scoring) is not None:
-        log.info("%s is already the annotation of %s with this model and options; kept", annotated, table)
-        annotation = "finished before"
-    else:
-        annotation = "annotated"
-        if part_path(annotated).exists():
+        # 2. the annotated text table
+        annotated = ini_out + TABLE_SUFFIX
+        scoring = BatchScorer(loaded.model, scoring_options).describe()
+        if finished_annotation(table, annotated, loaded, annotate_options, scoring) is not None:
+            log.info("%s is already the annotation of %s with this model and options; kept", annotated, table)
+            annotation = "finished before"
+        else:
+            annotation = "annotated"
+            if part_path(annotated).exists():
+                try:
+                    annotate(table, annotated, loaded, annotate_options, scoring_options, resume=True, overwrite=True)
+                    annotation = "resumed"
+                except PhraseScorerError as exc:
+                    log.info("not resuming the earlier annotation (%s); starting again", exc)
+            if annotation == "annotated":
+                annotate(table, annotated, loaded, annotate_options, scoring_options, overwrite=True)
+        added = len(annotate_options.columns)
+
+        # 3. the config (and the binary table)
+        if target is None:
+            result = patch_moses_ini(ini_in, ini_out, phrase_table=os.path.abspath(annotated), add_features=added,
+                                     feature_name=feature.name, absolute_paths=True, overwrite=True)
+            binarized = None
+        else:
+            binary = os.path.abspath(ini_out + BINARY_SUFFIXES[target.feature_type])
+            opened = binary_table_file(target.feature_type, binary)
+            fresh = annotation == "finished before" and os.path.exists(opened) and \
+                os.path.getmtime(opened) >= os.path.getmtime(annotated)
+            declared = ini_out + ".declared.ini"  # the input with the binary table type, for patch_moses_ini
+            start, end, _ = feature.line.tokens()[0]
+            feature.line.text = feature.line.text[:start] + target.feature_type + feature.line.text[end:]
+            ini.write(declared)
             try:
-                annotate(table, annotated, loaded, annotate_options, scoring_options, resume=True, overwrite=True)
-                annotation = "resumed"
-            except PhraseScorerError as exc:
-                log.info("not resuming the earlier annotation (%s); starting again", exc)
-        if annotation == "annotated":
-            annotate(table, annotated, loaded, annotate_options, scoring_options, overwrite=True)
-    added = len(annotate_options.columns)
-
-    # 3. the config (and the binary table)
-    if target is None:
-        result = patch_moses_ini(ini_in, ini_out, phrase_table=os.path.abspath(annotated), add_features=added,
-                                 feature_name=feature.name, absolute_paths=True, overwrite=True)
-        binarized = None
-    else:
-        binary = os.path.abspath(ini_out + BINARY_SUFFIXES[target.feature_type])
-        opened = binary_table_file(target.feature_type, binary)
-        fresh = annotation == "finished before" and os.path.exists(opened) and \
-            os.path.getmtime(opened) >= os.path.getmtime(annotated)
-        declared = ini_out + ".declared.ini"  # the input with the binary table type, for patch_moses_ini
-        start, end, _ = feature.line.tokens()[0]
-        feature.line.text = feature.line.text[:start] + target.feature_type + feature.line.text[end:]
-        ini.write(declared)
-        try:
-            result = patch_moses_ini(declared, ini_out, phrase_table=binary, add_features=added,
-                                     feature_name=feature.name, absolute_paths=True,
-                                     binarize_from=None if fresh else annotated, moses_home=target.moses_home,
-                                     overwrite=True)
-        finally:
-            os.unlink(declared)
-        binarized = "built before" if fresh else "built"
-    return EmsResult(
-        config=ini_out, table=table, model_dir=os.fspath(model_dir), annotated=annotated,
-        phrase_table=result.table_path, feature_name=result.feature_name, num_features=result.new_num_features,
-        training=training, annotation=annotation, binarized=binarized,
-        ignored_binarizer_arguments=list(target.ignored) if target else [],
-    )
+                result = patch_moses_ini(declared, ini_out, phrase_table=binary, add_features=added,
+                                         feature_name=feature.name, absolute_paths=True,
+                                         binarize_from=None if fresh else annotated, moses_home=target.moses_home,
+                                         overwrite=True)
+            finally:
+                os.unlink(declared)
+            binarized = "built before" if fresh else "built"
+        return EmsResult(
+            config=ini_out, table=table, model_dir=os.fspath(model_dir), annotated=annotated,
+            phrase_table=result.table_path, feature_name=result.feature_name, num_features=result.new_num_features,
+            training=training, annotation=annotation, binarized=binarized,
+            ignored_binarizer_arguments=list(target.ignored) if target else [],
+        )

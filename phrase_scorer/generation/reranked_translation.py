@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from phrase_scorer import __version__
 from phrase_scorer.config import RescoreOptions, ScoringOptions, TranslateOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import OutputLock, PathLike, file_sha256, text_lines
+from phrase_scorer.io.files import PathLike, file_sha256, text_lines
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
 from phrase_scorer.moses.evaluate import decode
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
@@ -153,7 +153,6 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     inputs = [("the source", source), ("the moses.ini", ini), ("the reranker", reranker)]
     for m in models:
         inputs += model_files(m.loaded.directory)
-    check_output(output, inputs, overwrite=overwrite or resume, companions=RESUMABLE_COMPANIONS)
     program = moses.decoder(decoder)
     settings = json.loads(json.dumps({
         "source": input_identity(source),
@@ -168,7 +167,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     started = time.monotonic()
     chunks = 0
     phase_seconds: Dict[str, float] = {}
-    with OutputLock(output):
+    with check_output(output, inputs, overwrite=overwrite, resume=resume, companions=RESUMABLE_COMPANIONS):
         done_lines, done_bytes, progress_path = start_resumable(source, output, settings, resume, overwrite=overwrite)
         work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="translate")
         with resumable_output(output, done_bytes, progress_path) as out:

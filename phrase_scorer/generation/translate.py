@@ -57,10 +57,11 @@ def translate_file(source: PathLike, output: PathLike, loaded, options: Translat
                    overwrite: bool = False) -> int:
     """Translate each line of ``source`` (plain or gzip; ``-``: stdin) into ``output`` (``-``:
     stdout; a name ending in .gz is gzipped). Returns the number of lines."""
-    check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
+    claim = check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
     lines = 0
     gzipped = is_gzip_name(output)
-    with open_input(source) as reader, AtomicOutput(output) as out, progress_bar("translating", reader) as progress:
+    with claim, open_input(source) as reader, AtomicOutput(output) as out, \
+            progress_bar("translating", reader) as progress:
         for batch in _line_batches(reader, source, options.batch_sentences * 4):
             translations = translate_sentences(loaded, batch, options)
             data = "".join(t.text + "\n" for t in translations).encode("utf-8")

@@ -19,6 +19,7 @@ fast as zlib's level 6 (figures in docs/benchmarks.md), and writes plain gzip. W
 
 from __future__ import annotations
 
+import atexit
 import errno
 import hashlib
 import fcntl
@@ -28,7 +29,7 @@ import os
 import sys
 import zlib
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional, Tuple, Union
+from typing import BinaryIO, Dict, Iterator, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.outputs import writes_directly
@@ -300,16 +301,36 @@ class OutputLock:
     """An exclusive, advisory lock on ``PATH.lock`` held while a run writes ``PATH``.
 
     The lock is released by the operating system when the process dies, so a killed run never
-    blocks the ``--resume`` that follows it.
+    blocks the ``--resume`` that follows it. A second run (another process) is refused with one
+    line naming ``PATH``. Within one process the lock is re-entrant: a writer that claims an
+    output its command already holds (:func:`phrase_scorer.io.outputs.check_output` took it, and
+    the writer takes it again around its own work) shares the held lock, which is released when
+    the last of them lets go. ``-``, a character device and a FIFO take no lock (no file is made
+    beside them).
     """
 
     def __init__(self, path: PathLike) -> None:
         self.path = os.fspath(path)
         self.lock_path = self.path + ".lock"
         self._fd: Optional[int] = None
+        self._users = 0  # acquisitions of this held lock not released yet (the holder's)
+        self._holder: Optional["OutputLock"] = None  # the lock this one shares (the same file, held before)
+        self._pid = 0
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None or self._holder is not None
 
     def acquire(self) -> None:
+        if self.held:
+            raise RuntimeError(f"{self.lock_path} is already acquired through this object")
         if writes_directly(self.path):  # stdout, a device or a pipe: no lock file beside it
+            return
+        key = os.path.abspath(self.lock_path)
+        holder = _HELD.get(key)
+        if holder is not None and holder._pid == os.getpid():  # this command holds it already
+            holder._users += 1
+            self._holder = holder
             return
         require_output_folder(self.path)
         while True:
@@ -338,15 +359,29 @@ class OutputLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
+        self._users = 1
+        self._pid = os.getpid()
+        _HELD[key] = self
 
     def release(self) -> None:
-        if self._fd is None:
+        if self._holder is not None:
+            holder, self._holder = self._holder, None
+            holder._let_go(all_users=False)
+        elif self._fd is not None:
+            self._let_go(all_users=False)
+
+    def _let_go(self, *, all_users: bool) -> None:
+        self._users = 0 if all_users else self._users - 1
+        if self._users > 0 or self._fd is None:
             return
-        try:
-            os.unlink(self.lock_path)
-        except FileNotFoundError:
-            pass
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        if _HELD.get(os.path.abspath(self.lock_path)) is self:
+            del _HELD[os.path.abspath(self.lock_path)]
+        if self._pid == os.getpid():  # not a forked child's copy: the file is ours to remove
+            try:
+                os.unlink(self.lock_path)
+            except FileNotFoundError:
+                pass
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
 
@@ -356,6 +391,31 @@ class OutputLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+# The output locks this process holds, by the lock file's absolute path.
+_HELD: Dict[str, OutputLock] = {}
+
+
+def held_output_locks() -> list:
+    """The output locks this process holds now."""
+    return list(_HELD.values())
+
+
+def release_output_locks(keep=()) -> None:
+    """Let go of every output lock this process still holds but those in ``keep`` (at the end of a
+    command, and at exit): an output claimed by a writer that never released it is free once its
+    command ends."""
+    for lock in list(_HELD.values()):
+        if any(lock is kept for kept in keep):
+            continue
+        if lock._pid == os.getpid():
+            lock._let_go(all_users=True)
+        else:  # a forked child's copy of its parent's lock: the parent's to release
+            _HELD.pop(os.path.abspath(lock.lock_path), None)
+
+
+atexit.register(release_output_locks)
 
 
 def read_gzip_error(exc: BaseException) -> Optional[str]:

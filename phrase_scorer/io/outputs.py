@@ -11,6 +11,15 @@ Every verb that writes a file checks its output here before it writes anything:
   Any other kind of file that is not a regular file (a block device, a socket) is refused.
 * An existing output is replaced only when the caller says so (``--overwrite``), except where
   ``--resume`` continues it (checked by the resumable writers, which know whether it does).
+  So is a signature ``OUT.json`` that stands without its ``OUT`` (a file the user keeps there,
+  such as a tuned reranker), for the writers that sign their output: ``--overwrite`` replaces it.
+* One run at a time writes an output: :func:`check_output` also claims it, by taking the lock
+  ``OUT.lock`` (:class:`~phrase_scorer.io.files.OutputLock`) before it looks for an existing
+  output, and a second run aimed at it while the first holds it is refused with one line naming
+  it, before it writes anything. The claim is the checked output's: ``with check_output(...):``
+  releases it when the block ends, and whatever a command still holds is released when the
+  command ends (:mod:`phrase_scorer.cli.group`), or by the operating system when it dies. Under
+  torchrun the main rank claims the output for the job (it is the one that writes it).
 
 :func:`check_output` applies the rule; :func:`writes_directly` tells the writers whether a path
 is written in place.
@@ -67,22 +76,29 @@ def display(path: PathLike) -> str:
 
 def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool = False,
                  companions: Sequence[str] = ATOMIC_COMPANIONS, what: str = "the output",
-                 option: str = "--overwrite", regular_only: bool = False) -> None:
-    """Refuse ``output`` unless it may be written (see the module docstring).
+                 option: str = "--overwrite", regular_only: bool = False, resume: bool = False):
+    """Refuse ``output`` unless it may be written (see the module docstring), and claim it.
 
     ``inputs`` are the command's inputs as (what, path) pairs (a None path, or ``-``, is
-    skipped); ``companions`` the suffixes of the files written beside ``output``; ``overwrite``
-    lets an existing regular file be replaced (a resumable writer passes True here and checks
-    the existing output itself, once it knows whether ``--resume`` continues it);
-    ``regular_only`` refuses ``-``, character devices and FIFOs too, for outputs that are files by
-    nature (a tuned moses.ini, decoder output kept beside its log).
+    skipped); ``companions`` the suffixes of the files written beside ``output`` (``.json``
+    among them: the writer signs its output, and an ``OUT.json`` without ``OUT`` is replaced only
+    with ``overwrite``); ``overwrite`` lets an existing regular file be replaced; ``resume`` leaves
+    an existing output to a resumable writer, which checks it once it knows whether ``--resume``
+    continues it; ``regular_only`` refuses ``-``, character devices and FIFOs too, for outputs
+    that are files by nature (a tuned moses.ini, decoder output kept beside its log).
+
+    Returns the :class:`OutputClaim` (one that holds nothing for ``-``, a device or a pipe): use
+    it as ``with check_output(...):`` around the writing. A refused output is not claimed.
     """
+    from phrase_scorer.io.files import OutputLock
+
     output = os.fspath(output)
     if regular_only and writes_directly(output):
         raise PhraseScorerError(f"{what} must be a regular file (files are written beside it)", path=display(output),
                                 hint="give a file name")
+    claim = OutputClaim()
     if output == STDIO:
-        return
+        return claim
     inputs = [(name, os.fspath(path)) for name, path in inputs if path is not None and os.fspath(path) != STDIO]
     for suffix in ("", *companions):
         written = output + suffix
@@ -94,21 +110,57 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
                     f"{whose} is the same file as {name} {path}{alias}: writing it would overwrite the input",
                     hint=f"write {what} elsewhere")
     info = _stat(output)
-    if info is None:
-        if os.path.islink(output) and not overwrite:  # a dangling link: the rename would replace it
-            refuse_existing(output, what=what, option=option)
-        return
-    mode = info.st_mode
-    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
-        return  # written in place
-    if stat.S_ISDIR(mode):
-        raise PhraseScorerError(f"{what} is a directory", path=output, hint="give a file name")
-    if not stat.S_ISREG(mode):
-        kind = "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
-        raise PhraseScorerError(f"{what} is {kind}; refusing to write to it", path=output,
-                                hint=f"write {what} to a regular file, a character device or a pipe")
-    if not overwrite:
-        refuse_existing(output, what=what, option=option)
+    if info is not None:
+        mode = info.st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+            return claim  # written in place: no lock, nothing beside it
+        if stat.S_ISDIR(mode):
+            raise PhraseScorerError(f"{what} is a directory", path=output, hint="give a file name")
+        if not stat.S_ISREG(mode):
+            kind = ("a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "not a regular file")
+            raise PhraseScorerError(f"{what} is {kind}; refusing to write to it", path=output,
+                                    hint=f"write {what} to a regular file, a character device or a pipe")
+    if _writes_for_the_job():  # before looking for an existing output: a run that finished meanwhile is seen
+        claim.lock = OutputLock(output)
+        claim.lock.acquire()
+    try:
+        if os.path.lexists(output):  # a dangling link too: the rename would replace it
+            if not (overwrite or resume):
+                refuse_existing(output, what=what, option=option)
+        elif ".json" in companions and os.path.lexists(output + ".json") and not overwrite:
+            raise PhraseScorerError(f"the file written beside {what} {output} already exists", path=output + ".json",
+                                    hint=f"pass {option} to replace it, or choose another name")
+    except PhraseScorerError:
+        claim.release()
+        raise
+    return claim
+
+
+class OutputClaim:
+    """An output :func:`check_output` let through, and the lock held on it (None where none is
+    taken: ``-``, a device, a pipe, a rank that does not write) until :meth:`release`."""
+
+    def __init__(self) -> None:
+        self.lock = None
+
+    def release(self) -> None:
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            lock.release()
+
+    def __enter__(self) -> "OutputClaim":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _writes_for_the_job() -> bool:
+    """False on the ranks of a torchrun job other than the main one, which writes the job's outputs."""
+    from phrase_scorer.distributed import world
+
+    return world().is_main
 
 
 def refuse_existing(output: PathLike, *, what: str = "the output", option: str = "--overwrite") -> None:

@@ -226,50 +226,50 @@ def patch_moses_ini(
         raise PhraseScorerError(f"cannot add {add_features} features", hint="use 0 or more")
     weights_added = new_column_weights(add_features, initial_weights)
     ini = MosesIni.read(ini_path)
-    check_output(output_path, [*ini_inputs(ini), ("the phrase table", phrase_table), ("the text table", binarize_from)],
-                 overwrite=overwrite, what="the patched moses.ini")
-    feature = ini.find_phrase_table(feature_name)
-    old = declared_scores(ini, feature)
-    new = old + add_features
-    if binarize_from is not None and feature.type in TEXT_TABLE_TYPES:
-        raise PhraseScorerError(
-            f"{feature.name} is a {feature.type}, which reads text tables: there is nothing to binarise",
-            path=ini.path, line=feature.line.number, hint="drop --binarize-from, or declare a binary table type",
+    inputs = [*ini_inputs(ini), ("the phrase table", phrase_table), ("the text table", binarize_from)]
+    with check_output(output_path, inputs, overwrite=overwrite, what="the patched moses.ini"):
+        feature = ini.find_phrase_table(feature_name)
+        old = declared_scores(ini, feature)
+        new = old + add_features
+        if binarize_from is not None and feature.type in TEXT_TABLE_TYPES:
+            raise PhraseScorerError(
+                f"{feature.name} is a {feature.type}, which reads text tables: there is nothing to binarise",
+                path=ini.path, line=feature.line.number, hint="drop --binarize-from, or declare a binary table type",
+            )
+        if check_table:
+            check_table_scores(ini, feature, phrase_table if feature.type in TEXT_TABLE_TYPES else binarize_from,
+                               phrase_table, old, new)
+        new_path = os.path.abspath(phrase_table) if absolute_paths else os.fspath(phrase_table)
+        new_text = patched_lines(ini, feature, new_path, old, new, weights_added, absolute_paths)
+
+        command = None
+        if binarize_from is not None:
+            for name, path in (("the text table", binarize_from), ("the moses.ini", ini_path)):
+                if same_file(phrase_table, path):  # the binariser writes --phrase-table
+                    raise PhraseScorerError(f"the binary table {phrase_table} is the same file as {name} {path}",
+                                            hint="give the binary table another name")
+            if moses_home is None:
+                moses_home = os.environ.get("MOSES_HOME")
+            command = run_binarizer(feature.type, binarize_from, phrase_table, new, moses_home)
+
+        changes = []
+        for line in ini.lines:
+            if line.number in new_text and new_text[line.number] != line.text:
+                changes.append(LineChange(line.number, line.text, new_text[line.number]))
+                line.text = new_text[line.number]
+        ini.write(output_path)
+        return PatchResult(
+            ini_path=ini.path,
+            output_path=os.fspath(output_path),
+            feature_name=feature.name,
+            feature_type=feature.type,
+            old_num_features=old,
+            new_num_features=new,
+            table_path=new_path,
+            changed_lines=[c.number for c in changes],
+            changes=changes,
+            binarize_command=command,
         )
-    if check_table:
-        check_table_scores(ini, feature, phrase_table if feature.type in TEXT_TABLE_TYPES else binarize_from,
-                           phrase_table, old, new)
-    new_path = os.path.abspath(phrase_table) if absolute_paths else os.fspath(phrase_table)
-    new_text = patched_lines(ini, feature, new_path, old, new, weights_added, absolute_paths)
-
-    command = None
-    if binarize_from is not None:
-        for name, path in (("the text table", binarize_from), ("the moses.ini", ini_path)):
-            if same_file(phrase_table, path):  # the binariser writes --phrase-table
-                raise PhraseScorerError(f"the binary table {phrase_table} is the same file as {name} {path}",
-                                        hint="give the binary table another name")
-        if moses_home is None:
-            moses_home = os.environ.get("MOSES_HOME")
-        command = run_binarizer(feature.type, binarize_from, phrase_table, new, moses_home)
-
-    changes = []
-    for line in ini.lines:
-        if line.number in new_text and new_text[line.number] != line.text:
-            changes.append(LineChange(line.number, line.text, new_text[line.number]))
-            line.text = new_text[line.number]
-    ini.write(output_path)
-    return PatchResult(
-        ini_path=ini.path,
-        output_path=os.fspath(output_path),
-        feature_name=feature.name,
-        feature_type=feature.type,
-        old_num_features=old,
-        new_num_features=new,
-        table_path=new_path,
-        changed_lines=[c.number for c in changes],
-        changes=changes,
-        binarize_command=command,
-    )
 
 
 def moses_for_new_columns(output: str, before: int, after: int, columns: Sequence[str], *,

@@ -136,23 +136,24 @@ def annotate(
 
     scoring_options = scoring_options or ScoringOptions()
     output = os.fspath(output)
-    check_output(output, [("the phrase table", table), *model_files(loaded.directory)],
-                 overwrite=overwrite or resume, companions=RESUMABLE_COMPANIONS)
-    compress = output != STDIO and is_gzip_name(output)
-    scorer = BatchScorer(loaded.model, scoring_options)
-    current = distributed.world()
-    if workers is None:
-        workers = default_workers(distributed.cores_per_process(current))
-    in_workers = scoring_in_workers(loaded, scorer, workers) if constant_log_prob is None else None
-    settings = annotation_settings(table, output, loaded, options, scorer.describe())
-    if constant_log_prob is not None:
-        settings["model"]["scores"] = f"constant log p = {constant_log_prob} (host-pipeline benchmark, not the model)"
-    job = AnnotateJob(table, loaded, options, scorer, settings, compress, workers, constant_log_prob, in_workers)
-    if current.is_distributed:
-        return annotate_sharded(job, output, current, resume=resume, overwrite=overwrite)
-    if resume and job.finished(output, settings):
-        return job.result_of(output, already_finished=True)
-    return job.run(output, resume=resume, overwrite=overwrite)
+    with check_output(output, [("the phrase table", table), *model_files(loaded.directory)], overwrite=overwrite,
+                      resume=resume, companions=RESUMABLE_COMPANIONS):
+        compress = output != STDIO and is_gzip_name(output)
+        scorer = BatchScorer(loaded.model, scoring_options)
+        current = distributed.world()
+        if workers is None:
+            workers = default_workers(distributed.cores_per_process(current))
+        in_workers = scoring_in_workers(loaded, scorer, workers) if constant_log_prob is None else None
+        settings = annotation_settings(table, output, loaded, options, scorer.describe())
+        if constant_log_prob is not None:
+            settings["model"]["scores"] = (f"constant log p = {constant_log_prob} "
+                                           "(host-pipeline benchmark, not the model)")
+        job = AnnotateJob(table, loaded, options, scorer, settings, compress, workers, constant_log_prob, in_workers)
+        if current.is_distributed:
+            return annotate_sharded(job, output, current, resume=resume, overwrite=overwrite)
+        if resume and job.finished(output, settings):
+            return job.result_of(output, already_finished=True)
+        return job.run(output, resume=resume, overwrite=overwrite)
 
 
 def default_workers(cores: int) -> int:

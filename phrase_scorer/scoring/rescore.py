@@ -47,7 +47,6 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import (
     GZIP_LIBRARY,
     STDIO,
-    OutputLock,
     PathLike,
     gzip_member,
     is_gzip_name,
@@ -257,7 +256,6 @@ def rescore(
     inputs = [("the n-best list", nbest), ("the source", source)]
     for m in models:
         inputs += model_files(m.loaded.directory)
-    check_output(output, inputs, overwrite=overwrite or resume, companions=RESUMABLE_COMPANIONS)
     if os.fspath(nbest) == STDIO and os.fspath(source) == STDIO:
         raise PhraseScorerError("the n-best list and the source cannot both be read from stdin")
     compress = output != STDIO and is_gzip_name(output)
@@ -273,7 +271,7 @@ def rescore(
     }
     settings = json.loads(json.dumps(settings))  # as the resume record will hold it
     started = time.monotonic()
-    with OutputLock(output):
+    with check_output(output, inputs, overwrite=overwrite, resume=resume, companions=RESUMABLE_COMPANIONS):
         done_lines, done_bytes, progress_path = start_resumable(nbest, output, settings, resume, overwrite=overwrite)
         with resumable_output(output, done_bytes, progress_path) as out:
             reader = NBestReader(nbest, skip=done_lines)

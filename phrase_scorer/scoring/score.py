@@ -27,12 +27,12 @@ def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None,
     only with ``overwrite``."""
     from phrase_scorer.scoring.batch_scorer import BatchScorer
 
-    check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
+    claim = check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
     scorer = BatchScorer(loaded.model, scoring_options or ScoringOptions())
     lookup = PhraseIds(loaded.source_vocab.tokens, loaded.target_vocab.tokens, loaded.target_vocab.right_to_left)
     windows = RawWindows(source, window_lines)
     lines = 0
-    with AtomicOutput(output) as out:
+    with claim, AtomicOutput(output) as out:
 
         def read(put) -> None:
             for window in windows:
