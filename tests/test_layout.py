@@ -139,3 +139,17 @@ def test_inference_reaches_no_training_data_code():
     for name in ("phrase_scorer.scoring.batch_scorer", "phrase_scorer.scoring.annotate_work", "phrase_scorer.scoring.rescore"):
         assert "phrase_scorer.data.padding" in reachable(name, sources) or name != "phrase_scorer.scoring.batch_scorer"
         assert not reachable(name, sources) & training_data, f"{name} reaches the training data's code"
+
+
+def test_every_import_of_the_package_names_a_module_that_exists():
+    """An import inside a function runs only when the function does: one that names a module no
+    longer there (moved, renamed) would fail late, in front of a user."""
+    sources = all_imports()
+    missing = []
+    for name, imported in sources.items():
+        for module in imported:
+            if module.startswith("phrase_scorer.") and module not in sources:
+                parent = module.rpartition(".")[0]  # `from phrase_scorer.x import name`: x must exist
+                if parent not in sources:
+                    missing.append(f"{name} imports {module}")
+    assert not missing, "\n".join(missing)

@@ -163,12 +163,14 @@ def writers(tmp_path, tiny_model, search_model, table, ini, out):
 def fake_system(tmp_path):
     """A reranker over the decoder's features, and a Moses folder whose decoder is never run."""
     from phrase_scorer.io.nbest import read_nbest
-    from phrase_scorer.moses.rerank import Weights, dense_layout, reranker_record
+    from phrase_scorer.io.nbest import dense_layout
+    from phrase_scorer.moses.reranker import Reranker
+    from phrase_scorer.moses.weights import Weights
 
     layout = dense_layout(next(iter(read_nbest(NBEST))))
     weights = Weights(layout, [0.1] * sum(count for _, count in layout))
     reranker = tmp_path / "reranker.json"
-    reranker.write_text(json.dumps(reranker_record(weights, (), {}, nbest_size=10)))
+    reranker.write_text(json.dumps(Reranker(weights, (), {}, nbest_size=10).to_json()))
     home = tmp_path / "moses"
     (home / "bin").mkdir(parents=True, exist_ok=True)
     decoder = home / "bin" / "moses"

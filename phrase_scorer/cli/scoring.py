@@ -78,7 +78,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
         ini_output = ini_output or f"{output}.moses.ini"
         check_output(ini_output, [("the phrase table", table), ("the annotated table", output),
                                   ("the moses.ini", moses_ini)], overwrite=overwrite or resume,
-                     what="the patched moses.ini")
+                     what="the patched moses.ini", lock=world().is_main)
         if not writes_directly(ini_output) and os.path.abspath(ini_output) == os.path.abspath(output):
             raise PhraseScorerError(f"--ini-output {ini_output} is the annotated table -o {output}",
                                     hint="write the patched moses.ini elsewhere")

@@ -76,7 +76,7 @@ def display(path: PathLike) -> str:
 
 def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool = False,
                  companions: Sequence[str] = ATOMIC_COMPANIONS, what: str = "the output",
-                 option: str = "--overwrite", regular_only: bool = False, resume: bool = False):
+                 option: str = "--overwrite", regular_only: bool = False, resume: bool = False, lock: bool = True):
     """Refuse ``output`` unless it may be written (see the module docstring), and claim it.
 
     ``inputs`` are the command's inputs as (what, path) pairs (a None path, or ``-``, is
@@ -89,6 +89,8 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
 
     Returns the :class:`OutputClaim` (one that holds nothing for ``-``, a device or a pipe): use
     it as ``with check_output(...):`` around the writing. A refused output is not claimed.
+    ``lock=False`` checks without claiming: only for a process that does not write the output
+    itself (the ranks of a torchrun job other than the main one, whose output the main rank writes).
     """
     from phrase_scorer.io.files import OutputLock
 
@@ -121,7 +123,7 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
                     else "not a regular file")
             raise PhraseScorerError(f"{what} is {kind}; refusing to write to it", path=output,
                                     hint=f"write {what} to a regular file, a character device or a pipe")
-    if _writes_for_the_job():  # before looking for an existing output: a run that finished meanwhile is seen
+    if lock:  # before looking for an existing output: a run that finished meanwhile is seen
         claim.lock = OutputLock(output)
         claim.lock.acquire()
     try:
@@ -154,13 +156,6 @@ class OutputClaim:
 
     def __exit__(self, *exc) -> None:
         self.release()
-
-
-def _writes_for_the_job() -> bool:
-    """False on the ranks of a torchrun job other than the main one, which writes the job's outputs."""
-    from phrase_scorer.distributed import world
-
-    return world().is_main
 
 
 def refuse_existing(output: PathLike, *, what: str = "the output", option: str = "--overwrite") -> None:

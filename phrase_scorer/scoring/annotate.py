@@ -137,7 +137,7 @@ def annotate(
     scoring_options = scoring_options or ScoringOptions()
     output = os.fspath(output)
     with check_output(output, [("the phrase table", table), *model_files(loaded.directory)], overwrite=overwrite,
-                      resume=resume, companions=RESUMABLE_COMPANIONS):
+                      resume=resume, companions=RESUMABLE_COMPANIONS, lock=distributed.world().is_main):
         compress = output != STDIO and is_gzip_name(output)
         scorer = BatchScorer(loaded.model, scoring_options)
         current = distributed.world()
