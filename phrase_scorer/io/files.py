@@ -435,27 +435,51 @@ def read_failure(exc: BaseException, path: PathLike, lines: int) -> PhraseScorer
     return PhraseScorerError(f"cannot read after line {lines}: {reason or exc}", path=path)
 
 
+def line_text(raw: bytes) -> bytes:
+    """A line without its line end: ``\\n`` or ``\\r\\n`` (a file written on Windows), so that no
+    reader takes the carriage return for part of the last word."""
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+    return raw[:-1] if raw.endswith(b"\r") else raw
+
+
+class TextLines(ReadProgress):
+    """The one reader of text inputs (sentences, references, corpora, lists of phrases): (line
+    number, text without its line end, :func:`line_text`) for each line of a plain or gzip file
+    (``-``: stdin), decoded as UTF-8. A line that is not UTF-8, or damaged gzip data, is an error
+    naming the file and the line (``hint`` says what to give instead). ``size`` and
+    ``bytes_read`` tell a progress bar how far the reading has got."""
+
+    def __init__(self, path: PathLike, hint: Optional[str] = None) -> None:
+        self.path = path
+        self.hint = hint
+        self._input = None
+
+    def __iter__(self) -> Iterator[Tuple[int, str]]:
+        path = self.path
+        number = 0
+        with open_input(path) as f:
+            self._input = f
+            lines = iter(f)
+            while True:
+                try:
+                    raw = next(lines, None)
+                except (EOFError, OSError, ValueError) as exc:
+                    raise read_failure(exc, path, number) from None
+                if raw is None:
+                    return
+                number += 1
+                try:
+                    text = line_text(raw).decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
+                                            hint=self.hint) from None
+                yield number, text
+
+
 def text_lines(path: PathLike, hint: Optional[str] = None) -> Iterator[Tuple[int, str]]:
-    """(line number, text without its line end) for each line of a plain or gzip file (``-``:
-    stdin), decoded as UTF-8. A line that is not UTF-8, or damaged gzip data, is an error naming
-    the file and the line."""
-    number = 0
-    with open_input(path) as f:
-        lines = iter(f)
-        while True:
-            try:
-                raw = next(lines, None)
-            except (EOFError, OSError, ValueError) as exc:
-                raise read_failure(exc, path, number) from None
-            if raw is None:
-                return
-            number += 1
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
-                                        hint=hint) from None
-            yield number, text.rstrip("\r\n")
+    """(line number, text without its line end) for each line of a text input: see :class:`TextLines`."""
+    return iter(TextLines(path, hint))
 
 
 def file_identity(path: PathLike) -> dict:
