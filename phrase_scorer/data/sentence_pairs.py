@@ -35,7 +35,7 @@ from phrase_scorer.data.cache import (
     MAX_PHRASE_WORDS, id_dtype_for, reuse_cache, source_hash, vocab_digest, write_cache,
 )
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, TextLines, file_identity
+from phrase_scorer.io.files import PathLike, TextLines, file_identity, hash_identities
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary
@@ -135,7 +135,7 @@ class SentenceCorpus:
                 source_counts.update(source_words)
                 target_counts.update(target_words)
         info = {
-            **self.identities(),
+            **hash_identities(self.identities()),
             "max_length": config.max_length,
             "lines": lines,
             "pairs": reasons[None],
