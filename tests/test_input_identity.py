@@ -18,7 +18,6 @@ import torch
 
 from conftest import EXAMPLE_TABLE, TRAIN_EN, TRAIN_FR, kill, start_halted
 from phrase_scorer.config import TrainConfig
-from phrase_scorer.data.sentence_pairs import SentenceCorpus
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.records import refuse_changed
 from phrase_scorer.train import train
@@ -221,7 +220,8 @@ def test_train_cli_resumes_on_a_corpus_copied_to_another_path(tmp_path):
     change_one_byte(moved / "fr.gz")
     touch(moved / "fr.gz")
     refused = subprocess.run(phrase_scorer("train", "--corpus", moved / "en.gz", moved / "fr.gz", "-o", out,
-                                           "--max-steps", 12, "--resume", *options[-2:]), capture_output=True, text=True)
+                                           "--max-steps", 12, "--resume", *options[-2:]),
+                             capture_output=True, text=True)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "cannot resume: target changed since the interrupted run (target.sha256: " in refused.stderr
 
