@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import STDIO, PathLike, part_path, write_text_atomically
+from phrase_scorer.io.files import (
+    STDIO, PathLike, hash_identities, identity_change, is_file_identity, part_path, write_text_atomically,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +47,18 @@ def read_record(path: PathLike) -> Optional[dict]:
 
 def differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any, Any]]:
     """(dotted name, saved value, current value) of every setting that differs; a setting only
-    one side has is ``(none)`` on the other."""
+    one side has is ``(none)`` on the other. An input file (:func:`~phrase_scorer.io.files.file_identity`)
+    differs only when its bytes do (its ``size``, else its ``sha256``): not for its path or time."""
     for key in [*saved, *(k for k in current if k not in saved)]:
         old, new = saved.get(key, _MISSING), current.get(key, _MISSING)
         if old == new:
             continue
         name = f"{prefix}{key}"
-        if isinstance(old, Mapping) and isinstance(new, Mapping):
+        if is_file_identity(old) and is_file_identity(new) and isinstance(new, dict):
+            change = identity_change(old, new)
+            if change is not None:
+                yield f"{name}.{change[0]}", change[1], change[2]
+        elif isinstance(old, Mapping) and isinstance(new, Mapping):
             yield from differences(old, new, name + ".")
         else:
             yield name, old, new
@@ -62,7 +69,12 @@ def changed(recorded: Optional[Mapping[str, Any]], current: Mapping[str, Any]) -
     there is no record)."""
     if not isinstance(recorded, Mapping):
         return sorted(current)
-    return sorted(k for k in current if recorded.get(k) != current[k])
+    return sorted(k for k in current if not same(recorded.get(k), current[k]))
+
+
+def same(saved: Any, current: Any) -> bool:
+    """Whether a recorded setting and the current one are the same (as :func:`differences` compares)."""
+    return next(differences({"": saved}, {"": current}), None) is None
 
 
 def describe_difference(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
@@ -76,13 +88,14 @@ def refuse_changed(saved: Mapping[str, Any], current: Mapping[str, Any], *, path
                    hint: str = "run again without --resume", label: Callable[[str], str] = str) -> None:
     """Raise a one-line :class:`PhraseScorerError` naming what changed, if anything did:
 
-    ``cannot resume: NAME, ... changed since the interrupted run (NAME.KEY: SAVED -> NOW, ...)``.
+    ``cannot resume: NAME, ... changed since the interrupted run (NAME.KEY: SAVED -> NOW, ...)``,
+    each setting by its dotted name with both values where they differ (:func:`show_change`).
     """
     changes = list(differences(saved, current))
     if not changes:
         return
     names = list(dict.fromkeys(label(name.split(".")[0]) for name, _, _ in changes))
-    details = ", ".join(f"{label(name)}: {_short(old)} -> {_short(new)}" for name, old, new in changes)
+    details = ", ".join(f"{label(name)}: {show_change(old, new)}" for name, old, new in changes)
     raise PhraseScorerError(f"cannot resume: {', '.join(names)} changed since the interrupted run ({details})",
                             path=path, hint=hint)
 
@@ -97,7 +110,7 @@ def finished(output: PathLike, settings: Mapping[str, Any]) -> Optional[Dict[str
     signature = read_record(output + ".json")
     if not isinstance(signature, dict) or signature.get("output") != os.path.abspath(output):
         return None
-    if any(signature.get(key) != value for key, value in settings.items()):
+    if not all(same(signature.get(key), value) for key, value in settings.items()):
         return None
     return signature
 
@@ -173,9 +186,21 @@ class Step:
             self.done = True
 
     def _write(self, record: Mapping[str, Any]) -> None:
-        write_text_atomically(self.record, json.dumps(record, indent=1) + "\n")
+        write_text_atomically(self.record, json.dumps(hash_identities(dict(record)), indent=1) + "\n")
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def show_change(old: Any, new: Any, limit: int = 80, context: int = 24) -> str:
+    """``OLD -> NEW`` in full; where one is longer than ``limit`` characters, both are shown
+    from the same place, ``context`` characters before the first character where they differ, so
+    that the difference is always in view: ``...abc1 -> ...abc2 (from character 75)``."""
+    a, b = (value if isinstance(value, str) else repr(value) for value in (old, new))
+    if len(a) <= limit and len(b) <= limit:
+        return f"{a} -> {b}"
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, first - context)
+    end = first + limit - context
+
+    def cut(text: str) -> str:
+        return ("..." if start else "") + text[start:end] + ("..." if len(text) > end else "")
+
+    return f"{cut(a)} -> {cut(b)} (they differ from character {first + 1})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
@@ -65,9 +66,16 @@ def test_tables_are_remade_when_the_model_or_the_table_changes(tmp_path, tiny_mo
     assert "phrase-table.rnn.gz is out of date (two-column table changed)" in caplog.text
     assert json.loads(Path(str(prob_only) + ".json").read_text())["two-column table"]["mtime_ns"] == os.stat(both).st_mtime_ns
 
-    # the system's table changed (here: touched, as a new copy would be): annotated again
+    # the system's table touched (as a new copy would be): the same bytes, nothing is made again
     table = ini.parent / "phrase-table.gz"
     os.utime(table, ns=(os.stat(table).st_atime_ns, os.stat(table).st_mtime_ns + 10**9))
+    second = {p: stamp(p) for p in (both, prob_only)}
+    caplog.clear()
+    prepare_tables(ini, work, model_dir=other, annotated=None)
+    assert "annotating" not in caplog.text and {p: stamp(p) for p in (both, prob_only)} == second
+
+    # the system's table rewritten with other bytes: annotated again
+    table.write_bytes(gzip.compress(gzip.decompress(table.read_bytes()), compresslevel=1))
     caplog.clear()
     prepare_tables(ini, work, model_dir=other, annotated=None)
     assert "out of date (input table changed)" in caplog.text

@@ -256,7 +256,8 @@ def test_a_trained_model_is_not_overwritten(tmp_path):
     (other / "mine.txt").write_text("x")
     with pytest.raises(PhraseScorerError, match="not empty and holds no phrase-scorer model"):
         train(EXAMPLE_TABLE, other, TrainConfig(max_steps=5, **QUICK))
-    with pytest.raises(PhraseScorerError, match="cannot resume: table, table_size, table_mtime_ns changed since the interrupted run"):
+    with pytest.raises(PhraseScorerError,
+                       match="cannot resume: table changed since the interrupted run \\(table.size: "):
         train(A_MAN_TABLE, out, TrainConfig(max_steps=10, **QUICK), resume=True, explicit={"max_steps"})
     with pytest.raises(PhraseScorerError, match="not empty and holds no phrase-scorer model"):
         train(EXAMPLE_TABLE, other, TrainConfig(max_steps=5, **QUICK), resume=True)  # --resume never takes a foreign folder

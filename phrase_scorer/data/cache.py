@@ -22,8 +22,8 @@ import numpy as np
 
 from phrase_scorer.data.padding import pad_ids
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike
-from phrase_scorer.records import refuse_changed
+from phrase_scorer.io.files import PathLike, hash_identities, write_text_atomically
+from phrase_scorer.records import differences, refuse_changed
 from phrase_scorer.vocab import Vocabulary
 
 SPLITS = ("train", "valid")
@@ -68,7 +68,10 @@ def reuse_cache(cache_dir: Path, expected: dict, keep_existing: bool, data_path:
         return None
     existing_settings = {k: v for k, v in existing.items() if k != "num_pairs"}
     expected_settings = {k: v for k, v in expected.items() if k != "num_pairs"}
-    if existing_settings == expected_settings:
+    if not any(differences(existing_settings, expected_settings)):  # the inputs by their bytes
+        if existing_settings != hash_identities(expected_settings):  # moved, copied or touched: record it
+            existing = {**expected_settings, "num_pairs": existing.get("num_pairs")}
+            write_text_atomically(Path(cache_dir) / "meta.json", json.dumps(existing, indent=1) + "\n")
         return existing
     if keep_existing:
         refuse_changed(existing_settings, expected_settings, path=data_path, hint=hint)
@@ -90,7 +93,7 @@ def write_cache(cache_dir: Path, description: dict, pairs: Iterable[Tuple[str, L
     finally:
         for writer in writers.values():
             writer.close()
-    description = {**description, "num_pairs": {split: writers[split].count for split in SPLITS}}
+    description = {**hash_identities(description), "num_pairs": {split: writers[split].count for split in SPLITS}}
     (tmp / "meta.json").write_text(json.dumps(description, indent=1) + "\n")
     shutil.rmtree(cache_dir, ignore_errors=True)
     os.replace(tmp, cache_dir)

@@ -30,7 +30,7 @@ from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary
 
 CACHE_FORMAT = "phrase-scorer-pair-cache"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the table by its bytes (file_identity), not by its path and time
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,7 @@ class CacheMeta:
 
     format: str
     version: int
-    table: str
-    table_size: int
-    table_mtime_ns: int
+    table: dict  # file_identity
     source_vocab_sha256: str
     target_vocab_sha256: str
     valid_fraction: float
@@ -82,13 +80,10 @@ class CacheMeta:
 
 
 def expected_meta(table: PathLike, source_vocab: Vocabulary, target_vocab: Vocabulary, valid_fraction: float, seed: int) -> CacheMeta:
-    identity = file_identity(table)
     return CacheMeta(
         format=CACHE_FORMAT,
         version=CACHE_VERSION,
-        table=identity["path"],
-        table_size=identity["size"],
-        table_mtime_ns=identity["mtime_ns"],
+        table=file_identity(table),
         source_vocab_sha256=vocab_digest(source_vocab),
         target_vocab_sha256=vocab_digest(target_vocab),
         valid_fraction=valid_fraction,

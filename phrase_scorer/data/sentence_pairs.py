@@ -35,7 +35,7 @@ from phrase_scorer.data.cache import (
     MAX_PHRASE_WORDS, id_dtype_for, reuse_cache, source_hash, vocab_digest, write_cache,
 )
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, file_identity, open_input, read_failure
+from phrase_scorer.io.files import PathLike, TextLines, file_identity, hash_identities
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary
@@ -55,8 +55,10 @@ def read_sentence_pairs(source: PathLike, target: PathLike, desc: str = "reading
     Raises when the files have different numbers of lines (naming the longer file and its first
     line without a partner), or a line is not UTF-8.
     """
-    with open_input(source) as source_file, open_input(target) as target_file, progress_bar(desc, source_file) as bar:
-        pairs = itertools.zip_longest(_lines(source_file, source), _lines(target_file, target))
+    hint = "corpus files must be UTF-8 text"
+    source_lines, target_lines = TextLines(source, hint), TextLines(target, hint)
+    with progress_bar(desc, source_lines) as bar:
+        pairs = itertools.zip_longest(source_lines, target_lines)
         for number, (source_line, target_line) in enumerate(pairs, 1):
             if source_line is None or target_line is None:
                 shorter, longer = (source, target) if source_line is None else (target, source)
@@ -65,24 +67,10 @@ def read_sentence_pairs(source: PathLike, target: PathLike, desc: str = "reading
                     hint="the two sides of a corpus need one sentence per line, line n translating line n",
                 )
             bar.advance()
-            yield number, _words(source_line, source, number), _words(target_line, target, number)
+            yield number, _words(source_line[1], source, number), _words(target_line[1], target, number)
 
 
-def _lines(input_file, path: PathLike) -> Iterator[bytes]:
-    number = 0
-    try:
-        for number, line in enumerate(input_file, 1):
-            yield line
-    except (EOFError, OSError, ValueError) as exc:  # a damaged gzip stream
-        raise read_failure(exc, path, number) from None
-
-
-def _words(line: bytes, path: PathLike, number: int) -> List[str]:
-    try:
-        text = line.rstrip(b"\r\n").decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
-                                hint="corpus files must be UTF-8 text") from None
+def _words(text: str, path: PathLike, number: int) -> List[str]:
     words = split_words(text)
     if len(words) > MAX_PHRASE_WORDS:
         raise PhraseScorerError(f"a sentence has more than {MAX_PHRASE_WORDS} words", path=path, line=number,
@@ -147,7 +135,7 @@ class SentenceCorpus:
                 source_counts.update(source_words)
                 target_counts.update(target_words)
         info = {
-            **self.identities(),
+            **hash_identities(self.identities()),
             "max_length": config.max_length,
             "lines": lines,
             "pairs": reasons[None],

@@ -16,10 +16,10 @@ Nothing stale is reused. Each artefact records what made it, and is made again w
 (with a log line naming what changed):
 
 * ``phrase-table.rnn+wp.gz``: its annotate signature (``.json``) names the model's weights
-  (sha256), the input table (path, size, modification time) and the annotate options; it is
+  (sha256), the input table (its bytes: size, then SHA-256) and the annotate options; it is
   annotated again when the model given now, the system's phrase table or the options differ.
-* ``phrase-table.rnn.gz``: ``.json`` beside it names the two-column table it was cut from (path,
-  size, modification time); it is cut again when that table changed.
+* ``phrase-table.rnn.gz``: ``.json`` beside it names the two-column table it was cut from (its
+  bytes: size, then SHA-256); it is cut again when that table changed.
 * ``<system>/run-<seed>/``: ``inputs.json`` records the system's config (sha256 of
   ``system.ini``), its phrase table and the dev and test files (path, size, sha256: a table
   annotated or cut again into the same bytes keeps its runs) and the tuning and scoring options;
@@ -46,7 +46,9 @@ from typing import Dict, List, Optional, Sequence
 
 from phrase_scorer.config import COLUMNS, SYSTEMS, ExperimentOptions, System, TuneOptions, start_weights
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import AtomicOutput, PathLike, content_identity, file_identity, file_sha256, write_text_atomically
+from phrase_scorer.io.files import (
+    AtomicOutput, PathLike, content_identity, file_identity, file_sha256, write_text_atomically,
+)
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.ini_patch import patch_moses_ini
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Iterator, List, Sequence
 
 from phrase_scorer.config import TranslateOptions
-from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import AtomicOutput, PathLike, gzip_member, is_gzip_name, open_input
+from phrase_scorer.io.files import AtomicOutput, PathLike, TextLines, gzip_member, is_gzip_name
 from phrase_scorer.io.outputs import check_output, model_files
 from phrase_scorer.runtime.progress import progress_bar
 
@@ -60,9 +59,9 @@ def translate_file(source: PathLike, output: PathLike, loaded, options: Translat
     claim = check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
     lines = 0
     gzipped = is_gzip_name(output)
-    with claim, open_input(source) as reader, AtomicOutput(output) as out, \
-            progress_bar("translating", reader) as progress:
-        for batch in _line_batches(reader, source, options.batch_sentences * 4):
+    reader = TextLines(source, hint="give UTF-8 text, tokenised like the model's training data")
+    with claim, AtomicOutput(output) as out, progress_bar("translating", reader) as progress:
+        for batch in _line_batches(reader, options.batch_sentences * 4):
             translations = translate_sentences(loaded, batch, options)
             data = "".join(t.text + "\n" for t in translations).encode("utf-8")
             out.write(gzip_member(data) if gzipped else data)
@@ -72,15 +71,10 @@ def translate_file(source: PathLike, output: PathLike, loaded, options: Translat
     return lines
 
 
-def _line_batches(reader, path: PathLike, size: int) -> Iterator[List[List[str]]]:
+def _line_batches(reader: TextLines, size: int) -> Iterator[List[List[str]]]:
     """The input's lines as lists of words, ``size`` lines at a time."""
     batch: List[List[str]] = []
-    for number, raw in enumerate(reader, 1):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise PhraseScorerError("not valid UTF-8", path=path, line=number,
-                                    hint="give UTF-8 text, tokenised like the model's training data") from None
+    for _, text in reader:
         batch.append(text.split())
         if len(batch) == size:
             yield batch

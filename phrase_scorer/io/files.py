@@ -27,9 +27,10 @@ import gzip
 import io
 import os
 import sys
+from stat import S_ISREG
 import zlib
 from pathlib import Path
-from typing import BinaryIO, Dict, Iterator, Optional, Tuple, Union
+from typing import Any, BinaryIO, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.outputs import writes_directly
@@ -495,34 +496,107 @@ def read_failure(exc: BaseException, path: PathLike, lines: int) -> PhraseScorer
     return PhraseScorerError(f"cannot read after line {lines}: {reason or exc}", path=path)
 
 
+def line_text(raw: bytes) -> bytes:
+    """A line without its line end: ``\\n`` or ``\\r\\n`` (a file written on Windows), so that no
+    reader takes the carriage return for part of the last word."""
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+    return raw[:-1] if raw.endswith(b"\r") else raw
+
+
+class TextLines(ReadProgress):
+    """The one reader of text inputs (sentences, references, corpora, lists of phrases): (line
+    number, text without its line end, :func:`line_text`) for each line of a plain or gzip file
+    (``-``: stdin), decoded as UTF-8. A line that is not UTF-8, or damaged gzip data, is an error
+    naming the file and the line (``hint`` says what to give instead). ``size`` and
+    ``bytes_read`` tell a progress bar how far the reading has got."""
+
+    def __init__(self, path: PathLike, hint: Optional[str] = None) -> None:
+        self.path = path
+        self.hint = hint
+        self._input = None
+
+    def __iter__(self) -> Iterator[Tuple[int, str]]:
+        path = self.path
+        number = 0
+        with open_input(path) as f:
+            self._input = f
+            lines = iter(f)
+            while True:
+                try:
+                    raw = next(lines, None)
+                except (EOFError, OSError, ValueError) as exc:
+                    raise read_failure(exc, path, number) from None
+                if raw is None:
+                    return
+                number += 1
+                try:
+                    text = line_text(raw).decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
+                                            hint=self.hint) from None
+                yield number, text
+
+
 def text_lines(path: PathLike, hint: Optional[str] = None) -> Iterator[Tuple[int, str]]:
-    """(line number, text without its line end) for each line of a plain or gzip file (``-``:
-    stdin), decoded as UTF-8. A line that is not UTF-8, or damaged gzip data, is an error naming
-    the file and the line."""
-    number = 0
-    with open_input(path) as f:
-        lines = iter(f)
-        while True:
-            try:
-                raw = next(lines, None)
-            except (EOFError, OSError, ValueError) as exc:
-                raise read_failure(exc, path, number) from None
-            if raw is None:
-                return
-            number += 1
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
-                                        hint=hint) from None
-            yield number, text.rstrip("\r\n")
+    """(line number, text without its line end) for each line of a text input: see :class:`TextLines`."""
+    return iter(TextLines(path, hint))
 
 
 def file_identity(path: PathLike) -> dict:
-    """What tells one version of a file from another without reading it: its absolute path, size
-    and modification time."""
+    """The one identity of an input file: ``{"path", "size", "mtime_ns", "sha256"}``.
+
+    Two identities are the same input when they hold the same bytes (:func:`identity_change`): the
+    size decides first; when the sizes match and the modification times do not (``touch``, a copy,
+    the same file at another path), the SHA-256 of the bytes decides. The path is there to be
+    read by people, never compared. The SHA-256 is ``None`` until it is needed: a record that is
+    written (a resume record, a signature, a cache's description) holds it
+    (:func:`hash_identities`), and a file whose size and time still match its record's takes its
+    hash from the record instead of being read again. A pipe or a device, which reading would
+    consume, is known by its path, size and time alone."""
     stat = os.stat(path)
-    return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    identity = {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {**identity, "sha256": None} if S_ISREG(stat.st_mode) else identity
+
+
+def is_file_identity(value: Any) -> bool:
+    """Whether ``value`` is a :func:`file_identity` (as recorded: a mapping with its keys)."""
+    return isinstance(value, Mapping) and {"size", "mtime_ns", "sha256"} <= value.keys()
+
+
+def identity_sha256(identity: dict) -> str:
+    """The SHA-256 of the file ``identity`` describes, read (once) if it is not known yet."""
+    if identity.get("sha256") is None:
+        identity["sha256"] = file_sha256(identity["path"])
+    return identity["sha256"]
+
+
+def identity_change(saved: Mapping[str, Any], current: dict) -> Optional[Tuple[str, Any, Any]]:
+    """None when the file ``current`` identifies holds the bytes ``saved`` recorded; else what
+    differs, as ``(key, saved value, current value)``: its ``size``, or its ``sha256`` (same size,
+    other bytes). The file is hashed only when the sizes match and the times do not; when both
+    match, ``current`` takes the recorded hash."""
+    if saved.get("size") != current.get("size"):
+        return "size", saved.get("size"), current.get("size")
+    if saved.get("mtime_ns") == current.get("mtime_ns") and current.get("sha256") is None:
+        current["sha256"] = saved.get("sha256")
+        return None
+    digest = identity_sha256(current)
+    return None if digest == saved.get("sha256") else ("sha256", saved.get("sha256"), digest)
+
+
+def hash_identities(value: Any) -> Any:
+    """Fill in the SHA-256 of every :func:`file_identity` inside ``value`` (nested mappings and
+    lists) that lacks one, before ``value`` is written as a record; returns ``value``."""
+    if is_file_identity(value) and isinstance(value, dict):
+        identity_sha256(value)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            hash_identities(item)
+    elif isinstance(value, list):
+        for item in value:
+            hash_identities(item)
+    return value
 
 
 def content_identity(path: PathLike) -> dict:

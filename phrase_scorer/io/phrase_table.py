@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, ReadProgress, open_input, read_failure
+from phrase_scorer.io.files import PathLike, ReadProgress, line_text, open_input, read_failure
 
 FIELD_SEPARATOR = "|||"
 BOM = "\ufeff"
@@ -41,8 +41,8 @@ def split_words(phrase: str) -> List[str]:
 class TableLine:
     """One line of a phrase table.
 
-    ``raw`` is the line's bytes without its final newline and ``eol`` that newline (``b""`` on a
-    last line without one), so ``raw + eol`` is exactly what was read.
+    ``raw`` is the line's bytes without its line end and ``eol`` that line end (``b"\\n"``,
+    ``b"\\r\\n"``, or ``b""`` on a last line without one), so ``raw + eol`` is exactly what was read.
     """
 
     line_number: int
@@ -149,10 +149,8 @@ class PhraseTableReader(ReadProgress):
             raise self.error("the file is empty", hint="expected a Moses phrase table")
 
     def parse(self, data: bytes, number: int) -> TableLine:
-        if data.endswith(b"\n"):
-            raw, eol = data[:-1], b"\n"
-        else:
-            raw, eol = data, b""
+        raw = line_text(data)  # a CRLF line's CR is part of its line end, not of its last field's word
+        eol = data[len(raw):]
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

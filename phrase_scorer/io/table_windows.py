@@ -127,7 +127,7 @@ class ParsedWindow:
 
     first_line: int
     lines: List[bytes]  # each line without its newline
-    eols: List[bytes]  # b"\n", or b"" for a last line without one
+    eols: List[bytes]  # b"\n", b"\r\n" (read line by line), or b"" for a last line without one
     fields: List[List[bytes]]  # each line split on ``|||``
     source_words: List[List[bytes]]
     target_words: List[List[bytes]]

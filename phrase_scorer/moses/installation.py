@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.files import PathLike, text_lines
 
 log = logging.getLogger(__name__)
 
@@ -92,23 +92,9 @@ def parse_mert_progress(line: str) -> Optional[Dict[str, float]]:
 
 
 def read_lines(path: PathLike) -> List[str]:
-    """Lines of a plain or gzip text file, without their newlines."""
-    import gzip
-
-    try:
-        with open(path, "rb") as raw:
-            data = raw.read()
-    except FileNotFoundError:
-        raise PhraseScorerError("no such file", path=path) from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise PhraseScorerError(f"cannot gunzip ({exc})", path=path) from None
-    try:
-        return data.decode("utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise PhraseScorerError(f"not UTF-8 text at byte {exc.start + 1}", path=path) from None
+    """Lines of a plain or gzip text file, without their line ends (:func:`~phrase_scorer.io.files.text_lines`:
+    only ``\\n`` ends a line, as Moses reads it, and a ``\\r`` before it is dropped)."""
+    return [text for _, text in text_lines(path)]
 
 
 def write_lines(path: PathLike, lines: Sequence[str]) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from phrase_scorer import __version__
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import (
-    STDIO, AtomicOutput, PathLike, file_identity, file_sha256, part_path, write_text_atomically,
+    STDIO, AtomicOutput, PathLike, file_identity, file_sha256, hash_identities, part_path, write_text_atomically,
 )
 from phrase_scorer.io.outputs import refuse_existing, writes_directly
 from phrase_scorer.records import refuse_changed
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 
 def input_identity(path: PathLike) -> Dict[str, Any]:
+    """An input as settings record it: by its bytes (:func:`~phrase_scorer.io.files.file_identity`),
+    so that a copy, a touched file or the same file at another path resumes; stdin by its name."""
     return {"path": STDIO} if os.fspath(path) == STDIO else file_identity(path)
 
 
@@ -91,6 +93,8 @@ def start_resumable(source: PathLike, output: str, settings: Dict[str, Any], res
         log.info("%s exists and will be replaced when the new output is complete", output)
     if record is None and progress_path is not None and progress_path.exists():
         progress_path.unlink()
+    if progress_path is not None:  # the resume record will name the inputs by their hash
+        hash_identities(settings)
     return done_lines, done_bytes, progress_path
 
 
@@ -114,6 +118,8 @@ def make_signature(tool: str, settings: Mapping[str, Any], *, output: Optional[s
     ``content``, the file holding the output's finished bytes (``OUT.part`` before the rename),
     adds their size and SHA-256 (``output_size``, ``output_sha256``), by which a reader tells
     whether the signature still describes OUT (:func:`signature_describes`)."""
+    if output is not None and not writes_directly(output):  # a signature written beside a file
+        hash_identities(settings)
     record: Dict[str, Any] = {"tool": tool, **settings}
     if output is not None:
         record["output"] = os.path.abspath(output) if output != STDIO else STDIO

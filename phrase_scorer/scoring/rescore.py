@@ -50,8 +50,7 @@ from phrase_scorer.io.files import (
     PathLike,
     gzip_member,
     is_gzip_name,
-    open_input,
-    read_failure,
+    text_lines,
 )
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
 from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order, moses_rounded
@@ -173,26 +172,20 @@ class SourceSentences:
     def __init__(self, path: PathLike, nbest: PathLike) -> None:
         self.path = path
         self.nbest = nbest
-        self._input = open_input(path)
-        self._lines = iter(self._input)
+        self._lines = text_lines(path, hint="give the source sentences as UTF-8 text, one per line")
         self.lines_read = 0
 
     def words(self, sentence_id: int, nbest_line: int) -> List[str]:
         """The words of source line ``sentence_id + 1``; ids must increase from call to call."""
-        data = None
+        text = None
         while self.lines_read <= sentence_id:
-            data = self._next()
-            if data is None:
+            text = self._next()
+            if text is None:
                 raise PhraseScorerError(
                     f"sentence id {sentence_id} needs source line {sentence_id + 1}, but {self._name()} has only "
                     f"{self.lines_read} lines", path=self.nbest, line=nbest_line,
                     hint="give the source sentences the n-best list was decoded from, one per line")
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=self.path,
-                                    line=self.lines_read) from None
-        return split_words(text[:-1] if text.endswith("\n") else text)
+        return split_words(text)
 
     def check_all_read(self, last_id: int) -> None:
         """The source must not have lines beyond the n-best list's last sentence."""
@@ -202,20 +195,18 @@ class SourceSentences:
                 path=self.path, line=self.lines_read,
                 hint="give the source sentences the n-best list was decoded from, one per line")
 
-    def _next(self) -> Optional[bytes]:
-        try:
-            data = next(self._lines, None)
-        except (EOFError, OSError, ValueError) as exc:
-            raise read_failure(exc, self.path, self.lines_read) from None
-        if data is not None:
-            self.lines_read += 1
-        return data
+    def _next(self) -> Optional[str]:
+        line = next(self._lines, None)
+        if line is None:
+            return None
+        self.lines_read = line[0]
+        return line[1]
 
     def _name(self) -> str:
         return "<stdin>" if os.fspath(self.path) == STDIO else os.fspath(self.path)
 
     def close(self) -> None:
-        self._input.close()
+        self._lines.close()
 
 
 @dataclass
