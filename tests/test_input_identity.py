@@ -20,7 +20,7 @@ from conftest import EXAMPLE_TABLE, TRAIN_EN, TRAIN_FR, kill, start_halted
 from phrase_scorer.config import TrainConfig
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.records import refuse_changed
-from phrase_scorer.train import train
+from phrase_scorer.training.run import train
 
 WINDOW = 250
 
@@ -232,7 +232,7 @@ def test_train_cli_resumes_on_a_corpus_copied_to_another_path(tmp_path):
 def test_the_resume_record_of_rescore_and_translate_knows_a_source_by_its_bytes(tmp_path):
     """``rescore`` and ``translate --moses --reranker`` record their inputs as start_resumable
     does: a copied source resumes, a same-size change is refused naming source.sha256."""
-    from phrase_scorer.resumable import ChunkWriter, input_identity, resumable_output, start_resumable
+    from phrase_scorer.runtime.resumable import ChunkWriter, input_identity, resumable_output, start_resumable
 
     source = tmp_path / "src.txt"
     source.write_text("a man\nthe dog\n")
