@@ -14,7 +14,10 @@ current compares that record with the settings it would use now, here:
 * :func:`reuse_or_clear` -- an experiment step's outputs are reused when their record matches,
   else removed so that the step runs afresh; :class:`Step` -- that rule and the writing of the
   record, the one protocol of every step of the experiments;
-* :func:`as_recorded` -- a value as its JSON record reads back (tuples as lists).
+* :func:`as_recorded` -- a value as its JSON record reads back (tuples as lists);
+* :class:`Signature` -- the record written beside a finished output (``OUT.json``) by
+  ``annotate``, ``rescore``, ``rerank`` and ``translate --moses``, built, written and read here
+  only; :class:`SignedModel` -- a model as a signature names it.
 """
 
 from __future__ import annotations
@@ -23,13 +26,17 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from phrase_scorer import __version__
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import (
-    STDIO, PathLike, hash_identities, identity_change, is_file_identity, part_path, write_text_atomically,
+    STDIO, PathLike, file_sha256, hash_identities, identity_change, is_file_identity, part_path, write_text_atomically,
 )
+from phrase_scorer.io.outputs import writes_directly
 
 log = logging.getLogger(__name__)
 
@@ -100,17 +107,21 @@ def refuse_changed(saved: Mapping[str, Any], current: Mapping[str, Any], *, path
                             path=path, hint=hint)
 
 
-def finished(output: PathLike, settings: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+def finished(output: PathLike, settings: Mapping[str, Any]) -> Optional["Signature"]:
     """The signature ``OUTPUT.json`` of ``output`` if the output is finished (it exists, and its
     signature names it) and was made with ``settings`` (each of them recorded with the same
-    value), else None."""
+    value), else None. A damaged signature is no signature: the output is made again."""
     output = os.fspath(output)
     if output == STDIO or not os.path.isfile(output):
         return None
-    signature = read_record(output + ".json")
-    if not isinstance(signature, dict) or signature.get("output") != os.path.abspath(output):
+    try:
+        signature = Signature.read(output)
+    except PhraseScorerError:
         return None
-    if not all(same(signature.get(key), value) for key, value in settings.items()):
+    if signature is None or signature.output != os.path.abspath(output):
+        return None
+    recorded = {**signature.fields, "package_version": signature.package_version}
+    if not all(same(recorded.get(key), value) for key, value in settings.items()):
         return None
     return signature
 
@@ -204,3 +215,169 @@ def show_change(old: Any, new: Any, limit: int = 80, context: int = 24) -> str:
         return ("..." if start else "") + text[start:end] + ("..." if len(text) > end else "")
 
     return f"{cut(a)} -> {cut(b)} (they differ from character {first + 1})"
+
+
+# --- signatures ------------------------------------------------------------------------------------
+
+SIGNATURE_VERSION = 1  # written as ``signature_version``; a signature without it was written before it
+
+
+@dataclass
+class SignedModel:
+    """A model as a signature names it: its directory, the SHA-256 of its weights and its
+    config; for a rescoring feature also the feature's name, whether it reads target to source
+    (``reverse``) and the ensemble it belongs to."""
+
+    directory: str
+    weights_sha256: str
+    config: Dict[str, Any]
+    name: Optional[str] = None
+    reverse: Optional[bool] = None
+    ensemble: Optional[bool] = None  # a rescoring feature: one model of an ensemble
+
+    @classmethod
+    def of(cls, loaded: Any, **feature: Any) -> "SignedModel":
+        """The record of a loaded model (:class:`~phrase_scorer.model_dir.LoadedModel`)."""
+        return cls(os.path.abspath(loaded.directory), loaded.weights_sha256, loaded.config.to_dict(), **feature)
+
+    def to_json(self) -> Dict[str, Any]:
+        feature = {"name": self.name, "reverse": self.reverse, "ensemble": self.ensemble} if self.name else {}
+        return {**feature, "directory": self.directory, "weights_sha256": self.weights_sha256, "config": self.config}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, path: PathLike) -> "SignedModel":
+        if not isinstance(data, dict):
+            raise _damaged(path, f"{where} is not an object")
+        for key, kind in (("directory", str), ("weights_sha256", str), ("config", dict)):
+            if not isinstance(data.get(key), kind):
+                raise _damaged(path, f"{where}.{key} is missing or not a {'string' if kind is str else 'object'}")
+        name = data.get("name")
+        if name is not None and (not isinstance(name, str) or not isinstance(data.get("reverse"), bool)):
+            raise _damaged(path, f"{where} names a feature without a string name and a true/false reverse")
+        ensemble = data.get("ensemble")
+        if ensemble is not None and not isinstance(ensemble, bool):
+            raise _damaged(path, f"{where}.ensemble is not true or false")
+        return cls(data["directory"], data["weights_sha256"], data["config"], name, data.get("reverse"), ensemble)
+
+
+@dataclass
+class Signature:
+    """What made an output and what it holds, written beside it as ``OUT.json``: the command
+    (``tool``), ``fields`` (the settings that make its bytes -- inputs by identity, models by the
+    SHA-256 of their weights, every option that moves a byte -- and what its values are: columns,
+    features, value format; each tool its own keys, at the top level of the file), the output,
+    its line count, its size and SHA-256 (:meth:`describes`), the package version and when it
+    finished. ``version`` is the file's schema (``signature_version``)."""
+
+    tool: str
+    fields: Dict[str, Any]
+    output: Optional[str] = None
+    lines: Optional[int] = None
+    output_size: Optional[int] = None
+    output_sha256: Optional[str] = None
+    package_version: str = __version__
+    finished: Optional[str] = None
+    version: int = SIGNATURE_VERSION
+
+    OWN = ("signature_version", "tool", "output", "lines", "output_size", "output_sha256", "package_version",
+           "finished")
+
+    @classmethod
+    def build(cls, tool: str, settings: Mapping[str, Any], *, output: Optional[str] = None,
+              lines: Optional[int] = None, content: Optional[PathLike] = None, **described: Any) -> "Signature":
+        """The signature of an output finished now. ``settings``: what made it (their file
+        identities get their SHA-256 when the signature goes beside a file); ``content``: the file
+        holding the output's finished bytes (``OUT.part`` before the rename), whose size and
+        SHA-256 are recorded; ``described``: what its values are."""
+        if output is not None and not writes_directly(output):  # a signature written beside a file
+            hash_identities(settings)
+        fields = {k: v for k, v in {**settings, **described}.items() if k not in cls.OWN}
+        return cls(tool, as_recorded(fields),
+                   output=None if output is None else (os.path.abspath(output) if output != STDIO else STDIO),
+                   lines=lines,
+                   output_size=None if content is None else os.path.getsize(content),
+                   output_sha256=None if content is None else file_sha256(content),
+                   package_version=settings.get("package_version", __version__),
+                   finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+    def to_json(self) -> Dict[str, Any]:
+        record: Dict[str, Any] = {"signature_version": self.version, "tool": self.tool, **self.fields}
+        for key in ("output", "lines", "output_size", "output_sha256"):
+            if getattr(self, key) is not None:
+                record[key] = getattr(self, key)
+        record.update(package_version=self.package_version, finished=self.finished)
+        return record
+
+    @classmethod
+    def from_json(cls, data: Any, path: PathLike) -> "Signature":
+        """The signature ``data`` (parsed from ``path``) holds, its own keys checked."""
+        if not isinstance(data, dict) or not isinstance(data.get("tool"), str):
+            raise _damaged(path, "not a phrase-scorer signature (no tool)")
+        version = data.get("signature_version", 0)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise _damaged(path, f"signature_version {version!r} is not a version number")
+        if version > SIGNATURE_VERSION:
+            raise PhraseScorerError(f"written by a newer phrase-scorer (signature version {version}; this one reads "
+                                    f"up to {SIGNATURE_VERSION})", path=path, hint="use that version, or make the "
+                                    "output again with this one")
+        for key, kind in (("output", str), ("lines", int), ("output_size", int), ("output_sha256", str),
+                          ("package_version", str), ("finished", str)):
+            value = data.get(key)
+            if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+                raise _damaged(path, f"{key} is {json.dumps(value)[:40]}, not a {kind.__name__}")
+        return cls(data["tool"], {k: v for k, v in data.items() if k not in cls.OWN}, data.get("output"),
+                   data.get("lines"), data.get("output_size"), data.get("output_sha256"),
+                   data.get("package_version", ""), data.get("finished"), version)
+
+    @classmethod
+    def read(cls, output: PathLike) -> Optional["Signature"]:
+        """The signature of ``output`` (``OUTPUT.json``); None when there is none. One that cannot
+        be read as a signature is an error naming it."""
+        path = os.fspath(output) + ".json"
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise _damaged(path, f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise _damaged(path, "is not JSON") from None
+        return cls.from_json(data, path)
+
+    def write(self, output: PathLike) -> None:
+        """``OUTPUT.json``, written atomically."""
+        write_text_atomically(os.fspath(output) + ".json", json.dumps(self.to_json(), indent=2) + "\n")
+
+    def describes(self, output: PathLike) -> Optional[bool]:
+        """Whether this signature describes the bytes of ``output`` now: their size first, then,
+        when it matches, their SHA-256. None for a signature that records neither (written
+        before signatures did): the caller decides what to trust."""
+        if self.output_size is None and self.output_sha256 is None:
+            return None
+        if os.path.getsize(output) != self.output_size:
+            return False
+        return file_sha256(output) == self.output_sha256
+
+    def model(self) -> SignedModel:
+        """The one model of an annotated table (``model``)."""
+        return SignedModel.from_json(self.fields.get("model"), "model", self._path())
+
+    def models(self) -> List[SignedModel]:
+        """The models of a rescored list (``models``), one per model, an ensemble's in order."""
+        models = self.fields.get("models")
+        if not isinstance(models, list):
+            raise _damaged(self._path(), "models is not a list")
+        return [SignedModel.from_json(m, f"models[{i}]", self._path()) for i, m in enumerate(models)]
+
+    def _path(self) -> str:
+        return f"{self.output}.json" if self.output else "the signature"
+
+
+def _damaged(path: PathLike, problem: str) -> PhraseScorerError:
+    return PhraseScorerError(f"the signature is damaged: {problem}", path=path,
+                             hint="make the output again (its signature is written with it)")

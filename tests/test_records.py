@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.records import changed, describe_difference, differences, finished, refuse_changed
+from phrase_scorer.records import (
+    SIGNATURE_VERSION, Signature, SignedModel, changed, describe_difference, differences, finished, refuse_changed,
+)
 
 SAVED = {"input": {"path": "t.gz", "size": 10}, "options": {"window_lines": 20000}, "gone": 1}
 NOW = {"input": {"path": "t.gz", "size": 11}, "options": {"window_lines": 20000}, "new": 2}
@@ -34,14 +37,37 @@ def test_refuse_changed_names_every_difference_in_one_line():
 
 def test_finished_needs_the_output_its_signature_naming_it_and_the_same_settings(tmp_path):
     out = tmp_path / "o.gz"
-    signature = {**SAVED, "output": str(out), "lines": 3}
     assert finished(out, SAVED) is None  # no output
     out.write_bytes(b"x")
     assert finished(out, SAVED) is None  # no signature
-    (tmp_path / "o.gz.json").write_text(json.dumps(signature))
-    assert finished(out, SAVED) == signature
+    Signature.build("phrase-scorer annotate", SAVED, output=str(out), lines=3).write(out)
+    found = finished(out, SAVED)
+    assert found is not None and found.lines == 3 and found.output == str(out)
     assert finished(out, NOW) is None
-    (tmp_path / "o.gz.json").write_text(json.dumps({**signature, "output": str(tmp_path / "other.gz")}))
+    Signature.build("phrase-scorer annotate", SAVED, output=str(tmp_path / "other.gz"), lines=3).write(out)
     assert finished(out, SAVED) is None
     (tmp_path / "o.gz.json").write_text("{ damaged")
     assert finished(out, SAVED) is None
+
+
+def test_a_signature_reads_back_as_written_and_refuses_damage_naming_the_key(tmp_path):
+    out = tmp_path / "list.txt"
+    out.write_text("0 ||| a ||| F= 1 ||| -1\n")
+    model = SignedModel("/m", "ab" * 32, {"arch": "rnnsearch"}, name="RNN0", reverse=False, ensemble=False)
+    written = Signature.build("phrase-scorer rescore", {"models": [model.to_json()], "options": {"normalize": True}},
+                              output=str(out), lines=1, content=out, features=["RNN0"])
+    written.write(out)
+    read = Signature.read(out)
+    assert read == written and read.version == SIGNATURE_VERSION
+    assert read.models() == [model] and read.get("features") == ["RNN0"]
+    assert read.describes(out) is True
+    out.write_text("0 ||| b ||| F= 1 ||| -1\n")  # the same size, other bytes
+    assert read.describes(out) is False
+    data = json.loads((tmp_path / "list.txt.json").read_text())
+    for damage, key in [({"lines": "3"}, "lines"), ({"models": [{"directory": 1}]}, "models[0].directory"),
+                        ({"signature_version": SIGNATURE_VERSION + 1}, "newer")]:
+        (tmp_path / "list.txt.json").write_text(json.dumps({**data, **damage}))
+        with pytest.raises(PhraseScorerError, match=re.escape(key)) as caught:
+            Signature.read(out).models()
+        assert caught.value.path == str(tmp_path / "list.txt.json")
+    assert Signature.read(tmp_path / "none.txt") is None

@@ -16,12 +16,12 @@ import heapq
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.phrase_table import PhraseTableReader, TableLine
+from phrase_scorer.records import Signature
 
 DIRECT_PROBABILITY_COLUMN = 2  # p(e|f) in the four columns train-model.perl writes
 
@@ -66,18 +66,16 @@ def source_count(line: TableLine) -> Optional[float]:
 
 def model_column(table: PathLike, weights_sha256: str) -> Optional[int]:
     """Index of the model's p(y|x) column if ``table`` was annotated with these weights."""
-    signature = Path(str(table) + ".json")
-    if not signature.exists():
-        return None
     try:
-        data = json.loads(signature.read_text())
-    except ValueError:
+        signature = Signature.read(table)
+        if signature is None or signature.model().weights_sha256 != weights_sha256:
+            return None
+    except PhraseScorerError:  # a damaged signature: the column is not known to be the model's
         return None
-    if data.get("model", {}).get("weights_sha256") != weights_sha256 or "prob" not in data.get("columns", []):
+    columns, options = signature.get("columns", []), signature.get("options", {})
+    if "prob" not in columns or options.get("length_normalize"):
         return None
-    if data.get("options", {}).get("length_normalize"):
-        return None
-    return int(data["num_scores_before"]) + data["columns"].index("prob")
+    return int(signature.get("num_scores_before")) + columns.index("prob")
 
 
 def groups(table: PathLike, options: CompareOptions, annotated_column: Optional[int]) -> Iterator[_Group]:

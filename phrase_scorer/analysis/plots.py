@@ -19,6 +19,7 @@ import numpy as np
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.phrase_table import PhraseTableReader
+from phrase_scorer.records import Signature
 
 INSTALL_HINT = "pip install 'phrase-scorer[plots]'"
 
@@ -62,13 +63,12 @@ class ScoreStats:
 
 
 def annotated_model_column(table: PathLike) -> Optional[int]:
-    signature = Path(str(table) + ".json")
-    if not signature.exists():
-        return None
     try:
-        data = json.loads(signature.read_text())
-        return int(data["num_scores_before"]) + list(data["columns"]).index("prob")
-    except (ValueError, KeyError, TypeError):
+        signature = Signature.read(table)
+        if signature is None:
+            return None
+        return int(signature.get("num_scores_before")) + list(signature.get("columns")).index("prob")
+    except (PhraseScorerError, ValueError, TypeError):  # damaged, or no p(y|x) column
         return None
 
 

@@ -59,7 +59,7 @@ from phrase_scorer.moses.tune import tune, with_absolute_paths
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.experiments.report import closing_lines, mean_sd, p_values, table, two_decimals, write_report
 from phrase_scorer.experiments.statistics import paired_bootstrap_p
-from phrase_scorer.records import Step, changed, read_record
+from phrase_scorer.records import Signature, Step, as_recorded, changed, read_record
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +111,18 @@ def stale_annotation(table: Path, original: str, model_dir: PathLike) -> List[st
     """Why the annotated ``table`` does not come from ``original`` and this model (empty: it does)."""
     from phrase_scorer.config import AnnotateOptions
 
-    signature = read_record(str(table) + ".json") if table.exists() else None
+    try:
+        signature = Signature.read(table) if table.exists() else None
+        model = signature.model() if signature is not None else None
+    except PhraseScorerError:  # a damaged signature: annotated again
+        signature = None
     if signature is None:
         return ["no finished annotated table"]
     weights = Path(model_dir) / "model.pt"
     current = {"model weights": file_sha256(weights) if weights.exists() else None,
-               "input table": file_identity(original), "annotate options": json.loads(json.dumps(asdict(AnnotateOptions())))}
-    recorded = {"model weights": signature.get("model", {}).get("weights_sha256"),
-                "input table": signature.get("input"), "annotate options": signature.get("options")}
+               "input table": file_identity(original), "annotate options": as_recorded(asdict(AnnotateOptions()))}
+    recorded = {"model weights": model.weights_sha256, "input table": signature.get("input"),
+                "annotate options": signature.get("options")}
     return changed(recorded, current)
 
 
@@ -232,20 +236,20 @@ RUN_INPUTS = "inputs.json"
 def system_inputs(system_ini_path: PathLike, table: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike],
                   options: ExperimentOptions) -> Dict[str, object]:
     """What every tuning run of a system depends on: its files, read (and hashed) once per system."""
-    return json.loads(json.dumps({
+    return as_recorded({
         "system ini sha256": file_sha256(system_ini_path),
         "phrase table": content_identity(table),  # a table annotated again into the same bytes keeps the runs
         "dev": [content_identity(p) for p in dev],
         "test": [content_identity(p) for p in test],
         "test decoded with": "the tuning's decoder flags",
         "scoring options": {"references": options.references, "lang": options.lang},
-    }))
+    })
 
 
 def run_inputs(system: Dict[str, object], tune_options: TuneOptions) -> Dict[str, object]:
     """What a tuning run's results depend on, as recorded in ``run-<seed>/inputs.json``: its
     system's inputs (:func:`system_inputs`) and its tuning options."""
-    return {**system, "tuning options": json.loads(json.dumps(asdict(tune_options)))}
+    return {**system, "tuning options": as_recorded(asdict(tune_options))}
 
 
 def run_step(run_dir: Path, inputs: Dict[str, object]) -> Step:
@@ -340,15 +344,12 @@ def markdown(report: ExperimentReport, moses_ini, dev, test, tables, model_dir, 
         )
     signatures = {"BLEU": next((r.bleu_signature for r in report.runs), ""),
                   "chrF": next((r.chrf_signature for r in report.runs), "")}
-    annotate_signature = {}
-    sig_path = Path(str(tables["rnn+wp"]) + ".json")
-    if sig_path.exists():
-        annotate_signature = json.loads(sig_path.read_text())
+    annotate_signature = Signature.read(tables["rnn+wp"])
     model_line = ""
-    if annotate_signature:
-        model = annotate_signature.get("model", {})
-        model_line = (f"- model: `{model.get('directory', model_dir)}`, weights sha256 `{model.get('weights_sha256', '?')[:16]}…`, "
-                      f"network {json.dumps(model.get('config', {}))}\n")
+    if annotate_signature is not None:
+        model = annotate_signature.model()
+        model_line = (f"- model: `{model.directory}`, weights sha256 `{model.weights_sha256[:16]}…`, "
+                      f"network {json.dumps(model.config)}\n")
     return (
         systems + "\n\n"
         f"Mean ± standard deviation over {options.runs} tuning runs per system (optimiser seeds 1–{options.runs}). "

@@ -18,7 +18,6 @@ output line, so line k of the output always translates line k of the input.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -38,8 +37,9 @@ from phrase_scorer.moses.reranker import Reranker
 from phrase_scorer.moses.weights import apply_weights
 from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.runtime.progress import step_bar
+from phrase_scorer.records import Signature, as_recorded
 from phrase_scorer.runtime.resumable import (
-    ChunkWriter, finish_resumable, input_identity, make_signature, resumable_output, start_resumable,
+    ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable,
 )
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     for m in models:
         inputs += model_files(m.loaded.directory)
     program = moses.decoder(decoder)
-    settings = json.loads(json.dumps({
+    settings = as_recorded({
         "source": input_identity(source),
         "moses.ini sha256": file_sha256(ini),
         "decoder": os.fspath(program),
@@ -163,7 +163,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
         "scoring": asdict(scoring_options),
         "chunk_sentences": chunk_sentences,
         "package_version": __version__,
-    }))
+    })
     started = time.monotonic()
     chunks = 0
     phase_seconds: Dict[str, float] = {}
@@ -183,9 +183,9 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
                     log.info("translated %d sentences", writer.lines_done)
             if writer.lines_done == 0:
                 raise PhraseScorerError("the source is empty", path=source)
-            record = make_signature("phrase-scorer translate --moses --reranker", settings, output=output,
-                               lines=writer.lines_done, **{"moses.ini": os.path.abspath(ini),
-                                                           "reranker": os.path.abspath(reranker)})
+            record = Signature.build("phrase-scorer translate --moses --reranker", settings, output=output,
+                                     lines=writer.lines_done, **{"moses.ini": os.path.abspath(ini),
+                                                                 "reranker": os.path.abspath(reranker)})
             out.commit()
         finish_resumable(output, progress_path, record)
         shutil.rmtree(work, ignore_errors=True)

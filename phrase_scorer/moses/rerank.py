@@ -26,7 +26,7 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import STDIO, PathLike
 from phrase_scorer.moses.installation import MosesInstallation
 from phrase_scorer.moses.tune import fresh_directory
-from phrase_scorer.runtime.resumable import make_signature, write_signature
+from phrase_scorer.records import Signature
 from phrase_scorer.moses.optimisers import OptimiserRun, learn_weights, mert_programs
 from phrase_scorer.moses.reranker import Reranker, rescored_models
 from phrase_scorer.moses.weights import apply_weights
@@ -78,13 +78,12 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
         start_from=learned.start_from, start_dev_bleu=learned.start_dev_bleu, dev_bleu=learned.best.dev_bleu,
         best_seed=learned.best.seed, runs=learned.runs, working_dir=os.fspath(work),
     )
-    write_signature(output, make_signature(
-        "phrase-scorer rerank",
-        Reranker(learned.weights, tuple(options.ignore_features), dev_models,
-                 nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags).to_json(),
-        dev={"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
-        test={"nbest": os.path.abspath(test_nbest)}, options=asdict(options),
-        bleu="Moses' BleuScorer on the dev list (x 100)", **result.to_dict()))
+    tuned = Reranker(learned.weights, tuple(options.ignore_features), dev_models,
+                     nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags)
+    Signature.build("phrase-scorer rerank", tuned.to_json(), output=output,
+                    dev={"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
+                    test={"nbest": os.path.abspath(test_nbest)}, options=asdict(options),
+                    bleu="Moses' BleuScorer on the dev list (x 100)", **result.to_dict()).write(output)
     log.info("test 1-best: %s (%d sentences); weights of seed %d, dev BLEU %.2f (start %.2f), in %s.json",
              output, sentences, result.best_seed, result.dev_bleu, result.start_dev_bleu, output)
     return result

@@ -23,7 +23,7 @@ from phrase_scorer.io.nbest import (
     Layout,
     describe_layout,
 )
-from phrase_scorer.runtime.resumable import signature_describes
+from phrase_scorer.records import Signature
 from phrase_scorer.moses.weights import Weights, apply_weights
 
 log = logging.getLogger(__name__)
@@ -37,57 +37,53 @@ RERANKER_VERSION = 1
 
 
 
-def rescore_signature(nbest: PathLike) -> Optional[dict]:
+def rescore_signature(nbest: PathLike) -> Optional[Signature]:
     """The signature ``rescore`` wrote beside ``nbest`` (``NBEST.json``), checked to describe the
-    list as it is now (:func:`~phrase_scorer.runtime.resumable.signature_describes`: its size, then its
+    list as it is now (:meth:`~phrase_scorer.records.Signature.describes`: its size, then its
     SHA-256); None when the list has no rescore signature (a list made otherwise). A signature
     of other bytes (the list was rewritten since, by another command or another rescore) is
-    refused: its models are not those of this list's features."""
-    signature = Path(os.fspath(nbest) + ".json")
-    try:
-        data = json.loads(signature.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    refused: its models are not those of this list's features; so is a damaged one."""
+    signature = Signature.read(nbest)
+    if signature is None or signature.tool != "phrase-scorer rescore":
         return None
-    if not isinstance(data, dict) or data.get("tool") != "phrase-scorer rescore":
-        return None
-    current = signature_describes(nbest, data)
+    current = signature.describes(nbest)
     if current is False:
-        raise PhraseScorerError(f"{signature} does not describe this list any more: the list was rewritten since "
-                                "rescore signed it, so the models behind its features are unknown", path=nbest,
-                                hint="rescore the list again with the models the reranker was tuned with")
+        raise PhraseScorerError(f"{os.fspath(nbest)}.json does not describe this list any more: the list was "
+                                "rewritten since rescore signed it, so the models behind its features are unknown",
+                                path=nbest, hint="rescore the list again with the models the reranker was tuned with")
     if current is None:
         # Written before signatures recorded the list's size and SHA-256: accepted, as a list
         # without any signature is (refusing it would only teach deleting NBEST.json), with a
         # warning that it cannot be checked against the list.
-        log.warning("%s predates signatures that record their list's size and SHA-256: cannot check that it still "
-                    "describes %s (rescore the list again to make it checkable)", signature, os.fspath(nbest))
-    return data
-
+        log.warning("%s.json predates signatures that record their list's size and SHA-256: cannot check that it "
+                    "still describes %s (rescore the list again to make it checkable)", os.fspath(nbest),
+                    os.fspath(nbest))
+    return signature
 
 
 def rescored_models(nbest: PathLike) -> Dict[str, dict]:
     """The models behind the features ``rescore`` added to ``nbest``, read from its signature
-    (:func:`rescore_signature`): feature name -> directory, weights_sha256, reverse, normalize (for an
-    ensemble, directory and weights_sha256 list its models). Empty when the list has no such
-    signature (a list made otherwise)."""
-    data = rescore_signature(nbest)
-    if data is None:
+    (:func:`rescore_signature`, :meth:`~phrase_scorer.records.Signature.models`): feature name ->
+    directory, weights_sha256, reverse, normalize (for an ensemble, directory and weights_sha256
+    list its models). Empty when the list has no such signature (a list made otherwise)."""
+    signature = rescore_signature(nbest)
+    if signature is None:
         return {}
-    try:
-        normalize = bool(data.get("options", {}).get("normalize", False))
-        found: Dict[str, dict] = {}
-        for m in data["models"]:
-            if m["name"] in found:  # another model of an ensemble
-                for key in ("directory", "weights_sha256"):
-                    before = found[m["name"]][key]
-                    found[m["name"]][key] = (before if isinstance(before, list) else [before]) + [m[key]]
-            else:
-                found[m["name"]] = {"directory": m["directory"], "weights_sha256": m["weights_sha256"],
-                                    "reverse": bool(m["reverse"]), "normalize": normalize}
-        return found
-    except (AttributeError, KeyError, TypeError):
-        return {}
-
+    options = signature.get("options", {})
+    normalize = bool(options.get("normalize", False)) if isinstance(options, dict) else False
+    found: Dict[str, dict] = {}
+    for m in signature.models():
+        if m.name is None:
+            raise PhraseScorerError("the signature is damaged: a model without its feature name",
+                                    path=f"{os.fspath(nbest)}.json", hint="rescore the list again")
+        if m.name in found:  # another model of an ensemble
+            for key in ("directory", "weights_sha256"):
+                before = found[m.name][key]
+                found[m.name][key] = (before if isinstance(before, list) else [before]) + [getattr(m, key)]
+        else:
+            found[m.name] = {"directory": m.directory, "weights_sha256": m.weights_sha256,
+                             "reverse": bool(m.reverse), "normalize": normalize}
+    return found
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Iterator
 
 import torch
 
-from phrase_scorer.config import PRECISIONS, TRAIN_PRECISIONS
+from phrase_scorer.config import TRAIN_PRECISIONS
 from phrase_scorer.errors import PhraseScorerError
 
 log = logging.getLogger(__name__)

@@ -21,17 +21,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from phrase_scorer import __version__
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import (
-    STDIO, AtomicOutput, PathLike, file_identity, file_sha256, hash_identities, part_path, write_text_atomically,
+    STDIO, AtomicOutput, PathLike, file_identity, hash_identities, part_path, write_text_atomically,
 )
 from phrase_scorer.io.outputs import refuse_existing, writes_directly
-from phrase_scorer.records import refuse_changed
+from phrase_scorer.records import Signature, refuse_changed
 
 log = logging.getLogger(__name__)
 
@@ -110,52 +108,11 @@ def resumable_output(output: str, done_bytes: int, progress_path: Optional[Path]
     return out
 
 
-def make_signature(tool: str, settings: Mapping[str, Any], *, output: Optional[str] = None, lines: Optional[int] = None,
-              content: Optional[PathLike] = None, **described: Any) -> Dict[str, Any]:
-    """The record of what made an output, written beside it as OUT.json: the command, its settings
-    (inputs by identity, models by the SHA-256 of their weights, every option that moves a byte),
-    the output and its line count, what its values are, the package version and when it finished.
-    ``content``, the file holding the output's finished bytes (``OUT.part`` before the rename),
-    adds their size and SHA-256 (``output_size``, ``output_sha256``), by which a reader tells
-    whether the signature still describes OUT (:func:`signature_describes`)."""
-    if output is not None and not writes_directly(output):  # a signature written beside a file
-        hash_identities(settings)
-    record: Dict[str, Any] = {"tool": tool, **settings}
-    if output is not None:
-        record["output"] = os.path.abspath(output) if output != STDIO else STDIO
-    if lines is not None:
-        record["lines"] = lines
-    if content is not None:
-        record["output_size"] = os.path.getsize(content)
-        record["output_sha256"] = file_sha256(content)
-    record.update(described)
-    record.setdefault("package_version", __version__)
-    record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return record
-
-
-def signature_describes(output: PathLike, record: Mapping[str, Any]) -> Optional[bool]:
-    """Whether the signature ``record`` describes the bytes of ``output`` now: their size first,
-    then, when it matches, their SHA-256. None for a signature that records neither (written
-    before signatures did): the caller decides what to trust."""
-    size, digest = record.get("output_size"), record.get("output_sha256")
-    if size is None and digest is None:
-        return None
-    if os.path.getsize(output) != size:
-        return False
-    return file_sha256(output) == digest
-
-
-def write_signature(output: str, record: Mapping[str, Any]) -> None:
-    """OUT.json, written atomically."""
-    write_text_atomically(output + ".json", json.dumps(record, indent=2) + "\n")
-
-
-def finish_resumable(output: str, progress_path: Optional[Path], record: Dict[str, Any]) -> None:
+def finish_resumable(output: str, progress_path: Optional[Path], signature: Signature) -> None:
     """After the output is committed: drop the resume record and write the signature, OUT.json."""
     if progress_path is not None:
         progress_path.unlink(missing_ok=True)
-        write_signature(output, record)
+        signature.write(output)
 
 
 def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Optional[Tuple[int, int]]:

@@ -31,7 +31,6 @@ an output already finished by the same command does nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -58,10 +57,10 @@ from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_f
 from phrase_scorer.runtime.workers import Pipeline, WorkerPool
 from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_count
 from phrase_scorer.runtime.progress import progress_bar
-from phrase_scorer.records import describe_difference, finished
+from phrase_scorer.records import Signature, SignedModel, as_recorded, describe_difference, finished
 from phrase_scorer.runtime.resumable import (
-    ChunkWriter, finish_resumable, input_identity, keep_or_remove_partial, make_signature, resumable_output,
-    start_resumable, write_signature,
+    ChunkWriter, finish_resumable, input_identity, keep_or_remove_partial, resumable_output,
+    start_resumable,
 )
 
 log = logging.getLogger(__name__)
@@ -93,14 +92,13 @@ def annotation_settings(table: PathLike, output: PathLike, loaded, options: Anno
     compress = os.fspath(output) != STDIO and is_gzip_name(output)
     settings = {
         "input": input_identity(table),
-        "model": {"directory": os.path.abspath(loaded.directory), "weights_sha256": loaded.weights_sha256,
-                  "config": loaded.config.to_dict()},
+        "model": SignedModel.of(loaded).to_json(),
         "options": asdict(options),
         "scoring": scoring,  # device and precision: a resumed run must not mix them
         "gzip": GZIP_LIBRARY if compress else False,
         "package_version": __version__,
     }
-    return json.loads(json.dumps(settings))  # as JSON reads them back (tuples -> lists)
+    return as_recorded(settings)
 
 
 def finished_annotation(table: PathLike, output: PathLike, loaded, options: AnnotateOptions,
@@ -199,17 +197,17 @@ class AnnotateJob:
             log.info("%s is already finished (its signature matches this command): nothing to do", output)
         return done
 
-    def signature(self, output: str, lines: int, num_scores: Optional[int], **extra) -> Dict[str, Any]:
-        return make_signature("phrase-scorer annotate", self.settings, output=output, lines=lines,
-                         columns=list(self.options.columns), column_values=column_encoding(self.options),
-                         num_scores_before=num_scores, num_scores_after=(num_scores or 0) + len(self.options.columns),
-                         **extra)
+    def signature(self, output: str, lines: int, num_scores: Optional[int], **extra) -> Signature:
+        return Signature.build("phrase-scorer annotate", self.settings, output=output, lines=lines,
+                               columns=list(self.options.columns), column_values=column_encoding(self.options),
+                               num_scores_before=num_scores,
+                               num_scores_after=(num_scores or 0) + len(self.options.columns), **extra)
 
     def result_of(self, output: str, seconds: float = 0.0, already_finished: bool = False) -> AnnotateResult:
-        signature = json.loads(Path(output + ".json").read_text())
-        return AnnotateResult(output=output, lines=signature["lines"], num_scores_before=signature["num_scores_before"],
-                              num_scores_after=signature["num_scores_after"], signature=signature, seconds=seconds,
-                              already_finished=already_finished)
+        signature = Signature.read(output)
+        return AnnotateResult(output=output, lines=signature.lines, num_scores_before=signature.get("num_scores_before"),
+                              num_scores_after=signature.get("num_scores_after"), signature=signature.to_json(),
+                              seconds=seconds, already_finished=already_finished)
 
     def run(self, output: str, *, resume: bool = False, overwrite: bool = False,
             lines: Optional[Tuple[int, int]] = None, settings: Optional[Dict[str, Any]] = None) -> AnnotateResult:
@@ -237,15 +235,15 @@ class AnnotateJob:
                     raise PhraseScorerError("the phrase table is empty", path=self.table)
                 signature = self.signature(output, total_lines, num_scores)
                 if "shard" in settings:
-                    signature["shard"] = settings["shard"]
+                    signature.fields["shard"] = settings["shard"]
                 out.commit()
             finish_resumable(output, progress_path, signature)
         return AnnotateResult(
             output=output,
             lines=total_lines,
-            num_scores_before=signature["num_scores_before"],
-            num_scores_after=signature["num_scores_after"],
-            signature=signature,
+            num_scores_before=signature.get("num_scores_before"),
+            num_scores_after=signature.get("num_scores_after"),
+            signature=signature.to_json(),
             seconds=time.monotonic() - started,
         )
 
@@ -362,9 +360,9 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
 def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
     """Concatenate the shard files into ``output`` (atomically), write its signature, remove
     the shards."""
-    signatures = [json.loads(Path(p + ".json").read_text()) for p in parts]
-    lines = sum(s["lines"] for s in signatures)
-    counts = [(s["num_scores_before"], s["shard"]["lines"][0] + 1) for s in signatures if s["lines"]]
+    signatures = [Signature.read(p) for p in parts]
+    lines = sum(s.lines for s in signatures)
+    counts = [(s.get("num_scores_before"), s.get("shard")["lines"][0] + 1) for s in signatures if s.lines]
     num_scores = counts[0][0] if counts else None
     for count, first_line in counts:
         if count != num_scores:
@@ -379,7 +377,7 @@ def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
             raise PhraseScorerError("the phrase table is empty", path=job.table)
         signature = job.signature(output, lines, num_scores, ranks=len(parts))
         out.commit()
-    write_signature(output, signature)
+    signature.write(output)
     remove_shards(parts)
 
 

@@ -29,7 +29,6 @@ source file has line k + 1 for sentence id k, and exactly as many lines as the l
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -57,8 +56,9 @@ from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order
 from phrase_scorer.runtime.workers import Pipeline
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.runtime.progress import progress_bar
+from phrase_scorer.records import Signature, SignedModel, as_recorded
 from phrase_scorer.runtime.resumable import (
-    ChunkWriter, finish_resumable, input_identity, make_signature, resumable_output, start_resumable,
+    ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable,
 )
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,8 @@ class FeatureModel:
     ensemble: bool = False
 
     def describe(self) -> Dict[str, Any]:
-        return {"name": self.name, "reverse": self.reverse, "ensemble": self.ensemble,
-                "directory": os.path.abspath(self.loaded.directory), "weights_sha256": self.loaded.weights_sha256,
-                "config": self.loaded.config.to_dict()}
+        """The model as the signature names it (:class:`~phrase_scorer.records.SignedModel`)."""
+        return SignedModel.of(self.loaded, name=self.name, reverse=self.reverse, ensemble=self.ensemble).to_json()
 
 
 def feature_names(models: Sequence[FeatureModel]) -> List[str]:
@@ -260,7 +259,7 @@ def rescore(
         "gzip": GZIP_LIBRARY if compress else False,  # another library writes other bytes
         "package_version": __version__,
     }
-    settings = json.loads(json.dumps(settings))  # as the resume record will hold it
+    settings = as_recorded(settings)  # as the resume record will hold it
     started = time.monotonic()
     with check_output(output, inputs, overwrite=overwrite, resume=resume, companions=RESUMABLE_COMPANIONS):
         done_lines, done_bytes, progress_path = start_resumable(nbest, output, settings, resume, overwrite=overwrite)
@@ -294,7 +293,7 @@ def rescore(
             if total_lines == 0:
                 raise PhraseScorerError("the n-best list is empty", path=nbest)
             out.flush()  # the signature records the bytes' size and SHA-256
-            record = make_signature(
+            record = Signature.build(
                 "phrase-scorer rescore", settings, output=output, lines=total_lines, content=out.tmp_path,
                 features=names,
                 value="log p per predicted token (words + </s>)" if options.normalize else "log p (natural log)",
@@ -303,7 +302,7 @@ def rescore(
         finish_resumable(output, progress_path, record)
     log.info("rescored %d lines with %s", total_lines, ", ".join(names))
     return RescoreResult(output=output, lines=total_lines, sentences=counts["sentences"], features=names,
-                         signature=record, seconds=time.monotonic() - started,
+                         signature=record.to_json(), seconds=time.monotonic() - started,
                          stats=[scorer.stats for scorer in scorers])
 
 
