@@ -27,8 +27,13 @@ REPORT = ROOT / "docs" / "reliability.md"
 INTRO = """# Reliability
 
 What phrase-scorer is tested against, and what it lost. The tests are in
-[`tests/test_reliability.py`](../tests/test_reliability.py) and
-[`tests/test_outputs.py`](../tests/test_outputs.py) (with the phrase-table cases of
+[`tests/test_reliability.py`](../tests/test_reliability.py),
+[`tests/test_outputs.py`](../tests/test_outputs.py),
+[`tests/test_writer_locks.py`](../tests/test_writer_locks.py),
+[`tests/test_reranker_file.py`](../tests/test_reranker_file.py),
+[`tests/test_model_files.py`](../tests/test_model_files.py),
+[`tests/test_input_identity.py`](../tests/test_input_identity.py) and
+[`tests/test_line_endings.py`](../tests/test_line_endings.py) (with the phrase-table cases of
 `tests/test_phrase_table.py` and `tests/test_cli.py`); they run in the default suite with
 bounded effort, and `make test-fuzz` runs the fuzz properties with many more cases.
 `python tools/reliability_report.py [--fuzz]` reruns them and rewrites this page.
@@ -37,7 +42,10 @@ What each kind of test checks:
 
 - **Fuzzing** (hypothesis): generated phrase tables (random fields, separators, line ends,
   invalid UTF-8, BOMs, NULs, `nan`/`inf`/`-1`/`1e-400` scores, empty phrases, `|||` inside
-  phrases, plain and gzip), moses.ini files and n-best lists, plus raw random bytes. Each input
+  phrases, plain and gzip), moses.ini files, n-best lists and reranker files (random keys and
+  types, NaN, infinities, strings, `null`, wrong counts), plus raw random bytes; and damaged
+  model directories (config.json values of the wrong type or size, vocabularies truncated,
+  swapped or garbled, weights truncated, garbled or with one bit flipped). Each input
   either parses, and then the parsed lines are exactly the input and valid by Moses' rules, or
   raises the project's error naming the file (and line). The command line, given the same
   tables, exits 0 or 1 with one `phrase-scorer: error:` line and never a traceback. Given the
@@ -96,6 +104,39 @@ What each kind of test checks:
      gzip names the last complete line read, not a window boundary; `moses-ini` on an ini already
      patched for the table says so; a full disk on standard output names `<stdout>`; `--resume`
      of a finished output says it is finished instead of printing a rate.
+- **Nothing lost, round three** (one test or more per case, each failing on the code before it):
+  10. Every command that writes a file takes the output's lock where its output is checked
+      (`phrase_scorer/io/outputs.py`, `check_output`): a second `score`, `translate -m` (and
+      every other writer) aimed at an output another run is writing is refused in one line, and
+      the first run's output ends as it would alone (`tests/test_writer_locks.py`).
+  11. A file `NAME.json` kept where a signature goes (a tuned reranker, say) is replaced by
+      `annotate`, `rescore`, `translate --moses` only with `--overwrite`.
+  12. The reranker file is read through one schema (`moses/reranker.py`, `RerankerFile`):
+      a weight that is NaN, infinite, `1e400`, a string or `null`, per-feature counts that add up
+      but do not match the layout, `"models": null`, an empty layout: one line naming the file
+      and the key. A NaN feature in an n-best list is refused naming the list and line; sums
+      that are -inf or undefined never drop a sentence or blank its line (the first hypothesis,
+      Moses' own 1-best, wins ties). An n-best line with a tab is refused.
+  13. `rescore` signs its list's size and SHA-256; a list rewritten since (by another model) is
+      refused by `rerank --weights` and `translate --moses --reranker` instead of reranked.
+  14. Every text input is read by one line reader that strips `\r\n` (`io/files.py`,
+      `TextLines`): `rescore --source`, `score`, references, corpora and sources with CRLF line
+      ends give what their LF twins give.
+  15. An input file is known by its bytes (`io/files.py`, `file_identity`): size, then the SHA-256
+      when the size matches and the time does not. `--resume` of `train`, `annotate` and
+      `translate` goes on after a `touch`, a copy, or the same file at another path; a changed
+      byte is refused. A resume refusal names each changed setting and shows the two values from
+      where they differ.
+  16. config.json records the vocabularies' SHA-256 and every load checks them: vocabularies
+      swapped for another model's of the same size are refused. Sizes in a hand-edited
+      config.json (negative, string, fractional, boolean, absurdly large) are refused naming the
+      key; a weights file whose zip CRC-32s do not match is refused.
+  17. A failed `train` leaves no folder a re-run takes for a model (config.json comes with the
+      first checkpoint); `--valid-pairs 0` trains, keeping the weights of the lowest training
+      NLL; `--max-time 0` is refused; a rank of `train --processes 2` killed by SIGKILL ends the
+      job with one line naming the rank and the `--resume` command.
+  18. `compare` with no source phrase to show says so in one line instead of printing a blank
+      line.
 """
 
 
@@ -108,7 +149,9 @@ def main() -> None:
         env = {**os.environ, "PHRASE_SCORER_RELIABILITY_LOG": str(log)}
         marker = "fuzz or not fuzz" if args.fuzz else "not fuzz"
         start = time.monotonic()
-        tests = ["tests/test_reliability.py", "tests/test_outputs.py", "tests/test_writer_locks.py"]
+        tests = ["tests/test_reliability.py", "tests/test_outputs.py", "tests/test_writer_locks.py",
+                 "tests/test_reranker_file.py", "tests/test_model_files.py", "tests/test_input_identity.py",
+                 "tests/test_line_endings.py"]
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, *tests],
                               cwd=ROOT, env=env, capture_output=True, text=True)
         minutes = (time.monotonic() - start) / 60
