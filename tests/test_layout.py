@@ -153,3 +153,12 @@ def test_every_import_of_the_package_names_a_module_that_exists():
                 if parent not in sources:
                     missing.append(f"{name} imports {module}")
     assert not missing, "\n".join(missing)
+
+
+def test_no_module_imports_itself_through_others_not_even_inside_a_function():
+    imports = all_imports()
+    sources = {name: {m for m in imported if m in imports} for name, imported in imports.items()}
+    for start in sources:
+        for first in sources[start] - {start}:
+            assert start not in reachable(first, sources) - {first} or first == start, (
+                f"{start} imports {first}, which leads back to {start}")

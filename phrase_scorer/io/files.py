@@ -27,13 +27,13 @@ import gzip
 import io
 import os
 import sys
+import stat
 from stat import S_ISREG
 import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.outputs import writes_directly
 
 try:  # ISA-L: the fast gzip (see the module docstring)
     from isal import igzip as fast_gzip
@@ -52,6 +52,23 @@ PathLike = Union[str, os.PathLike]
 
 GZIP_MAGIC = b"\x1f\x8b"
 STDIO = "-"
+
+
+def _stat(path: PathLike) -> Optional[os.stat_result]:
+    try:
+        return os.stat(path)
+    except (OSError, ValueError):
+        return None
+
+
+def writes_directly(path: PathLike) -> bool:
+    """True for ``-`` and for an existing character device or FIFO: written in place, since
+    renaming a finished file over them would replace the device (or pipe) itself."""
+    if os.fspath(path) == STDIO:
+        return True
+    info = _stat(path)
+    return info is not None and (stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode))
+
 
 
 class CountingReader(io.RawIOBase):

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Iterable, Optional, Sequence, Tuple, Union
+from typing import Iterable, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import STDIO, OutputLock, PathLike, _stat, writes_directly
 from phrase_scorer.io.model_layout import MODEL_FILES, RECENT_WEIGHTS
 
-PathLike = Union[str, os.PathLike]
-STDIO = "-"
+__all__ = ["check_output", "model_files", "refuse_existing", "same_file", "writes_directly"]
 
 # What the writers put beside OUT (see phrase_scorer.io.files): the file written before the
 # rename, the resume record, the signature and the lock.
@@ -44,22 +44,6 @@ ATOMIC_COMPANIONS = (".part",)
 
 # An input as (what it is, its path): ("the phrase table", "pt.gz").
 Input = Tuple[str, Optional[PathLike]]
-
-
-def _stat(path: PathLike) -> Optional[os.stat_result]:
-    try:
-        return os.stat(path)
-    except (OSError, ValueError):
-        return None
-
-
-def writes_directly(path: PathLike) -> bool:
-    """True for ``-`` and for an existing character device or FIFO: written in place, since
-    renaming a finished file over them would replace the device (or pipe) itself."""
-    if os.fspath(path) == STDIO:
-        return True
-    info = _stat(path)
-    return info is not None and (stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode))
 
 
 def same_file(a: PathLike, b: PathLike) -> bool:
@@ -92,8 +76,6 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
     ``lock=False`` checks without claiming: only for a process that does not write the output
     itself (the ranks of a torchrun job other than the main one, whose output the main rank writes).
     """
-    from phrase_scorer.io.files import OutputLock
-
     output = os.fspath(output)
     if regular_only and writes_directly(output):
         raise PhraseScorerError(f"{what} must be a regular file (files are written beside it)", path=display(output),
