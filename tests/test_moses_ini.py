@@ -573,14 +573,18 @@ def test_cli_does_not_import_torch(tmp_path):
 def test_an_annotated_table_is_explained_for_moses_or_patched_into_its_ini(tmp_path):
     """What annotate says after writing a table: the change to make by hand (with the moses-ini
     command that makes it), or, with --ini, the patched moses.ini itself."""
+    from phrase_scorer.cli.group import flag
+    from phrase_scorer.errors import renderer
     from phrase_scorer.moses.ini_patch import moses_for_new_columns
 
     table = tmp_path / "table.rnn.gz"
-    advice = moses_for_new_columns(str(table), 4, 6, ("prob", "unk"))
+    with renderer(flag):  # as annotate shows it
+        advice = moses_for_new_columns(str(table), 4, 6, ("prob", "unk"))
+        one = moses_for_new_columns(str(table), 4, 5, ("prob",))
     assert f"num-features=6 path={table}" in advice and "<the 4 current weights> 0.2 -0.2" in advice
     assert f"moses-ini MOSES_INI --phrase-table {table} -o NEW_INI" in advice  # the default columns need no options
-    one = moses_for_new_columns(str(table), 4, 5, ("prob",))
     assert "--add-features 1 --initial-weights 0.2 -o NEW_INI" in one
+    assert "add_features=1 initial_weights=0.2 output=NEW_INI" in moses_for_new_columns(str(table), 4, 5, ("prob",))
     assert "path=TABLE" in moses_for_new_columns("-", 4, 6, ("prob", "unk"))  # written to stdout: no path to name
     with gzip.open(table, "wt", encoding="utf-8") as f:  # the annotated table, as annotate leaves it
         f.write("a man ||| un homme ||| 0.5 0.4 0.5 0.4 0.3 1 ||| 0-0 1-1 ||| 2 2 2\n")
