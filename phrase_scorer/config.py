@@ -290,7 +290,7 @@ class TrainConfig:
         for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS), ("loss", self.loss, LOSSES),
                                      ("init", self.init, INITS), ("valid_metric", self.valid_metric, VALID_METRICS)):
             if value is not None and value not in allowed:
-                raise PhraseScorerError(f"--{name.replace('_', '-')} takes one of {', '.join(allowed)}, got {value!r}")
+                raise PhraseScorerError(f"{setting(name)} takes one of {', '.join(allowed)}, got {value!r}")
 
     def resolved(self, corpus: bool = False) -> "TrainConfig":
         """Every None setting filled in: the recipe's values, and the validation metric of the

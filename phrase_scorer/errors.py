@@ -71,7 +71,8 @@ class PhraseScorerError(Exception):
     """A problem with the user's input or environment that the user can fix.
 
     ``path`` and ``line`` (1-based) locate the problem when it comes from a file; ``hint`` says
-    what to do about it.
+    what to do about it. ``message`` and ``hint`` read rendered (:func:`render`); ``raw_message``
+    and ``raw_hint`` keep the :func:`setting` markers, for the process that shows the error.
     """
 
     def __init__(
@@ -82,14 +83,22 @@ class PhraseScorerError(Exception):
         line: Optional[int] = None,
         hint: Optional[str] = None,
     ) -> None:
-        self.message = message
+        self.raw_message = message
         self.path = None if path is None else os.fspath(path)
         self.line = line
-        self.hint = hint
+        self.raw_hint = hint
         super().__init__(str(self))
 
-    def __reduce__(self):  # keep path, line and hint across processes (worker pools)
-        return _rebuild, (self.message, self.path, self.line, self.hint)
+    @property
+    def message(self) -> str:
+        return render(self.raw_message)
+
+    @property
+    def hint(self) -> Optional[str]:
+        return None if self.raw_hint is None else render(self.raw_hint)
+
+    def __reduce__(self):  # keep path, line, hint and the settings' markers across processes (worker pools)
+        return _rebuild, (self.raw_message, self.path, self.line, self.raw_hint)
 
     def __str__(self) -> str:
         where = ""
@@ -98,9 +107,9 @@ class PhraseScorerError(Exception):
             if self.line is not None:
                 where += f" line {self.line}"
             where += ": "
-        text = where + self.message
-        if self.hint:
-            text += f" ({self.hint})"
+        text = where + self.raw_message
+        if self.raw_hint:
+            text += f" ({self.raw_hint})"
         return render(text)
 
 

@@ -295,7 +295,7 @@ def test_output_may_not_replace_the_input(tmp_path, six_score_table):
     out = tmp_path / "patched.ini"
     patch_moses_ini(ini, out, phrase_table=six_score_table)
     assert MosesIni.read(out).find_phrase_table().get("num-features") == "6"
-    with pytest.raises(PhraseScorerError, match="already exists.*--overwrite"):
+    with pytest.raises(PhraseScorerError, match="already exists.*overwrite=True"):
         patch_moses_ini(ini, out, phrase_table=six_score_table)
     patch_moses_ini(ini, out, phrase_table=six_score_table, overwrite=True)
 
@@ -310,7 +310,7 @@ def test_refuses_a_table_with_too_few_scores_and_names_it(tmp_path):
     error = caught.value
     assert error.path == str(A_MAN_TABLE)
     assert "has 4 scores per line" in error.message and "would be 6" in error.message
-    assert "--add-features 0" in error.hint
+    assert "add_features=0" in error.hint
     assert str(A_MAN_TABLE) in str(error)
     assert not out.exists() and not (tmp_path / "patched.ini.part").exists()
 
@@ -319,7 +319,7 @@ def test_refuses_a_table_with_more_scores_and_says_how_many(tmp_path, six_score_
     with pytest.raises(PhraseScorerError) as caught:
         patch_moses_ini(INI, tmp_path / "o.ini", phrase_table=six_score_table, add_features=1)
     assert "has 6 scores per line" in caught.value.message and "would be 5" in caught.value.message
-    assert "--add-features 2" in caught.value.hint
+    assert "add_features=2" in caught.value.hint
 
 
 def test_accepts_matching_tables(tmp_path, six_score_table):
