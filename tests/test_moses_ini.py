@@ -593,3 +593,20 @@ def test_an_annotated_table_is_explained_for_moses_or_patched_into_its_ini(tmp_p
     assert said.startswith(f"patched moses.ini written to {out}: ") and "num-features=6" in said
     text = out.read_text()
     assert f"path={table}" in text and "num-features=6" in text
+
+
+def test_the_ini_patched_for_an_annotated_table_replaces_an_existing_one_only_when_the_caller_says_so(tmp_path):
+    """moses_for_new_columns takes its caller's overwrite decision: an existing moses.ini at
+    ini_output is kept and refused by default, replaced with overwrite=True."""
+    from phrase_scorer.moses.ini_patch import moses_for_new_columns
+
+    table = tmp_path / "table.rnn.gz"
+    with gzip.open(table, "wt", encoding="utf-8") as f:
+        f.write("a man ||| un homme ||| 0.5 0.4 0.5 0.4 0.3 1 ||| 0-0 1-1 ||| 2 2 2\n")
+    out = tmp_path / "moses.rnn.ini"
+    out.write_text("kept\n", encoding="utf-8")
+    with pytest.raises(PhraseScorerError, match="already exists.*overwrite=True"):
+        moses_for_new_columns(str(table), 4, 6, ("prob", "unk"), moses_ini=INI, ini_output=out)
+    assert out.read_text(encoding="utf-8") == "kept\n"
+    said = moses_for_new_columns(str(table), 4, 6, ("prob", "unk"), moses_ini=INI, ini_output=out, overwrite=True)
+    assert said.startswith(f"patched moses.ini written to {out}: ") and "num-features=6" in out.read_text()
