@@ -292,7 +292,8 @@ def test_a_failure_that_can_be_resumed_keeps_the_part_and_says_so(tmp_path, load
     monkeypatch.setattr(files.AtomicOutput, "write", write)
     with pytest.raises(PhraseScorerError) as caught:
         annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300))
-    assert f"{out}.part is kept with the first 900 lines done: run the same command with resume=True" in str(caught.value)
+    kept = f"{out}.part is kept with the first 900 lines done: run the same command with resume=True"
+    assert kept in str(caught.value)
     assert Path(f"{out}.part").exists() and json.loads(Path(f"{out}.part.json").read_text())["lines_done"] == 900
     monkeypatch.setattr(files.AtomicOutput, "write", original)
     annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300), resume=True)

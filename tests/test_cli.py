@@ -151,7 +151,8 @@ def test_a_library_error_names_the_setting_in_python_and_the_flag_on_the_command
     with pytest.raises(PhraseScorerError) as raised:
         patch_moses_ini(DATA / "moses.ini", out, phrase_table=str(A_MAN_TABLE), add_features=0)
     said = str(raised.value)
-    assert said == f"{out}: the patched moses.ini already exists (pass overwrite=True to replace it, or choose another name)"
+    assert said == (f"{out}: the patched moses.ini already exists "
+                    "(pass overwrite=True to replace it, or choose another name)")
     line = one_error_line(run("moses-ini", DATA / "moses.ini", "--phrase-table", A_MAN_TABLE, "--add-features", 0,
                               "-o", out))
     assert line == f"phrase-scorer: error: {said}".replace("overwrite=True", "--overwrite")

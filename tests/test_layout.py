@@ -219,4 +219,5 @@ def test_the_flag_check_sees_a_flag_in_an_f_string_and_skips_docstrings(tmp_path
     module = tmp_path / "m.py"
     module.write_text('"""Give --overwrite."""\n\ndef f(n):\n    """--resume."""\n'
                       '    return f"pass --valid-pairs {n}", "-n-best-list", "--input-pt"\n', encoding="utf-8")
-    assert flags_in_string_literals(module, {"--overwrite", "--resume", "--valid-pairs", "-n"}) == [(5, "--valid-pairs")]
+    flags = {"--overwrite", "--resume", "--valid-pairs", "-n"}
+    assert flags_in_string_literals(module, flags) == [(5, "--valid-pairs")]

@@ -16,7 +16,6 @@ import pytest
 
 from conftest import SHARED, SHARED_SYSTEM
 from phrase_scorer.config import RescoreExperimentOptions
-from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.moses.evaluate import score
 from phrase_scorer.experiments.rescoring import (

@@ -248,7 +248,8 @@ def test_a_trained_model_is_not_overwritten(tmp_path):
     before = (out / "model.pt").stat().st_mtime_ns
     train(EXAMPLE_TABLE, out, TrainConfig(max_steps=5, **QUICK), overwrite=True)
     assert (out / "model.pt").stat().st_mtime_ns != before
-    with pytest.raises(PhraseScorerError, match="cannot resume: batch_size changed since the interrupted run \\(batch_size: 16 -> 32\\)"):
+    with pytest.raises(PhraseScorerError,
+                       match="cannot resume: batch_size changed since the interrupted run \\(batch_size: 16 -> 32\\)"):
         train(EXAMPLE_TABLE, out, TrainConfig(max_steps=10, **{**QUICK, "batch_size": 32}), resume=True,
               explicit={"batch_size", "max_steps"})
     other = tmp_path / "notes"

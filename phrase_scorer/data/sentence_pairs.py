@@ -169,7 +169,8 @@ class SentenceCorpus:
             "num_pairs": {},
         }
         existing = reuse_cache(Path(cache_dir), expected, keep_existing, self.source,
-                               hint=f"resume with the same corpus files, unchanged, and the same {setting('max_length')}, "
+                               hint="resume with the same corpus files, unchanged, and the same "
+                                    f"{setting('max_length')}, "
                                     "or start a new run")
         if existing is not None:
             return existing

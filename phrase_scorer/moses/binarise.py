@@ -71,7 +71,8 @@ def run_binarizer(feature_type: str, text_table: PathLike, output: PathLike, num
     """
     if not moses_home:
         raise PhraseScorerError("binarising needs the Moses programs",
-                                hint=f"set MOSES_HOME (or pass {setting('moses_home')}) to the Moses folder holding bin/")
+                                hint=f"set MOSES_HOME (or pass {setting('moses_home')}) "
+                                     "to the Moses folder holding bin/")
     final = binary_table_file(feature_type, output)
     if feature_type == "PhraseDictionaryCompact":
         build_arg = final[: -len(".minphr")] + ".part"

@@ -234,7 +234,8 @@ def patch_moses_ini(
         if binarize_from is not None and feature.type in TEXT_TABLE_TYPES:
             raise PhraseScorerError(
                 f"{feature.name} is a {feature.type}, which reads text tables: there is nothing to binarise",
-                path=ini.path, line=feature.line.number, hint=f"drop {setting('binarize_from')}, or declare a binary table type",
+                path=ini.path, line=feature.line.number,
+                hint=f"drop {setting('binarize_from')}, or declare a binary table type",
             )
         if check_table:
             check_table_scores(ini, feature, phrase_table if feature.type in TEXT_TABLE_TYPES else binarize_from,

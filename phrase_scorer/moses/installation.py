@@ -38,7 +38,8 @@ class MosesInstallation:
             )
         installation = cls(Path(value).resolve())
         if not installation.home.is_dir():
-            raise PhraseScorerError("Moses home is not a folder", path=value, hint=f"check {setting('moses_home')} / MOSES_HOME")
+            raise PhraseScorerError("Moses home is not a folder", path=value,
+                                    hint=f"check {setting('moses_home')} / MOSES_HOME")
         return installation
 
     @property
@@ -65,7 +66,8 @@ class MosesInstallation:
         folder = Path(mertdir).resolve() if mertdir else self.bin
         for name in MERT_PROGRAMS:
             require_program(folder / name, f"mert program {name}",
-                            f"build Moses' mert programs, or point {setting('mertdir')} or {setting('moses_home')} elsewhere")
+                            f"build Moses' mert programs, or point {setting('mertdir')} "
+                            f"or {setting('moses_home')} elsewhere")
         return folder
 
 

@@ -80,7 +80,8 @@ def start_resumable(source: PathLike, output: str, settings: Dict[str, Any], res
     record = None
     if resume:
         if to_stdout or os.fspath(source) == STDIO:
-            raise PhraseScorerError(f"{setting('resume')} needs named input and output files, not '-', a device or a pipe")
+            raise PhraseScorerError(f"{setting('resume')} needs named input and output files, "
+                                    "not '-', a device or a pipe")
         record = read_resume_record(progress_path, settings)
         if record is None:
             log.warning("nothing to resume for %s (no interrupted run left a record): starting afresh", output)
@@ -168,7 +169,8 @@ def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Optiona
         record = json.loads(progress_path.read_text())
         lines, size, saved = int(record["lines_done"]), int(record["bytes_done"]), record["settings"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise PhraseScorerError(f"resume record is damaged ({exc})", path=progress_path, hint=f"run again without {setting('resume')}") from None
+        raise PhraseScorerError(f"resume record is damaged ({exc})", path=progress_path,
+                                hint=f"run again without {setting('resume')}") from None
     refuse_changed(saved, settings, path=part, hint=f"run again without {setting('resume')}")
     if part.stat().st_size < size:
         raise PhraseScorerError("the partial output is shorter than its resume record says", path=part,

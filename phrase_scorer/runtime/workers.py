@@ -238,7 +238,8 @@ class WorkerPool:
                 if process is not None and not process.is_alive():
                     raise PhraseScorerError(
                         f"a worker process stopped unexpectedly (exit code {process.exitcode})",
-                        hint=f"out of memory? run again with {setting('resume', True)}, or with fewer {setting('workers')}",
+                        hint=f"out of memory? run again with {setting('resume', True)}, "
+                             f"or with fewer {setting('workers')}",
                     ) from None
         if status == "error":
             raise value

@@ -136,7 +136,8 @@ def check_ensembles(models: Sequence[FeatureModel]) -> None:
     for members in feature_members(models):
         group = [models[i] for i in members]
         if len(group) > 1 and not all(m.ensemble for m in group):
-            raise PhraseScorerError(f"feature name {group[0].name} is given twice", hint=f"give each model its own {setting('names')}")
+            raise PhraseScorerError(f"feature name {group[0].name} is given twice",
+                                    hint=f"give each model its own {setting('names')}")
         if len({m.reverse for m in group}) > 1:
             raise PhraseScorerError(f"ensemble {group[0].name} mixes forward and reverse models",
                                     hint="average models of one direction")
@@ -151,7 +152,8 @@ def check_feature_names(names: Sequence[str]) -> None:
     seen = set()
     for name in names:
         if name in seen:
-            raise PhraseScorerError(f"feature name {name} is given twice", hint=f"give each model its own {setting('names')}")
+            raise PhraseScorerError(f"feature name {name} is given twice",
+                                    hint=f"give each model its own {setting('names')}")
         seen.add(name)
 
 
@@ -238,7 +240,8 @@ def rescore(
     from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     if not models:
-        raise PhraseScorerError("no model given", hint=f"pass {setting('models', 'MODEL', short=True)} (and/or {setting('reverse_models', 'MODEL')})")
+        raise PhraseScorerError("no model given", hint=f"pass {setting('models', 'MODEL', short=True)} "
+                                                       f"(and/or {setting('reverse_models', 'MODEL')})")
     check_ensembles(models)
     names = feature_names(models)
     check_feature_names(names)
@@ -339,7 +342,8 @@ def read_windows(reader: NBestReader, sources: SourceSentences, models: Sequence
         taken = names.intersection(label for label, _ in entry.features)
         if taken:
             raise PhraseScorerError(f"the line already has a feature {sorted(taken)[0]}=", path=reader.path,
-                                    line=entry.line_number, hint=f"choose other names with {setting('names')}/{setting('reverse_names')}")
+                                    line=entry.line_number,
+                                    hint=f"choose other names with {setting('names')}/{setting('reverse_names')}")
         lines.append(entry)
         sentence_words.append(words)
     if lines and not flush():

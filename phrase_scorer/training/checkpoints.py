@@ -48,7 +48,8 @@ def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> Trai
         known = {f.name for f in fields(TrainState)}
         return TrainState(**{k: v for k, v in checkpoint["state"].items() if k in known})
     except (KeyError, TypeError, ValueError) as exc:
-        raise PhraseScorerError(f"checkpoint is damaged ({exc})", path=path, hint=f"start again with {setting('overwrite', True)}") from None
+        raise PhraseScorerError(f"checkpoint is damaged ({exc})", path=path,
+                                hint=f"start again with {setting('overwrite', True)}") from None
 
 
 def save_checkpoint(directory: ModelDirectory, model, optimizer, scaler, state: TrainState) -> None:

@@ -353,7 +353,8 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     if distributed.world().is_main and not directory.file(BEST_WEIGHTS).exists():  # never a "model" without weights
         raise PhraseScorerError(f"training stopped ({loop.state.stop_reason}) without weights to keep: no validation "
                                 "gave a finite NLL", path=directory.file(BEST_WEIGHTS),
-                                hint=f"lower {setting('lr')}, or raise the stopping limits and resume with {setting('resume', True)}")
+                                hint=f"lower {setting('lr')}, or raise the stopping limits and resume with "
+                                     f"{setting('resume', True)}")
     return loop.state
 
 
