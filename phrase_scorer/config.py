@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Dict, Optional, Tuple, Union
 
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, setting
 
 # The largest sizes a network config may ask for: far above the papers' networks (1000 units,
 # 30,000-word shortlists), low enough that a hand-edited config.json cannot ask for a network
@@ -290,7 +290,7 @@ class TrainConfig:
         for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS), ("loss", self.loss, LOSSES),
                                      ("init", self.init, INITS), ("valid_metric", self.valid_metric, VALID_METRICS)):
             if value is not None and value not in allowed:
-                raise PhraseScorerError(f"--{name.replace('_', '-')} takes one of {', '.join(allowed)}, got {value!r}")
+                raise PhraseScorerError(f"{setting(name)} takes one of {', '.join(allowed)}, got {value!r}")
 
     def resolved(self, corpus: bool = False) -> "TrainConfig":
         """Every None setting filled in: the recipe's values, and the validation metric of the
@@ -367,9 +367,10 @@ class AnnotateOptions:
     def __post_init__(self) -> None:
         bad = [c for c in self.columns if c not in COLUMNS]
         if bad or not self.columns or len(set(self.columns)) != len(self.columns):
-            raise PhraseScorerError(f"--columns takes a comma-separated subset of {','.join(COLUMNS)}, got {','.join(self.columns)}")
+            raise PhraseScorerError(f"{setting('columns')} takes a comma-separated subset of {','.join(COLUMNS)}, "
+                                    f"got {','.join(self.columns)}")
         if self.unk_side not in UNK_SIDES:
-            raise PhraseScorerError(f"--unk-side takes one of {', '.join(UNK_SIDES)}")
+            raise PhraseScorerError(f"{setting('unk_side')} takes one of {', '.join(UNK_SIDES)}")
 
 
 @dataclass(frozen=True)

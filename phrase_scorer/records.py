@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from phrase_scorer import __version__
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import (
     STDIO, PathLike, file_sha256, hash_identities, identity_change, is_file_identity, part_path, write_text_atomically,
 )
@@ -92,7 +92,7 @@ def describe_difference(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> s
 
 
 def refuse_changed(saved: Mapping[str, Any], current: Mapping[str, Any], *, path: Optional[PathLike] = None,
-                   hint: str = "run again without --resume", label: Callable[[str], str] = str) -> None:
+                   hint: str = f"run again without {setting('resume')}", label: Callable[[str], str] = str) -> None:
     """Raise a one-line :class:`PhraseScorerError` naming what changed, if anything did:
 
     ``cannot resume: NAME, ... changed since the interrupted run (NAME.KEY: SAVED -> NOW, ...)``,

@@ -110,7 +110,7 @@ def test_lines_that_cannot_be_plotted_are_refused(tmp_path, search_model):
     target.write_text("un homme .\nun chien .\nchien\n", encoding="utf-8")
     with pytest.raises(PhraseScorerError, match=r"src.txt line 2: is empty"):
         choose_pairs(source, target, lines=[2])
-    with pytest.raises(PhraseScorerError, match=r"src.txt line 3: has 40 words, more than --max-words 30"):
+    with pytest.raises(PhraseScorerError, match=r"src.txt line 3: has 40 words, more than max_words=30"):
         choose_pairs(source, target, lines=[3])
     assert [line for line, _, _ in choose_pairs(source, target, count=5)] == [1]  # the only pair that fits
     both = run("plot", "alignments", "-m", search_model, "--source", source, "--target", target, "-o",

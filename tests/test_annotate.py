@@ -115,7 +115,7 @@ def test_column_choices(tmp_path, loaded_tiny, tiny_model):
     normalized = columns(length_normalize=True)
     assert normalized[0][1] == pytest.approx(math.exp(scores[0] / 4), rel=1e-4)  # 3 words + </s>
     assert normalized[1][1] == pytest.approx(math.exp(scores[1] / 2), rel=1e-4)
-    with pytest.raises(PhraseScorerError, match="--columns"):
+    with pytest.raises(PhraseScorerError, match="columns takes"):
         AnnotateOptions(columns=("prob", "lm"))
 
 
@@ -292,7 +292,8 @@ def test_a_failure_that_can_be_resumed_keeps_the_part_and_says_so(tmp_path, load
     monkeypatch.setattr(files.AtomicOutput, "write", write)
     with pytest.raises(PhraseScorerError) as caught:
         annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300))
-    assert f"{out}.part is kept with the first 900 lines done: run the same command with --resume" in str(caught.value)
+    kept = f"{out}.part is kept with the first 900 lines done: run the same command with resume=True"
+    assert kept in str(caught.value)
     assert Path(f"{out}.part").exists() and json.loads(Path(f"{out}.part.json").read_text())["lines_done"] == 900
     monkeypatch.setattr(files.AtomicOutput, "write", original)
     annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300), resume=True)

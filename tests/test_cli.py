@@ -137,3 +137,62 @@ def test_the_command_line_makes_waiting_openmp_threads_sleep_unless_told_otherwi
                           check=True).stdout.strip() == "PASSIVE"
     assert subprocess.run([sys.executable, "-c", show], env={**env, "OMP_WAIT_POLICY": "ACTIVE"}, capture_output=True,
                           text=True, check=True).stdout.strip() == "ACTIVE"
+
+
+def test_a_library_error_names_the_setting_in_python_and_the_flag_on_the_command_line(tmp_path):
+    """A library message names a setting; a Python caller reads its Python name, the command
+    line's user the flag: the same refusal of an existing output (no overwrite) both ways."""
+    from conftest import A_MAN_TABLE, DATA
+    from phrase_scorer.errors import PhraseScorerError
+    from phrase_scorer.moses.ini_patch import patch_moses_ini
+
+    out = tmp_path / "moses.rnn.ini"
+    out.write_text("kept\n", encoding="utf-8")
+    with pytest.raises(PhraseScorerError) as raised:
+        patch_moses_ini(DATA / "moses.ini", out, phrase_table=str(A_MAN_TABLE), add_features=0)
+    said = str(raised.value)
+    assert said == (f"{out}: the patched moses.ini already exists "
+                    "(pass overwrite=True to replace it, or choose another name)")
+    line = one_error_line(run("moses-ini", DATA / "moses.ini", "--phrase-table", A_MAN_TABLE, "--add-features", 0,
+                              "-o", out))
+    assert line == f"phrase-scorer: error: {said}".replace("overwrite=True", "--overwrite")
+    assert out.read_text(encoding="utf-8") == "kept\n"
+
+
+def test_a_training_refusal_names_settings_with_values_both_ways(tmp_path):
+    """A setting given with its value: ``valid_metric=bleu`` in Python, ``--valid-metric bleu`` on
+    the command line."""
+    from conftest import A_MAN_TABLE
+    from phrase_scorer.config import TrainConfig
+    from phrase_scorer.errors import PhraseScorerError
+    from phrase_scorer.training.run import train
+
+    with pytest.raises(PhraseScorerError) as raised:
+        train(str(A_MAN_TABLE), tmp_path / "py", TrainConfig(valid_metric="bleu", preset="tiny"))
+    assert str(raised.value) == ("valid_metric=bleu needs sentence pairs (corpus); "
+                                 "a phrase table validates by nll")
+    line = one_error_line(run("train", A_MAN_TABLE, "-o", tmp_path / "cli", "--valid-metric", "bleu",
+                              "--preset", "tiny"))
+    assert line == ("phrase-scorer: error: --valid-metric bleu needs sentence pairs (--corpus); "
+                    "a phrase table validates by nll")
+
+
+def test_a_setting_survives_pickling_and_f_strings_and_never_shows_raw():
+    """An error raised in a worker process crosses to the main one pickled: the setting it names
+    is rendered where it is shown; a marker inside an f-string renders like one given alone."""
+    import pickle
+
+    from phrase_scorer.cli.group import flag
+    from phrase_scorer.errors import PhraseScorerError, render, renderer, setting
+
+    error = PhraseScorerError(f"{setting('resume')} needs named files", path="x",
+                              hint=f"run again with {setting('resume', True)}, or fewer {setting('workers')}")
+    assert str(error) == "x: resume needs named files (run again with resume=True, or fewer workers)"
+    with renderer(flag):
+        shown = str(pickle.loads(pickle.dumps(error)))
+    assert shown == "x: --resume needs named files (run again with --resume, or fewer --workers)"
+    assert str(pickle.loads(pickle.dumps(error))) == str(error)  # the renderer is the shower's, not the raiser's
+    with renderer(flag):
+        assert render(f"pass {setting('models', 'MODEL', short=True)}, {setting('tokenize', False)}, "
+                      f"{setting('valid_pairs', 0)}") == "pass -m MODEL, --no-tokenize, --valid-pairs 0"
+    assert "\x1e" not in render(f"broken \x1e{setting('lang')}") and render(setting("lang")) == "lang"

@@ -170,7 +170,8 @@ def test_resume_ends_in_the_same_state_and_refuses_other_data(tmp_path):
     with pytest.raises(PhraseScorerError,
                        match="cannot resume: source changed since the interrupted run \\(source.size: "):
         train(other, tmp_path / "parts", TrainConfig(max_steps=60, **settings), resume=True, explicit={"max_steps"})
-    with pytest.raises(PhraseScorerError, match="cannot resume: --max-length changed since the interrupted run \\(--max-length: 12 -> 30\\)"):
+    with pytest.raises(PhraseScorerError,
+                       match="cannot resume: max_length changed since the interrupted run \\(max_length: 12 -> 30\\)"):
         train(corpus, tmp_path / "parts", TrainConfig(max_steps=60, **{**settings, "max_length": 30}), resume=True,
               explicit={"max_steps", "max_length"})
     with pytest.raises(PhraseScorerError, match="interrupted run trained on a sentence corpus"):

@@ -3,6 +3,7 @@ inside a function; phrase_scorer.moses and phrase_scorer.io (the Moses drivers a
 never reach torch, so the Moses-side commands start at once and run where torch cannot be imported;
 the top of phrase_scorer/ holds only what every package shares."""
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,70 @@ def test_no_module_imports_itself_through_others_not_even_inside_a_function():
         for first in sources[start] - {start}:
             assert start not in reachable(first, sources) - {first} or first == start, (
                 f"{start} imports {first}, which leads back to {start}")
+
+
+#: Arguments of other programs (Moses', Python's) that are spelled like one of our flags, and the
+#: one recorded command name a signature file holds (changing it would change the records on disk).
+FOREIGN_FLAGS = {
+    "moses/tune.py": {"--working-dir", "--mertdir", "--decoder-flags", "--nbest", "--return-best-dev", "-r"},
+    "moses/optimisers.py": {"--threads", "-o", "-n", "-r"},  # mert, kbmira, extractor
+    "config.py": {"-v"},  # the decoder's default flags
+    "runtime/distributed.py": {"-m"},  # python -m phrase_scorer
+    "generation/reranked_translation.py": {"--moses", "--reranker"},  # the signature's "command"
+}
+FLAG = re.compile(r"(?<![\w-])-{1,2}[A-Za-z][\w-]*")
+
+
+def cli_flags() -> set:
+    """Every flag of every command of the command line, as its options declare them."""
+    import click
+
+    from phrase_scorer.cli import cli
+
+    flags, todo = set(), [cli]
+    while todo:
+        command = todo.pop()
+        flags.update(o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-"))
+        if isinstance(command, click.Group):
+            todo += command.commands.values()
+    return flags
+
+
+def flags_in_string_literals(path: Path, flags: set) -> list:
+    """(line, flag) of the command line's flags written in a string literal of ``path`` (docstrings aside)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found += [(node.lineno, flag) for flag in FLAG.findall(node.value) if flag in flags]
+    return found
+
+
+def test_the_library_names_settings_and_leaves_flag_spellings_to_the_command_line():
+    """A library message names a setting (phrase_scorer.errors.setting), which the command line
+    renders as its flag: no string outside cli/ spells one of the command line's flags."""
+    flags = cli_flags()
+    assert {"--overwrite", "--resume", "-m", "--valid-pairs", "--moses-home"} <= flags
+    spelled = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith("cli/"):
+            continue
+        allowed = FOREIGN_FLAGS.get(relative, set())
+        spelled += [f"{relative} line {line}: {flag}" for line, flag in flags_in_string_literals(path, flags)
+                    if flag not in allowed]
+    assert not spelled, "\n".join(spelled)
+
+
+def test_the_flag_check_sees_a_flag_in_an_f_string_and_skips_docstrings(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('"""Give --overwrite."""\n\ndef f(n):\n    """--resume."""\n'
+                      '    return f"pass --valid-pairs {n}", "-n-best-list", "--input-pt"\n', encoding="utf-8")
+    flags = {"--overwrite", "--resume", "--valid-pairs", "-n"}
+    assert flags_in_string_literals(module, flags) == [(5, "--valid-pairs")]

@@ -33,7 +33,7 @@ def test_finding_moses(tmp_path, monkeypatch):
     for name in ("extractor", "mert", "kbmira", "pro"):
         (mertdir / name).write_text("#!/bin/sh\n")
         (mertdir / name).chmod(0o755)
-    with pytest.raises(PhraseScorerError, match="mert program evaluator is missing.*--mertdir"):
+    with pytest.raises(PhraseScorerError, match="mert program evaluator is missing.*mertdir"):
         moses.check_mert(mertdir)
     (mertdir / "evaluator").write_text("#!/bin/sh\n")
     (mertdir / "evaluator").chmod(0o755)

@@ -295,7 +295,7 @@ def test_output_may_not_replace_the_input(tmp_path, six_score_table):
     out = tmp_path / "patched.ini"
     patch_moses_ini(ini, out, phrase_table=six_score_table)
     assert MosesIni.read(out).find_phrase_table().get("num-features") == "6"
-    with pytest.raises(PhraseScorerError, match="already exists.*--overwrite"):
+    with pytest.raises(PhraseScorerError, match="already exists.*overwrite=True"):
         patch_moses_ini(ini, out, phrase_table=six_score_table)
     patch_moses_ini(ini, out, phrase_table=six_score_table, overwrite=True)
 
@@ -310,7 +310,7 @@ def test_refuses_a_table_with_too_few_scores_and_names_it(tmp_path):
     error = caught.value
     assert error.path == str(A_MAN_TABLE)
     assert "has 4 scores per line" in error.message and "would be 6" in error.message
-    assert "--add-features 0" in error.hint
+    assert "add_features=0" in error.hint
     assert str(A_MAN_TABLE) in str(error)
     assert not out.exists() and not (tmp_path / "patched.ini.part").exists()
 
@@ -319,7 +319,7 @@ def test_refuses_a_table_with_more_scores_and_says_how_many(tmp_path, six_score_
     with pytest.raises(PhraseScorerError) as caught:
         patch_moses_ini(INI, tmp_path / "o.ini", phrase_table=six_score_table, add_features=1)
     assert "has 6 scores per line" in caught.value.message and "would be 5" in caught.value.message
-    assert "--add-features 2" in caught.value.hint
+    assert "add_features=2" in caught.value.hint
 
 
 def test_accepts_matching_tables(tmp_path, six_score_table):
@@ -573,14 +573,18 @@ def test_cli_does_not_import_torch(tmp_path):
 def test_an_annotated_table_is_explained_for_moses_or_patched_into_its_ini(tmp_path):
     """What annotate says after writing a table: the change to make by hand (with the moses-ini
     command that makes it), or, with --ini, the patched moses.ini itself."""
+    from phrase_scorer.cli.group import flag
+    from phrase_scorer.errors import renderer
     from phrase_scorer.moses.ini_patch import moses_for_new_columns
 
     table = tmp_path / "table.rnn.gz"
-    advice = moses_for_new_columns(str(table), 4, 6, ("prob", "unk"))
+    with renderer(flag):  # as annotate shows it
+        advice = moses_for_new_columns(str(table), 4, 6, ("prob", "unk"))
+        one = moses_for_new_columns(str(table), 4, 5, ("prob",))
     assert f"num-features=6 path={table}" in advice and "<the 4 current weights> 0.2 -0.2" in advice
     assert f"moses-ini MOSES_INI --phrase-table {table} -o NEW_INI" in advice  # the default columns need no options
-    one = moses_for_new_columns(str(table), 4, 5, ("prob",))
     assert "--add-features 1 --initial-weights 0.2 -o NEW_INI" in one
+    assert "add_features=1 initial_weights=0.2 output=NEW_INI" in moses_for_new_columns(str(table), 4, 5, ("prob",))
     assert "path=TABLE" in moses_for_new_columns("-", 4, 6, ("prob", "unk"))  # written to stdout: no path to name
     with gzip.open(table, "wt", encoding="utf-8") as f:  # the annotated table, as annotate leaves it
         f.write("a man ||| un homme ||| 0.5 0.4 0.5 0.4 0.3 1 ||| 0-0 1-1 ||| 2 2 2\n")
@@ -589,3 +593,20 @@ def test_an_annotated_table_is_explained_for_moses_or_patched_into_its_ini(tmp_p
     assert said.startswith(f"patched moses.ini written to {out}: ") and "num-features=6" in said
     text = out.read_text()
     assert f"path={table}" in text and "num-features=6" in text
+
+
+def test_the_ini_patched_for_an_annotated_table_replaces_an_existing_one_only_when_the_caller_says_so(tmp_path):
+    """moses_for_new_columns takes its caller's overwrite decision: an existing moses.ini at
+    ini_output is kept and refused by default, replaced with overwrite=True."""
+    from phrase_scorer.moses.ini_patch import moses_for_new_columns
+
+    table = tmp_path / "table.rnn.gz"
+    with gzip.open(table, "wt", encoding="utf-8") as f:
+        f.write("a man ||| un homme ||| 0.5 0.4 0.5 0.4 0.3 1 ||| 0-0 1-1 ||| 2 2 2\n")
+    out = tmp_path / "moses.rnn.ini"
+    out.write_text("kept\n", encoding="utf-8")
+    with pytest.raises(PhraseScorerError, match="already exists.*overwrite=True"):
+        moses_for_new_columns(str(table), 4, 6, ("prob", "unk"), moses_ini=INI, ini_output=out)
+    assert out.read_text(encoding="utf-8") == "kept\n"
+    said = moses_for_new_columns(str(table), 4, 6, ("prob", "unk"), moses_ini=INI, ini_output=out, overwrite=True)
+    assert said.startswith(f"patched moses.ini written to {out}: ") and "num-features=6" in out.read_text()

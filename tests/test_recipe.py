@@ -38,7 +38,7 @@ def test_defaults_resolve_to_the_modern_recipe_and_single_settings_override_it()
     assert TrainConfig().resolved(corpus=False).valid_metric == "nll"
     with pytest.raises(PhraseScorerError, match="recipe"):
         TrainConfig(recipe="nonsense")
-    with pytest.raises(PhraseScorerError, match="--optimizer"):
+    with pytest.raises(PhraseScorerError, match="optimizer takes"):
         TrainConfig(optimizer="sgd")
 
 
@@ -61,10 +61,10 @@ def test_a_config_saved_before_recipes_reads_as_the_paper_recipe():
 def test_resume_refuses_another_recipe_or_optimiser_setting_and_names_it(tmp_path):
     out = tmp_path / "m"
     train(EXAMPLE_TABLE, out, TrainConfig(max_steps=4, **QUICK))
-    with pytest.raises(PhraseScorerError, match="--recipe"):
+    with pytest.raises(PhraseScorerError, match="cannot resume: recipe"):
         train(EXAMPLE_TABLE, out, TrainConfig(max_steps=8, **{**QUICK, "recipe": "paper"}), resume=True,
               explicit={"max_steps", "recipe"})
-    with pytest.raises(PhraseScorerError, match="--lr"):
+    with pytest.raises(PhraseScorerError, match="cannot resume: lr "):
         train(EXAMPLE_TABLE, out, TrainConfig(max_steps=8, lr=0.01, **QUICK), resume=True, explicit={"max_steps", "lr"})
     state = train(EXAMPLE_TABLE, out, TrainConfig(max_steps=8, **QUICK), resume=True, explicit={"max_steps"})
     assert state.step == 8
@@ -177,7 +177,7 @@ def test_sentence_training_validates_by_bleu_and_keeps_the_best_bleu(tmp_path):
 
 
 def test_bleu_validation_needs_sentence_pairs(tmp_path):
-    with pytest.raises(PhraseScorerError, match="--valid-metric bleu"):
+    with pytest.raises(PhraseScorerError, match="valid_metric=bleu"):
         train(EXAMPLE_TABLE, tmp_path / "m", TrainConfig(max_steps=2, valid_metric="bleu", **QUICK))
 
 

@@ -16,12 +16,10 @@ import pytest
 
 from conftest import SHARED, SHARED_SYSTEM
 from phrase_scorer.config import RescoreExperimentOptions
-from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.moses.evaluate import score
 from phrase_scorer.experiments.rescoring import (
-    MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, first_hypotheses, oracle_figures, parse_row, parse_system,
-    run_rescore_experiment,
+    MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, first_hypotheses, oracle_figures, run_rescore_experiment,
 )
 from phrase_scorer.experiments.statistics import ngram_stats, smoothed_sentence_bleu
 from phrase_scorer.records import Step
@@ -32,26 +30,61 @@ TUNED_INI = SHARED_SYSTEM / "moses.tuned.ini"
 
 
 def test_rows_are_parsed_and_bad_ones_refused():
-    assert parse_row("RNNsearch, both directions=RNNsearch, RNNsearchReverse") == Row(
+    import click
+
+    from phrase_scorer.cli.options import RowType
+
+    assert RowType().convert("RNNsearch, both directions=RNNsearch, RNNsearchReverse", None, None) == Row(
         "RNNsearch, both directions", ("RNNsearch", "RNNsearchReverse"))
     assert Row("+ RNN (both)", ("RNN",)).folder == "rnn-both"
     for bad in ("RNN", "=RNN", "label="):
-        with pytest.raises(PhraseScorerError, match="LABEL=FEATURE"):
-            parse_row(bad)
+        with pytest.raises(click.BadParameter, match="LABEL=FEATURE"):
+            RowType().convert(bad, None, None)
 
 
 def test_decoder_systems_are_parsed_and_bad_ones_refused(tmp_path):
+    import click
+
+    from phrase_scorer.cli.options import SystemType
+
     runs = [tmp_path / f"run-{k}.ini" for k in (1, 2)]
     for ini in runs:
         ini.write_text("[weight]\n", encoding="utf-8")
-    assert parse_system(f"Moses + phrase columns={runs[0]}, {runs[1]}") == DecodedSystem(
+    assert SystemType().convert(f"Moses + phrase columns={runs[0]}, {runs[1]}", None, None) == DecodedSystem(
         "Moses + phrase columns", (str(runs[0]), str(runs[1])))
     assert DecodedSystem("Moses + phrase columns", ()).folder == "moses-phrase-columns"
     for bad in (str(runs[0]), f"={runs[0]}", "label="):
-        with pytest.raises(PhraseScorerError, match="LABEL=MOSES_INI"):
-            parse_system(bad)
-    with pytest.raises(PhraseScorerError, match="no such moses.ini"):
-        parse_system(f"label={tmp_path / 'missing.ini'}")
+        with pytest.raises(click.BadParameter, match="LABEL=MOSES_INI"):
+            SystemType().convert(bad, None, None)
+    with pytest.raises(click.BadParameter, match="does not exist"):
+        SystemType().convert(f"label={tmp_path / 'missing.ini'}", None, None)
+
+
+@pytest.mark.parametrize("option, value, said", [
+    ("--row", "RNN", "'RNN' is not LABEL=FEATURE[,FEATURE...]"),
+    ("--system", "label={missing}", "does not exist"),
+    ("--system", "label", "'label' is not LABEL=MOSES_INI[,MOSES_INI...]"),
+    ("-m", "models/rnn", "'models/rnn' is not NAME=DIR"),
+    ("--reverse-model", "=models/rnn", "'=models/rnn' is not NAME=DIR"),
+])
+def test_a_bad_row_system_or_named_model_is_a_usage_error_of_its_option(tmp_path, option, value, said):
+    """rescore-experiment's LABEL=... and NAME=DIR options are checked as the command line is read:
+    a usage error naming the option (exit status 2), before any model is loaded or list decoded."""
+    from click.testing import CliRunner
+
+    from phrase_scorer.cli import cli
+
+    files = [tmp_path / name for name in ("moses.ini", "dev.src", "dev.ref")]
+    for path in files:
+        path.write_text("x\n", encoding="utf-8")
+    ini, src, ref = map(str, files)
+    value = value.format(missing=tmp_path / "missing.ini")
+    done = CliRunner().invoke(cli, ["rescore-experiment", ini, "--dev", src, ref, "--test", src, ref,
+                                    "-o", str(tmp_path / "work"), option, value])
+    assert done.exit_code == 2, done.output
+    assert f"Invalid value for '{option}'" in done.output or "Invalid value for '-" in done.output
+    assert said in done.output
+    assert not (tmp_path / "work").exists()
 
 
 def test_a_step_is_reused_for_the_same_bytes_and_redone_for_new_ones(tmp_path):
@@ -208,7 +241,7 @@ def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tin
         (tmp_path / f"{name}.fr").write_text("".join(references[lines]), encoding="utf-8")
         sets.append(EvalSet(name, str(tmp_path / f"{name}.en"), str(tmp_path / f"{name}.fr")))
     options = RescoreExperimentOptions(nbest_size=20, runs=1, restarts=1, bootstrap_samples=50, threads=2)
-    again = parse_system(f"Moses, decoded again={TUNED_INI}")  # a decoder system: here Moses itself
+    again = DecodedSystem("Moses, decoded again", (str(TUNED_INI),))  # a decoder system: here Moses itself
     report = run_rescore_experiment(TUNED_INI, sets, tmp_path / "work", moses=moses,
                                     models=[FeatureModel("RNN", loaded_tiny)], systems=[again], options=options)
     nbest = tmp_path / "work" / "nbest" / "test.nbest"

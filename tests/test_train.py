@@ -148,9 +148,9 @@ def test_max_epochs_stops_at_the_epoch_fraction(tmp_path):
     state = train(A_MAN_TABLE, tmp_path / "one", TrainConfig(max_epochs=1, **config))
     per_epoch = batches_per_epoch(tmp_path / "one", QUICK["batch_size"])
     assert per_epoch > 10
-    assert state.step == per_epoch and state.stop_reason == "reached --max-epochs 1"
+    assert state.step == per_epoch and state.stop_reason == "reached max_epochs=1"
     state = train(A_MAN_TABLE, tmp_path / "half", TrainConfig(max_epochs=0.5, **config))
-    assert state.step == -(-per_epoch // 2) and state.stop_reason == "reached --max-epochs 0.5"
+    assert state.step == -(-per_epoch // 2) and state.stop_reason == "reached max_epochs=0.5"
     state = train(A_MAN_TABLE, tmp_path / "two", TrainConfig(max_epochs=2, **config))
     assert state.step == 2 * per_epoch
 
@@ -158,7 +158,7 @@ def test_max_epochs_stops_at_the_epoch_fraction(tmp_path):
 def test_max_time_stops_after_the_step_that_reaches_it(tmp_path):
     """Any step takes more than a nanosecond, so the limit is reached after exactly one step."""
     state = train(A_MAN_TABLE, tmp_path / "m", TrainConfig(max_time=1e-9, **QUICK))
-    assert state.step == 1 and state.stop_reason == "reached --max-time 1e-09s"
+    assert state.step == 1 and state.stop_reason == "reached max_time=1e-09s"
     assert checkpoint_state(tmp_path / "m")["state"]["step"] == 1
 
 
@@ -243,12 +243,13 @@ def test_duplicate_pairs_count_once_even_when_not_adjacent(tmp_path):
 def test_a_trained_model_is_not_overwritten(tmp_path):
     out = tmp_path / "m"
     train(EXAMPLE_TABLE, out, TrainConfig(max_steps=5, **QUICK))
-    with pytest.raises(PhraseScorerError, match="already holds a model.*--resume.*--overwrite"):
+    with pytest.raises(PhraseScorerError, match="already holds a model.*resume=True.*overwrite=True"):
         train(EXAMPLE_TABLE, out, TrainConfig(max_steps=5, **QUICK))
     before = (out / "model.pt").stat().st_mtime_ns
     train(EXAMPLE_TABLE, out, TrainConfig(max_steps=5, **QUICK), overwrite=True)
     assert (out / "model.pt").stat().st_mtime_ns != before
-    with pytest.raises(PhraseScorerError, match="cannot resume: --batch-size changed since the interrupted run \\(--batch-size: 16 -> 32\\)"):
+    with pytest.raises(PhraseScorerError,
+                       match="cannot resume: batch_size changed since the interrupted run \\(batch_size: 16 -> 32\\)"):
         train(EXAMPLE_TABLE, out, TrainConfig(max_steps=10, **{**QUICK, "batch_size": 32}), resume=True,
               explicit={"batch_size", "max_steps"})
     other = tmp_path / "notes"

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.records import Signature
@@ -91,7 +91,8 @@ def read_score_pairs(table: PathLike, table_column: int, model_column: Optional[
             model_column = len(scores) - 2  # prob, unk appended last
         if max(table_column, model_column) >= len(scores):
             raise PhraseScorerError(f"has {len(scores)} scores, too few for columns {table_column} and {model_column}",
-                                    path=table, line=line.line_number, hint="choose --table-column/--model-column")
+                                    path=table, line=line.line_number,
+                                    hint=f"choose {setting('table_column')}/{setting('model_column')}")
         lines += 1
         point = (math.log(max(scores[table_column], 1e-300)), math.log(max(scores[model_column], 1e-300)))
         if kept < max_points:
@@ -155,7 +156,8 @@ def project(vectors: np.ndarray, method: str, seed: int) -> Tuple[np.ndarray, st
             return umap.UMAP(random_state=seed).fit_transform(vectors), "UMAP"
         except ImportError:
             if method == "umap":
-                raise PhraseScorerError("--method umap needs umap-learn", hint="pip install umap-learn") from None
+                raise PhraseScorerError(f"{setting('method', 'umap')} needs umap-learn",
+                                        hint="pip install umap-learn") from None
     try:
         from sklearn.manifold import TSNE
     except ImportError:
@@ -228,7 +230,8 @@ def phrase_vectors(loaded, phrases: Sequence[Sequence[str]]) -> np.ndarray:
     if not isinstance(model, RNNEncoderDecoder):
         raise PhraseScorerError("phrase maps show the encoder-decoder's summary c; this model "
                                 f"({model.config.arch}) has no fixed-length summary",
-                                hint="use --kind words, or a model trained with --arch encdec")
+                                hint=f"use {setting('kind', 'words')}, "
+                                     f"or a model trained with {setting('arch', 'encdec')}")
     device = next(model.parameters()).device
     out = []
     with torch.inference_mode():
@@ -315,7 +318,7 @@ def plot_embeddings(loaded, output: PathLike, *, kind: str = "words", table: Opt
         what = f"the {len(names):,} most frequent source words' embeddings e(x)"
     elif kind == "phrases":
         if table is None:
-            raise PhraseScorerError("a map of phrases needs a phrase table to take them from (--table)")
+            raise PhraseScorerError(f"a map of phrases needs a phrase table to take them from ({setting('table')})")
         sample = sample_phrases(table, min_words, phrases, seed)
         if len(sample) < 5:
             raise PhraseScorerError(f"found only {len(sample)} source phrases of {min_words}+ words", path=table)

@@ -10,7 +10,8 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import cli, explicit_options
 from phrase_scorer.cli.options import (
     batch_tokens_option, check_report, column_options, device_option, make_training_settings, make_tune_options,
-    moses_home_option, precision_option, threads_option, training_options, tune_options,
+    NamedDirectory, RowType, SystemType, moses_home_option, precision_option, threads_option, training_options,
+    tune_options,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -66,15 +67,15 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
               help="The dev n-best list, already decoded with MOSES_INI [default: decode it].")
 @click.option("--test-nbest", "test_nbests", multiple=True, type=click.Path(dir_okay=False, exists=True),
               help="The n-best list of each --test, in their order, already decoded with MOSES_INI.")
-@click.option("-m", "--model", "models", multiple=True, metavar="NAME=DIR",
+@click.option("-m", "--model", "models", multiple=True, type=NamedDirectory(), metavar="NAME=DIR",
               help="A model scoring the hypothesis given the source, as feature NAME (repeatable; models given "
                    "the same NAME are an ensemble: one feature, the mean of their log p).")
-@click.option("-r", "--reverse-model", "reverse_models", multiple=True, metavar="NAME=DIR",
+@click.option("-r", "--reverse-model", "reverse_models", multiple=True, type=NamedDirectory(), metavar="NAME=DIR",
               help="A target-to-source model scoring the source given the hypothesis, as feature NAME (repeatable).")
-@click.option("--row", "rows", multiple=True, metavar="LABEL=NAME[,NAME...]",
+@click.option("--row", "rows", multiple=True, type=RowType(), metavar="LABEL=NAME[,NAME...]",
               help="A system of the report: the decoder's features plus these (repeatable) "
                    "[default: one row per model and one with all].")
-@click.option("--system", "systems", multiple=True, metavar="LABEL=MOSES_INI[,MOSES_INI...]",
+@click.option("--system", "systems", multiple=True, type=SystemType(), metavar="LABEL=MOSES_INI[,MOSES_INI...]",
               help="Another decoder system in the report (e.g. Moses with the phrase columns, as `experiment` "
                    "tunes it): the tuned moses.ini of each of its tuning runs, each decoded and scored as a run "
                    "(repeatable).")
@@ -114,7 +115,7 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.scoring.rescore import ensembles_by_name, feature_models
     from phrase_scorer.experiments.rescoring import (
-        EvalSet, parse_named, parse_row, parse_system, run_rescore_experiment, set_name,
+        EvalSet, run_rescore_experiment, set_name,
     )
 
     if test_nbests and len(test_nbests) != len(tests):
@@ -127,7 +128,7 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     sets = [EvalSet(set_name(dev[0]), dev[0], dev[1], dev_nbest)]
     sets += [EvalSet(set_name(src), src, ref, test_nbests[i] if test_nbests else None) for i, (src, ref) in enumerate(tests)]
 
-    forward, reverse = parse_named(models, "--model"), parse_named(reverse_models, "--reverse-model")
+    forward, reverse = models, reverse_models
     if not forward and not reverse:
         raise PhraseScorerError("no model given", hint="pass --model NAME=DIR (and/or --reverse-model NAME=DIR)")
     loaded = feature_models([d for _, d in forward], [d for _, d in reverse], [n for n, _ in forward],
@@ -137,7 +138,7 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
         nbest_size=nbest_size, decoder=decoder, decoder_flags=decoder_flags, threads=decoder_threads,
         normalize=normalize, runs=runs, method=method, restarts=restarts, references=references, lang=lang)
     result = run_rescore_experiment(moses_ini, sets, work_dir, moses=MosesInstallation.find(moses_home), models=loaded,
-                                    rows=[parse_row(r) for r in rows], systems=[parse_system(d) for d in systems],
+                                    rows=list(rows), systems=list(systems),
                                     options=options,
                                     scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision))
     if report:

@@ -12,7 +12,7 @@ import click
 
 from phrase_scorer import __version__
 from phrase_scorer.runtime import progress
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, renderer
 
 
 log = logging.getLogger("phrase_scorer")
@@ -29,23 +29,56 @@ class UserError(click.ClickException):
         click.echo(f"phrase-scorer: error: {self.format_message()}", err=True)
 
 
+#: The flags whose spelling is not ``--`` + the setting's library name with ``-`` for ``_``, as the
+#: options declare them: setting -> (short flag or None, long flag).
+FLAGS = {
+    "model": ("-m", "--model"),
+    "reverse_model": ("-r", "--reverse-model"),
+    "output": ("-o", "--output"),
+    "input": ("-i", "--input"),
+    "samples": ("-n", "--samples"),
+    "model_dir": ("-m", "--model"),
+    "models": ("-m", "--model"),
+    "reverse_models": ("-r", "--reverse-model"),
+    "names": (None, "--name"),
+    "reverse_names": (None, "--reverse-name"),
+    "sources": (None, "--source"),
+    "seeds": (None, "--seed"),
+    "language_model": (None, "--lm"),
+    "binarizer": (None, "-Binarizer"),
+}
+
+
+def flag(name: str, value: object = None, short: bool = False) -> str:
+    """How the command line writes the setting ``name`` (given ``value``): its flag
+    (:func:`phrase_scorer.errors.setting` markers are rendered by this inside every command)."""
+    short_flag, long_flag = FLAGS.get(name, (None, "--" + name.replace("_", "-")))
+    text = short_flag if short and short_flag else long_flag
+    if value is True or value is None:
+        return text
+    if value is False:
+        return "--no-" + long_flag[2:]
+    return f"{text} {value}"
+
+
 class Group(click.Group):
     def invoke(self, ctx):
         from phrase_scorer.io.files import held_output_locks, release_output_locks
 
         held_before = held_output_locks()  # a caller's own, kept
-        try:
-            return super().invoke(ctx)
-        except PhraseScorerError as exc:
-            raise UserError(str(exc)) from None
-        except KeyboardInterrupt:
-            raise UserError("interrupted", exit_code=130) from None
-        except OSError as exc:  # an I/O failure the library did not anticipate: still one line
-            from phrase_scorer.io.files import describe_os_error
+        with renderer(flag):  # library messages name the flags
+            try:
+                return super().invoke(ctx)
+            except PhraseScorerError as exc:
+                raise UserError(str(exc)) from None
+            except KeyboardInterrupt:
+                raise UserError("interrupted", exit_code=130) from None
+            except OSError as exc:  # an I/O failure the library did not anticipate: still one line
+                from phrase_scorer.io.files import describe_os_error
 
-            raise UserError(str(describe_os_error(exc, exc.filename or "output"))) from None
-        finally:  # the outputs the command claimed and did not release (phrase_scorer.io.outputs)
-            release_output_locks(keep=held_before)
+                raise UserError(str(describe_os_error(exc, exc.filename or "output"))) from None
+            finally:  # the outputs the command claimed and did not release (phrase_scorer.io.outputs)
+                release_output_locks(keep=held_before)
 
 
 class Duration(click.ParamType):

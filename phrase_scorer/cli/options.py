@@ -194,3 +194,61 @@ def check_report(report: Optional[str], overwrite: bool, inputs):
     if report is None:
         return OutputClaim()
     return check_output(report, inputs, overwrite=overwrite, what="the report")
+
+
+class LabelledList(click.ParamType):
+    """``LABEL=ITEM[,ITEM...]`` -> (label, items): the label may hold anything but the last ``=``."""
+
+    def __init__(self, form: str, example: str) -> None:
+        self.name = form
+        self.example = example
+
+    def items(self, value: str, param, ctx):
+        label, sep, names = value.rpartition("=")
+        items = tuple(n.strip() for n in names.split(",") if n.strip())
+        if not sep or not label.strip() or not items:
+            self.fail(f"{value!r} is not {self.name} (e.g. '{self.example}')", param, ctx)
+        return label.strip(), items
+
+
+class RowType(LabelledList):
+    """A row of the rescoring report: ``LABEL=FEATURE,FEATURE`` -> the rescoring features it adds."""
+
+    def __init__(self) -> None:
+        super().__init__("LABEL=FEATURE[,FEATURE...]", "RNNsearch, both directions=RNNsearch,RNNsearchReverse")
+
+    def convert(self, value, param, ctx):
+        from phrase_scorer.experiments.rescoring import Row
+
+        return value if isinstance(value, Row) else Row(*self.items(value, param, ctx))
+
+
+class SystemType(LabelledList):
+    """A decoder system: ``LABEL=INI[,INI...]``, a tuned moses.ini per run, each an existing file."""
+
+    def __init__(self) -> None:
+        super().__init__("LABEL=MOSES_INI[,MOSES_INI...]",
+                         "Moses + phrase columns=exp/rnn+wp/run-1/tuned.ini,exp/rnn+wp/run-2/tuned.ini")
+
+    def convert(self, value, param, ctx):
+        from phrase_scorer.experiments.rescoring import DecodedSystem
+
+        if isinstance(value, DecodedSystem):
+            return value
+        label, inis = self.items(value, param, ctx)
+        existing = click.Path(exists=True, dir_okay=False)
+        return DecodedSystem(label, tuple(existing.convert(ini, param, ctx) for ini in inis))
+
+
+class NamedDirectory(click.ParamType):
+    """``NAME=DIR`` -> (name, directory)."""
+
+    name = "NAME=DIR"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        name, sep, directory = value.partition("=")
+        if not sep or not name or not directory:
+            self.fail(f"{value!r} is not NAME=DIR (e.g. RNNsearch=models/rnnsearch)", param, ctx)
+        return name, directory

@@ -104,7 +104,8 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
     from phrase_scorer.moses.ini_patch import moses_for_new_columns
 
     click.echo(moses_for_new_columns(output, result.num_scores_before, result.num_scores_after,
-                                     tuple(result.signature["columns"]), moses_ini=moses_ini, ini_output=ini_output),
+                                     tuple(result.signature["columns"]), moses_ini=moses_ini, ini_output=ini_output,
+                                     overwrite=overwrite or resume),
                err=True)
 
 

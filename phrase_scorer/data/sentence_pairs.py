@@ -34,7 +34,7 @@ from phrase_scorer.config import MAX_VALID_SHARE, TrainConfig, valid_share
 from phrase_scorer.data.cache import (
     MAX_PHRASE_WORDS, id_dtype_for, reuse_cache, source_hash, vocab_digest, write_cache,
 )
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, render, setting
 from phrase_scorer.io.files import PathLike, TextLines, file_identity, hash_identities
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.runtime.progress import progress_bar
@@ -74,7 +74,7 @@ def _words(text: str, path: PathLike, number: int) -> List[str]:
     words = split_words(text)
     if len(words) > MAX_PHRASE_WORDS:
         raise PhraseScorerError(f"a sentence has more than {MAX_PHRASE_WORDS} words", path=path, line=number,
-                                hint="set --max-length to leave such sentences out")
+                                hint=f"set {setting('max_length')} to leave such sentences out")
     return words
 
 
@@ -148,7 +148,7 @@ class SentenceCorpus:
         )
         if reasons[None] == 0:
             raise PhraseScorerError("no sentence pairs left for training", path=self.source,
-                                    hint="check the files, or raise --max-length")
+                                    hint=f"check the files, or raise {setting('max_length')}")
         return source_counts, target_counts, info
 
     def build_cache(self, cache_dir: Path, source_vocab: Vocabulary, target_vocab: Vocabulary, info: dict,
@@ -169,7 +169,9 @@ class SentenceCorpus:
             "num_pairs": {},
         }
         existing = reuse_cache(Path(cache_dir), expected, keep_existing, self.source,
-                               hint="resume with the same corpus files, unchanged, and the same --max-length, or start a new run")
+                               hint="resume with the same corpus files, unchanged, and the same "
+                                    f"{setting('max_length')}, "
+                                    "or start a new run")
         if existing is not None:
             return existing
         dev_empty = Counter()
@@ -192,8 +194,9 @@ class SentenceCorpus:
             log.info("development set: %d pairs (%d left out for an empty side; no length limit)",
                      description["num_pairs"]["valid"], dev_empty["pairs"])
         else:
-            log.info("held out %d of %d sentence pairs for validation (about --valid-pairs %d, at most %d%%)",
-                     description["num_pairs"].get("valid", 0), info.get("pairs", 0), config.valid_pairs,
+            log.info("held out %d of %d sentence pairs for validation (about %s, at most %d%%)",
+                     description["num_pairs"].get("valid", 0), info.get("pairs", 0),
+                     render(setting("valid_pairs", config.valid_pairs)),
                      round(100 * MAX_VALID_SHARE))
         return description
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Set
 
 from phrase_scorer.config import AnnotateOptions, ModelConfig, ScoringOptions, TrainConfig
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import PathLike, part_path
 from phrase_scorer.io.outputs import check_output
 from phrase_scorer.io.moses_ini import TEXT_TABLE_TYPES, MosesIni, binary_table_file
@@ -99,14 +99,14 @@ def parse_binarizer(command: Optional[str]) -> Optional[BinaryTarget]:
     try:
         words = shlex.split(text)
     except ValueError as exc:
-        raise PhraseScorerError(f"-Binarizer {text!r} cannot be read ({exc})",
+        raise PhraseScorerError(f"{setting('binarizer', repr(text))} cannot be read ({exc})",
                                 hint="set ttable-binarizer to a Moses binariser, e.g. $moses-bin-dir/processPhraseTableMin") from None
     program, arguments = words[0], words[1:]
     by_program = {name: kind for kind, name in BINARIZERS.items()}
     name = os.path.basename(program)
     if name not in by_program:
         raise PhraseScorerError(
-            f"-Binarizer {program!r} is not a phrase-table binariser this step knows",
+            f"{setting('binarizer', repr(program))} is not a phrase-table binariser this step knows",
             hint=f"set ttable-binarizer to one of {', '.join(sorted(by_program))} (with its path), "
             "or to \"\" for a text table",
         )

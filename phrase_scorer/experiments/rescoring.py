@@ -100,42 +100,6 @@ class EvalSet:
     nbest: Optional[str] = None
 
 
-def labelled_list(text: str, option: str, form: str, example: str) -> Tuple[str, Tuple[str, ...]]:
-    """``LABEL=ITEM[,ITEM...]`` -> (label, items): the label may hold anything but the last ``=``."""
-    label, sep, names = text.rpartition("=")
-    items = tuple(n.strip() for n in names.split(",") if n.strip())
-    if not sep or not label.strip() or not items:
-        raise PhraseScorerError(f"{option} {text!r} is not {form}", hint=f"e.g. {option} '{example}'")
-    return label.strip(), items
-
-
-def parse_row(text: str) -> Row:
-    """``LABEL=FEATURE,FEATURE``: the rescoring features a row adds."""
-    return Row(*labelled_list(text, "--row", "LABEL=FEATURE[,FEATURE...]",
-                              "RNNsearch, both directions=RNNsearch,RNNsearchReverse"))
-
-
-def parse_system(text: str) -> DecodedSystem:
-    """``LABEL=INI[,INI...]``: a decoder system and a tuned moses.ini per run."""
-    label, inis = labelled_list(text, "--system", "LABEL=MOSES_INI[,MOSES_INI...]",
-                                "Moses + phrase columns=exp/rnn+wp/run-1/tuned.ini,exp/rnn+wp/run-2/tuned.ini")
-    missing = [ini for ini in inis if not os.path.isfile(ini)]
-    if missing:
-        raise PhraseScorerError(f"--system {label!r}: no such moses.ini", path=missing[0])
-    return DecodedSystem(label, inis)
-
-
-def parse_named(values: Sequence[str], option: str) -> List[Tuple[str, str]]:
-    """``NAME=DIR`` values of ``option`` as (name, directory) pairs."""
-    pairs = []
-    for value in values:
-        name, sep, directory = value.partition("=")
-        if not sep or not name or not directory:
-            raise PhraseScorerError(f"{option} {value!r} is not NAME=DIR", hint=f"e.g. {option} RNNsearch=models/rnnsearch")
-        pairs.append((name, directory))
-    return pairs
-
-
 def default_rows(features: Sequence[str]) -> List[Row]:
     """One row per rescoring feature, and one with all of them."""
     rows = [Row(f"+ {name}", (name,)) for name in features]

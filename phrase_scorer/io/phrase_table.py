@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import PathLike, ReadProgress, line_text, open_input, read_failure
 
 FIELD_SEPARATOR = "|||"
@@ -136,7 +136,7 @@ class PhraseTableReader(ReadProgress):
                 except StopIteration:
                     raise self.error(
                         f"has only {number} lines, fewer than the {self.skip} already done",
-                        hint="the input changed since the interrupted run; start again without --resume",
+                        hint=f"the input changed since the interrupted run; start again without {setting('resume')}",
                     ) from None
                 for number, data in enumerate(lines, number + 1):
                     self.lines_read = number

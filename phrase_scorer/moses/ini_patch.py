@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Union
 
 from phrase_scorer.config import COLUMNS, start_weights
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, render, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.moses_ini import (
     TEXT_TABLE_TYPES,
@@ -69,11 +69,11 @@ def _check_count(table: PathLike, found: int, ini: MosesIni, feature: FeatureLin
         raise PhraseScorerError(
             f"{feature.name} already reads this table with num-features={old} ({ini.path} line "
             f"{feature.line.number}): the moses.ini looks patched already", path=table, line=1,
-            hint="patch the original moses.ini, or use --add-features 0 to change nothing but paths")
+            hint=f"patch the original moses.ini, or use {setting('add_features', 0)} to change nothing but paths")
     if found == old:
-        hint = "the table has no new columns yet: annotate it first, or use --add-features 0"
+        hint = f"the table has no new columns yet: annotate it first, or use {setting('add_features', 0)}"
     elif found > old:
-        hint = f"use --add-features {found - old} to match it"
+        hint = f"use {setting('add_features', found - old)} to match it"
     else:
         hint = f"a {feature.name} table needs at least the {old} scores num-features has now"
     raise PhraseScorerError(
@@ -234,7 +234,8 @@ def patch_moses_ini(
         if binarize_from is not None and feature.type in TEXT_TABLE_TYPES:
             raise PhraseScorerError(
                 f"{feature.name} is a {feature.type}, which reads text tables: there is nothing to binarise",
-                path=ini.path, line=feature.line.number, hint="drop --binarize-from, or declare a binary table type",
+                path=ini.path, line=feature.line.number,
+                hint=f"drop {setting('binarize_from')}, or declare a binary table type",
             )
         if check_table:
             check_table_scores(ini, feature, phrase_table if feature.type in TEXT_TABLE_TYPES else binarize_from,
@@ -273,26 +274,30 @@ def patch_moses_ini(
 
 
 def moses_for_new_columns(output: str, before: int, after: int, columns: Sequence[str], *,
-                          moses_ini: Optional[PathLike] = None, ini_output: Optional[PathLike] = None) -> str:
+                          moses_ini: Optional[PathLike] = None, ini_output: Optional[PathLike] = None,
+                          overwrite: bool = False) -> str:
     """What an annotated table OUTPUT (``before`` -> ``after`` scores per line, the new ``columns``)
     means for Moses: with ``moses_ini``, that config patched into ``ini_output`` (default
-    OUTPUT.moses.ini) and a line saying so; without it, the change to make by hand."""
+    OUTPUT.moses.ini; an existing one is replaced only with ``overwrite``) and a line saying so;
+    without it, the change to make by hand."""
     added = after - before
     weights = [format_weight(w) for w in start_weights(columns)]
     described = ", ".join(f"{c} {w}" for c, w in zip(columns, weights))
     if moses_ini:
         target = ini_output or f"{output}.moses.ini"
         result = patch_moses_ini(moses_ini, target, phrase_table=os.path.abspath(output), add_features=added,
-                                 initial_weights=start_weights(columns), absolute_paths=True, overwrite=True)
+                                 initial_weights=start_weights(columns), absolute_paths=True, overwrite=overwrite)
         return (f"patched moses.ini written to {target}: {result.feature_name} num-features="
                 f"{result.new_num_features}, start weights of the new columns: {described}; re-tune before use")
-    options = "" if tuple(columns) == COLUMNS else f" --add-features {added} --initial-weights {','.join(weights)}"
+    options = ("" if tuple(columns) == COLUMNS
+               else f" {setting('add_features', added)} {setting('initial_weights', ','.join(weights))}")
     path = os.path.abspath(output) if output != "-" else "TABLE"
-    return (
+    return render(
         f"\nFor Moses, the phrase table now has {after} scores per line (was {before}). In moses.ini:\n"
         f"  [feature]  PhraseDictionaryMemory ... num-features={after} path={path}\n"
         f"  [weight]   TranslationModel0= <the {before} current weights> {' '.join(weights)}\n"
         f"({described}: the unknown-word feature starts as a penalty), then re-tune.\n"
-        f"'phrase-scorer moses-ini MOSES_INI --phrase-table {path}{options} -o NEW_INI' makes this change."
+        f"'phrase-scorer moses-ini MOSES_INI {setting('phrase_table', path)}{options} "
+        f"{setting('output', 'NEW_INI', short=True)}' makes this change."
     )
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from phrase_scorer.config import TuneOptions
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.ini_patch import patch_moses_ini
@@ -59,7 +59,7 @@ def fresh_directory(path: Path, verb: str = "tune") -> Path:
     if path.exists():
         if not (path / WORKDIR_MARK.format(verb=verb)).exists():
             raise PhraseScorerError(f"working directory exists and was not made by phrase-scorer {verb}", path=path,
-                                    hint="choose another --working-dir or remove it")
+                                    hint=f"choose another {setting('working_dir')} or remove it")
         shutil.rmtree(path)
     path.mkdir(parents=True)
     (path / WORKDIR_MARK.format(verb=verb)).write_text(f"made by phrase-scorer {verb}; removed by the next run with this working dir\n")
@@ -73,7 +73,7 @@ def tune(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, output_in
          moses: MosesInstallation, options: TuneOptions = TuneOptions(), working_dir: Optional[PathLike] = None) -> TuneResult:
     """Tune ``ini``'s weights on the dev set; the tuned config is written to ``output_ini``."""
     if options.method not in ("mert", "mira"):
-        raise PhraseScorerError("--method takes mert or mira (PRO downloads its optimiser at run time)")
+        raise PhraseScorerError(f"{setting('method')} takes mert or mira (PRO downloads its optimiser at run time)")
     mertdir = moses.check_mert(options.mertdir)
     decoder = moses.decoder(options.decoder)
     script = moses.script("training/mert-moses.pl")
@@ -92,7 +92,7 @@ def tune(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, output_in
     threads = options.threads or os.cpu_count() or 1
     flags = f"-threads {threads} {options.decoder_flags}".strip()
     if re.search(r"(^|\s)-(config|f|t|tt|report-segmentation)(\s|$)", options.decoder_flags):
-        raise PhraseScorerError("--decoder-flags may not set -config/-f, nor -t/-tt/-report-segmentation "
+        raise PhraseScorerError(f"{setting('decoder_flags')} may not set -config/-f, nor -t/-tt/-report-segmentation "
                                 "(their markers would enter BLEU)")
     args = ["perl", script, work / "dev.src", work / "dev.ref", decoder, work / "start.ini",
             "--working-dir", work / "mert", "--mertdir", mertdir, "--decoder-flags", flags,

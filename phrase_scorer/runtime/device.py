@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 
 from phrase_scorer.config import TRAIN_PRECISIONS
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, render, setting
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise PhraseScorerError("--device cuda was asked for, but PyTorch sees no CUDA device", hint="use --device cpu")
+        raise PhraseScorerError(f"{setting('device', 'cuda')} was asked for, but PyTorch sees no CUDA device",
+                                hint=f"use {setting('device', 'cpu')}")
     return torch.device(name)
 
 
@@ -59,7 +60,7 @@ def resolve_precision(device: torch.device, precision: str) -> str:
         raise PhraseScorerError(f"unknown precision {precision!r}; choose one of {', '.join(TRAIN_PRECISIONS)}")
     if device.type != "cuda":
         if precision in _DTYPES:
-            log.warning("--precision %s applies on a GPU only; the CPU runs in fp32", precision)
+            log.warning("%s applies on a GPU only; the CPU runs in fp32", render(setting("precision", precision)))
         return "fp32"
     if precision == "auto":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"

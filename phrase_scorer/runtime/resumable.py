@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import (
     STDIO, AtomicOutput, PathLike, file_identity, hash_identities, part_path, write_text_atomically,
 )
@@ -56,7 +56,7 @@ def keep_or_remove_partial(exc: PhraseScorerError, out: AtomicOutput, progress_p
     out.keep_on_failure = resumable
     if resumable:
         done = json.loads(progress_path.read_text())["lines_done"]
-        note = f"{part} is kept with the first {done:,} lines done: run the same command with --resume"
+        note = f"{part} is kept with the first {done:,} lines done: run the same command with {setting('resume', True)}"
     else:
         progress_path.unlink(missing_ok=True)
         reason = "the input must change first" if from_input else "no chunk was finished"
@@ -78,7 +78,8 @@ def start_resumable(source: PathLike, output: str, settings: Dict[str, Any], res
     record = None
     if resume:
         if to_stdout or os.fspath(source) == STDIO:
-            raise PhraseScorerError("--resume needs named input and output files, not '-', a device or a pipe")
+            raise PhraseScorerError(f"{setting('resume')} needs named input and output files, "
+                                    "not '-', a device or a pipe")
         record = read_resume_record(progress_path, settings)
         if record is None:
             log.warning("nothing to resume for %s (no interrupted run left a record): starting afresh", output)
@@ -125,11 +126,12 @@ def read_resume_record(progress_path: Path, settings: Dict[str, Any]) -> Optiona
         record = json.loads(progress_path.read_text())
         lines, size, saved = int(record["lines_done"]), int(record["bytes_done"]), record["settings"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise PhraseScorerError(f"resume record is damaged ({exc})", path=progress_path, hint="run again without --resume") from None
-    refuse_changed(saved, settings, path=part, hint="run again without --resume")
+        raise PhraseScorerError(f"resume record is damaged ({exc})", path=progress_path,
+                                hint=f"run again without {setting('resume')}") from None
+    refuse_changed(saved, settings, path=part, hint=f"run again without {setting('resume')}")
     if part.stat().st_size < size:
         raise PhraseScorerError("the partial output is shorter than its resume record says", path=part,
-                                hint="run again without --resume")
+                                hint=f"run again without {setting('resume')}")
     return lines, size
 
 

@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, setting
 
 POLL_SECONDS = 0.2
 ORPHAN_CHECK_SECONDS = 1.0  # how often a worker looks whether its parent is still there
@@ -238,7 +238,8 @@ class WorkerPool:
                 if process is not None and not process.is_alive():
                     raise PhraseScorerError(
                         f"a worker process stopped unexpectedly (exit code {process.exitcode})",
-                        hint="out of memory? run again with --resume, or with fewer --workers",
+                        hint=f"out of memory? run again with {setting('resume', True)}, "
+                             f"or with fewer {setting('workers')}",
                     ) from None
         if status == "error":
             raise value

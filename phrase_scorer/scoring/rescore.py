@@ -42,7 +42,7 @@ import numpy as np
 from phrase_scorer import __version__
 from phrase_scorer.scoring.columns import check_finite, per_token
 from phrase_scorer.config import FORWARD_FEATURE_PREFIX, REVERSE_FEATURE_PREFIX, RescoreOptions, ScoringOptions
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import (
     GZIP_LIBRARY,
     STDIO,
@@ -103,8 +103,8 @@ def feature_models(forward: Sequence[PathLike], reverse: Sequence[PathLike] = ()
     from phrase_scorer.model_dir import load_model
 
     for dirs, given, option, together, together_option in (
-            (forward, names, "--name", ensemble, "--ensemble"),
-            (reverse, reverse_names, "--reverse-name", reverse_ensemble, "--reverse-ensemble")):
+            (forward, names, setting("names"), ensemble, setting("ensemble")),
+            (reverse, reverse_names, setting("reverse_names"), reverse_ensemble, setting("reverse_ensemble"))):
         if together is not None and given:
             raise PhraseScorerError(f"{option} and {together_option} both name the features of the same models",
                                     hint=f"give {together_option} NAME alone: its models add one feature")
@@ -135,7 +135,8 @@ def check_ensembles(models: Sequence[FeatureModel]) -> None:
     for members in feature_members(models):
         group = [models[i] for i in members]
         if len(group) > 1 and not all(m.ensemble for m in group):
-            raise PhraseScorerError(f"feature name {group[0].name} is given twice", hint="give each model its own --name")
+            raise PhraseScorerError(f"feature name {group[0].name} is given twice",
+                                    hint=f"give each model its own {setting('names')}")
         if len({m.reverse for m in group}) > 1:
             raise PhraseScorerError(f"ensemble {group[0].name} mixes forward and reverse models",
                                     hint="average models of one direction")
@@ -150,7 +151,8 @@ def check_feature_names(names: Sequence[str]) -> None:
     seen = set()
     for name in names:
         if name in seen:
-            raise PhraseScorerError(f"feature name {name} is given twice", hint="give each model its own --name")
+            raise PhraseScorerError(f"feature name {name} is given twice",
+                                    hint=f"give each model its own {setting('names')}")
         seen.add(name)
 
 
@@ -237,7 +239,8 @@ def rescore(
     from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     if not models:
-        raise PhraseScorerError("no model given", hint="pass -m MODEL (and/or --reverse-model MODEL)")
+        raise PhraseScorerError("no model given", hint=f"pass {setting('models', 'MODEL', short=True)} "
+                                                       f"(and/or {setting('reverse_models', 'MODEL')})")
     check_ensembles(models)
     names = feature_names(models)
     check_feature_names(names)
@@ -338,7 +341,8 @@ def read_windows(reader: NBestReader, sources: SourceSentences, models: Sequence
         taken = names.intersection(label for label, _ in entry.features)
         if taken:
             raise PhraseScorerError(f"the line already has a feature {sorted(taken)[0]}=", path=reader.path,
-                                    line=entry.line_number, hint="choose other names with --name/--reverse-name")
+                                    line=entry.line_number,
+                                    hint=f"choose other names with {setting('names')}/{setting('reverse_names')}")
         lines.append(entry)
         sentence_words.append(words)
     if lines and not flush():

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 
 from phrase_scorer import __version__
 from phrase_scorer.runtime import distributed
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.model_dir import (
     CHECKPOINT, RECENT_WEIGHTS, ModelDirectory, check_state_matches, recent_weight_files, safe_torch_load,
 )
@@ -48,7 +48,8 @@ def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> Trai
         known = {f.name for f in fields(TrainState)}
         return TrainState(**{k: v for k, v in checkpoint["state"].items() if k in known})
     except (KeyError, TypeError, ValueError) as exc:
-        raise PhraseScorerError(f"checkpoint is damaged ({exc})", path=path, hint="start again with --overwrite") from None
+        raise PhraseScorerError(f"checkpoint is damaged ({exc})", path=path,
+                                hint=f"start again with {setting('overwrite', True)}") from None
 
 
 def save_checkpoint(directory: ModelDirectory, model, optimizer, scaler, state: TrainState) -> None:

@@ -41,7 +41,7 @@ from phrase_scorer.data.batches import BatchSampler
 from phrase_scorer.data.cache import PairSet
 from phrase_scorer.data.phrase_pairs import PhraseTableData
 from phrase_scorer.runtime.device import device_label, resolve_device, resolve_precision
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, render, setting
 from phrase_scorer.io.files import OutputLock
 from phrase_scorer.config import AnyModelConfig, ModelConfig, TrainConfig, preset_config
 from phrase_scorer.models.architectures import build_model
@@ -89,12 +89,13 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
         if directory.exists():
             raise PhraseScorerError(
                 "already holds a model", path=path,
-                hint="continue it with --resume, start again with --overwrite, or choose another folder",
+                hint=f"continue it with {setting('resume', True)}, start again with {setting('overwrite', True)}, "
+                     "or choose another folder",
             )
         raise PhraseScorerError(
             f"holds a model without its config.json ({', '.join(present)})", path=path,
-            hint=("--resume cannot continue it; " if resume else "")
-            + "start again with --overwrite (replaces them), or choose another folder",
+            hint=(f"{setting('resume')} cannot continue it; " if resume else "")
+            + f"start again with {setting('overwrite', True)} (replaces them), or choose another folder",
         )
     if resume:
         log.info("nothing to resume in %s: starting afresh", path)
@@ -122,7 +123,7 @@ def check_resume_settings(saved: TrainConfig, asked: TrainConfig, explicit: Set[
     fixed = sorted(name for name in explicit if name not in TrainConfig.RESUMABLE)
     refuse_changed(
         {name: getattr(saved, name) for name in fixed}, {name: getattr(asked, name) for name in fixed},
-        label=lambda name: "--" + name.replace("_", "-"),
+        label=setting,
         hint="leave them out (the saved ones are used) or start a new run",
     )
     return replace(saved, **{name: getattr(asked, name) for name in TrainConfig.RESUMABLE if name in explicit})
@@ -197,20 +198,20 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
             saved_config = saved_config.resolved(corpus="corpus" in saved)
         except PhraseScorerError as exc:  # a setting of the wrong type or out of its range
             raise PhraseScorerError(exc.message, path=directory.file(CONFIG),
-                                    hint="correct it, or start a new run with --overwrite") from None
+                                    hint=f"correct it, or start a new run with {setting('overwrite', True)}") from None
         except TypeError as exc:
             raise PhraseScorerError(f"config has no valid 'training' section ({exc})", path=directory.file(CONFIG),
-                                    hint="start a new run with --overwrite") from None
+                                    hint=f"start a new run with {setting('overwrite', True)}") from None
         config = check_resume_settings(saved_config, config.resolved(corpus="corpus" in saved), explicit)
         if model_config is not None:
             names = ("source_shortlist", "target_shortlist")
             refuse_changed({n: getattr(saved_model, n) for n in names}, {n: getattr(model_config, n) for n in names},
-                           label=lambda name: "--" + name.replace("_", "-"), path=output,
+                           label=setting, path=output,
                            hint="leave them out (the saved ones are used) or start a new run")
         model_config = saved_model
         source_vocab, target_vocab = directory.vocabularies(saved)
         if data.kind not in saved:
-            trained_on = "a sentence corpus (--corpus)" if "corpus" in saved else "a phrase table"
+            trained_on = f"a sentence corpus ({setting('corpus')})" if "corpus" in saved else "a phrase table"
             raise PhraseScorerError(f"the interrupted run trained on {trained_on}", path=output,
                                     hint="resume with the same training data, or start a new run")
         data_info = saved[data.kind]
@@ -218,7 +219,8 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
         model_config = model_config or preset_config(config)
         config = replace(config, arch=model_config.arch).resolved(corpus=data.kind == "corpus")
         if config.valid_metric == "bleu" and data.kind != "corpus":
-            raise PhraseScorerError("--valid-metric bleu needs sentence pairs (--corpus); a phrase table validates by nll")
+            raise PhraseScorerError(f"{setting('valid_metric', 'bleu')} needs sentence pairs ({setting('corpus')}); "
+                                    "a phrase table validates by nll")
         source_counts, target_counts, data_info = data.count_words(config)
         source_vocab = Vocabulary.from_counts(source_counts, model_config.source_shortlist)
         target_vocab = Vocabulary.from_counts(target_counts, model_config.target_shortlist,
@@ -253,12 +255,15 @@ def check_validation_split(directory: ModelDirectory, data: TrainingData, config
     nll; one asked for (``--valid-metric bleu``) is refused."""
     if config.valid_metric != "bleu" or len(PairSet(directory.cache_dir, "valid")):
         return config
-    held_out = ("--dev holds no pair with two non-empty sides" if getattr(data, "dev_source", None)
-                else f"--valid-pairs {config.valid_pairs} held out none of the pairs")
+    held_out = (f"{setting('dev')} holds no pair with two non-empty sides" if getattr(data, "dev_source", None)
+                else f"{setting('valid_pairs', config.valid_pairs)} held out none of the pairs")
     if resuming or "valid_metric" in explicit:
-        raise PhraseScorerError(f"--valid-metric bleu needs validation pairs, but {held_out}", path=data.path,
-                                hint="give --dev SRC TGT or a larger --valid-pairs, or validate by --valid-metric nll")
-    log.info("no validation pairs (%s): the training NLL picks the best weights (--valid-metric nll)", held_out)
+        raise PhraseScorerError(f"{setting('valid_metric', 'bleu')} needs validation pairs, but {held_out}",
+                                path=data.path,
+                                hint=f"give {setting('dev', 'SRC TGT')} or a larger {setting('valid_pairs')}, "
+                                     f"or validate by {setting('valid_metric', 'nll')}")
+    log.info("no validation pairs (%s): the training NLL picks the best weights (%s)", render(held_out),
+             render(setting("valid_metric", "nll")))
     return replace(config, valid_metric="nll")
 
 
@@ -290,11 +295,12 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     valid_pairs = PairSet(directory.cache_dir, "valid")
     if len(train_pairs) == 0:
         raise PhraseScorerError("no pairs left for training after holding out the validation set", path=data.path,
-                                hint="lower --valid-pairs")
+                                hint=f"lower {setting('valid_pairs')}")
     log.info("pair cache: %d training pairs, %d validation pairs", len(train_pairs), len(valid_pairs))
     world = distributed.world().size
     if config.batch_size % world:
-        raise PhraseScorerError(f"--batch-size {config.batch_size} (the global batch) does not divide among {world} processes",
+        raise PhraseScorerError(f"{setting('batch_size', config.batch_size)} (the global batch) does not divide "
+                                f"among {world} processes",
                                 hint=f"use a multiple of {world}")
     log.info("global batch: %d pairs per update (%d process%s x %d pairs)", config.batch_size, world,
              "es" if world > 1 else "", config.batch_size // world)
@@ -302,7 +308,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     device = distributed.device_for_rank(resolve_device(config.device))
     if world > 1 and torch.distributed.get_backend() != distributed.backend_for(device):
         raise PhraseScorerError(f"the run trains on {device.type}, but the processes joined for another device",
-                                hint="give --device explicitly under torchrun")
+                                hint=f"give {setting('device')} explicitly under torchrun")
     precision = resolve_precision(device, config.precision)
     torch.manual_seed(config.seed)
     model = build_model(model_config, len(source_vocab), len(target_vocab))
@@ -347,7 +353,8 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     if distributed.world().is_main and not directory.file(BEST_WEIGHTS).exists():  # never a "model" without weights
         raise PhraseScorerError(f"training stopped ({loop.state.stop_reason}) without weights to keep: no validation "
                                 "gave a finite NLL", path=directory.file(BEST_WEIGHTS),
-                                hint="lower --lr, or raise the stopping limits and resume with --resume")
+                                hint=f"lower {setting('lr')}, or raise the stopping limits and resume with "
+                                     f"{setting('resume', True)}")
     return loop.state
 
 

@@ -8,6 +8,7 @@ import signal
 import threading
 from typing import Any, Dict
 
+from phrase_scorer.errors import render, setting
 from phrase_scorer.runtime.distributed import world
 from phrase_scorer.config import TrainConfig
 
@@ -17,12 +18,12 @@ log = logging.getLogger(__name__)
 def stop_reason(config: TrainConfig, state, batches_per_epoch: int) -> str:
     """Why training stops now (``""``: it goes on), from ``state`` (a TrainState)."""
     if config.max_steps is not None and state.step >= config.max_steps:
-        return f"reached --max-steps {config.max_steps}"
+        return render(f"reached {setting('max_steps', config.max_steps)}")
     if (config.max_epochs is not None
             and state.epoch + state.batch_in_epoch / max(batches_per_epoch, 1) >= config.max_epochs):
-        return f"reached --max-epochs {config.max_epochs:g}"
+        return render(f"reached {setting('max_epochs', format(config.max_epochs, 'g'))}")
     if config.max_time is not None and state.train_seconds >= config.max_time:
-        return f"reached --max-time {config.max_time:g}s"
+        return render(f"reached {setting('max_time', format(config.max_time, 'g') + 's')}")
     if state.bad_validations >= config.patience:
         return f"early stopping: no improvement in {config.patience} validations"
     return ""
