@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine:
 #   make example   install into .venv, then train a small model on the bundled table, annotate it, sample
-#   make test      install into .venv (with the test tools), then run the test suite (and the torchrun tests)
+#   make test      install into .venv (with the test tools), then lint (ruff) and run the test suite (and the torchrun tests)
 # Others: make test-slow | test-moses (needs MOSES_HOME) | test-fuzz | bench
 
 PYTHON ?= python3
@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: install example test test-slow test-moses test-fuzz bench clean
+.PHONY: install example test lint test-slow test-moses test-fuzz bench clean
 
 install: $(STAMP)
 
@@ -29,8 +29,12 @@ example: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/run.sh
 
 test: $(STAMP)
+	$(BIN)/ruff check phrase_scorer tests tools
 	$(PYTEST)
 	$(PYTEST) -m distributed
+
+lint: $(STAMP)
+	$(BIN)/ruff check phrase_scorer tests tools
 
 test-slow: $(STAMP)
 	$(PYTEST) -m slow
