@@ -175,7 +175,8 @@ def preset_config(config: TrainConfig) -> AnyModelConfig:
         raise PhraseScorerError(f"unknown architecture {config.arch!r}; choose one of {', '.join(ARCH_PRESETS)}")
     presets = ARCH_PRESETS[config.arch]
     if config.preset not in presets:
-        raise PhraseScorerError(f"unknown preset {config.preset!r} for {config.arch}; choose one of {', '.join(presets)}")
+        raise PhraseScorerError(f"unknown preset {config.preset!r} for {config.arch}; "
+                                f"choose one of {', '.join(presets)}")
     return presets[config.preset]
 
 

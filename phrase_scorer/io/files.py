@@ -484,8 +484,9 @@ def gzip_damage(path: PathLike, block_size: int = 1 << 20) -> Optional[tuple]:
                     if not members:
                         return 0, "not a valid gzip file"
                     rest = len(data) + max(0, os.fstat(source.fileno()).st_size - source.tell())
-                    return lines, (f"the gzip data ends there and is followed by {rest:,} byte{'s' if rest != 1 else ''} that "
-                                   "are not gzip (gzip -d ignores them with a warning; this reader does not)")
+                    return lines, (f"the gzip data ends there and is followed by {rest:,} "
+                                   f"byte{'s' if rest != 1 else ''} that are not gzip (gzip -d ignores them with a "
+                                   "warning; this reader does not)")
                 decompressor = zlib.decompressobj(31)
             if not data:
                 return lines, "the gzip stream ends early: the file is truncated (an interrupted copy or download?)"
