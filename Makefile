@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make example   install into .venv, then train a small model on the bundled table, annotate it, sample
-#   make test      install into .venv (with the test tools), then lint (ruff) and run the test suite (and the torchrun tests)
+#   make test      install into .venv (with the test tools), then lint (ruff, and mypy on the typed packages) and
+#                  run the test suite (and the torchrun tests)
 # Others: make test-slow | test-moses (needs MOSES_HOME) | test-fuzz | bench
 
 PYTHON ?= python3
@@ -30,11 +31,15 @@ example: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check phrase_scorer tests tools
+	$(BIN)/mypy --ignore-missing-imports --follow-imports=silent \
+		phrase_scorer/io phrase_scorer/errors.py phrase_scorer/records.py phrase_scorer/config.py phrase_scorer/vocab.py
 	$(PYTEST)
 	$(PYTEST) -m distributed
 
 lint: $(STAMP)
 	$(BIN)/ruff check phrase_scorer tests tools
+	$(BIN)/mypy --ignore-missing-imports --follow-imports=silent \
+		phrase_scorer/io phrase_scorer/errors.py phrase_scorer/records.py phrase_scorer/config.py phrase_scorer/vocab.py
 
 test-slow: $(STAMP)
 	$(PYTEST) -m slow

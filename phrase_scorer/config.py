@@ -10,8 +10,8 @@ directory stores the first two as JSON. This module imports neither torch nor nu
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Dict, Optional, Tuple, Union
+from dataclasses import Field, asdict, dataclass, fields, replace
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError, setting
 
@@ -46,6 +46,7 @@ class ArchitectureConfig:
 
     ARCH = ""
     arch: str
+    __dataclass_fields__: ClassVar[Dict[str, Field[Any]]]  # the subclasses are dataclasses (for type checkers)
 
     def __post_init__(self) -> None:
         if self.arch != self.ARCH:
@@ -155,7 +156,8 @@ RNNSEARCH_PRESETS: Dict[str, RNNsearchConfig] = {
 
 # config.json's model "arch" -> the config class and its presets (no "arch": the encoder-decoder).
 MODEL_CONFIGS = {ModelConfig.ARCH: ModelConfig, RNNsearchConfig.ARCH: RNNsearchConfig}
-ARCH_PRESETS = {ModelConfig.ARCH: PRESETS, RNNsearchConfig.ARCH: RNNSEARCH_PRESETS}
+ARCH_PRESETS: Dict[str, Mapping[str, AnyModelConfig]] = {ModelConfig.ARCH: PRESETS,
+                                                          RNNsearchConfig.ARCH: RNNSEARCH_PRESETS}
 AnyModelConfig = Union[ModelConfig, RNNsearchConfig]
 
 
@@ -175,7 +177,8 @@ def preset_config(config: TrainConfig) -> AnyModelConfig:
         raise PhraseScorerError(f"unknown architecture {config.arch!r}; choose one of {', '.join(ARCH_PRESETS)}")
     presets = ARCH_PRESETS[config.arch]
     if config.preset not in presets:
-        raise PhraseScorerError(f"unknown preset {config.preset!r} for {config.arch}; choose one of {', '.join(presets)}")
+        raise PhraseScorerError(f"unknown preset {config.preset!r} for {config.arch}; "
+                                f"choose one of {', '.join(presets)}")
     return presets[config.preset]
 
 

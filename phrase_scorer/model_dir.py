@@ -111,7 +111,9 @@ def safe_torch_load(path: PathLike, map_location: Any = "cpu") -> Any:
         ) from None
     except (RuntimeError, EOFError, ValueError, OSError, IndexError, KeyError, TypeError, AttributeError,
             UnicodeDecodeError, struct.error) as exc:  # what torch's unpickler raises on damaged bytes
-        raise PhraseScorerError(f"not a readable PyTorch weights file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})", path=path) from None
+        raise PhraseScorerError("not a readable PyTorch weights file "
+                                f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+                                path=path) from None
 
 
 @dataclass
@@ -186,7 +188,8 @@ class ModelDirectory:
 
     def read_config(self) -> Dict[str, Any]:
         if not self.path.exists():
-            raise PhraseScorerError("model directory does not exist", path=self.path, hint="train one with 'phrase-scorer train'")
+            raise PhraseScorerError("model directory does not exist", path=self.path,
+                                    hint="train one with 'phrase-scorer train'")
         if not self.path.is_dir():
             raise PhraseScorerError("is not a model directory", path=self.path)
         path = self.path / CONFIG
@@ -250,7 +253,8 @@ class ModelDirectory:
         source_vocab, target_vocab = self.vocabularies(data)
         weights_path = self.path / weights
         if not weights_path.exists():
-            hint = "training has not reached its first validation yet" if (self.path / CHECKPOINT).exists() else "train the model first"
+            hint = ("training has not reached its first validation yet" if (self.path / CHECKPOINT).exists()
+                    else "train the model first")
             raise PhraseScorerError("the model has no trained weights", path=weights_path, hint=hint)
         state = safe_torch_load(weights_path)
         if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):

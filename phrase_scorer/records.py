@@ -52,7 +52,8 @@ def read_record(path: PathLike) -> Optional[dict]:
         return None
 
 
-def differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any, Any]]:
+def differences(saved: Mapping[str, Any], current: Mapping[str, Any],
+                prefix: str = "") -> Iterator[Tuple[str, Any, Any]]:
     """(dotted name, saved value, current value) of every setting that differs; a setting only
     one side has is ``(none)`` on the other. An input file (:func:`~phrase_scorer.io.files.file_identity`)
     differs only when its bytes do (its ``size``, else its ``sha256``): not for its path or time."""

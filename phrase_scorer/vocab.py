@@ -120,5 +120,6 @@ class Vocabulary:
             raise PhraseScorerError("vocabulary lists a word twice", path=path)
         order = data.get("order", "left-to-right")
         if order not in ("left-to-right", RIGHT_TO_LEFT):
-            raise PhraseScorerError(f"vocabulary order {order!r} is neither left-to-right nor {RIGHT_TO_LEFT}", path=path)
+            raise PhraseScorerError(f"vocabulary order {order!r} is neither left-to-right nor {RIGHT_TO_LEFT}",
+                                    path=path)
         return cls(tokens[len(SPECIALS):], order == RIGHT_TO_LEFT)

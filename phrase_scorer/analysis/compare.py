@@ -145,7 +145,8 @@ def select(table: PathLike, options: CompareOptions, annotated_column: Optional[
     return picked
 
 
-def compare(table: PathLike, loaded, options: CompareOptions = CompareOptions(), chosen: Sequence[str] = ()) -> List[Comparison]:
+def compare(table: PathLike, loaded, options: CompareOptions = CompareOptions(),
+            chosen: Sequence[str] = ()) -> List[Comparison]:
     """Top targets by table and by model for the selected sources of ``table``."""
     column = model_column(table, loaded.weights_sha256)
     picked = select(table, options, column, chosen)
@@ -180,7 +181,8 @@ def to_markdown(comparisons: Sequence[Comparison], display=lambda s: s) -> str:
         rows = [c for c in comparisons if c.group == group]
         if not rows:
             continue
-        parts.append(f"**{titles[group]}**\n\n| Source | Translation model, p(e\\|f) | RNN Encoder–Decoder, log p(y\\|x) |\n|---|---|---|")
+        parts.append(f"**{titles[group]}**\n\n"
+                     "| Source | Translation model, p(e\\|f) | RNN Encoder–Decoder, log p(y\\|x) |\n|---|---|---|")
         for c in rows:
             table = "<br>".join(f"{display(t)} ({p:.3g})" for t, p in c.by_table)
             model = "<br>".join(f"{display(t)} ({lp:.2f})" for t, lp in c.by_model)

@@ -72,7 +72,8 @@ def annotated_model_column(table: PathLike) -> Optional[int]:
         return None
 
 
-def read_score_pairs(table: PathLike, table_column: int, model_column: Optional[int], max_points: int, seed: int) -> Tuple[np.ndarray, np.ndarray, int, int]:
+def read_score_pairs(table: PathLike, table_column: int, model_column: Optional[int], max_points: int,
+                     seed: int) -> Tuple[np.ndarray, np.ndarray, int, int]:
     """(table log-probs, model log-probs) of up to ``max_points`` lines (a uniform reservoir)."""
     if model_column is None:
         model_column = annotated_model_column(table)
@@ -136,7 +137,8 @@ def plot_scores(table: PathLike, output: PathLike, *, table_column: int = 0, mod
     fig.colorbar(hb, ax=ax, label="phrase pairs")
     ax.set_xlabel(table_label)
     ax.set_ylabel("log p(y|x), RNN Encoder–Decoder")
-    ax.set_title(f"{len(x):,} of {lines:,} phrase pairs: Pearson r = {pearson:.3f}, Spearman ρ = {spearman:.3f}", fontsize=10)
+    ax.set_title(f"{len(x):,} of {lines:,} phrase pairs: Pearson r = {pearson:.3f}, Spearman ρ = {spearman:.3f}",
+                 fontsize=10)
     fig.tight_layout()
     save_figure(fig, output)
     plt.close(fig)
@@ -285,7 +287,8 @@ data.points.forEach((p, i) => {{
   const c = document.createElementNS("http://www.w3.org/2000/svg", "circle");
   c.setAttribute("cx", sx(p[0])); c.setAttribute("cy", sy(p[1])); c.setAttribute("r", 3);
   c.addEventListener("mouseenter", e => {{ tip.textContent = data.labels[i]; tip.style.display = "block"; }});
-  c.addEventListener("mousemove", e => {{ tip.style.left = (e.pageX + 10) + "px"; tip.style.top = (e.pageY + 10) + "px"; }});
+  c.addEventListener("mousemove", e => {{ tip.style.left = (e.pageX + 10) + "px"; \
+tip.style.top = (e.pageY + 10) + "px"; }});
   c.addEventListener("mouseleave", () => {{ tip.style.display = "none"; }});
   svg.appendChild(c);
 }});

@@ -19,7 +19,8 @@ from phrase_scorer.runtime.threads import set_threads
 @click.argument("table", type=click.Path(dir_okay=False, exists=True))
 @click.option("--frequent", type=click.IntRange(min=0), default=5, help="Long sources with the largest counts.")
 @click.option("--rare", type=click.IntRange(min=0), default=5, help="Long sources with the smallest counts.")
-@click.option("--source", "sources", multiple=True, help="Show this source phrase (as the table writes it); repeatable.")
+@click.option("--source", "sources", multiple=True,
+              help="Show this source phrase (as the table writes it); repeatable.")
 @click.option("--top", type=click.IntRange(min=1), default=3, help="Targets shown per source and side.")
 @click.option("--min-words", type=click.IntRange(min=1), default=4, help="Shortest source considered.")
 @click.option("--min-targets", type=click.IntRange(min=1), default=3, help="Fewest targets a source must have.")
@@ -28,7 +29,8 @@ from phrase_scorer.runtime.threads import set_threads
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of Markdown.")
 @device_option
 @threads_option
-def compare(model_dir, table, frequent, rare, sources, top, min_words, min_targets, table_column, as_json, device, threads):
+def compare(model_dir, table, frequent, rare, sources, top, min_words, min_targets, table_column, as_json, device,
+            threads):
     """Top targets of long source phrases by the table and by the model (paper, Table 2)."""
     set_threads(threads)
     from phrase_scorer.analysis.compare import CompareOptions, compare as run_compare, to_json, to_markdown
@@ -55,7 +57,8 @@ def plot():
 @click.option("--table-column", type=click.IntRange(min=0), default=0, help="Table score on the x axis (0: p(f|e)).")
 @click.option("--model-column", type=click.IntRange(min=0), default=None,
               help="The model's p(y|x) column [default: from the table's signature, else the second last].")
-@click.option("--max-points", type=click.IntRange(min=2), default=2_000_000, help="Plot a uniform sample of this many pairs.")
+@click.option("--max-points", type=click.IntRange(min=2), default=2_000_000,
+              help="Plot a uniform sample of this many pairs.")
 @click.option("--seed", type=int, default=1)
 @overwrite_option
 def plot_scores(table, output, table_column, model_column, max_points, seed, overwrite):
@@ -108,7 +111,8 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
         loaded = load_model(model_dir, resolve_device(device))
         result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,
                      method=method, seed=seed, labels=labels, html_output=html_output)
-    click.echo(f"{output}: {result.method} map of {result.points:,} {kind}" + (f"; {html_output}" if html_output else ""))
+    click.echo(f"{output}: {result.method} map of {result.points:,} {kind}"
+               + (f"; {html_output}" if html_output else ""))
 
 
 @plot.command("alignments")

@@ -22,8 +22,10 @@ from phrase_scorer.runtime.threads import set_threads
               help="Model to annotate the system's phrase table with.")
 @click.option("--annotated", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Or: the system's phrase table already annotated (both columns).")
-@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True), help="Dev source and reference.")
-@click.option("--test", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True), help="Test source and reference.")
+@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Dev source and reference.")
+@click.option("--test", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Test source and reference.")
 @click.option("-o", "--output", "work_dir", required=True, type=click.Path(file_okay=False),
               help="Working directory (resumable: finished tuning runs are kept).")
 @click.option("--runs", type=click.IntRange(min=1), default=ExperimentOptions.runs, help="Tuning runs per system.")
@@ -91,7 +93,8 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
               help="mert's random starting points per run.")
 @click.option("--normalize/--no-normalize", default=RescoreExperimentOptions.normalize,
               help="Features are log p per predicted token (words + </s>) instead of log p.")
-@click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=RescoreExperimentOptions.references)
+@click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]),
+              default=RescoreExperimentOptions.references)
 @click.option("--lang", default=RescoreExperimentOptions.lang, help="Target language.")
 @click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
               help="Threads of the decoder and of mert [default: all cores].")
@@ -104,9 +107,9 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
 @precision_option
 @threads_option
 @moses_home_option
-def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, reverse_models, rows, systems, work_dir, nbest_size,
-                       runs, method, restarts, normalize, references, lang, decoder_threads, decoder_flags, decoder,
-                       report, overwrite, batch_tokens, device, precision, threads, moses_home):
+def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, reverse_models, rows, systems, work_dir,
+                       nbest_size, runs, method, restarts, normalize, references, lang, decoder_threads, decoder_flags,
+                       decoder, report, overwrite, batch_tokens, device, precision, threads, moses_home):
     """What rescoring MOSES_INI's n-best lists with sentence models buys: decode dev and test
     n-best lists, rescore them, re-tune and rerank each row --runs times, and report BLEU, chrF
     and paired bootstrap tests against Moses' 1-best."""
@@ -126,7 +129,8 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
                                      *[("a test file", path) for pair in tests for path in pair],
                                      *[("a test n-best list", path) for path in test_nbests]])
     sets = [EvalSet(set_name(dev[0]), dev[0], dev[1], dev_nbest)]
-    sets += [EvalSet(set_name(src), src, ref, test_nbests[i] if test_nbests else None) for i, (src, ref) in enumerate(tests)]
+    sets += [EvalSet(set_name(src), src, ref, test_nbests[i] if test_nbests else None)
+             for i, (src, ref) in enumerate(tests)]
 
     forward, reverse = models, reverse_models
     if not forward and not reverse:

@@ -19,7 +19,8 @@ from phrase_scorer.runtime.threads import set_threads
 @click.argument("phrases", nargs=-1)
 @click.option("-i", "--input", "input_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Read source phrases from this file, one per line ('-': stdin).")
-@click.option("-n", "--samples", type=click.IntRange(min=1), default=SampleOptions.samples, help="Ancestral samples per source.")
+@click.option("-n", "--samples", type=click.IntRange(min=1), default=SampleOptions.samples,
+              help="Ancestral samples per source.")
 @click.option("--top", type=click.IntRange(min=1), default=SampleOptions.top, help="Candidates shown per source.")
 @click.option("--beam", type=click.IntRange(min=1), default=None, help="Beam search of this width instead of sampling.")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=SampleOptions.temperature)
@@ -44,14 +45,17 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
     import json
 
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.generation.sampling import SourcePreparer, TargetLanguageModel, display, propose, read_source_phrases
+    from phrase_scorer.generation.sampling import (
+        SourcePreparer, TargetLanguageModel, display, propose, read_source_phrases,
+    )
     from phrase_scorer.runtime.device import resolve_device
 
     sources = list(phrases)
     if input_file:
         sources += read_source_phrases(input_file)
     if not sources:
-        raise PhraseScorerError("no source phrase given", hint='e.g. phrase-scorer sample -m MODEL "a man in a blue shirt"')
+        raise PhraseScorerError("no source phrase given",
+                                hint='e.g. phrase-scorer sample -m MODEL "a man in a blue shirt"')
     loaded = load_model(model_dir, resolve_device(device))
     options = SampleOptions(samples=samples, top=top, beam=beam, temperature=temperature, max_length=max_length,
                             seed=seed, allow_unk=allow_unk, rank_by=rank_by)
@@ -68,7 +72,8 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
         return
     for r in results:
         how = f"beam {beam}" if beam else f"{samples} samples"
-        click.echo(f"{display(r.words)}    [{how}" + (f"; unknown: {' '.join(r.unknown_words)}" if r.unknown_words else "") + "]")
+        click.echo(f"{display(r.words)}    [{how}"
+                   + (f"; unknown: {' '.join(r.unknown_words)}" if r.unknown_words else "") + "]")
         for c in r.candidates:
             extra = f"  lm {c.lm_log_prob:8.3f}" if lm else ""
             seen = "" if beam else f"  x{c.count}"
@@ -83,10 +88,12 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 @click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               help="Where to write the translations (a name ending in .gz is gzipped).")
-@click.option("--beam", type=click.IntRange(min=1), default=TranslateOptions.beam, help="Beam width (1: greedy search).")
+@click.option("--beam", type=click.IntRange(min=1), default=TranslateOptions.beam,
+              help="Beam width (1: greedy search).")
 @click.option("--length-normalize/--no-length-normalize", default=TranslateOptions.length_normalize,
               help="Rank the ended hypotheses by log p per token (</s> included) instead of log p.")
-@click.option("--max-length-ratio", type=click.FloatRange(min=0, min_open=True), default=TranslateOptions.max_length_ratio,
+@click.option("--max-length-ratio", type=click.FloatRange(min=0, min_open=True),
+              default=TranslateOptions.max_length_ratio,
               help="A translation has at most ceil(RATIO * source words) words.")
 @click.option("--batch-sentences", type=click.IntRange(min=1), default=TranslateOptions.batch_sentences,
               help="Sentences searched together.")

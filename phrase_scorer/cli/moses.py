@@ -59,7 +59,8 @@ def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_wei
 @click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
 @click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
               help="Dev source and reference (tokenised as the system's training data; plain or gzip).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the tuned moses.ini.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the tuned moses.ini.")
 @click.option("--working-dir", type=click.Path(file_okay=False), default=None,
               help="mert-moses.pl's working directory, made fresh [default: OUTPUT.work].")
 @click.option("--seed", type=int, default=TuneOptions.seed, help="Seed of the optimiser's random restarts.")
@@ -131,7 +132,8 @@ def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts
                        "--decoder-flags": decoder_flags, "--ignore-feature": ignore_features or None}
         given = [name for name, value in tuning_only.items() if value is not None]
         if given:
-            raise UserError(f"{', '.join(given)} only apply when tuning (--dev); the reranker holds what it was tuned with")
+            raise UserError(f"{', '.join(given)} only apply when tuning (--dev); "
+                            "the reranker holds what it was tuned with")
         with check_output(output, [("the test n-best list", test_nbest), ("the reranker", reranker)],
                           overwrite=overwrite):
             sentences = apply_reranker(reranker, test_nbest, output)
@@ -170,7 +172,8 @@ def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @overwrite_option
 @moses_home_option
-def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, decoder, as_json, overwrite, moses_home):
+def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, decoder, as_json, overwrite,
+             moses_home):
     """Decode a test set with MOSES_INI and report sacrebleu BLEU and chrF with their signatures."""
     import json
 

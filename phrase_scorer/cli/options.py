@@ -27,9 +27,11 @@ precision_option = click.option(
     "--precision", type=click.Choice(PRECISIONS), default=ScoringOptions.precision,
     help="fp32 on every device by default. bf16/fp16 (GPU only): autocast, so the decoder state and "
          "the output layer run in half precision and log p moves by 2.2-2.7e-3 (fp16) and 1.8-2.1e-2 (bf16) "
-         "nats on average, up to 0.15 on one pair (docs/precision.md); only the log-softmax stays fp32. A CPU always scores in fp32.")
+         "nats on average, up to 0.15 on one pair (docs/precision.md); only the log-softmax stays fp32. "
+         "A CPU always scores in fp32.")
 resume_option = click.option("--resume", is_flag=True,
-                             help="Continue an interrupted run of the same command (starts afresh when there is nothing to resume).")
+                             help="Continue an interrupted run of the same command (starts afresh when there is "
+                                  "nothing to resume).")
 overwrite_option = click.option("--overwrite", is_flag=True,
                                 help="Replace OUTPUT if it exists (never when it is one of the inputs).")
 moses_home_option = click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
@@ -61,17 +63,20 @@ def training_options(function):
         click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Learning rate [default: the recipe's: 1e-3 for Adam, 1.0 for Adadelta]."),
         click.option("--lr-decay", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
-                     help="Rate times this after --lr-patience validations without improvement (1: never) [default: the recipe's]."),
+                     help="Rate times this after --lr-patience validations without improvement (1: never) "
+                          "[default: the recipe's]."),
         click.option("--lr-patience", type=click.IntRange(min=1), default=None, help="[default: the recipe's]"),
         click.option("--dropout", type=click.FloatRange(min=0, max=1, max_open=True), default=None,
-                     help="Dropout on embeddings, encoder outputs and readout features, in training only [default: the recipe's]."),
+                     help="Dropout on embeddings, encoder outputs and readout features, in training only "
+                          "[default: the recipe's]."),
         click.option("--label-smoothing", type=click.FloatRange(min=0, max=1, max_open=True), default=None,
                      help="[default: the recipe's]"),
         click.option("--loss", type=click.Choice(LOSSES), default=None,
                      help="Mean NLL per pair (the papers) or per target token [default: the recipe's]."),
         click.option("--init", type=click.Choice(INITS), default=None,
                      help="Initial weights: the papers' or Glorot-uniform [default: the recipe's]."),
-        click.option("--batch-size", type=click.IntRange(min=1), default=TrainConfig.batch_size, help="Pairs per update."),
+        click.option("--batch-size", type=click.IntRange(min=1), default=TrainConfig.batch_size,
+                     help="Pairs per update."),
         click.option("--valid-pairs", type=click.IntRange(min=0), default=TrainConfig.valid_pairs,
                      help="About this many pairs are held out for validation, by source phrase (0: none; the "
                           "training NLL then picks the best weights)."),
@@ -84,8 +89,8 @@ def training_options(function):
         click.option("--valid-beam", type=click.IntRange(min=1), default=TrainConfig.valid_beam,
                      help="Beam of the validation translations (1: greedy)."),
         click.option("--average-checkpoints", type=click.IntRange(min=0), default=TrainConfig.average_checkpoints,
-                     metavar="K", help="When training stops, the mean of the weights of the last K validations "
-                                       "becomes model.pt if it validates better than the best single weights (0: off)."),
+                     metavar="K", help="When training stops, the mean of the weights of the last K validations becomes "
+                                       "model.pt if it validates better than the best single weights (0: off)."),
         click.option("--patience", type=click.IntRange(min=1), default=TrainConfig.patience,
                      help="Stop after this many validations without improvement."),
         click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many updates."),
@@ -167,13 +172,15 @@ def tune_options(function):
         click.option("--max-iterations", type=click.IntRange(min=1), default=TuneOptions.max_iterations),
         click.option("--return-best-dev/--return-last", default=TuneOptions.return_best_dev,
                      help="Keep the iteration with the best dev BLEU, or the last one."),
-        click.option("--threads", type=click.IntRange(min=1), default=None, help="Decoder threads [default: all cores]."),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="Decoder threads [default: all cores]."),
         click.option("--decoder-flags", default=TuneOptions.decoder_flags,
                      help="More decoder options, e.g. '-v 0 -search-algorithm 1 -s 400'."),
         click.option("--nbest", type=click.IntRange(min=1), default=TuneOptions.nbest),
         click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin."),
         click.option("--mertdir", type=click.Path(file_okay=False, exists=True), default=None,
-                     help="Folder of mert's programs (extractor, mert, kbmira, pro, evaluator) [default: MOSES_HOME/bin]."),
+                     help="Folder of mert's programs (extractor, mert, kbmira, pro, evaluator) "
+                          "[default: MOSES_HOME/bin]."),
     ]
     for option in reversed(options):
         function = option(function)

@@ -19,7 +19,8 @@ from phrase_scorer.runtime.threads import set_threads
 @cli.command()
 @model_option
 @click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", help="Where to write the scores.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+              help="Where to write the scores.")
 @overwrite_option
 @batch_tokens_option
 @device_option
@@ -97,7 +98,8 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
                    err=True)
     else:
         click.echo(
-            f"annotated {result.lines:,} lines in {result.seconds:.0f}s ({result.lines / max(result.seconds, 1e-9):,.0f} lines/s)"
+            f"annotated {result.lines:,} lines in {result.seconds:.0f}s "
+            f"({result.lines / max(result.seconds, 1e-9):,.0f} lines/s)"
             + ("" if writes_directly(output) else f": {output}, signature {output}.json"),
             err=True,
         )
@@ -131,7 +133,8 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
               help="Write log p divided by the predicted tokens (words + 1) instead of log p.")
 @batch_tokens_option
 @click.option("--window-lines", type=click.IntRange(min=1), default=RescoreOptions.window_lines,
-              help="About this many lines (whole sentences) read, scored and written at a time (also the resume granularity).")
+              help="About this many lines (whole sentences) read, scored and written at a time (also the resume "
+                   "granularity).")
 @device_option
 @precision_option
 @threads_option
@@ -152,7 +155,8 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, ensembl
                             reverse_ensemble=reverse_ensemble)
     set_threads(threads, [feature.loaded.model for feature in loaded])
     try:
-        result = run_rescore(nbest, source, output, loaded, RescoreOptions(normalize=normalize, window_lines=window_lines),
+        result = run_rescore(nbest, source, output, loaded,
+                             RescoreOptions(normalize=normalize, window_lines=window_lines),
                              ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
                              overwrite=overwrite)
     except KeyboardInterrupt:

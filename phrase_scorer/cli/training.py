@@ -21,9 +21,11 @@ from phrase_scorer.runtime.threads import set_threads
 @click.option("--corpus", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
               help="Train on the sentence pairs of two aligned files (plain or gzip, tokenised) instead of a TABLE.")
 @click.option("--dev", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
-              help="With --corpus: validate on these sentence pairs [default: hold out about --valid-pairs training pairs].")
+              help="With --corpus: validate on these sentence pairs "
+                   "[default: hold out about --valid-pairs training pairs].")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
-              help="With --corpus: leave out training pairs with a side longer than this many words (paper: 30 or 50) [default: no limit].")
+              help="With --corpus: leave out training pairs with a side longer than this many words (paper: 30 or 50) "
+                   "[default: no limit].")
 @click.option("--right-to-left", is_flag=True, default=False,
               help="Read the target side last word first (a right-to-left model, a second opinion for rescoring). "
                    "The model keeps it: score, rescore, annotate and translate reverse the words for it by themselves.")
@@ -54,8 +56,8 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
     if processes > 1 and not current.is_distributed:  # start the job; its ranks run this command again
         ctx.exit(distributed.launch_local(processes, sys.argv[1:], threads, resume_command=resume_command))
     if processes > 1 and processes != current.local_size:
-        raise UserError(f"--processes {processes}, but torchrun started {current.local_size} processes on this machine; "
-                        "give --processes or run under torchrun, not both")
+        raise UserError(f"--processes {processes}, but torchrun started {current.local_size} processes on this "
+                        "machine; give --processes or run under torchrun, not both")
     set_threads(threads)
     from phrase_scorer.data.sentence_pairs import SentenceCorpus
 

@@ -169,7 +169,8 @@ class PairSet:
             self.size = int(meta["num_pairs"][split])
             self.id_dtype = np.dtype(meta["id_dtype"])
         except (TypeError, KeyError, ValueError):
-            raise PhraseScorerError("pair cache is missing or damaged", path=cache_dir, hint="train again to rebuild it") from None
+            raise PhraseScorerError("pair cache is missing or damaged", path=cache_dir,
+                                    hint="train again to rebuild it") from None
         self._fds = {}
         for name in ("src.ids", "tgt.ids", "src.offsets", "tgt.offsets", "lengths"):
             path = cache_dir / f"{split}.{name}"
@@ -213,7 +214,8 @@ class PairSet:
     def pair(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
         s0, s1 = self._read("src.offsets", np.int64, i, 2)
         t0, t1 = self._read("tgt.offsets", np.int64, i, 2)
-        return self._read("src.ids", self.id_dtype, int(s0), int(s1 - s0)), self._read("tgt.ids", self.id_dtype, int(t0), int(t1 - t0))
+        return (self._read("src.ids", self.id_dtype, int(s0), int(s1 - s0)),
+                self._read("tgt.ids", self.id_dtype, int(t0), int(t1 - t0)))
 
     def batch_arrays(self, indices: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Padded id matrices and lengths for ``indices``: src (B, S), src_len, tgt (B, T), tgt_len."""

@@ -79,7 +79,8 @@ class CacheMeta:
     num_pairs: dict
 
 
-def expected_meta(table: PathLike, source_vocab: Vocabulary, target_vocab: Vocabulary, valid_fraction: float, seed: int) -> CacheMeta:
+def expected_meta(table: PathLike, source_vocab: Vocabulary, target_vocab: Vocabulary, valid_fraction: float,
+                  seed: int) -> CacheMeta:
     return CacheMeta(
         format=CACHE_FORMAT,
         version=CACHE_VERSION,

@@ -49,7 +49,8 @@ PAPER_WINDOW_BATCHES = 20  # minibatches read, sorted by length and cut together
 EMPTY, TOO_LONG = "empty", "too_long"
 
 
-def read_sentence_pairs(source: PathLike, target: PathLike, desc: str = "reading") -> Iterator[Tuple[int, List[str], List[str]]]:
+def read_sentence_pairs(source: PathLike, target: PathLike,
+                        desc: str = "reading") -> Iterator[Tuple[int, List[str], List[str]]]:
     """(line number, source words, target words) for every line of two aligned files, in order.
 
     Raises when the files have different numbers of lines (naming the longer file and its first
@@ -181,9 +182,11 @@ class SentenceCorpus:
                 if left_out(source_words, target_words, config.max_length) is not None:
                     continue
                 in_valid = valid_fraction is not None and source_hash(source_words, config.seed) < valid_fraction
-                yield "valid" if in_valid else "train", source_vocab.encode(source_words), target_vocab.encode(target_words)
+                yield ("valid" if in_valid else "train", source_vocab.encode(source_words),
+                       target_vocab.encode(target_words))
             if self.dev_source:
-                for _, source_words, target_words in read_sentence_pairs(self.dev_source, self.dev_target, "reading dev set"):
+                for _, source_words, target_words in read_sentence_pairs(self.dev_source, self.dev_target,
+                                                                         "reading dev set"):
                     if left_out(source_words, target_words, None) is not None:
                         dev_empty["pairs"] += 1
                         continue

@@ -100,7 +100,8 @@ def parse_binarizer(command: Optional[str]) -> Optional[BinaryTarget]:
         words = shlex.split(text)
     except ValueError as exc:
         raise PhraseScorerError(f"{setting('binarizer', repr(text))} cannot be read ({exc})",
-                                hint="set ttable-binarizer to a Moses binariser, e.g. $moses-bin-dir/processPhraseTableMin") from None
+                                hint="set ttable-binarizer to a Moses binariser, "
+                                     "e.g. $moses-bin-dir/processPhraseTableMin") from None
     program, arguments = words[0], words[1:]
     by_program = {name: kind for kind, name in BINARIZERS.items()}
     name = os.path.basename(program)
@@ -128,7 +129,8 @@ def phrase_table_file(ini: MosesIni, path_value: str, line: int) -> str:
     EMS names tables by their stem (``model/phrase-table.N``) while train-model.perl writes
     ``model/phrase-table.N.gz``; Moses and the filter script try ``.gz`` when the stem is absent.
     """
-    path = path_value if os.path.isabs(path_value) else os.path.join(os.path.dirname(os.path.abspath(ini.path)), path_value)
+    path = (path_value if os.path.isabs(path_value)
+            else os.path.join(os.path.dirname(os.path.abspath(ini.path)), path_value))
     for candidate in (path, path + ".gz"):
         if os.path.isfile(candidate):
             return candidate

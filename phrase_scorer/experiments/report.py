@@ -42,7 +42,8 @@ def p_values(values: Optional[Sequence[float]]) -> str:
 def closing_lines(signatures: Mapping[str, str]) -> str:
     """The sacrebleu signatures and the package version, as the last lines of Settings."""
     return (f"- sacrebleu signatures: BLEU `{signatures.get('BLEU', '')}`, chrF `{signatures.get('chrF', '')}`\n"
-            f"- phrase-scorer {__version__}, report written {datetime.now(timezone.utc).isoformat(timespec='seconds')}\n")
+            f"- phrase-scorer {__version__}, report written "
+            f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}\n")
 
 
 def write_report(work: Path, markdown: str, results: Mapping[str, Any]) -> None:

@@ -297,7 +297,8 @@ def oracle_sizes(options: RescoreExperimentOptions) -> List[int]:
     return [k for k in ORACLE_SIZES if k < options.nbest_size] + [options.nbest_size]
 
 
-def significance(runs: Sequence[RowRun], sets: Sequence[EvalSet], options: RescoreExperimentOptions) -> Dict[str, Dict[str, List[float]]]:
+def significance(runs: Sequence[RowRun], sets: Sequence[EvalSet],
+                 options: RescoreExperimentOptions) -> Dict[str, Dict[str, List[float]]]:
     """Paired bootstrap p of every tuned run against the decoder's 1-best, per test set."""
     out: Dict[str, Dict[str, List[float]]] = {}
     baseline = next(r for r in runs if r.seed is None)
@@ -395,7 +396,8 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
                           mean_sd([r.scores[name]["chrf"] for r in runs]),
                           p_values(report.significance.get(name, {}).get(label))))
         parts.append(f"**{name}** (dev: {dev})\n\n" + table(
-            ["System", "features added", f"BLEU {dev}", f"BLEU {name}", "Δ BLEU", f"chrF {name}", "p vs Moses (per seed)"],
+            ["System", "features added", f"BLEU {dev}", f"BLEU {name}", "Δ BLEU", f"chrF {name}",
+             "p vs Moses (per seed)"],
             cells))
     per_run = table(["System", "seed", *(f"BLEU {s.name}" for s in sets), "tuned dev BLEU (Moses' scorer)"],
                     [(run.row, NONE if run.seed is None else run.seed,
@@ -415,7 +417,8 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
                           two_decimals(moses_scores[s.name]["bleu"]),
                           *(two_decimals(report.oracle[s.name][str(k)]) for k in sizes)) for s in sets])
     model_lines = [f"- {m.name}: `{m.loaded.directory}` ({m.loaded.config.arch}, "
-                   f"{'target→source' if m.reverse else 'source→target'}, weights sha256 `{m.loaded.weights_sha256[:16]}…`)"
+                   f"{'target→source' if m.reverse else 'source→target'}, "
+                   f"weights sha256 `{m.loaded.weights_sha256[:16]}…`)"
                    for m in models]
     return (
         "\n\n".join(parts) + "\n\n"
@@ -434,8 +437,10 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
         "Settings:\n\n"
         f"- Moses config: `{ini}`; "
         + "".join(f"{d.label}: `" + "`, `".join(d.inis) + "`; " for d in systems)
-        + ("; ".join(f"{s.name}: the n-best list `{s.nbest}`" for s in sets if s.nbest) + "; " if any(s.nbest for s in sets) else "")
-        + (f"n-best lists decoded with {options.nbest_size} distinct hypotheses, decoder flags `{options.decoder_flags}`"
+        + ("; ".join(f"{s.name}: the n-best list `{s.nbest}`" for s in sets if s.nbest) + "; "
+           if any(s.nbest for s in sets) else "")
+        + (f"n-best lists decoded with {options.nbest_size} distinct hypotheses, decoder flags "
+           f"`{options.decoder_flags}`"
            if not all(s.nbest for s in sets) else f"oracle up to {options.nbest_size} hypotheses") + "\n"
         + "\n".join(model_lines) + "\n"
         f"- rescoring: {'log p per predicted token' if options.normalize else 'log p (natural log)'}; reranking: "

@@ -126,7 +126,8 @@ def stale_annotation(table: Path, original: str, model_dir: PathLike) -> List[st
     return changed(recorded, current)
 
 
-def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathLike], annotated: Optional[PathLike]) -> Dict[str, str]:
+def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathLike],
+                   annotated: Optional[PathLike]) -> Dict[str, str]:
     """The phrase table of each system: the original, and the annotated table with 1 or 2 columns.
 
     Tables made by an earlier run are reused only when they come from the same inputs (see the
@@ -265,7 +266,8 @@ def result_of(step: Step) -> Optional[RunResult]:
     return RunResult(**read_record(step.outputs[0])) if step.done else None
 
 
-def significance(runs: Sequence[RunResult], references: Sequence[str], options: ExperimentOptions) -> Dict[str, List[float]]:
+def significance(runs: Sequence[RunResult], references: Sequence[str],
+                 options: ExperimentOptions) -> Dict[str, List[float]]:
     """Paired bootstrap p-values of each system's run against the baseline run with the same seed."""
     baseline = {r.seed: r for r in runs if r.system == SYSTEMS[0].name}
     out: Dict[str, List[float]] = {}
@@ -284,7 +286,8 @@ _BEST_ITERATION = re.compile(r"copying weights from best iteration \((\d+),")
 def chosen_nbest(run_dir: Path) -> Optional[Path]:
     """The dev n-best list decoded with the weights the tuning run kept."""
     mert = run_dir / "tune" / "mert"
-    log_text = (run_dir / "tune" / "tune.log").read_text(errors="replace") if (run_dir / "tune" / "tune.log").exists() else ""
+    log_text = ((run_dir / "tune" / "tune.log").read_text(errors="replace")
+                if (run_dir / "tune" / "tune.log").exists() else "")
     match = _BEST_ITERATION.search(log_text)
     lists = sorted(mert.glob("run*.best*.out.gz"), key=lambda p: int(re.match(r"run(\d+)", p.name).group(1)))
     if match:

@@ -119,7 +119,8 @@ def translate_chunk(lines: Sequence[str], work: Path, *, ini: PathLike, moses: M
         decode(ini, source, work / "chunk.1best", moses=moses, threads=threads, decoder_flags=flags, decoder=decoder)
         decoded = time.monotonic()
         if models:
-            rescore(nbest, source, rescored, models, RescoreOptions(normalize=normalize), scoring_options, overwrite=True)
+            rescore(nbest, source, rescored, models, RescoreOptions(normalize=normalize), scoring_options,
+                    overwrite=True)
         else:
             rescored = nbest
         scored = time.monotonic()

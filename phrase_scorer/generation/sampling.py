@@ -60,7 +60,8 @@ class SourcePreparer:
     """Turns raw text into table-style tokens: Moses tokenisation and escaping (sacremoses), and
     lowercasing when the model's source vocabulary has no capitals (as for a lowercased corpus)."""
 
-    def __init__(self, vocab: Vocabulary, lang: str = "en", tokenize: bool = True, lowercase: Optional[bool] = None) -> None:
+    def __init__(self, vocab: Vocabulary, lang: str = "en", tokenize: bool = True,
+                 lowercase: Optional[bool] = None) -> None:
         self.tokenize = tokenize
         self.lowercase = lowercase if lowercase is not None else not any(t != t.lower() for t in vocab.tokens[3:])
         self._tokenizer = None
@@ -113,7 +114,8 @@ def _next_log_probs(model: TranslationModel, rows: Memory, state: Tensor, prev: 
 
 @torch.inference_mode()
 def ancestral_samples(model: TranslationModel, sources: Sequence[Sequence[int]], n: int, *, temperature: float = 1.0,
-                      max_length: int = 10, seed: int = 1, allow_unk: bool = True) -> List[List[Tuple[Tuple[int, ...], bool]]]:
+                      max_length: int = 10, seed: int = 1,
+                      allow_unk: bool = True) -> List[List[Tuple[Tuple[int, ...], bool]]]:
     """``n`` samples y ~ p(y|x) per source: lists of (target ids, ended with </s>)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
@@ -266,7 +268,8 @@ class TargetLanguageModel:
 
 
 def propose(loaded, sources: Sequence[str], options: SampleOptions = SampleOptions(), *,
-            preparer: Optional[SourcePreparer] = None, language_model: Optional[TargetLanguageModel] = None) -> List[Proposals]:
+            preparer: Optional[SourcePreparer] = None,
+            language_model: Optional[TargetLanguageModel] = None) -> List[Proposals]:
     """Candidate target phrases for each source phrase, ranked; see the module docstring."""
     if options.rank_by not in ("model", "model+lm"):
         raise PhraseScorerError(f"{setting('rank_by')} takes model or model+lm")
@@ -293,7 +296,8 @@ def propose(loaded, sources: Sequence[str], options: SampleOptions = SampleOptio
 
     generated: List[Dict[Tuple[int, ...], Tuple[int, bool]]] = []
     if options.beam:
-        found = beam_search_batch(model, source_ids, options.beam, max_length=options.max_length, allow_unk=options.allow_unk)
+        found = beam_search_batch(model, source_ids, options.beam, max_length=options.max_length,
+                                  allow_unk=options.allow_unk)
         generated = [{seq: (1, True) for seq, _ in per_source if seq} for per_source in found]
     else:
         samples = ancestral_samples(model, source_ids, options.samples, temperature=options.temperature,

@@ -34,7 +34,8 @@ class Translation:
         return " ".join(self.words)
 
 
-def translate_sentences(loaded, sentences: Sequence[Sequence[str]], options: TranslateOptions = TranslateOptions()) -> List[Translation]:
+def translate_sentences(loaded, sentences: Sequence[Sequence[str]],
+                        options: TranslateOptions = TranslateOptions()) -> List[Translation]:
     """The best translation of each tokenised sentence (a list of words), in order."""
     from phrase_scorer.generation.sampling import beam_search_batch
 

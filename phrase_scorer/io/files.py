@@ -31,10 +31,12 @@ import stat
 from stat import S_ISREG
 import zlib
 from pathlib import Path
+from types import ModuleType
 from typing import Any, BinaryIO, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError
 
+fast_gzip: ModuleType
 try:  # ISA-L: the fast gzip (see the module docstring)
     from isal import igzip as fast_gzip
     from isal import isal_zlib
@@ -74,7 +76,7 @@ def writes_directly(path: PathLike) -> bool:
 class CountingReader(io.RawIOBase):
     """Wraps a raw binary file and counts the bytes read through it."""
 
-    def __init__(self, raw: BinaryIO) -> None:
+    def __init__(self, raw: Any) -> None:  # a raw file (FileIO, stdin's), or stdin's buffer: what has readinto
         self._raw = raw
         self.bytes_read = 0
 
@@ -117,7 +119,8 @@ class InputFile:
         buffered = io.BufferedReader(self._counter, buffer_size=1 << 20)
         self.compressed = buffered.peek(2)[:2] == GZIP_MAGIC
         if self.compressed:
-            self.stream: BinaryIO = io.BufferedReader(fast_gzip.GzipFile(fileobj=buffered, mode="rb"), 1 << 20)
+            self.stream: io.BufferedReader[Any] = io.BufferedReader(fast_gzip.GzipFile(fileobj=buffered, mode="rb"),
+                                                                    1 << 20)
         else:
             self.stream = buffered
 
@@ -273,6 +276,7 @@ class AtomicOutput:
             return
         self.flush()
         self.file.close()
+        assert self.tmp_path is not None  # set whenever the output is not written directly
         os.replace(self.tmp_path, self.path)
         fsync_dir(Path(self.path).parent)
         self.committed = True
@@ -288,6 +292,7 @@ class AtomicOutput:
             return
         keep = self.keep_on_failure and (self.resume_record is None or self.resume_record.exists())
         if not keep:
+            assert self.tmp_path is not None  # set whenever the output is not written directly
             try:
                 os.unlink(self.tmp_path)
             except FileNotFoundError:
@@ -484,8 +489,9 @@ def gzip_damage(path: PathLike, block_size: int = 1 << 20) -> Optional[tuple]:
                     if not members:
                         return 0, "not a valid gzip file"
                     rest = len(data) + max(0, os.fstat(source.fileno()).st_size - source.tell())
-                    return lines, (f"the gzip data ends there and is followed by {rest:,} byte{'s' if rest != 1 else ''} that "
-                                   "are not gzip (gzip -d ignores them with a warning; this reader does not)")
+                    return lines, (f"the gzip data ends there and is followed by {rest:,} "
+                                   f"byte{'s' if rest != 1 else ''} that are not gzip (gzip -d ignores them with a "
+                                   "warning; this reader does not)")
                 decompressor = zlib.decompressobj(31)
             if not data:
                 return lines, "the gzip stream ends early: the file is truncated (an interrupted copy or download?)"

@@ -365,7 +365,8 @@ def ini_inputs(ini: "MosesIni") -> List[Tuple[str, str]]:
     for feature in ini.features():
         path = feature.get("path")
         if path:
-            found += [(f"the file of {feature.name}", path), (f"the file of {feature.name}", os.path.join(folder, path))]
+            found += [(f"the file of {feature.name}", path),
+                      (f"the file of {feature.name}", os.path.join(folder, path))]
     return found
 
 

@@ -142,8 +142,9 @@ def check_sentence_order(entry: NBestEntry, last_id: int, path: PathLike) -> Non
     """Refuse an entry whose sentence id is below ``last_id``, the id of the entry before it
     (-1 for none): Moses writes a list grouped by sentence id in increasing order."""
     if entry.sentence_id < last_id:
-        raise PhraseScorerError(f"sentence id {entry.sentence_id} comes after {last_id}", path=path, line=entry.line_number,
-                                hint="the n-best list must be grouped by sentence id in increasing order, as Moses writes it")
+        raise PhraseScorerError(f"sentence id {entry.sentence_id} comes after {last_id}", path=path,
+                                line=entry.line_number, hint="the n-best list must be grouped by sentence id in "
+                                                             "increasing order, as Moses writes it")
 
 
 def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = None) -> NBestEntry:

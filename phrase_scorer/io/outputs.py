@@ -83,10 +83,10 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
     claim = OutputClaim()
     if output == STDIO:
         return claim
-    inputs = [(name, os.fspath(path)) for name, path in inputs if path is not None and os.fspath(path) != STDIO]
+    given = [(name, os.fspath(path)) for name, path in inputs if path is not None and os.fspath(path) != STDIO]
     for suffix in ("", *companions):
         written = output + suffix
-        for name, path in inputs:
+        for name, path in given:
             if same_file(written, path):
                 alias = "" if os.path.abspath(written) == os.path.abspath(path) else " (through a link)"
                 whose = f"{what} {output}" if not suffix else f"{written}, written beside {what} {output},"
@@ -126,7 +126,7 @@ class OutputClaim:
     taken: ``-``, a device, a pipe, a rank that does not write) until :meth:`release`."""
 
     def __init__(self) -> None:
-        self.lock = None
+        self.lock: Optional[OutputLock] = None
 
     def release(self) -> None:
         lock, self.lock = self.lock, None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Generator, List, Optional
 
 from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import PathLike, ReadProgress, line_text, open_input, read_failure
@@ -123,7 +123,7 @@ class PhraseTableReader(ReadProgress):
     def error(self, message: str, line: Optional[int] = None, hint: Optional[str] = None) -> PhraseScorerError:
         return PhraseScorerError(message, path=self.path, line=line, hint=hint)
 
-    def __iter__(self) -> Iterator[TableLine]:
+    def __iter__(self) -> Generator[TableLine, None, None]:
         self._input = open_input(self.path)
         number = 0
         try:

@@ -146,7 +146,7 @@ class ScoreAppender:
 
     def with_scores_appended(self, values: List[bytes]) -> bytes:
         """Every line with its ``values`` added at the end of its score field, joined."""
-        out = []
+        out: List[bytes] = []
         for raw, end, value, eol in zip(self.lines, self.ends, values, self.eols):
             out += (raw[:end], b" ", value, raw[end:], eol)
         return b"".join(out)
@@ -175,7 +175,7 @@ def parse_window(window: RawWindow, path: PathLike, num_scores: Optional[int], *
     target_words = [parts[1].split() for parts in fields] if source_words is not None else None
     count = num_scores
     clean = (
-        source_words is not None
+        source_words is not None and target_words is not None
         and len(lines) == window.lines
         and min(map(len, fields)) >= min_fields
         and not (window.first_line == 1 and data.startswith(BOM.encode()))
@@ -192,6 +192,7 @@ def parse_window(window: RawWindow, path: PathLike, num_scores: Optional[int], *
             clean = counts == {count} and not _NOT_PLAIN_NUMBER.search(text) and _non_negative_finite(text)
     if not clean:
         return _parse_line_by_line(window, path, num_scores, min_fields, check_scores)
+    assert source_words is not None and target_words is not None  # a clean window has both sides
     return ParsedWindow(window.first_line, lines, eols, fields, source_words, target_words, count)
 
 

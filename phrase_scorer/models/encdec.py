@@ -238,7 +238,8 @@ def mean_embedding(emb: Tensor, lengths: Tensor) -> Tensor:
     return (emb * mask.unsqueeze(2).to(emb.dtype)).sum(1) / lengths.unsqueeze(1).to(emb.dtype)
 
 
-def forward_flops(config: ModelConfig, target_vocab_size: int, source_length: float, target_length: float) -> Dict[str, float]:
+def forward_flops(config: ModelConfig, target_vocab_size: int, source_length: float,
+                  target_length: float) -> Dict[str, float]:
     """Analytic multiply-add FLOPs (2 per MAC) of scoring one pair the naive way.
 
     ``target_length`` counts words; the decoder runs one more step for </s>. Parts:

@@ -222,7 +222,8 @@ class RNNsearch(TranslationModel):
         state, features, _ = self.step_with_alignment(memory, state, prev)
         return state, features
 
-    def step_with_alignment(self, memory: RNNsearchMemory, state: Tensor, prev: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    def step_with_alignment(self, memory: RNNsearchMemory, state: Tensor,
+                            prev: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """As :meth:`step`, with the alignment weights a_i. (N, S) used for c_i."""
         prev_emb = self.drop(embed_previous(self.embed, prev))  # (N, m) E y_{i-1}, 0 for y_0
         alpha = self.alignment(state, memory.keys, memory.mask)  # (N, S)
@@ -244,7 +245,8 @@ class RNNsearch(TranslationModel):
         return torch.stack(weights, 1) * valid.unsqueeze(2).to(memory.annotations.dtype)  # (B, T+1, S)
 
 
-def forward_flops(config: RNNsearchConfig, target_vocab_size: int, source_length: float, target_length: float) -> Dict[str, float]:
+def forward_flops(config: RNNsearchConfig, target_vocab_size: int, source_length: float,
+                  target_length: float) -> Dict[str, float]:
     """Analytic multiply-add FLOPs (2 per MAC) of the teacher-forced forward pass of one pair.
 
     ``target_length`` counts words; the decoder runs one more step for </s>. Parts: ``encoder``

@@ -88,7 +88,8 @@ def run_binarizer(feature_type: str, text_table: PathLike, output: PathLike, num
     program = command[0]
     if not (os.path.isfile(program) and os.access(program, os.X_OK)):
         raise PhraseScorerError("no such program", path=program,
-                                hint=f"MOSES_HOME must be the Moses folder whose bin/ holds {os.path.basename(program)}")
+                                hint="MOSES_HOME must be the Moses folder whose bin/ holds "
+                                     f"{os.path.basename(program)}")
     _remove(built)
     log.info("binarising: %s", " ".join(command))
     try:

@@ -48,8 +48,9 @@ def references_kind(references: Sequence[str], kind: str = "auto") -> str:
     return "tokenized" if any(_ESCAPES.search(line) for line in references) else "raw"
 
 
-def decode(ini: PathLike, source: PathLike, output: PathLike, *, moses: MosesInstallation, threads: Optional[int] = None,
-           decoder_flags: str = "", decoder: str = "moses", log_path: Optional[PathLike] = None) -> List[str]:
+def decode(ini: PathLike, source: PathLike, output: PathLike, *, moses: MosesInstallation,
+           threads: Optional[int] = None, decoder_flags: str = "", decoder: str = "moses",
+           log_path: Optional[PathLike] = None) -> List[str]:
     """Translate ``source`` (plain or gzip) with ``ini``; returns the hypotheses, also written to ``output``."""
     ini = Path(ini).resolve()
     lines = read_lines(source)

@@ -52,7 +52,8 @@ class DevList:
 
 def copy_checked(nbest: PathLike, copy: Path, ignore: Sequence[str] = ()) -> DevList:
     """Copy ``nbest`` to ``copy`` as plain text, without the features in ``ignore``, checking
-    that its ids are grouped in increasing order and that every line has the same dense features, as the optimisers need.
+    that its ids are grouped in increasing order and that every line has the same dense
+    features, as the optimisers need.
 
     Accumulates what the least-squares fit to the totals needs, with features and totals taken
     relative to their sentence's mean: a total also holds features Moses leaves out of n-best
@@ -70,7 +71,8 @@ def copy_checked(nbest: PathLike, copy: Path, ignore: Sequence[str] = ()) -> Dev
                 if layout is None:
                     layout = found
                     if not layout:
-                        raise PhraseScorerError("the n-best list has no dense features", path=nbest, line=entry.line_number)
+                        raise PhraseScorerError("the n-best list has no dense features", path=nbest,
+                                                line=entry.line_number)
                 elif found != layout:
                     raise PhraseScorerError(
                         f"the dense features are {describe_layout(found)}, not {describe_layout(layout)} as on the "
@@ -139,8 +141,8 @@ def read_mert_data(features_path: Path, scores_path: Path, dimensions: int) -> M
     for (f_index, f_block), (s_index, s_block) in zip(read_blocks(features_path, dimensions),
                                                       read_blocks(scores_path, 2 * BLEU_ORDER + 1)):
         if f_index != s_index or len(f_block) != len(s_block):
-            raise PhraseScorerError(f"sentence {f_index} of the features does not match sentence {s_index} of the scores",
-                                    path=scores_path)
+            raise PhraseScorerError(f"sentence {f_index} of the features does not match "
+                                    f"sentence {s_index} of the scores", path=scores_path)
         features.append(f_block)
         stats.append(s_block)
     return MertData(features, stats)

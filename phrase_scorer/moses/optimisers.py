@@ -91,7 +91,8 @@ _MIRA_BLEU = re.compile(r"^Best BLEU = (\S+)")
 
 
 
-def run_mert(mert: Path, data_dir: Path, run_dir: Path, start: Weights, seed: int, options: RerankOptions) -> Tuple[List[float], float]:
+def run_mert(mert: Path, data_dir: Path, run_dir: Path, start: Weights, seed: int,
+             options: RerankOptions) -> Tuple[List[float], float]:
     size = len(start.values)
     with open(run_dir / "init.opt", "w", encoding="utf-8") as f:
         f.write(" ".join(repr(v) for v in start.values) + "\n")
@@ -115,9 +116,11 @@ def run_mert(mert: Path, data_dir: Path, run_dir: Path, start: Weights, seed: in
 
 
 
-def run_kbmira(kbmira: Path, data_dir: Path, run_dir: Path, start: Weights, seed: int, options: RerankOptions) -> Tuple[List[float], Optional[float]]:
+def run_kbmira(kbmira: Path, data_dir: Path, run_dir: Path, start: Weights, seed: int,
+               options: RerankOptions) -> Tuple[List[float], Optional[float]]:
     size = len(start.values)
-    write_lines(run_dir / "init.dense", [f"{name}= {value!r}" for name, value in zip(start.value_names(), start.values)])
+    write_lines(run_dir / "init.dense",
+                [f"{name}= {value!r}" for name, value in zip(start.value_names(), start.values)])
     args = [kbmira, "--sctype", "BLEU", "--dense-init", run_dir / "init.dense",
             "--ffile", data_dir / "dev.features.dat", "--scfile", data_dir / "dev.scores.dat",
             "--random-seed", str(seed), "--iters", str(options.mira_iterations), "-o", run_dir / "weights.txt"]
@@ -185,11 +188,13 @@ def learn_weights(dev_nbest: PathLike, dev_reference: PathLike, work: Path, *, m
     references = read_lines(dev_reference)
     if len(references) != dev.sentences:
         raise PhraseScorerError(
-            f"the reference has {len(references)} lines, but the n-best list's sentence ids go up to {dev.sentences - 1}",
+            f"the reference has {len(references)} lines, but the n-best list's sentence ids go up to "
+            f"{dev.sentences - 1}",
             path=dev_reference, hint="give the references of the sentences the n-best list was decoded from")
     write_lines(work / "dev.ref", references)
-    run_logged([extractor, "--sctype", "BLEU", "--scfile", work / "dev.scores.dat", "--ffile", work / "dev.features.dat",
-                "-r", work / "dev.ref", "-n", work / "dev.nbest"], work / "extractor.log", cwd=work)
+    run_logged([extractor, "--sctype", "BLEU", "--scfile", work / "dev.scores.dat",
+                "--ffile", work / "dev.features.dat", "-r", work / "dev.ref", "-n", work / "dev.nbest"],
+               work / "extractor.log", cwd=work)
     size = sum(n for _, n in dev.layout)
     data = read_mert_data(work / "dev.features.dat", work / "dev.scores.dat", size)
     (work / "dev.nbest").unlink()  # a plain copy of the whole list; the extractor's files hold what is needed

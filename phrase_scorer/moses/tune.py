@@ -62,7 +62,8 @@ def fresh_directory(path: Path, verb: str = "tune") -> Path:
                                     hint=f"choose another {setting('working_dir')} or remove it")
         shutil.rmtree(path)
     path.mkdir(parents=True)
-    (path / WORKDIR_MARK.format(verb=verb)).write_text(f"made by phrase-scorer {verb}; removed by the next run with this working dir\n")
+    (path / WORKDIR_MARK.format(verb=verb)).write_text(f"made by phrase-scorer {verb}; removed by the next run with "
+                                                       "this working dir\n")
     return path
 
 
@@ -70,7 +71,8 @@ _DEV_BLEU = re.compile(r"^# BLEU ([-\d.eE]+) on dev")
 
 
 def tune(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, output_ini: PathLike, *,
-         moses: MosesInstallation, options: TuneOptions = TuneOptions(), working_dir: Optional[PathLike] = None) -> TuneResult:
+         moses: MosesInstallation, options: TuneOptions = TuneOptions(),
+         working_dir: Optional[PathLike] = None) -> TuneResult:
     """Tune ``ini``'s weights on the dev set; the tuned config is written to ``output_ini``."""
     if options.method not in ("mert", "mira"):
         raise PhraseScorerError(f"{setting('method')} takes mert or mira (PRO downloads its optimiser at run time)")

@@ -67,6 +67,7 @@ def run_logged(
             raise
     if code != 0:
         raise PhraseScorerError(
-            f"{Path(argv[0]).name} failed with exit status {code}: " + (" / ".join(last_lines(log_path)) or "no output"),
+            f"{Path(argv[0]).name} failed with exit status {code}: "
+            + (" / ".join(last_lines(log_path)) or "no output"),
             path=log_path, hint=f"its whole log is {log_path}; the command: {' '.join(argv)}",
         )

@@ -205,7 +205,8 @@ class AnnotateJob:
 
     def result_of(self, output: str, seconds: float = 0.0, already_finished: bool = False) -> AnnotateResult:
         signature = Signature.read(output)
-        return AnnotateResult(output=output, lines=signature.lines, num_scores_before=signature.get("num_scores_before"),
+        return AnnotateResult(output=output, lines=signature.lines,
+                              num_scores_before=signature.get("num_scores_before"),
                               num_scores_after=signature.get("num_scores_after"), signature=signature.to_json(),
                               seconds=seconds, already_finished=already_finished)
 
@@ -314,7 +315,8 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
     beside ``output``, so ranks on several machines need a shared file system. Every rank
     returns the joined output's result."""
     if writes_directly(output) or os.fspath(job.table) == STDIO:
-        raise PhraseScorerError("a sharded run (torchrun) needs named input and output files, not '-', a device or a pipe")
+        raise PhraseScorerError("a sharded run (torchrun) needs named input and output files, "
+                                "not '-', a device or a pipe")
     started = time.monotonic()
     with distributed.joined():
         ranks_settings = distributed.all_gather_object(job.settings)
@@ -367,7 +369,8 @@ def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
     for count, first_line in counts:
         if count != num_scores:
             raise PhraseScorerError(f"found {count} scores where the first line has {num_scores}", path=job.table,
-                                    line=first_line, hint="every line of a phrase table needs the same number of scores")
+                                    line=first_line,
+                                    hint="every line of a phrase table needs the same number of scores")
     with OutputLock(output), AtomicOutput(output) as out:
         for p in parts:
             with open(p, "rb") as f:

@@ -171,7 +171,8 @@ class BatchScorer:
             described["threads"] = torch.get_num_threads()
         return described
 
-    def score(self, sources: "Sequence[Sequence[int]] | IdRows", targets: "Sequence[Sequence[int]] | IdRows") -> np.ndarray:
+    def score(self, sources: "Sequence[Sequence[int]] | IdRows",
+              targets: "Sequence[Sequence[int]] | IdRows") -> np.ndarray:
         """Natural-log log p(target | source) for each pair, float64, in input order.
 
         Ids are vocabulary ids (unknown words as ``<unk>``), as sequences or :class:`IdRows`;
@@ -254,7 +255,8 @@ class BatchScorer:
         final_states = None
         states = None
         for d, (keys, parents) in enumerate(zip(trie.keys, trie.parents)):
-            states = model.source_prefix_step(self._tensor(keys), states[self._tensor(parents)] if d else None)  # (n_d, H)
+            states = model.source_prefix_step(self._tensor(keys),
+                                              states[self._tensor(parents)] if d else None)  # (n_d, H)
             if final_states is None:
                 final_states = states.new_zeros((len(rows), states.size(1)))  # (S, H)
             ending = np.flatnonzero(lengths == d + 1)
@@ -264,7 +266,8 @@ class BatchScorer:
         return model.encode_from_final_states(final_states, src, src_len)
 
     def _score_batch(self, source_rows: np.ndarray, source_lengths: np.ndarray, target_rows: np.ndarray,
-                     lengths: np.ndarray, pair_source: np.ndarray, exact_overflow: bool = False) -> Tuple[Tensor, Tensor]:
+                     lengths: np.ndarray, pair_source: np.ndarray,
+                     exact_overflow: bool = False) -> Tuple[Tensor, Tensor]:
         """log p of each pair (float64, on the device) and the number of softmax rows whose
         shifted sum overflowed (a 0-dim tensor, read after the batch: their pairs' scores are
         not finite unless ``exact_overflow``, which recomputes those rows exactly, see
@@ -412,7 +415,8 @@ def scorer_for_worker(scoring) -> BatchScorer:
     return BatchScorer(loaded.model, scoring.options)
 
 
-def log_probs_by_forward(model: TranslationModel, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], batch_size: int = 64) -> np.ndarray:
+def log_probs_by_forward(model: TranslationModel, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]],
+                         batch_size: int = 64) -> np.ndarray:
     """Scores from the teacher-forced forward pass, ``batch_size`` pairs at a time, in input
     order, each pair encoded on its own (the naive way: validation during training, and the
     reference of tests and benchmarks). Runs in the caller's precision context."""

@@ -112,7 +112,8 @@ def feature_models(forward: Sequence[PathLike], reverse: Sequence[PathLike] = ()
             raise PhraseScorerError(f"{together_option} {together} needs two models or more, got {len(dirs)}",
                                     hint="an ensemble averages the log p of several models")
         if given and len(given) != len(dirs):
-            raise PhraseScorerError(f"{len(given)} {option} for {len(dirs)} models", hint=f"give {option} once per model, in order")
+            raise PhraseScorerError(f"{len(given)} {option} for {len(dirs)} models",
+                                    hint=f"give {option} once per model, in order")
     names = ([ensemble] * len(forward) if ensemble is not None
              else list(names) or [f"{FORWARD_FEATURE_PREFIX}{i}" for i in range(len(forward))])
     reverse_names = ([reverse_ensemble] * len(reverse) if reverse_ensemble is not None

@@ -154,8 +154,9 @@ class TrainingLoop:
                     self.count(batch, self.train_step(batch))
                     bar.update(1)
                     if st.step % 10 == 0 and not bar.disable:  # reading the loss syncs: only for a visible bar
-                        bar.set_postfix(loss=f"{float(self.interval_loss) / max(self.interval_pairs, 1) * self.world:.2f}",
-                                        epoch=st.epoch)
+                        bar.set_postfix(
+                            loss=f"{float(self.interval_loss) / max(self.interval_pairs, 1) * self.world:.2f}",
+                            epoch=st.epoch)
                     now = time.monotonic()
                     st.train_seconds += now - last_tick
                     last_tick = now
@@ -230,7 +231,8 @@ class TrainingLoop:
         if not pairs_per_second:
             return
         epoch_hours = len(self.train_pairs) / pairs_per_second / 3600
-        log.info("speed: %.0f pairs/s, about %.1f h per epoch of %d pairs", pairs_per_second, epoch_hours, len(self.train_pairs))
+        log.info("speed: %.0f pairs/s, about %.1f h per epoch of %d pairs", pairs_per_second, epoch_hours,
+                 len(self.train_pairs))
         if self.device.type == "cpu" and cfg.preset == "paper":
             log.warning(
                 "the paper preset on CPU trains at %.0f pairs/s: about %.1f hours per epoch. "
@@ -271,7 +273,8 @@ class TrainingLoop:
             self.directory.append_log(record)
             bleu = f", BLEU {metrics['valid_bleu']:.2f}" if "valid_bleu" in metrics else ""
             log.info(
-                "step %d epoch %d: train NLL %.3f/pair, valid NLL %.3f/pair %.3f/token (ppl %.1f)%s, true-vs-shuffled margin %.2f nats, %.0f pairs/s%s",
+                "step %d epoch %d: train NLL %.3f/pair, valid NLL %.3f/pair %.3f/token (ppl %.1f)%s, "
+                "true-vs-shuffled margin %.2f nats, %.0f pairs/s%s",
                 st.step, st.epoch, record["train_nll_pair"], metrics.get("valid_nll_pair", float("nan")), nll,
                 metrics.get("valid_ppl", float("nan")), bleu, metrics.get("valid_margin_pair", float("nan")),
                 record["pairs_per_second"], " (best)" if record.get("best") else "",

@@ -334,8 +334,8 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
         log.info("no checkpoint yet: starting from step 0 with the saved settings")
     state.device, state.precision = device_label(device), precision
     state.lr = state.lr or config.lr  # a checkpoint saved before the rate was recorded ran at the recipe's
-    log.info("model: %s, preset %s, %s parameters, device %s, precision %s", model_config.arch, config.preset, f"{count_parameters(model):,}",
-             state.device, precision)
+    log.info("model: %s, preset %s, %s parameters, device %s, precision %s", model_config.arch, config.preset,
+             f"{count_parameters(model):,}", state.device, precision)
 
     train_module = model
     if world > 1:

@@ -27,7 +27,8 @@ def derangement(n: int, seed: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def validate(model: TranslationModel, pairs: PairSet, device: torch.device, precision: str, batch_size: int = 256) -> Dict[str, float]:
+def validate(model: TranslationModel, pairs: PairSet, device: torch.device, precision: str,
+             batch_size: int = 256) -> Dict[str, float]:
     """NLL per pair and per target token (</s> included), perplexity, and the mean margin in
     nats between each held-out pair and the same source with another pair's target, computed in
     the resolved ``precision`` of training."""
@@ -98,7 +99,8 @@ def record_validation(config: TrainConfig, state, nll: float, bleu: Optional[flo
     improvement, for early stopping (``patience``) and the rate's decay on plateaus. Returns
     whether it is the best."""
     if improves(config.valid_metric, state, nll, bleu):
-        state.best_valid_nll, state.best_valid_bleu, state.best_step = nll, -math.inf if bleu is None else bleu, state.step
+        state.best_valid_nll, state.best_valid_bleu, state.best_step = (nll, -math.inf if bleu is None else bleu,
+                                                                         state.step)
         state.bad_validations = state.lr_bad_validations = 0
         return True
     state.bad_validations += 1
