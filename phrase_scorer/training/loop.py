@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
@@ -280,8 +280,12 @@ class TrainingLoop:
                 record["pairs_per_second"], " (best)" if record.get("best") else "",
             )
             self.save_checkpoint()
-        self.state = distributed.broadcast_object(st)  # rank 0's view of the best, the rate and the counts
-        set_learning_rate(self.optimizer, self.state.lr)
+        # rank 0's view of the best, the rate and the counts, the whole state, copied in place so
+        # that every reference to the state (the loop's, the caller's) sees it
+        agreed = distributed.broadcast_object(st)
+        for name in (f.name for f in fields(st)):
+            setattr(st, name, getattr(agreed, name))
+        set_learning_rate(self.optimizer, st.lr)
         self.reset_interval()
 
     def measure(self) -> Dict[str, float]:
