@@ -51,7 +51,8 @@ def ignored_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def start_halted(point: str, args, ready: Path, timeout: float = 600.0, *, sigint_ignored: bool = False) -> subprocess.Popen:
+def start_halted(point: str, args, ready: Path, timeout: float = 600.0, *,
+                 sigint_ignored: bool = False) -> subprocess.Popen:
     """Start ``phrase-scorer ARGS`` under tests/pause_at.py and return once it has halted at ``point``
     (with SIGINT ignored from the start where ``sigint_ignored``, else with its default action).
 

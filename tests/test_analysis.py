@@ -65,7 +65,8 @@ def test_compare_chosen_sources_and_cli(tiny_model):
     assert result.exit_code == 0, result.output
     (entry,) = json.loads(result.stdout)
     assert entry["source"] == "a man in a blue shirt" and len(entry["by_model"]) == 2
-    missing = CliRunner().invoke(cli, ["compare", "-m", str(tiny_model), str(A_MAN_TABLE), "--source", "no such phrase"])
+    missing = CliRunner().invoke(cli, ["compare", "-m", str(tiny_model), str(A_MAN_TABLE),
+                                       "--source", "no such phrase"])
     assert missing.exit_code == 1 and "not in the table" in missing.stderr
 
 

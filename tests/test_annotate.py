@@ -204,7 +204,8 @@ def test_kill_and_resume_gives_the_same_bytes(tmp_path, tiny_model):
     assert not out.exists()
     assert json.loads(record.read_text())["lines_done"] == 3000
     assert Path(str(out) + ".part").stat().st_size > json.loads(record.read_text())["bytes_done"]  # a torn chunk
-    resumed = subprocess.run(annotate_command(EXAMPLE_TABLE, tiny_model, out, "--resume"), capture_output=True, text=True)
+    resumed = subprocess.run(annotate_command(EXAMPLE_TABLE, tiny_model, out, "--resume"),
+                             capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming after 3000 lines" in resumed.stderr
     assert len(read_bytes_lines(out)) == EXAMPLE_LINES
@@ -217,7 +218,8 @@ def test_resume_refuses_changed_settings(tmp_path, loaded_tiny, tiny_model):
     proc = start_halted(f"write:{out}:2:0", annotate_args(EXAMPLE_TABLE, tiny_model, out), tmp_path / "ready")
     kill(proc)
     assert json.loads(Path(str(out) + ".part.json").read_text())["lines_done"] == 300
-    with pytest.raises(PhraseScorerError, match=r"cannot resume: options(, scoring)? changed since the interrupted run"):
+    with pytest.raises(PhraseScorerError,
+                       match=r"cannot resume: options(, scoring)? changed since the interrupted run"):
         annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300, unk_side="both"), resume=True)
 
 
@@ -330,7 +332,8 @@ def test_ini_option_writes_the_patched_config(tmp_path, tiny_model):
     assert "start weights of the new columns: prob 0.2, unk -0.2" in result.stderr
     # a table with the unknown-word column only gets that column's (negative) start weight
     unk_only = tmp_path / "unk.gz"
-    result = run("annotate", A_MAN_TABLE, "-m", tiny_model, "-o", unk_only, "--columns", "unk", "--ini", system / "moses.ini")
+    result = run("annotate", A_MAN_TABLE, "-m", tiny_model, "-o", unk_only, "--columns", "unk",
+                 "--ini", system / "moses.ini")
     assert result.exit_code == 0, result.output
     assert MosesIni.read(str(unk_only) + ".moses.ini").weight_line("TranslationModel0").weights[4:] == [-0.2]
     assert f"path={system}/lm.arpa.gz" in patched.text()  # other paths made absolute

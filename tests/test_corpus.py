@@ -74,7 +74,8 @@ def test_empty_sides_and_long_pairs_are_left_out_and_counted(tmp_path):
     _, _, unlimited = corpus.count_words(TrainConfig())
     assert (unlimited["pairs"], unlimited["left_out_too_long"]) == (4, 0)
     vocab_s, vocab_t = Vocabulary.from_counts(counts_s, 10), Vocabulary.from_counts(counts_t, 10)
-    corpus.build_cache(tmp_path / "cache", vocab_s, vocab_t, info, TrainConfig(max_length=3, valid_pairs=0), keep_existing=False)
+    corpus.build_cache(tmp_path / "cache", vocab_s, vocab_t, info, TrainConfig(max_length=3, valid_pairs=0),
+                       keep_existing=False)
     kept = PairSet(tmp_path / "cache", "train")
     assert len(kept) == 2 and len(PairSet(tmp_path / "cache", "valid")) == 0
     assert [vocab_s.decode(kept.pair(i)[0]) for i in range(2)] == [["a", "b", "c"], ["b"]]
@@ -119,8 +120,8 @@ def test_batches_sort_20_minibatches_by_length_and_visit_every_pair_once(tmp_pat
     corpus = SentenceCorpus(str(TRAIN_EN), str(TRAIN_FR))
     config = TrainConfig(valid_pairs=0)
     counts_s, counts_t, info = corpus.count_words(config)
-    corpus.build_cache(tmp_path / "c", Vocabulary.from_counts(counts_s, 100), Vocabulary.from_counts(counts_t, 100), info,
-                       config, keep_existing=False)
+    corpus.build_cache(tmp_path / "c", Vocabulary.from_counts(counts_s, 100), Vocabulary.from_counts(counts_t, 100),
+                       info, config, keep_existing=False)
     pairs = PairSet(tmp_path / "c", "train")
     batch_size = 8
     sampler = BatchSampler(pairs, batch_size, seed=4, window_batches=corpus.window_batches)
@@ -133,7 +134,8 @@ def test_batches_sort_20_minibatches_by_length_and_visit_every_pair_once(tmp_pat
         # batches taken in order of their lengths do not overlap in target length
         for start in range(0, len(batches), PAPER_WINDOW_BATCHES):
             in_window = batches[start:start + PAPER_WINDOW_BATCHES]
-            spans = sorted((int(pairs.lengths_of(b)[:, 1].min()), int(pairs.lengths_of(b)[:, 1].max())) for b in in_window)
+            spans = sorted((int(pairs.lengths_of(b)[:, 1].min()), int(pairs.lengths_of(b)[:, 1].max()))
+                           for b in in_window)
             assert all(high <= next_low for (_, high), (next_low, _) in zip(spans, spans[1:]))
         # the minibatches are shuffled: not in length order
         first_window = batches[:PAPER_WINDOW_BATCHES]
@@ -162,7 +164,8 @@ def test_resume_ends_in_the_same_state_and_refuses_other_data(tmp_path):
     train(corpus, tmp_path / "whole", TrainConfig(max_steps=40, **settings))
     train(corpus, tmp_path / "parts", TrainConfig(max_steps=23, **settings))
     assert checkpoint_state(tmp_path / "parts")["state"]["step"] == 23
-    state = train(corpus, tmp_path / "parts", TrainConfig(max_steps=40, **settings), resume=True, explicit={"max_steps"})
+    state = train(corpus, tmp_path / "parts", TrainConfig(max_steps=40, **settings), resume=True,
+                  explicit={"max_steps"})
     assert state.step == 40
     assert_same_state(tmp_path / "whole", tmp_path / "parts")
 
@@ -180,14 +183,16 @@ def test_resume_ends_in_the_same_state_and_refuses_other_data(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "phrase_scorer", "train", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "phrase_scorer", "train", *map(str, args)],
+                          capture_output=True, text=True)
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
         ([], "give a phrase TABLE or --corpus SRC TGT to train on"),
-        ([DATA / "phrase-table.a-man.gz", "--corpus", TRAIN_EN, TRAIN_FR], "give either a phrase TABLE or --corpus SRC TGT \\(not both\\)"),
+        ([DATA / "phrase-table.a-man.gz", "--corpus", TRAIN_EN, TRAIN_FR],
+         "give either a phrase TABLE or --corpus SRC TGT \\(not both\\)"),
         ([DATA / "phrase-table.a-man.gz", "--dev", VAL_EN, VAL_FR], "--dev goes with --corpus"),
         ([DATA / "phrase-table.a-man.gz", "--max-length", 30], "--max-length applies to sentence corpora"),
     ],

@@ -70,7 +70,8 @@ def test_cache_holds_every_pair_and_splits_by_source(tmp_path):
 
     cached = decode(train, src_vocab, tgt_vocab) + decode(valid, src_vocab, tgt_vocab)
     table = [
-        (tuple(w if w in src_vocab else "<unk>" for w in l.source_words), tuple(w if w in tgt_vocab else "<unk>" for w in l.target_words))
+        (tuple(w if w in src_vocab else "<unk>" for w in l.source_words),
+         tuple(w if w in tgt_vocab else "<unk>" for w in l.target_words))
         for l in read_phrase_table(EXAMPLE_TABLE)
     ]
     assert sorted(cached) == sorted(table)
@@ -108,8 +109,8 @@ def test_keyed_permutation_is_a_permutation(n):
 def example_cache(tmp_path_factory):
     out = tmp_path_factory.mktemp("cache")
     source_counts, target_counts, _ = count_words(EXAMPLE_TABLE)
-    build_cache(EXAMPLE_TABLE, out, Vocabulary.from_counts(source_counts, 500), Vocabulary.from_counts(target_counts, 500),
-                valid_fraction=0.01, seed=1)
+    build_cache(EXAMPLE_TABLE, out, Vocabulary.from_counts(source_counts, 500),
+                Vocabulary.from_counts(target_counts, 500), valid_fraction=0.01, seed=1)
     return PairSet(out, "train")
 
 

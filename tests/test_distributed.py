@@ -89,8 +89,8 @@ def test_train_processes_starts_the_same_job_as_torchrun(tmp_path, one_process):
     the same global batch, one closing line."""
     out = tmp_path / "two"
     env = job_env()
-    run = subprocess.run([sys.executable, "-m", "phrase_scorer", *map(str, ARGS), "--max-steps", str(STEPS), "-o", str(out),
-                          "--processes", "2"], capture_output=True, text=True, env=env, timeout=900)
+    run = subprocess.run([sys.executable, "-m", "phrase_scorer", *map(str, ARGS), "--max-steps", str(STEPS),
+                          "-o", str(out), "--processes", "2"], capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0, run.stderr
     assert "global batch: 16 pairs per update (2 processes x 8 pairs)" in run.stderr
     assert run.stderr.count(f"model in {out}:") == 1

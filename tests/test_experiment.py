@@ -14,7 +14,9 @@ import torch
 
 from conftest import A_MAN_TABLE
 from phrase_scorer.config import ExperimentOptions, TuneOptions
-from phrase_scorer.experiments.table1 import RUN_INPUTS, RunResult, prepare_tables, result_of, run_inputs, run_step, system_inputs
+from phrase_scorer.experiments.table1 import (
+    RUN_INPUTS, RunResult, prepare_tables, result_of, run_inputs, run_step, system_inputs,
+)
 
 
 def system(tmp_path: Path) -> Path:
@@ -64,7 +66,8 @@ def test_tables_are_remade_when_the_model_or_the_table_changes(tmp_path, tiny_mo
     signature = json.loads(Path(str(both) + ".json").read_text())
     assert signature["model"]["directory"] == str(other)
     assert "phrase-table.rnn.gz is out of date (two-column table changed)" in caplog.text
-    assert json.loads(Path(str(prob_only) + ".json").read_text())["two-column table"]["mtime_ns"] == os.stat(both).st_mtime_ns
+    assert (json.loads(Path(str(prob_only) + ".json").read_text())["two-column table"]["mtime_ns"]
+            == os.stat(both).st_mtime_ns)
 
     # the system's table touched (as a new copy would be): the same bytes, nothing is made again
     table = ini.parent / "phrase-table.gz"
@@ -106,7 +109,8 @@ def test_a_tuning_run_is_reused_only_with_the_same_inputs(tmp_path, caplog):
     run_dir = tmp_path / "rnn" / "run-1"
     result = finished_run(run_dir, inputs)
     assert result_of(run_step(run_dir, inputs)) == result
-    assert result_of(run_step(run_dir, run_inputs(system_inputs(ini, table, dev, test, options), tune))) == result  # recomputed: same
+    # recomputed: same
+    assert result_of(run_step(run_dir, run_inputs(system_inputs(ini, table, dev, test, options), tune))) == result
     # the same bytes with a new modification time (a table annotated again, data copied anew): same
     for path in (table, *dev, *test):
         os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))

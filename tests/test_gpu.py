@@ -54,11 +54,13 @@ def test_gpu_scores_match_cpu_fp32(tiny_model, precision):
 
 @pytest.mark.parametrize("precision", ["auto", "fp32"])
 def test_training_steps_run_on_the_gpu(tmp_path, precision):
-    config = TrainConfig(preset="tiny", max_steps=30, valid_every=10, valid_pairs=200, device="cuda", precision=precision)
+    config = TrainConfig(preset="tiny", max_steps=30, valid_every=10, valid_pairs=200, device="cuda",
+                         precision=precision)
     state = train(EXAMPLE_TABLE, tmp_path / "m", config)
     assert state.step == 30 and math.isfinite(state.best_valid_nll)
     assert state.device == f"cuda:{torch.cuda.get_device_name()}"
-    assert state.precision == ("fp32" if precision == "fp32" else ("bf16" if torch.cuda.is_bf16_supported() else "fp16"))
+    assert state.precision == ("fp32" if precision == "fp32"
+                               else ("bf16" if torch.cuda.is_bf16_supported() else "fp16"))
     weights = torch.load(tmp_path / "m" / "model.pt", weights_only=True)
     assert all(t.dtype == torch.float32 for t in weights.values() if t.is_floating_point())
     loaded = load_model(tmp_path / "m", "cuda")

@@ -107,7 +107,8 @@ def test_a_moved_module_names_its_new_place():
 def test_moses_and_io_never_reach_torch_not_even_lazily():
     sources = all_imports()
     for package in TORCH_FREE:
-        for name in [n for n in sources if n == f"phrase_scorer.{package}" or n.startswith(f"phrase_scorer.{package}.")]:
+        for name in [n for n in sources
+                     if n == f"phrase_scorer.{package}" or n.startswith(f"phrase_scorer.{package}.")]:
             torchy = {m for m in reachable(name, sources) if m == "torch" or m.startswith("torch.")}
             assert not torchy, f"{name} reaches torch through its imports"
 
@@ -117,7 +118,8 @@ def test_the_rule_finds_a_lazy_torch_import(tmp_path):
     first, second = tmp_path / "first.py", tmp_path / "second.py"
     first.write_text("def f():\n    from phrase_scorer import second\n", encoding="utf-8")
     second.write_text("def g():\n    import torch.nn\n", encoding="utf-8")
-    sources = {"a.first": set(imported_modules(first, "a")), "phrase_scorer.second": set(imported_modules(second, "phrase_scorer"))}
+    sources = {"a.first": set(imported_modules(first, "a")),
+               "phrase_scorer.second": set(imported_modules(second, "phrase_scorer"))}
     assert "torch.nn" in reachable("a.first", sources)
 
 
@@ -137,7 +139,8 @@ def test_inference_reaches_no_training_data_code():
     """The scorer pads with data.padding and reaches none of the training data's modules."""
     sources = {module_name(p): set(imported_modules(p, package_of(p))) for p in PACKAGE.rglob("*.py")}
     training_data = {f"phrase_scorer.data.{m}" for m in ("cache", "batches", "phrase_pairs", "sentence_pairs")}
-    for name in ("phrase_scorer.scoring.batch_scorer", "phrase_scorer.scoring.annotate_work", "phrase_scorer.scoring.rescore"):
+    for name in ("phrase_scorer.scoring.batch_scorer", "phrase_scorer.scoring.annotate_work",
+                 "phrase_scorer.scoring.rescore"):
         assert "phrase_scorer.data.padding" in reachable(name, sources) or name != "phrase_scorer.scoring.batch_scorer"
         assert not reachable(name, sources) & training_data, f"{name} reaches the training data's code"
 

@@ -13,7 +13,8 @@ from phrase_scorer.models.encdec import RNNEncoderDecoder, forward_flops
 from phrase_scorer.scoring.batch_scorer import pad
 from phrase_scorer.vocab import EOS_ID, PAD_ID
 
-SMALL = ModelConfig(embedding_dim=5, hidden_dim=7, maxout_units=4, output_rank=3, source_shortlist=20, target_shortlist=20)
+SMALL = ModelConfig(embedding_dim=5, hidden_dim=7, maxout_units=4, output_rank=3, source_shortlist=20,
+                    target_shortlist=20)
 
 
 def sigmoid(x):
@@ -159,7 +160,8 @@ def test_initialisation_follows_section_4_1_1():
 
 def test_paper_preset_shapes():
     config = PRESETS["paper"]
-    assert (config.embedding_dim, config.hidden_dim, config.maxout_units, config.maxout_pieces, config.output_rank) == (100, 1000, 500, 2, 100)
+    assert (config.embedding_dim, config.hidden_dim, config.maxout_units, config.maxout_pieces,
+            config.output_rank) == (100, 1000, 500, 2, 100)
     assert config.source_shortlist == config.target_shortlist == 15000
     model = RNNEncoderDecoder(config, 15003, 15003)
     assert model.encoder.gru.hidden_size == 1000
@@ -206,7 +208,8 @@ def test_forward_flops_of_each_architecture_match_its_training_forward(arch):
     model = build_model(config, 50, 60).eval()
     for source, target in (([3, 4, 5], [6, 7, 8, 9]), ([3] * 7, [6, 7])):
         with FlopCounterMode(display=False) as counter:
-            model(torch.tensor([source]), torch.tensor([len(source)]), torch.tensor([target]), torch.tensor([len(target)]))
+            model(torch.tensor([source]), torch.tensor([len(source)]), torch.tensor([target]),
+                  torch.tensor([len(target)]))
         analytic = FORWARD_FLOPS[arch](config, 60, len(source), len(target))["total"]
         assert counter.get_total_flops() == analytic
         assert training_flops_per_pair(config, 60, len(source), len(target)) == 3 * analytic

@@ -46,13 +46,15 @@ def test_tune_without_moses_says_so(tmp_path, monkeypatch):
     monkeypatch.delenv("MOSES_HOME", raising=False)
     dev = tmp_path / "dev.txt"
     dev.write_text("a\n")
-    result = CliRunner().invoke(cli, ["tune", str(DATA / "moses.ini"), "--dev", str(dev), str(dev), "-o", str(tmp_path / "t.ini")])
+    result = CliRunner().invoke(cli, ["tune", str(DATA / "moses.ini"), "--dev", str(dev), str(dev),
+                                      "-o", str(tmp_path / "t.ini")])
     assert result.exit_code == 1 and "no Moses installation given" in result.stderr
 
 
 def test_mert_progress_lines():
     assert parse_mert_progress("run 3 start at Sun Nov 22 03:40:00 UTC 2026") == {"iteration": 3}
-    assert parse_mert_progress("(2) BEST at 2: 0.1 0.2 -0.3 => 0.56694 at Sun Nov 22") == {"iteration": 2, "bleu": 0.56694}
+    assert parse_mert_progress("(2) BEST at 2: 0.1 0.2 -0.3 => 0.56694 at Sun Nov 22") == {
+        "iteration": 2, "bleu": 0.56694}
     assert parse_mert_progress("Scoring the nbestlist.") is None
 
 

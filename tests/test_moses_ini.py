@@ -199,7 +199,8 @@ def test_every_binary_table_type_is_patched(tmp_path, source, kind, table):
 
 
 def test_moses2_ini_gets_no_keys_moses2_would_refuse(tmp_path, six_score_table):
-    ini = variant(tmp_path, INI, ("output-factor=0\nLexicalReordering", "output-factor=0 table-limit=20\nLexicalReordering"))
+    ini = variant(tmp_path, INI,
+                  ("output-factor=0\nLexicalReordering", "output-factor=0 table-limit=20\nLexicalReordering"))
     out = tmp_path / "patched.ini"
     patch_moses_ini(ini, out, phrase_table=six_score_table)
     assert set(changed(ini, out)) == {21, 33}
@@ -227,13 +228,15 @@ def test_tuneable_components_are_extended(tmp_path, six_score_table):
 
 
 def test_missing_num_features_means_one_and_is_written(tmp_path):
-    ini = variant(tmp_path, INI, (" num-features=4", ""), ("TranslationModel0= 0.2 0.2 0.2 0.2", "TranslationModel0= 0.5"))
+    ini = variant(tmp_path, INI, (" num-features=4", ""),
+                  ("TranslationModel0= 0.2 0.2 0.2 0.2", "TranslationModel0= 0.5"))
     table = tmp_path / "t.gz"
     table.write_bytes(gzip.compress(b"a ||| b ||| 0.5 0.25 1\n"))
     out = tmp_path / "patched.ini"
     result = patch_moses_ini(ini, out, phrase_table=table)
     assert (result.old_num_features, result.new_num_features) == (1, 3)
-    assert lines_of(out)[20] == f"PhraseDictionaryMemory name=TranslationModel0 num-features=3 path={table} input-factor=0 output-factor=0"
+    assert lines_of(out)[20] == (f"PhraseDictionaryMemory name=TranslationModel0 num-features=3 path={table} "
+                                 "input-factor=0 output-factor=0")
     assert lines_of(out)[32] == "TranslationModel0= 0.5 0.2 -0.2"
 
 
@@ -242,7 +245,8 @@ def test_default_feature_names_and_picking_by_name(tmp_path, six_score_table):
         tmp_path, INI,
         ("PhraseDictionaryMemory name=TranslationModel0", "PhraseDictionaryMemory"),
         ("TranslationModel0= 0.2 0.2 0.2 0.2", "PhraseDictionaryMemory0= 0.2 0.2 0.2 0.2\nTranslationModel1= 1 1 1 1"),
-        ("LexicalReordering name", "PhraseDictionaryMemory name=TranslationModel1 num-features=4 path=b.gz\nLexicalReordering name"),
+        ("LexicalReordering name",
+         "PhraseDictionaryMemory name=TranslationModel1 num-features=4 path=b.gz\nLexicalReordering name"),
     )
     assert MosesIni.read(ini).find_phrase_table().name == "PhraseDictionaryMemory0"
     out = tmp_path / "patched.ini"
@@ -344,19 +348,21 @@ def test_a_missing_text_table_is_named(tmp_path):
         ([(MEMORY_LINE + "\n", "")], {}, 17, "no phrase-table feature"),
         ([], {"feature_name": "TranslationModel7"}, 17, "no feature named TranslationModel7"),
         ([], {"feature_name": "LM0"}, 24, "feature LM0 is a KENLM, not a phrase table"),
-        ([("PhraseDictionaryMemory name=TranslationModel0", "PhraseDictionaryMultiModel name=TranslationModel0")], {}, 21,
-         "TranslationModel0 is a PhraseDictionaryMultiModel, a phrase-table type this command does not patch"),
+        ([("PhraseDictionaryMemory name=TranslationModel0", "PhraseDictionaryMultiModel name=TranslationModel0")],
+         {}, 21, "TranslationModel0 is a PhraseDictionaryMultiModel, a phrase-table type this command does not patch"),
         ([("PhraseDictionaryMemory name=TranslationModel0", "PhraseDictionaryBitextSampling name=TranslationModel0")],
          {"feature_name": "TranslationModel0"}, 21, "is a PhraseDictionaryBitextSampling, a phrase-table type"),
         ([("TranslationModel0= 0.2 0.2 0.2 0.2\n", "")], {}, 27, "no weight line for TranslationModel0"),
         ([("TranslationModel0= 0.2 0.2 0.2 0.2", "TranslationModel0= 0.2 0.2 0.2")], {}, 33,
          "has 3 weights but num-features=4"),
         ([("TranslationModel0= 0.2", "TranslationModel0=0.2")], {}, 33, "is not read as weights"),
-        ([("TranslationModel0= 0.2 0.2 0.2 0.2", "TranslationModel0= 0.2 0.2 x 0.2")], {}, 33, "'x' of TranslationModel0 is not"),
+        ([("TranslationModel0= 0.2 0.2 0.2 0.2", "TranslationModel0= 0.2 0.2 x 0.2")], {}, 33,
+         "'x' of TranslationModel0 is not"),
         ([("num-features=4 path", "num-features=four path")], {}, 21, "num-features=four is not a whole number"),
         ([("num-features=4 path", "num-features=4 tuneable-components=1,1 path")], {}, 21,
          "tuneable-components has 2 values"),
-        ([("input-factor=0 output-factor=0\nLex", "input-factor=0 input-factor=0\nLex")], {}, 21, "input-factor= appears twice"),
+        ([("input-factor=0 output-factor=0\nLex", "input-factor=0 input-factor=0\nLex")], {}, 21,
+         "input-factor= appears twice"),
         ([("LM0= 0.5", "LM0= 0.5\nTranslationModel0= 1 1 1 1")], {}, 37, "weight lines on lines 33, 37"),
     ],
 )
@@ -435,7 +441,8 @@ def fake_program(home: Path, name: str, script: str) -> None:
 
 def test_a_failing_binariser_reports_its_last_words_and_leaves_nothing(tmp_path, six_score_table):
     home = tmp_path / "moses"
-    fake_program(home, "CreateProbingPT", 'mkdir -p "$6"; echo "reading $2" >&2; echo "Bad score on line 3" >&2; exit 3\n')
+    fake_program(home, "CreateProbingPT",
+                 'mkdir -p "$6"; echo "reading $2" >&2; echo "Bad score on line 3" >&2; exit 3\n')
     ini = variant(tmp_path, INI, ("PhraseDictionaryMemory", "ProbingPT"))
     with pytest.raises(PhraseScorerError) as caught:
         patch_moses_ini(ini, tmp_path / "o.ini", phrase_table=tmp_path / "pt.probing", binarize_from=six_score_table,

@@ -307,8 +307,9 @@ def other_writers(tmp_path, tiny_model, search_model, table, ini, out):
                              "--lines", 2, "-o", out], source),
         "experiment --report": (["experiment", ini, "--annotated", table, "--dev", dev_src, dev_ref,
                                  "--test", dev_src, dev_ref, "-o", tmp_path / "work", "--report", out], table),
-        "rescore-experiment --report": (["rescore-experiment", ini, "--dev", dev_src, dev_ref, "--test", dev_src, dev_ref,
-                                         "-m", f"m={model}", "-o", tmp_path / "work", "--report", out], dev_src),
+        "rescore-experiment --report": (["rescore-experiment", ini, "--dev", dev_src, dev_ref, "--test", dev_src,
+                                         dev_ref, "-m", f"m={model}", "-o", tmp_path / "work", "--report", out],
+                                        dev_src),
     }
 
 
@@ -431,7 +432,8 @@ def test_9_trailing_bytes_after_gzip_are_named(tmp_path, tiny_model):
     path.write_bytes(gzip.compress(data) + b"garbage\n")
     lines = data.count(b"\n")
     line = error_line(run("annotate", path, "-m", tiny_model, "-o", tmp_path / "o.gz"))
-    assert f"cannot read after line {lines}: the gzip data ends there and is followed by 8 bytes that are not gzip" in line
+    assert (f"cannot read after line {lines}: the gzip data ends there and is followed by 8 bytes that are not gzip"
+            in line)
     assert "truncated" not in line
     record("9. trailing bytes after the gzip data", "named as such, with the last line")
 

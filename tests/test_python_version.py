@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import re
 import sys
-from pathlib import Path
 from typing import Iterator, List, Tuple
 
 import pytest
@@ -129,7 +128,8 @@ def test_the_readme_states_the_same_minimum():
 
 @pytest.mark.parametrize("source, version", [
     ("from dataclasses import dataclass\n@dataclass(slots=True)\nclass A:\n    x: int\n", (3, 10)),
-    ("from dataclasses import dataclass, field\n@dataclass(frozen=True, kw_only=True)\nclass A:\n    x: int\n", (3, 10)),
+    ("from dataclasses import dataclass, field\n@dataclass(frozen=True, kw_only=True)\nclass A:\n    x: int\n",
+     (3, 10)),
     ("ok = isinstance(1, int | str)\n", (3, 10)),
     ("Alias = list | None\n", (3, 10)),
     ("for a, b in zip([1], [2], strict=True):\n    pass\n", (3, 10)),

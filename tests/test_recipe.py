@@ -32,8 +32,8 @@ def test_defaults_resolve_to_the_modern_recipe_and_single_settings_override_it()
     assert (config.dropout, config.label_smoothing, config.loss, config.init) == (
         modern.dropout, modern.label_smoothing, modern.loss, modern.init)
     paper = TrainConfig(recipe="paper").resolved()
-    assert (paper.optimizer, paper.lr, paper.dropout, paper.label_smoothing, paper.loss, paper.init, paper.lr_decay) == (
-        "adadelta", 1.0, 0.0, 0.0, "pair", "paper", 1.0)
+    assert (paper.optimizer, paper.lr, paper.dropout, paper.label_smoothing, paper.loss, paper.init,
+            paper.lr_decay) == ("adadelta", 1.0, 0.0, 0.0, "pair", "paper", 1.0)
     assert TrainConfig().resolved(corpus=True).valid_metric == "bleu"
     assert TrainConfig().resolved(corpus=False).valid_metric == "nll"
     with pytest.raises(PhraseScorerError, match="recipe"):

@@ -120,8 +120,9 @@ def fuzz_nbest(tmp_path, data):
 ini_bytes = st.one_of(
     st.lists(st.sampled_from([b"[feature]", b"[weight]", b"[mapping]", b"0 T 0", b"# comment", b"",
                               b"PhraseDictionaryMemory name=TranslationModel0 num-features=4 path=pt.gz",
-                              b"TranslationModel0= 0.2 0.2 0.2 0.2", b"TranslationModel0=0.2", b"KENLM name=LM0 path=lm",
-                              b"LM0= 0.5", b"x=", b"=y", b"\xff", b"[weight", b"\t[feature] # x"]) | st.binary(max_size=30),
+                              b"TranslationModel0= 0.2 0.2 0.2 0.2", b"TranslationModel0=0.2",
+                              b"KENLM name=LM0 path=lm", b"LM0= 0.5", b"x=", b"=y", b"\xff", b"[weight",
+                              b"\t[feature] # x"]) | st.binary(max_size=30),
              max_size=15).map(lambda ls: b"\n".join(ls)),
     st.binary(max_size=400),
 )
@@ -308,15 +309,18 @@ def test_truncated_gzip_at_every_cut(tmp_path):
         with pytest.raises(PhraseScorerError) as info:
             list(read_phrase_table(path))
         assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
-    record("edge", reader="phrase-table", case=f"gzip cut at {len(cuts)} random offsets", outcome="error", count=len(cuts))
+    record("edge", reader="phrase-table", case=f"gzip cut at {len(cuts)} random offsets", outcome="error",
+           count=len(cuts))
 
 
 WORDS = ["a", "man", "in", "the", "un", "homme", "dans", "le", "chien", "&apos;", "zzqqx", "é", "[X]"]
 word_list = st.lists(st.sampled_from(WORDS), min_size=1, max_size=6).map(" ".join)
 score = st.floats(min_value=1e-30, max_value=1.0, allow_nan=False).map(lambda v: "%.6g" % v)
-valid_line = st.tuples(word_list, word_list, st.lists(score, min_size=4, max_size=4), st.sampled_from(["", " ||| 0-0 ||| 1 1 1"])).map(
+valid_line = st.tuples(word_list, word_list, st.lists(score, min_size=4, max_size=4),
+                       st.sampled_from(["", " ||| 0-0 ||| 1 1 1"])).map(
     lambda t: f"{t[0]} ||| {t[1]} ||| {' '.join(t[2])}{t[3]}")
-valid_table = st.lists(valid_line, min_size=1, max_size=30).map(lambda ls: ("\n".join(sorted(ls)) + "\n").encode("utf-8"))
+valid_table = st.lists(valid_line, min_size=1, max_size=30).map(
+    lambda ls: ("\n".join(sorted(ls)) + "\n").encode("utf-8"))
 
 
 def count_lines(data: bytes) -> int:
@@ -324,7 +328,8 @@ def count_lines(data: bytes) -> int:
     return data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.one_of(table_bytes, valid_table))
 def test_cli_never_shows_a_traceback(tmp_path_factory, tiny_model, data):
     """Every input either succeeds with one output line per input line, or fails through the
@@ -400,7 +405,8 @@ def fuzz_aliased_output(tmp_path, model, data: bytes, verb: str, alias: str) -> 
     record("fuzz", reader=f"aliased output ({verb})", outcome="error")
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.one_of(table_bytes, valid_table), verb=st.sampled_from(["score", "annotate", "translate"]),
        alias=st.sampled_from(ALIASES))
 def test_fuzz_aliased_output(tmp_path_factory, tiny_model, data, verb, alias):
@@ -408,7 +414,8 @@ def test_fuzz_aliased_output(tmp_path_factory, tiny_model, data, verb, alias):
 
 
 @pytest.mark.fuzz
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=1000, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.one_of(table_bytes, valid_table), verb=st.sampled_from(["score", "annotate", "translate"]),
        alias=st.sampled_from(ALIASES))
 def test_fuzz_aliased_output_long(tmp_path_factory, tiny_model, data, verb, alias):
@@ -452,7 +459,8 @@ def test_annotate_killed_at_random_points_resumes_to_the_same_bytes(tmp_path, ti
     resumed_after = [int(m.split("resuming after ")[1].split()[0]) for m in messages]
     assert resumed_after == [sum((n - 1) * 250 for n in chunks[: i + 1]) for i in range(len(chunks))]
     assert out.read_bytes() == reference.read_bytes()
-    assert len(gzip.decompress(out.read_bytes()).splitlines()) == len(gzip.decompress(EXAMPLE_TABLE.read_bytes()).splitlines())
+    assert (len(gzip.decompress(out.read_bytes()).splitlines())
+            == len(gzip.decompress(EXAMPLE_TABLE.read_bytes()).splitlines()))
     record("kill", command="annotate", kills=len(points), lost="nothing")
 
 
@@ -581,8 +589,9 @@ def test_disk_full_while_saving_a_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(model_dir.torch, "save", failing_save)
     out = tmp_path / "m"
-    result = CliRunner().invoke(cli, ["train", str(EXAMPLE_TABLE), "-o", str(out), "--preset", "tiny", "--valid-pairs", "100",
-                                      "--valid-every", "5", "--max-steps", "30", "--batch-size", "8"])
+    result = CliRunner().invoke(cli, ["train", str(EXAMPLE_TABLE), "-o", str(out), "--preset", "tiny",
+                                      "--valid-pairs", "100", "--valid-every", "5", "--max-steps", "30",
+                                      "--batch-size", "8"])
     assert result.exit_code == 1
     assert "no space left on the device" in result.stderr.strip().splitlines()[-1]
     # the last good checkpoint is intact and resumable
@@ -622,7 +631,8 @@ def test_a_model_file_carrying_code_is_refused(tmp_path, tiny_model, container):
 
 
 @pytest.mark.parametrize("damage, message", [
-    (lambda d: (d / "vocab.target.json").write_text('{"format": "phrase-scorer-vocabulary", "tokens": ["<pad>", "</s>", "<unk>", "a"]}'),
+    (lambda d: (d / "vocab.target.json").write_text('{"format": "phrase-scorer-vocabulary", '
+                                                    '"tokens": ["<pad>", "</s>", "<unk>", "a"]}'),
      "is not the vocabulary these weights were trained with"),
     (lambda d: (d / "config.json").write_text("{not json"), "config is not valid JSON"),
     (lambda d: (d / "model.pt").write_bytes(b"garbage"), "not a readable PyTorch weights file"),

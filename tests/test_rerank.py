@@ -75,7 +75,8 @@ def test_features_the_ini_does_not_weight_start_at_zero(tmp_path):
     # a feature the ini weights with a different number of values is refused
     entries[0].features[-2] = ("TranslationModel0", [1.0, 2.0])
     write_nbest(entries[:1], tmp_path / "odd.txt")
-    with pytest.raises(PhraseScorerError, match=r"moses.tuned.ini line \d+: TranslationModel0 has 4 weights, but the n-best list has 2"):
+    with pytest.raises(PhraseScorerError,
+                       match=r"moses.tuned.ini line \d+: TranslationModel0 has 4 weights, but the n-best list has 2"):
         weights_from_ini(TUNED_INI, layout_of(tmp_path / "odd.txt"))
 
 
@@ -95,10 +96,12 @@ def test_lists_must_keep_their_features_and_order(tmp_path):
     entries = list(read_nbest(NBEST))
     del entries[5].features[1]  # line 6 lacks Distortion0
     write_nbest(entries, tmp_path / "missing.txt")
-    with pytest.raises(PhraseScorerError, match=r"missing.txt line 6: the dense features are .* not .* as on the first line"):
+    with pytest.raises(PhraseScorerError,
+                       match=r"missing.txt line 6: the dense features are .* not .* as on the first line"):
         copy_checked(tmp_path / "missing.txt", tmp_path / "copy")
     weights = weights_from_ini(TUNED_INI, layout_of(NBEST))
-    with pytest.raises(PhraseScorerError, match=r"missing.txt line 6: the dense features are .*but the weights are for"):
+    with pytest.raises(PhraseScorerError,
+                       match=r"missing.txt line 6: the dense features are .*but the weights are for"):
         apply_weights(tmp_path / "missing.txt", weights, tmp_path / "out.txt")
     assert not (tmp_path / "out.txt").exists()
 
@@ -169,7 +172,8 @@ def with_oracle(entries, references, first_id: int):
     out = []
     for e in entries:
         e.sentence_id -= first_id
-        e.features.append(("Oracle", [round(bleu.sentence_score(e.text, [references[e.sentence_id + first_id]]).score / 100, 6)]))
+        e.features.append(("Oracle",
+                           [round(bleu.sentence_score(e.text, [references[e.sentence_id + first_id]]).score / 100, 6)]))
         out.append(e)
     return out
 
@@ -190,8 +194,9 @@ def test_rerank_recovers_the_oracle(moses, tmp_path, method):
     (tmp_path / "dev.ref").write_text("\n".join(references[:50]) + "\n", encoding="utf-8")
 
     out = tmp_path / "test.1best"
-    result = run("rerank", "--dev", tmp_path / "dev.nbest.gz", tmp_path / "dev.ref", "--test", tmp_path / "test.nbest.gz",
-                 "-o", out, "--ini", TUNED_INI, "--method", method, "--moses-home", moses.home)
+    result = run("rerank", "--dev", tmp_path / "dev.nbest.gz", tmp_path / "dev.ref",
+                 "--test", tmp_path / "test.nbest.gz", "-o", out, "--ini", TUNED_INI, "--method", method,
+                 "--moses-home", moses.home)
     assert result.exit_code == 0, result.stderr
     signature = json.loads(Path(str(out) + ".json").read_text())
     assert [r["seed"] for r in signature["runs"]] == list(RerankOptions.seeds)
@@ -263,7 +268,8 @@ def test_a_reranker_refuses_lists_rescored_otherwise(tmp_path, tiny_model, sente
     rescored = tmp_path / "rescored.gz"
     assert run("rescore", NBEST, "--source", DATA / "val.tok.en.head", "-m", tiny_model, "-o", rescored).exit_code == 0
     models = rescored_models(rescored)
-    assert set(models) == {"RNN0"} and models["RNN0"]["reverse"] is False and len(models["RNN0"]["weights_sha256"]) == 64
+    assert (set(models) == {"RNN0"} and models["RNN0"]["reverse"] is False
+            and len(models["RNN0"]["weights_sha256"]) == 64)
     weights = weights_from_ini(TUNED_INI, layout_of(rescored))
     weights.values[-1] = 0.5  # RNN0
     reranker = write_reranker(tmp_path / "r.json", weights, models)
@@ -305,4 +311,5 @@ def test_weights_and_dev_are_one_or_the_other(tmp_path):
                tmp_path / "o")
     assert both.exit_code != 0 and "not both" in both.stderr
     tuning_option = run("rerank", "--weights", reranker, "--ini", TUNED_INI, "--test", NBEST, "-o", tmp_path / "o")
-    assert tuning_option.exit_code != 0 and "--ini" in tuning_option.stderr and "only apply when tuning" in tuning_option.stderr
+    assert (tuning_option.exit_code != 0 and "--ini" in tuning_option.stderr
+            and "only apply when tuning" in tuning_option.stderr)

@@ -125,7 +125,8 @@ def test_normalized_feature_is_per_predicted_token(tmp_path, loaded_tiny, tiny_m
 
 
 def test_each_source_is_encoded_once_and_shared_prefixes_decoded_once(tmp_path, loaded_tiny):
-    result = rescore(NBEST, SOURCE, tmp_path / "o.txt", [FeatureModel("F", loaded_tiny), FeatureModel("R", loaded_tiny, reverse=True)])
+    result = rescore(NBEST, SOURCE, tmp_path / "o.txt",
+                     [FeatureModel("F", loaded_tiny), FeatureModel("R", loaded_tiny, reverse=True)])
     forward, reverse = result.stats
     assert forward.pairs == reverse.pairs == 221
     assert forward.distinct_sources == 3  # three sentences, 100 + 33 + 88 hypotheses
@@ -187,7 +188,8 @@ def write_lines(path: Path, lines) -> Path:
 
 @pytest.mark.parametrize("case, message", [
     ("short source", r"list.txt line 134: sentence id 2 needs source line 3, but .*src.txt has only 2 lines"),
-    ("long source", r"src.txt line 4: .*src.txt has more lines than the n-best list has sentences \(its last sentence id is 2\)"),
+    ("long source", r"src.txt line 4: .*src.txt has more lines than the n-best list has sentences "
+                    r"\(its last sentence id is 2\)"),
     ("ungrouped", r"list.txt line 34: sentence id 0 comes after 1"),
     ("feature exists", r"list.txt line 1: the line already has a feature LM0="),
     ("bad line", r"list.txt line 5: expected at least 4 fields"),

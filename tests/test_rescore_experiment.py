@@ -175,7 +175,8 @@ def split_list(tmp_path: Path, cut: int):
                      for e in entries if first <= e.sentence_id < last], tmp_path / f"{name}.nbest.gz")
         (tmp_path / f"{name}.en").write_text("".join(sources[first:last]), encoding="utf-8")
         (tmp_path / f"{name}.fr").write_text("".join(references[first:last]), encoding="utf-8")
-        sets.append(EvalSet(name, str(tmp_path / f"{name}.en"), str(tmp_path / f"{name}.fr"), str(tmp_path / f"{name}.nbest.gz")))
+        sets.append(EvalSet(name, str(tmp_path / f"{name}.en"), str(tmp_path / f"{name}.fr"),
+                            str(tmp_path / f"{name}.nbest.gz")))
     return sets
 
 
@@ -194,7 +195,8 @@ def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_ti
     moses_run = report.runs[0]
     test_hyps = first_hypotheses(sets[1].nbest)
     assert Path(moses_run.hypotheses["test"]).read_text(encoding="utf-8").splitlines() == test_hyps
-    assert moses_run.scores["test"]["bleu"] == pytest.approx(score(test_hyps, Path(sets[1].reference).read_text().splitlines()).bleu)
+    assert moses_run.scores["test"]["bleu"] == pytest.approx(
+        score(test_hyps, Path(sets[1].reference).read_text().splitlines()).bleu)
     for run in report.runs[1:]:
         assert len(Path(run.hypotheses["test"]).read_text(encoding="utf-8").splitlines()) == 50
         assert run.tuned_dev_bleu is not None

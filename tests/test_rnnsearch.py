@@ -97,7 +97,8 @@ def paper_equations(model: RNNsearch, source, target):
     E_y = P["embed.weight"]
     decoder_unit = unit("unit.")
     C_z, C_r, C = np.split(P["context_proj.weight"], 3)
-    W_a, U_a, b_Ua, v_a = P["alignment.query.weight"], P["alignment.key.weight"], P["alignment.key.bias"], P["alignment.score.weight"][0]
+    W_a, U_a, b_Ua, v_a = (P["alignment.query.weight"], P["alignment.key.weight"], P["alignment.key.bias"],
+                           P["alignment.score.weight"][0])
     U_o, b_o = P["readout.state.weight"], P["readout.state.bias"]
     V_o, C_o = P["readout.prev_word.weight"], P["readout.context.weight"]
     W_o, b_W = P["readout.output.weight"], P["readout.output.bias"]
@@ -308,7 +309,8 @@ def test_initialisation_follows_appendix_b():
     model = RNNsearch(config, 3000, 3000)
     units = (model.encoder.forward_unit, model.encoder.backward_unit, model.unit)
     for unit in units:  # U_z, U_r, U: orthogonal
-        for block in list(unit.gate_recurrent.weight.detach().double().split(200)) + [unit.recurrent.weight.detach().double()]:
+        for block in (list(unit.gate_recurrent.weight.detach().double().split(200))
+                      + [unit.recurrent.weight.detach().double()]):
             np.testing.assert_allclose((block @ block.T).numpy(), np.eye(200), atol=1e-6)  # fp32 weights
     alignment = torch.cat([model.alignment.query.weight.flatten(), model.alignment.key.weight.flatten()])
     assert alignment.std().item() == pytest.approx(0.001, rel=0.02)
@@ -326,7 +328,8 @@ def test_initialisation_follows_appendix_b():
 
 def test_paper_preset_shapes():
     config = RNNSEARCH_PRESETS["paper"]
-    assert (config.embedding_dim, config.hidden_dim, config.alignment_dim, config.maxout_units, config.maxout_pieces) == (620, 1000, 1000, 500, 2)
+    assert (config.embedding_dim, config.hidden_dim, config.alignment_dim, config.maxout_units,
+            config.maxout_pieces) == (620, 1000, 1000, 500, 2)
     assert config.source_shortlist == config.target_shortlist == 30000
     with torch.device("meta"):  # shapes only
         model = RNNsearch(config, 30003, 30003)

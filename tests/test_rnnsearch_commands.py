@@ -73,7 +73,8 @@ def test_score_and_annotate_equal_the_forward_pass(tmp_path, search_model, table
 
 def test_sentence_pairs_score_like_phrase_pairs(tmp_path, search_model):
     pairs = tmp_path / "sentences.txt"
-    pairs.write_text("a man in a blue shirt is standing on a ladder . ||| un homme en chemise bleue est debout sur une échelle .\n"
+    pairs.write_text("a man in a blue shirt is standing on a ladder . "
+                     "||| un homme en chemise bleue est debout sur une échelle .\n"
                      "two dogs play . ||| deux chiens jouent .\n", encoding="utf-8")
     loaded = load_model(search_model)
     result = run("score", "-m", search_model, pairs)
@@ -108,8 +109,8 @@ def test_resume_keeps_the_architecture_and_refuses_another(tmp_path):
     args = ["train", EXAMPLE_TABLE, "-o", out, "--arch", "rnnsearch", "--preset", "tiny", "--valid-every", 5,
             "--valid-pairs", 100]
     assert run(*args, "--max-steps", 5).exit_code == 0
-    refused = CliRunner().invoke(cli, [str(a) for a in ["train", EXAMPLE_TABLE, "-o", out, "--resume", "--arch", "encdec",
-                                                          "--max-steps", 10]])
+    refused = CliRunner().invoke(cli, [str(a) for a in ["train", EXAMPLE_TABLE, "-o", out, "--resume",
+                                                          "--arch", "encdec", "--max-steps", 10]])
     assert refused.exit_code != 0
     assert "--arch" in refused.output and "rnnsearch -> encdec" in refused.output
     resumed = run("train", EXAMPLE_TABLE, "-o", out, "--resume", "--max-steps", 10)

@@ -33,7 +33,8 @@ def case(tmp_path_factory, sentence_models):
     doc = work / "docs" / "rnnsearch.md"
     doc.parent.mkdir()
     doc.write_text((ROOT / "docs" / "rnnsearch.md").read_text(encoding="utf-8"), encoding="utf-8")
-    args = [sys.executable, str(TOOL), "--encdec", sentence_models("encdec"), "--rnnsearch", sentence_models("rnnsearch"),
+    args = [sys.executable, str(TOOL), "--encdec", sentence_models("encdec"),
+            "--rnnsearch", sentence_models("rnnsearch"),
             "--moses", files["dev"][1], files["test"][1], "--dev", *files["dev"], "--test", *files["test"],
             "--work", work / "translations", "--beam", 3, "--min-count", 10, "--images", doc.parent / "images",
             "--doc", doc, "--write"]
@@ -60,7 +61,7 @@ def test_section_has_the_table_signatures_training_and_machine(case):
     assert [r[0] for r in rows] == ["Moses (phrase-based)", "RNN Encoder–Decoder", "RNNsearch"]
     assert rows[0][1:] == ("100.00", "100.00", "100.00")  # the fake Moses outputs are the references
     # the models' rows are evaluate.score of their translations in the work folder
-    (dev_en, dev_fr), (test_en, test_fr) = case["files"]["dev"], case["files"]["test"]
+    dev_fr, test_fr = case["files"]["dev"][1], case["files"]["test"][1]
     for (name, bleu_dev, bleu_test, chrf_test), arch in zip(rows[1:], ("encdec", "rnnsearch")):
         hyps = {s: (case["work"] / "translations" / f"{arch}.{s}.hyp").read_text(encoding="utf-8").splitlines()
                 for s in ("dev", "test")}
@@ -74,7 +75,8 @@ def test_section_has_the_table_signatures_training_and_machine(case):
     commands = re.findall(r"^phrase-scorer train .*$", section, re.M)
     assert len(commands) == 2
     for command, arch in zip(commands, ("encdec", "rnnsearch")):
-        assert f"--arch {arch} --preset tiny" in command and "--max-steps 30" in command and "--max-length 12" in command
+        assert (f"--arch {arch} --preset tiny" in command and "--max-steps 30" in command
+                and "--max-length 12" in command)
         assert command.startswith("phrase-scorer train --corpus multi30k.train500.en.gz multi30k.train500.fr.gz")
     assert re.search(r"^\| RNNsearch \| rnnsearch \| tiny \| [\d,]+ \| 30 \|", section, re.M)
     assert "Translated and scored on: " in section and " cores" in section

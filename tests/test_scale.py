@@ -40,7 +40,8 @@ def test_windows_are_cut_at_fixed_lines_of_the_file(tmp_path):
     table.write_bytes(gzip.compress(b"".join(lines)[:-1]))  # the last line has no newline
     assert count_lines(table) == 23
     whole = list(RawWindows(table, 5))
-    assert [(w.index, w.first_line, w.lines) for w in whole] == [(0, 1, 5), (1, 6, 5), (2, 11, 5), (3, 16, 5), (4, 21, 3)]
+    assert [(w.index, w.first_line, w.lines) for w in whole] == [(0, 1, 5), (1, 6, 5), (2, 11, 5), (3, 16, 5),
+                                                                 (4, 21, 3)]
     assert b"".join(w.data for w in whole) == b"".join(lines)[:-1]
     # a run starting or stopping inside a window keeps the same boundaries after it
     part = list(RawWindows(table, 5, start=7, stop=18))

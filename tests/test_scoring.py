@@ -24,7 +24,8 @@ from phrase_scorer.scoring.batch_scorer import (
 )
 from phrase_scorer.vocab import Vocabulary
 
-CONFIG = ModelConfig(embedding_dim=8, hidden_dim=12, maxout_units=6, output_rank=4, source_shortlist=150, target_shortlist=150)
+CONFIG = ModelConfig(embedding_dim=8, hidden_dim=12, maxout_units=6, output_rank=4, source_shortlist=150,
+                     target_shortlist=150)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,8 @@ def real_pairs():
 
     src_vocab = Vocabulary.from_counts(Counter(w for l in lines for w in l.source_words), 150)
     tgt_vocab = Vocabulary.from_counts(Counter(w for l in lines for w in l.target_words), 150)
-    return [src_vocab.encode(l.source_words) for l in lines], [tgt_vocab.encode(l.target_words) for l in lines], len(src_vocab), len(tgt_vocab)
+    return ([src_vocab.encode(l.source_words) for l in lines], [tgt_vocab.encode(l.target_words) for l in lines],
+            len(src_vocab), len(tgt_vocab))
 
 
 def make_model(real_pairs, dtype=torch.float64):
@@ -116,7 +118,8 @@ def inserted_trie(sequences, share_prefixes=True):
     keys, parents = [[] for _ in range(depth)], [[] for _ in range(depth)]
     node_of = [[-1] * len(sequences) for _ in range(depth)]
     children = {}
-    order = sorted(range(len(sequences)), key=lambda i: tuple(sequences[i])) if share_prefixes else range(len(sequences))
+    order = (sorted(range(len(sequences)), key=lambda i: tuple(sequences[i])) if share_prefixes
+             else range(len(sequences)))
     for i in order:
         parent = -1
         for d, key in enumerate(sequences[i]):
@@ -180,8 +183,10 @@ def test_batches_group_pairs_by_source_in_sorted_order_and_fill_the_token_budget
 
 def test_a_model_too_small_to_split_scores_on_one_thread():
     tiny = RNNEncoderDecoder(CONFIG, 150, 150)
-    larger = RNNEncoderDecoder(ModelConfig(embedding_dim=64, hidden_dim=256, maxout_units=128, output_rank=64), 6000, 6000)
-    assert sum(p.numel() for p in tiny.parameters()) < ONE_THREAD_PARAMETERS < sum(p.numel() for p in larger.parameters())
+    larger = RNNEncoderDecoder(ModelConfig(embedding_dim=64, hidden_dim=256, maxout_units=128, output_rank=64),
+                               6000, 6000)
+    assert (sum(p.numel() for p in tiny.parameters()) < ONE_THREAD_PARAMETERS
+            < sum(p.numel() for p in larger.parameters()))
     assert default_threads([tiny], 8) == 1
     assert default_threads([tiny, larger], 8) == 8 and default_threads([], 8) == 8
 

@@ -11,7 +11,6 @@ import gzip
 import math
 
 import numpy as np
-import pytest
 
 from conftest import EXAMPLE_TABLE, head_lines
 from phrase_scorer.scoring.annotate import annotate
@@ -37,7 +36,7 @@ def test_training_on_a_table_with_literal_reserved_words(tmp_path):
     lines = head_lines(EXAMPLE_TABLE, 200)
     lines += [
         f"zz {LITERAL} ||| zz <pad> ||| 0.5 0.5 0.5 0.5 ||| ||| |||\n".encode(),
-        f"zz </s> end ||| </s> fin </s> ||| 0.5 0.5 0.5 0.5 ||| ||| |||\n".encode(),
+        "zz </s> end ||| </s> fin </s> ||| 0.5 0.5 0.5 0.5 ||| ||| |||\n".encode(),
         f"zz <unk> ||| {LITERAL} ||| 0.5 0.5 0.5 0.5 ||| ||| |||\n".encode(),
     ]
     table = tmp_path / "t.gz"

@@ -69,8 +69,9 @@ def test_bench_learning_converts_a_loaded_run_to_idle_time(tmp_path):
     assert bench_learning.bleu_cell(points, 3.5) == "≥ 30.0"  # stopped earlier: the best it kept
 
     # an ablation: a run whose command changed one setting, compared with modern at a common step
-    standard = ["python", "-m", "phrase_scorer", "train", "--corpus", "a", "b", "--dev", "c", "d", "--arch", "rnnsearch",
-                "--recipe", "modern", "--threads", "2", "--max-steps", "1000", "-o", "x", "--resume"]
+    standard = ["python", "-m", "phrase_scorer", "train", "--corpus", "a", "b", "--dev", "c", "d",
+                "--arch", "rnnsearch", "--recipe", "modern", "--threads", "2", "--max-steps", "1000", "-o", "x",
+                "--resume"]
     (tmp_path / "modern.command.json").write_text(json.dumps(standard))
     (tmp_path / "no-dropout.command.json").write_text(json.dumps(standard[:-1] + ["--dropout", "0", "--resume"]))
     write_log(tmp_path / "no-dropout", [{"step": 500 * k, "train_seconds": 1.0, "valid_nll_token": 3.5 - k,

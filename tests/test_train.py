@@ -48,7 +48,8 @@ def assert_same_tensors(a: dict, b: dict, what: str = "weights") -> None:
 
 
 def test_model_directory_is_self_describing(tiny_model):
-    for name in ("config.json", "vocab.source.json", "vocab.target.json", "model.pt", "checkpoint.pt", "train.log.jsonl"):
+    for name in ("config.json", "vocab.source.json", "vocab.target.json", "model.pt", "checkpoint.pt",
+                 "train.log.jsonl"):
         assert (tiny_model / name).is_file(), name
     assert (tiny_model / "cache" / "meta.json").is_file()
     config = json.loads((tiny_model / "config.json").read_text())
@@ -87,13 +88,15 @@ def test_resume_ends_in_the_same_state(tmp_path):
     train(EXAMPLE_TABLE, tmp_path / "whole", TrainConfig(max_steps=60, **QUICK))
     train(EXAMPLE_TABLE, tmp_path / "parts", TrainConfig(max_steps=30, **QUICK))
     assert checkpoint_state(tmp_path / "parts")["state"]["step"] == 30
-    state = train(EXAMPLE_TABLE, tmp_path / "parts", TrainConfig(max_steps=60, **QUICK), resume=True, explicit={"max_steps"})
+    state = train(EXAMPLE_TABLE, tmp_path / "parts", TrainConfig(max_steps=60, **QUICK), resume=True,
+                  explicit={"max_steps"})
     assert state.step == 60
     assert_same_state(tmp_path / "whole", tmp_path / "parts")
 
 
 def run_cli(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "phrase_scorer", *map(str, args)], capture_output=True, text=True, **kwargs)
+    return subprocess.run([sys.executable, "-m", "phrase_scorer", *map(str, args)], capture_output=True, text=True,
+                          **kwargs)
 
 
 def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(tmp_path):
@@ -107,7 +110,8 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(tmp_path):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("phrase-scorer: error: stopped at step 38,") and "checkpoint saved" in last and "--resume" in last
+    assert (last.startswith("phrase-scorer: error: stopped at step 38,") and "checkpoint saved" in last
+            and "--resume" in last)
     assert checkpoint_state(tmp_path / "cut")["state"]["step"] == 38
     resumed = run_cli(*args, "-o", tmp_path / "cut", "--resume")
     assert resumed.returncode == 0, resumed.stderr
@@ -165,7 +169,8 @@ def test_max_time_stops_after_the_step_that_reaches_it(tmp_path):
 def test_max_time_accepts_durations():
     from phrase_scorer.cli.group import Duration
 
-    assert [Duration().convert(v, None, None) for v in ("90", "90s", "30m", "2h", "1h30m")] == [90, 90, 1800, 7200, 5400]
+    assert [Duration().convert(v, None, None) for v in ("90", "90s", "30m", "2h", "1h30m")] == [
+        90, 90, 1800, 7200, 5400]
 
 
 def test_early_stopping_after_patience_validations_without_improvement(tmp_path, monkeypatch):
@@ -261,7 +266,8 @@ def test_a_trained_model_is_not_overwritten(tmp_path):
                        match="cannot resume: table changed since the interrupted run \\(table.size: "):
         train(A_MAN_TABLE, out, TrainConfig(max_steps=10, **QUICK), resume=True, explicit={"max_steps"})
     with pytest.raises(PhraseScorerError, match="not empty and holds no phrase-scorer model"):
-        train(EXAMPLE_TABLE, other, TrainConfig(max_steps=5, **QUICK), resume=True)  # --resume never takes a foreign folder
+        # --resume never takes a foreign folder
+        train(EXAMPLE_TABLE, other, TrainConfig(max_steps=5, **QUICK), resume=True)
 
 
 def test_resume_with_nothing_to_resume_starts_afresh(tmp_path, caplog):

@@ -37,8 +37,10 @@ def test_one_line_per_input_line_and_deterministic(tmp_path, sentence_model, val
     source = tmp_path / "in.txt"
     source.write_text("\n".join([val_lines[0], "", *val_lines[1:4], ""]) + "\n", encoding="utf-8")
     first, again = tmp_path / "out1.txt", tmp_path / "out2.txt"
-    assert run("translate", "-m", sentence_model, source, "-o", first, "--beam", 3, "--batch-sentences", 2).exit_code == 0
-    assert run("translate", "-m", sentence_model, source, "-o", again, "--beam", 3, "--batch-sentences", 2).exit_code == 0
+    assert run("translate", "-m", sentence_model, source, "-o", first, "--beam", 3,
+               "--batch-sentences", 2).exit_code == 0
+    assert run("translate", "-m", sentence_model, source, "-o", again, "--beam", 3,
+               "--batch-sentences", 2).exit_code == 0
     lines = first.read_text(encoding="utf-8").split("\n")
     assert len(lines) == 7 and lines[-1] == ""  # six lines, each ended by a newline
     assert lines[1] == "" and lines[5] == ""  # empty in, empty out

@@ -148,7 +148,8 @@ def worker(args) -> None:
     }
     if stats is not None:
         unit = parts[0]
-        done = (stats.encoder_steps * unit["encoder_step"] + stats.distinct_sources * (unit["context"] + unit["per_source"])
+        done = (stats.encoder_steps * unit["encoder_step"]
+                + stats.distinct_sources * (unit["context"] + unit["per_source"])
                 + stats.decoder_steps * unit["decoder_step"])
         # The arithmetic floor: the products this strategy ran at the large-product rate, and one exp
         # per softmax entry (every decoder step's row of V' logits) at the measured exp rate.
@@ -213,7 +214,8 @@ def speed(args, work: Path) -> str:
         rows.append([
             preset, r["weights"], strategy, f"{r['pairs_per_second']:,.0f}", f"{r['pairs_per_second'] / naive:.2f}x",
             f"{r['naive_mflops_per_pair']:.1f}", f"{r['matmul_gflops']:.0f}", f"**{r['share_of_matmul']:.2f}**",
-            f"{r['work_done_share']:.2f}" if "work_done_share" in r else ("1.00" if strategy in ("naive", "sorted-512") else "as scorer"),
+            f"{r['work_done_share']:.2f}" if "work_done_share" in r
+            else ("1.00" if strategy in ("naive", "sorted-512") else "as scorer"),
             f"{100 * r['exact_softmax_share']:.1f}%" if "exact_softmax_share" in r else "",
             f"{r['floor_pairs_per_second']:,.0f}" if "floor_pairs_per_second" in r else "",
             f"{r['peak_rss_mb']:,.0f}",
@@ -221,8 +223,9 @@ def speed(args, work: Path) -> str:
     info = benchlib.machine()
     floors = "".join(
         f"\n- `{preset}`: the scorer runs at {r['pairs_per_second']:,.0f} pairs/s, "
-        f"{r['pairs_per_second'] / r['floor_pairs_per_second']:.2f} of its floor ({r['floor_pairs_per_second']:,.0f} pairs/s), "
-        f"so a scorer doing the same arithmetic could be at most {r['floor_pairs_per_second'] / r['pairs_per_second']:.1f}x "
+        f"{r['pairs_per_second'] / r['floor_pairs_per_second']:.2f} of its floor "
+        f"({r['floor_pairs_per_second']:,.0f} pairs/s), so a scorer doing the same arithmetic could be at most "
+        f"{r['floor_pairs_per_second'] / r['pairs_per_second']:.1f}x "
         f"faster on this machine; `annotate`, start-up included, runs at "
         f"{results[(preset, 'annotate')]['pairs_per_second']:,.0f} pairs/s."
         for (preset, strategy), r in results.items() if strategy == "scorer")
@@ -252,8 +255,8 @@ def speed(args, work: Path) -> str:
         "the measured exp rate, with nothing else taking time: an upper bound for any scorer doing the same "
         "arithmetic. `annotate` is the whole command (read, score, gzip, write).\n\n"
         + benchlib.markdown_table(
-            ["preset", "weights", "strategy", "pairs/s", "vs naive", "naive MFLOP/pair", "matmul GFLOP/s", "share", "work",
-             "exact", "floor pairs/s", "peak RSS MB"],
+            ["preset", "weights", "strategy", "pairs/s", "vs naive", "naive MFLOP/pair", "matmul GFLOP/s", "share",
+             "work", "exact", "floor pairs/s", "peak RSS MB"],
             rows)
         + "\n" + sharing + floors
     )

@@ -89,17 +89,19 @@ def annotate(args, work: Path) -> str:
                 "annotate", table, "-m", model, "-o", out, "--device", args.device, "--batch-tokens", tokens,
                 *(["--threads", args.threads] if args.threads else [])))
         lines = json.loads(Path(str(out) + ".json").read_text())["lines"]
-        rows.append([f"{tokens:,}", f"{lines:,}", f"{seconds:.1f}", f"**{lines / seconds:,.0f}**", percent(sampler.busy),
-                     f"{peak:,.0f}"])
+        rows.append([f"{tokens:,}", f"{lines:,}", f"{seconds:.1f}", f"**{lines / seconds:,.0f}**",
+                     percent(sampler.busy), f"{peak:,.0f}"])
         outputs.append(out)
         print(rows[-1], flush=True)
     same = all(benchlib.same_lines(outputs[0], other) for other in outputs[1:])
     weights = "trained" if args.trained else "initial"
     return (
         f"`phrase-scorer annotate {table.name} -m MODEL -o OUT.gz --device {args.device} --batch-tokens N`, MODEL the "
-        f"`{args.preset}` preset ({weights} weights), fp32. *GPU busy*: mean of nvidia-smi's utilisation during the run. "
-        f"The outputs of the batch sizes hold {'the same lines' if same else 'lines that differ in the last digits'}.\n\n"
-        + benchlib.markdown_table(["batch tokens", "lines", "seconds", "lines/s", "GPU busy", "peak RSS MB"], rows) + "\n"
+        f"`{args.preset}` preset ({weights} weights), fp32. *GPU busy*: mean of nvidia-smi's utilisation during the "
+        f"run. The outputs of the batch sizes hold "
+        f"{'the same lines' if same else 'lines that differ in the last digits'}.\n\n"
+        + benchlib.markdown_table(["batch tokens", "lines", "seconds", "lines/s", "GPU busy", "peak RSS MB"], rows)
+        + "\n"
     )
 
 
@@ -140,13 +142,15 @@ def train(args, work: Path) -> str:
         reached = [r for r in curves[batch] if r["train_seconds"] <= common * 1.001]
         last = reached[-1] if reached else curves[batch][0]
         at_time.append(f"{last['valid_nll_token']:.3f}")
-    speed = [[f"{b:,}", f"**{rates[b]:,.0f}**", percent(busy[b]), f"{curves[b][-1]['valid_nll_token']:.3f}"] for b in batches]
+    speed = [[f"{b:,}", f"**{rates[b]:,.0f}**", percent(busy[b]), f"{curves[b][-1]['valid_nll_token']:.3f}"]
+             for b in batches]
     return (
         f"`phrase-scorer train {Path(args.table).name} --preset {args.preset} --device {args.device} --batch-size B` "
         f"for {args.pairs:,} training pairs per batch size (seed 1), a validation every {args.valid_pairs_every:,} "
         f"pairs. *pairs/s*: training pairs per second of the run (the log's `train_seconds`: the same validations and "
         f"checkpoints in every run, their time included).\n\n"
-        + benchlib.markdown_table(["batch size", "pairs/s", "GPU busy", f"valid NLL/token after {args.pairs:,} pairs"], speed)
+        + benchlib.markdown_table(["batch size", "pairs/s", "GPU busy", f"valid NLL/token after {args.pairs:,} pairs"],
+                                  speed)
         + "\n\nValidation NLL per token against training pairs seen:\n\n"
         + benchlib.markdown_table(["pairs seen", *[f"batch {b}" for b in batches]], rows)
         + f"\n\nAt the same training time ({common:,.0f} s, the shortest run's): "

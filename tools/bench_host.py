@@ -195,9 +195,11 @@ def model(args, work: Path) -> str:
                 f"{'the same lines, byte for byte once decompressed' if same else 'DIFFERENT lines'} "
                 f"(the gzip bytes differ: the earlier version compressed with zlib).\n")
     config = json.loads((Path(args.trained) / "config.json").read_text())
+    scored = ("the first " + format(args.model_lines, ",") + " lines of " + Path(args.table).name if args.model_lines
+              else "the whole table")
     return (
         f"`phrase-scorer annotate {table.name} -m MODEL -o OUT.gz` (default options; "
-        f"{'the first ' + format(args.model_lines, ',') + ' lines of ' + Path(args.table).name if args.model_lines else 'the whole table'}), MODEL a `{config['preset']}` "
+        f"{scored}), MODEL a `{config['preset']}` "
         f"model trained on that table, fp32 on CPU; machine: {machine()}. *before*: the same command with the "
         f"code of an earlier checkout (`--reference-src`).\n\n"
         + benchlib.markdown_table(["code", "lines", "seconds", "lines/s", "peak RSS MB"], rows) + "\n" + text
@@ -317,10 +319,13 @@ def ceiling(args, work: Path, model_dir: Path) -> str:
     return (
         f"`phrase-scorer annotate {table.name} -m TINY -o OUT.gz` ({lines:,} lines; TINY an untrained `tiny` "
         f"model, about 30,000 parameters, so the model's arithmetic is almost nothing) against `zcat {table.name} | "
-        f"gzip -1 > /dev/null` timed just before each run, the best ratio of {args.repeats} runs; machine: {machine()}. *threads*: the scorer's threads "
-        f"(of each worker where the workers score); *CPU s*: user + system time of the command and its workers. "
-        + ("*before*: the same commands with the code of an earlier checkout (`--reference-src`). " if len(runs) == 2 else "")
-        + f"All {len(files)} outputs are {'byte-identical' if identical_bytes else ('the same lines' if same else 'DIFFERENT')}.\n\n"
+        f"gzip -1 > /dev/null` timed just before each run, the best ratio of {args.repeats} runs; "
+        f"machine: {machine()}. *threads*: the scorer's threads (of each worker where the workers score); *CPU s*: "
+        f"user + system time of the command and its workers. "
+        + ("*before*: the same commands with the code of an earlier checkout (`--reference-src`). "
+           if len(runs) == 2 else "")
+        + f"All {len(files)} outputs are "
+        f"{'byte-identical' if identical_bytes else ('the same lines' if same else 'DIFFERENT')}.\n\n"
         + benchlib.markdown_table(["code", "workers", "threads", "lines", "zcat, gzip -1 s", "annotate s", "ratio",
                                    "lines/s", "CPU s", "peak RSS MB"], rows)
         + f"\n\nWith the default workers `annotate` takes **{after:.1f} times** `zcat | gzip -1` of the same table.\n\n"
@@ -343,7 +348,8 @@ def busy(args, work: Path) -> str:
     cores = os.cpu_count() or 1
     loaded = f"beside {cores} busy processes"
     for state in ("idle", loaded):
-        spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores if state != "idle" else 0)]
+        spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    for _ in range(cores if state != "idle" else 0)]
         try:
             for _ in range(args.repeats):
                 for policy in ("ACTIVE", "PASSIVE"):
@@ -365,7 +371,8 @@ def busy(args, work: Path) -> str:
         f"model (the default threads: all {os.cpu_count()} cores), whole command with start-up, best of "
         f"{args.repeats} alternating runs; machine: {machine()}. *ACTIVE*: PyTorch's OpenMP threads spin while they "
         f"wait (the OpenMP default); *PASSIVE*: they sleep (the command line's default since this measurement). "
-        f"*Speed-up* is against ACTIVE in the same state. All outputs are {'byte-identical' if same else 'NOT identical'}.\n\n"
+        f"*Speed-up* is against ACTIVE in the same state. All outputs are "
+        f"{'byte-identical' if same else 'NOT identical'}.\n\n"
         + benchlib.markdown_table(["machine", "OMP_WAIT_POLICY", "seconds", "speed-up"], rows) + "\n"
     )
 

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import ROOT, machine, markdown_table, phrase_scorer_command, report  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k-en-fr"
-PEER = [(21.6, 0.7), (40.6, 27.9), (57.2, 42.5), (77.0, 50.5), (96.3, 52.5)]  # (minutes, val BLEU) of the reference curve
+# (minutes, val BLEU) of the reference curve
+PEER = [(21.6, 0.7), (40.6, 27.9), (57.2, 42.5), (77.0, 50.5), (96.3, 52.5)]
 CHECKPOINTS_MIN = [20, 30, 41, 57, 77, 96]
 
 
@@ -50,8 +51,9 @@ def train_run(args) -> None:
         name, value = setting.split("=", 1)
         extra += [f"--{name}", value]
     command = phrase_scorer_command(
-        "train", *corpus_args(Path(args.data), args.direction), "--arch", "rnnsearch", "--preset", "small", "--batch-size", 80,
-        "--valid-every", args.valid_every, "--recipe", args.recipe, "--threads", args.threads, "--processes", args.processes, *extra,
+        "train", *corpus_args(Path(args.data), args.direction), "--arch", "rnnsearch", "--preset", "small",
+        "--batch-size", 80, "--valid-every", args.valid_every, "--recipe", args.recipe, "--threads", args.threads,
+        "--processes", args.processes, *extra,
         *(["--max-time", f"{args.minutes}m"] if args.minutes else []),
         *(["--max-steps", args.max_steps] if args.max_steps else []), "-o", out, "--resume")
     (Path(args.work_dir)).mkdir(parents=True, exist_ok=True)
@@ -109,8 +111,9 @@ def test_bleu(run: Path, data: Path, direction: str, beam: int = 5) -> float:
     src, tgt = direction.split("-")
     hypotheses = run / f"test2016.beam{beam}.{tgt}"
     if not hypotheses.exists() or hypotheses.stat().st_mtime_ns < (run / "model.pt").stat().st_mtime_ns:
-        subprocess.run(phrase_scorer_command("translate", "-m", run, "--beam", beam, data / f"test_2016_flickr.tok.{src}.gz",
-                                             "-o", hypotheses, "--overwrite"), check=True)
+        subprocess.run(phrase_scorer_command("translate", "-m", run, "--beam", beam,
+                                             data / f"test_2016_flickr.tok.{src}.gz", "-o", hypotheses, "--overwrite"),
+                       check=True)
     import gzip
 
     with gzip.open(data / f"test_2016_flickr.tok.{tgt}.gz", "rt", encoding="utf-8") as f:
@@ -190,7 +193,8 @@ def report_runs(args) -> None:
         f"## Learning, {args.direction.replace('-', '→')} (`tools/bench_learning.py --direction {args.direction}`)",
         "",
         "Dev BLEU (val 2016, greedy, tokenised) reached by each training time: RNNsearch `small`, "
-        f"{args.direction.replace('-', '→')}, 29,000 Multi30k pairs, batch 80, {info['cpu']}, {info['cores']} cores, torch {info['torch']}; {timing}.",
+        f"{args.direction.replace('-', '→')}, 29,000 Multi30k pairs, batch 80, {info['cpu']}, {info['cores']} cores, "
+        f"torch {info['torch']}; {timing}.",
         "",
         markdown_table(header, rows),
         "",
@@ -201,7 +205,8 @@ def report_runs(args) -> None:
            f"is compared with `modern` after the same {ablation_step:,} updates (the same batches; a model's "
            "weights at an update do not depend on the machine's load). Dev BLEU greedy; margin: mean log p(true) "
            "- log p(shuffled) per dev pair.", "",
-           markdown_table(["run", "setting", f"dev BLEU at step {ablation_step:,}", "dev NLL/token", "margin"], ablation),
+           markdown_table(["run", "setting", f"dev BLEU at step {ablation_step:,}", "dev NLL/token", "margin"],
+                          ablation),
            ""] if ablation else []),
         "Every validation:",
         "",
@@ -233,7 +238,8 @@ def main() -> None:
     r = sub.add_parser("report")
     r.add_argument("--work-dir", required=True)
     r.add_argument("--idle-from", action="append", default=[], metavar="RUN=DIR",
-                   help="convert RUN's validations to idle time with the log of DIR, a run of the same command alone on the machine")
+                   help="convert RUN's validations to idle time with the log of DIR, a run of the same command alone "
+                        "on the machine")
     r.add_argument("--direction", default="en-fr")
     r.add_argument("--shared", action="append", default=[], metavar="RUN",
                    help="a run timed beside other work: its times are reported as such, not as idle")

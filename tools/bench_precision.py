@@ -218,7 +218,8 @@ def measure_batching(directory: Path, table: Path, lines: int, repeats: int) -> 
             "differ_6": differ_as_printed(scores[i], ref, 6), "max_abs": float(delta.max()),
             "max_rel": float((delta / np.abs(ref)).max()), "pairs_per_s": len(sources) / seconds[i],
             # fp64 against fp32 with the same batching
-            "speed_vs_fp32": (seconds[runs.index((batching, "fp32"))] / seconds[i]) if dtype == "fp64" else float("nan"),
+            "speed_vs_fp32": ((seconds[runs.index((batching, "fp32"))] / seconds[i]) if dtype == "fp64"
+                              else float("nan")),
         })
     # fp32 against fp64: the error of fp32 itself, for scale
     delta = np.abs(scores[reference["fp32"]] - scores[reference["fp64"]])
@@ -250,8 +251,8 @@ def render_batching(rows, command: str, info: Dict[str, str], busy: str) -> str:
         "",
         benchmarks_table(rows),
         "",
-        f"In fp32 the batching changes {max(r['differ'] for r in fp32):,} of {rows[0]['lines']:,} scores at most, by at most "
-        f"{max(r['max_abs'] for r in fp32):.1e} nats ({max(r['max_rel'] for r in fp32):.1e} of the value); "
+        f"In fp32 the batching changes {max(r['differ'] for r in fp32):,} of {rows[0]['lines']:,} scores at most, "
+        f"by at most {max(r['max_abs'] for r in fp32):.1e} nats ({max(r['max_rel'] for r in fp32):.1e} of the value); "
         f"up to {max(r['differ_9'] for r in fp32):,} scores print differently at 9 digits and "
         f"{max(r['differ_6'] for r in fp32):,} at 6. The matrix products (whose blocking and split over the "
         "threads follow the shape of the batch) and the softmax sums add in another order when the batch "
@@ -311,7 +312,8 @@ def main() -> None:
     parser.add_argument("--model", action="append", default=[], type=Path, help="trained model directory (repeatable)")
     parser.add_argument("--table", type=Path, default=benchlib.DEFAULT_TABLE)
     parser.add_argument("--lines", type=int, action="append", default=None,
-                        help="first lines of the table scored (repeatable: one per --model, in order) [default: 100000]")
+                        help="first lines of the table scored (repeatable: one per --model, in order) "
+                             "[default: 100000]")
     parser.add_argument("--precisions", default="bf16,fp16")
     parser.add_argument("--no-noise", action="store_true", help="skip the fp32 run with another batch size")
     parser.add_argument("--write", action="store_true", help="write docs/precision.md")
@@ -365,7 +367,8 @@ def main() -> None:
         groups = source_groups(keys)
         model_info = describe_model(directory)
         reference, fp32_seconds = score(loaded, sources, targets, "fp32", device)
-        runs = {} if args.no_noise else {"fp32, batch 1024 tokens": score(loaded, sources, targets, "fp32", device, batch_tokens=1024)}
+        runs = {} if args.no_noise else {
+            "fp32, batch 1024 tokens": score(loaded, sources, targets, "fp32", device, batch_tokens=1024)}
         for precision in args.precisions.split(","):
             runs[precision] = score(loaded, sources, targets, precision, device)
         for name, (scores, seconds) in runs.items():
@@ -391,11 +394,13 @@ def decision(rows) -> str:
             return f"{precision}: not measured"
         mean = ", ".join(f"{r['mean']:.1e} ({r['preset']})" for r in chosen)
         return (f"{precision} moves log p by {mean} nats on average, up to {max(r['max'] for r in chosen):.2f} on one "
-                f"pair, and reorders the targets of up to {100 * max(r['order_changed'] for r in chosen):.1f}% of sources")
+                f"pair, and reorders the targets of up to "
+                f"{100 * max(r['order_changed'] for r in chosen):.1f}% of sources")
 
     return (
         f"{summary('bf16')}; {summary('fp16')}. fp32 with another batch size moves it by about "
-        f"{max((r['max'] for r in rows if r['precision'].startswith('fp32')), default=float('nan')):.0e} at most. Half precision thus moves "
+        f"{max((r['max'] for r in rows if r['precision'].startswith('fp32')), default=float('nan')):.0e} at most. "
+        "Half precision thus moves "
         "scores by more than the ~1e-3 nats below which a user's scores would be unchanged for practical purposes, "
         "so **fp32 is the default precision of scoring on every device**. bf16 or fp16 is an explicit choice "
         "(`annotate --precision`); the device, the precision and the batching (`--batch-tokens` and the rows of "
@@ -426,14 +431,15 @@ def render(rows) -> str:
         "with shuffled targets, in nats, at its best validation: how far it had learned (near 0: not yet). The "
         "scored weights are the last ones trained (*trained steps*).",
         "",
-        "| model | preset | trained steps | valid NLL/token | valid margin | precision | lines | sources | mean \\|Δ\\| | p99 \\|Δ\\| | max \\|Δ\\| | order changed | best changed |",
+        "| model | preset | trained steps | valid NLL/token | valid margin | precision | lines | sources | "
+        "mean \\|Δ\\| | p99 \\|Δ\\| | max \\|Δ\\| | order changed | best changed |",
         "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['preset']} | {r['steps']} | {r['valid_nll_token']} | {r['margin']} | {r['precision']} | {r['lines']:,} | "
-            f"{r['sources']:,} | {r['mean']:.2e} | {r['p99']:.2e} | {r['max']:.2e} | {100 * r['order_changed']:.1f}% | "
-            f"{100 * r['best_changed']:.1f}% |"
+            f"| {r['model']} | {r['preset']} | {r['steps']} | {r['valid_nll_token']} | {r['margin']} | "
+            f"{r['precision']} | {r['lines']:,} | {r['sources']:,} | {r['mean']:.2e} | {r['p99']:.2e} | "
+            f"{r['max']:.2e} | {100 * r['order_changed']:.1f}% | {100 * r['best_changed']:.1f}% |"
         )
     lines += [
         "",

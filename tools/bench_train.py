@@ -55,7 +55,8 @@ def worker(args) -> None:
     torch.set_num_threads(args.threads or os.cpu_count())
     out = Path(args.out)
     # builds vocabularies and the pair cache, then a few warm-up steps
-    train(args.table, out, TrainConfig(preset=args.preset, max_steps=3, valid_pairs=1000, valid_every=10**6), overwrite=True)
+    train(args.table, out, TrainConfig(preset=args.preset, max_steps=3, valid_pairs=1000, valid_every=10**6),
+          overwrite=True)
     from phrase_scorer.data.batches import BatchSampler
 
     loaded = ModelDirectory(out).load(weights="checkpoint.pt")
@@ -105,8 +106,9 @@ def throughput(args, work: Path) -> str:
             *(["--threads", args.threads] if args.threads else [])))
         r = json.loads(out.strip().splitlines()[-1])
         print(json.dumps(r), flush=True)
-        rows.append([preset, f"{r['parameters']:,}", f"{r['pairs_per_second']:,.0f}", f"{r['train_mflops_per_pair']:.3g}",
-                     f"{r['matmul_gflops']:.0f}", f"{r['share_of_matmul']:.2f}", f"{r['epoch_hours']:.2f}"])
+        rows.append([preset, f"{r['parameters']:,}", f"{r['pairs_per_second']:,.0f}",
+                     f"{r['train_mflops_per_pair']:.3g}", f"{r['matmul_gflops']:.0f}", f"{r['share_of_matmul']:.2f}",
+                     f"{r['epoch_hours']:.2f}"])
     info = benchlib.machine()
     return (
         "## Train: throughput (`tools/bench_train.py --throughput`)\n\n"
@@ -155,15 +157,18 @@ def learning(args, work: Path) -> str:
     info = benchlib.machine()
     threads = learning_threads(args)
     how = ("side by side, one thread each, nothing else running" if args.side_by_side else
-           "one after the other, nothing else running") + (f", {threads} thread(s) per run" if threads and not args.side_by_side else "")
-    command = ["phrase-scorer", "train", Path(args.table).name, "-o", "MODEL", "--preset", "small", "--recipe", "RECIPE",
-               "--max-time", f"{args.minutes}m", *(["--threads", str(threads)] if threads else [])]
+           "one after the other, nothing else running") + (f", {threads} thread(s) per run"
+                                                          if threads and not args.side_by_side else "")
+    command = ["phrase-scorer", "train", Path(args.table).name, "-o", "MODEL", "--preset", "small",
+               "--recipe", "RECIPE", "--max-time", f"{args.minutes}m",
+               *(["--threads", str(threads)] if threads else [])]
     config = runs[0]["config"]
     text = (
         f"## Train: what {args.minutes} CPU minutes learn (`tools/bench_train.py --learning`)\n\n"
         f"Command: `python tools/bench_train.py --learning --recipes {args.recipes} --minutes {args.minutes}"
-        f"{' --side-by-side' if args.side_by_side else ''}{f' --threads {args.threads}' if args.threads else ''} --write`, "
-        f"which runs `{' '.join(command)}` for each recipe ({how}) on this machine ({info['cpu']}, {info['cores']} cores, "
+        f"{' --side-by-side' if args.side_by_side else ''}{f' --threads {args.threads}' if args.threads else ''} "
+        f"--write`, which runs `{' '.join(command)}` for each recipe ({how}) on this machine "
+        f"({info['cpu']}, {info['cores']} cores, "
         f"torch {info['torch']}): {config['table']['unique_pairs']:,} unique pairs, shortlists of "
         f"{config['source_vocab_size'] - 3:,} source and {config['target_vocab_size'] - 3:,} target words. Validation: "
         "about 5,000 pairs whose sources never occur in training, scored without dropout or label smoothing. "
@@ -184,7 +189,8 @@ def learning(args, work: Path) -> str:
     header = ["minutes"]
     for run in runs:
         header += [f"{run['recipe']} NLL/token", f"{run['recipe']} margin", f"{run['recipe']} true wins"]
-    text += "At equal training time (the last validation at or before each mark):\n\n" + benchlib.markdown_table(header, rows) + "\n"
+    text += ("At equal training time (the last validation at or before each mark):\n\n"
+             + benchlib.markdown_table(header, rows) + "\n")
     for run in runs:
         records = run["records"]
         best = min(records, key=lambda r: r["valid_nll_token"])
@@ -197,8 +203,8 @@ def learning(args, work: Path) -> str:
                  for r in records if r is records[0] or r is best or r is last or r["step"] % every == 0]
         text += (
             f"\n`--recipe {run['recipe']}`:\n\n"
-            + benchlib.markdown_table(["step", "pairs seen", "minutes", "valid NLL/pair", "valid NLL/token", "perplexity",
-                                       "margin (nats)", "true wins"], table)
+            + benchlib.markdown_table(["step", "pairs seen", "minutes", "valid NLL/pair", "valid NLL/token",
+                                       "perplexity", "margin (nats)", "true wins"], table)
             + f"\n\nBest: validation NLL {best['valid_nll_token']:.3f} per token (perplexity {best['valid_ppl']:.1f}), "
             f"margin {best['valid_margin_pair']:.2f} nats per pair; {pairs_per_second:,.0f} training pairs/s "
             f"({run['seconds'] / 60:.0f} minutes of wall time in all, counting words and writing the pair cache "
@@ -306,28 +312,32 @@ def sentences(args, work: Path) -> str:
         r = best_of[spec]
         processes, threads, batch = r["processes"], r["threads"], r["batch"]
         results.append(r)
-        rows.append([processes, threads, batch, r["policy"], f"{r['pairs_per_second']:,.0f}", f"{r['tokens_per_second']:,.0f}",
-                     f"{r['flops_per_pair'] / 1e6:.1f}", f"{r['flops_per_pair'] * r['pairs_per_second'] / 1e9:.1f}",
+        rows.append([processes, threads, batch, r["policy"], f"{r['pairs_per_second']:,.0f}",
+                     f"{r['tokens_per_second']:,.0f}", f"{r['flops_per_pair'] / 1e6:.1f}",
+                     f"{r['flops_per_pair'] * r['pairs_per_second'] / 1e9:.1f}",
                      f"{r['flops_per_pair'] * r['pairs_per_second'] / machine_rate:.2f}"])
     info = benchlib.machine()
     best = max(results, key=lambda r: r["tokens_per_second"])
     return (
         "## Train: sentence pairs on the CPU (`tools/bench_train.py --sentences`)\n\n"
         f"Command: `python tools/bench_train.py --sentences --sentence-configs {args.sentence_configs} "
-        f"--sentence-steps {args.sentence_steps} --repeats {args.repeats} --write` on an otherwise idle machine ({info['cpu']}, "
+        f"--sentence-steps {args.sentence_steps} --repeats {args.repeats} --write` on an otherwise idle machine "
+        f"({info['cpu']}, "
         f"{info['cores']} cores, torch {info['torch']}, fp32). Each configuration (*processes* x *threads* per "
         "process x *batch* pairs per update) runs `phrase-scorer train --corpus train.tok.en.gz train.tok.fr.gz "
-        f"--arch rnnsearch --preset small --batch-size B --threads T --processes P --max-steps {3 * (args.sentence_steps // 3)}` "
+        "--arch rnnsearch --preset small --batch-size B --threads T --processes P "
+        f"--max-steps {3 * (args.sentence_steps // 3)}` "
         "(2 processes: gloo) on the 29,000 Multi30k sentence pairs, with the "
         "default recipe; the figures are the mean of the training log's validation intervals after the first "
-        "(validation excluded), the best of --repeats rounds that each run every configuration once. *OpenMP wait*: `OMP_WAIT_POLICY` of the run (`passive`, idle threads sleep, is "
-        "what the command line sets unless the environment says otherwise; `active`, they spin). *train MFLOP/pair*: 3 x the analytic forward FLOPs "
+        "(validation excluded), the best of --repeats rounds that each run every configuration once. *OpenMP wait*: "
+        "`OMP_WAIT_POLICY` of the run (`passive`, idle threads sleep, is what the command line sets unless the "
+        "environment says otherwise; `active`, they spin). *train MFLOP/pair*: 3 x the analytic forward FLOPs "
         "(`models.architectures.FORWARD_FLOPS`, checked against torch's flop counter by a test) at each "
         f"training pair's own lengths, mean {results[0]['target_words_per_pair']:.1f} target words; *share*: of "
         f"the fp32 matmul rate of the whole machine measured in the same run ({machine_rate / 1e9:.0f} GFLOP/s on "
         f"{os.cpu_count()} threads, {rates[1] / 1e9:.0f} on 1).\n\n"
-        + benchlib.markdown_table(["processes", "threads", "batch", "OpenMP wait", "pairs/s", "target tokens/s", "train MFLOP/pair",
-                                   "GFLOP/s", "share"], rows)
+        + benchlib.markdown_table(["processes", "threads", "batch", "OpenMP wait", "pairs/s", "target tokens/s",
+                                   "train MFLOP/pair", "GFLOP/s", "share"], rows)
         + f"\n\nFastest: {best['processes']} x {best['threads']} x {best['batch']}, "
         f"{best['tokens_per_second']:,.0f} target tokens/s.\n"
     )
@@ -344,14 +354,16 @@ def memory(args, work: Path) -> str:
         config = json.loads((out / "config.json").read_text())
         cache = sum(f.stat().st_size for f in (out / "cache").iterdir())
         peaks[name] = peak
-        rows.append([name, f"{config['table']['unique_pairs']:,}", f"{cache / 1e6:,.0f}", f"{seconds:,.0f}", f"{peak:,.0f}"])
+        rows.append([name, f"{config['table']['unique_pairs']:,}", f"{cache / 1e6:,.0f}", f"{seconds:,.0f}",
+                     f"{peak:,.0f}"])
         print(rows[-1], flush=True)
         shutil.rmtree(out)
     return (
         "## Train: memory (`tools/bench_train.py --memory`)\n\n"
         f"Peak RSS of `phrase-scorer train --preset tiny --max-steps 200` (counting words, writing the pair cache, "
         f"training, validating) on `{table.name}` and on the table repeated ten times (its copies are not adjacent, "
-        f"so all of them enter the cache). The larger table takes {peaks['table x 10'] / peaks['table']:.2f}x the memory.\n\n"
+        f"so all of them enter the cache). The larger table takes "
+        f"{peaks['table x 10'] / peaks['table']:.2f}x the memory.\n\n"
         + benchlib.markdown_table(["input", "pairs in cache", "cache MB", "seconds", "peak RSS MB"], rows) + "\n"
     )
 
@@ -375,7 +387,8 @@ def main() -> None:
     parser.add_argument("--sentences", action="store_true",
                         help="RNNsearch small on the Multi30k sentences: speed by processes x threads x batch")
     parser.add_argument("--sentence-configs", default="1x1x80,1x2x80,1x2x80:active,2x1x80,1x2x40:active,1x2x160:active",
-                        help="--sentences: PROCESSESxTHREADSxBATCH[:active|passive] (OpenMP wait policy, default passive), comma-separated")
+                        help="--sentences: PROCESSESxTHREADSxBATCH[:active|passive] (OpenMP wait policy, default "
+                             "passive), comma-separated")
     parser.add_argument("--sentence-steps", type=int, default=120, help="--sentences: updates per configuration")
     parser.add_argument("--repeats", type=int, default=2, help="--sentences: rounds (each figure the best of them)")
     parser.add_argument("--data", default=str(DATA), help="--sentences: folder of the tokenised Multi30k files")

@@ -43,9 +43,9 @@ def main() -> None:
     records = [json.loads(l) for l in (Path(model) / "train.log.jsonl").read_text().splitlines()]
     best = min(records, key=lambda r: r["valid_nll_token"])
     model_line = (f"The model: preset `{config['preset']}`, trained with `phrase-scorer train phrase-table.gz "
-                  f"--preset {config['preset']} --max-time 30m` on the {config['table']['unique_pairs']:,} unique pairs of the "
-                  f"Multi30k English→French phrase table ({best['pairs_seen']:,} pairs seen, best validation NLL "
-                  f"{best['valid_nll_token']:.2f} per token, perplexity {best['valid_ppl']:.1f}).")
+                  f"--preset {config['preset']} --max-time 30m` on the {config['table']['unique_pairs']:,} unique "
+                  f"pairs of the Multi30k English→French phrase table ({best['pairs_seen']:,} pairs seen, best "
+                  f"validation NLL {best['valid_nll_token']:.2f} per token, perplexity {best['valid_ppl']:.1f}).")
 
     sample_args = ["sample", "-m", model, *SOURCES, "-n", "100", "--top", "5", "--seed", "1"]
     beam_args = ["sample", "-m", model, *SOURCES[:3], "--beam", "5", "--no-allow-unk"]
@@ -59,7 +59,8 @@ def main() -> None:
                     "-o", "docs/images/phrases.png", "--html", "docs/images/phrases.html", "--overwrite"]
     (DOCS / "images").mkdir(parents=True, exist_ok=True)
     outputs = {name: run(*a) for name, a in (("sample", sample_args), ("beam", beam_args), ("compare", compare_args),
-                                            ("scores", scores_args), ("direct", direct_args), ("words", words_args), ("phrases", phrases_args))}
+                                            ("scores", scores_args), ("direct", direct_args), ("words", words_args),
+                                            ("phrases", phrases_args))}
     text = f"""# Examples: what the model proposes and prefers
 
 Real output of the commands below; regenerate with

@@ -175,7 +175,8 @@ def main() -> None:
         f"\n## Last run\n\n`python tools/reliability_report.py{' --fuzz' if args.fuzz else ''}` on "
         f"{time.strftime('%Y-%m-%d')} ({info['cpu']}, {info['cores']} cores): pytest says `{summary}` "
         f"({minutes:.1f} minutes).\n\n"
-        "### Fuzz cases\n\n" + benchlib.markdown_table(["input", "cases", "parsed", "refused with the project's error", "lost"], rows)
+        "### Fuzz cases\n\n"
+        + benchlib.markdown_table(["input", "cases", "parsed", "refused with the project's error", "lost"], rows)
         + "\n\n### Edge cases\n\n" + benchlib.markdown_table(["case", "outcome", "lost"], edges)
         + "\n\n### Kills and resumes\n\n" + benchlib.markdown_table(["command", "signal", "kills", "lost"], kills)
         + "\n\n### Faults\n\n" + benchlib.markdown_table(["fault", "how", "lost"], faults)

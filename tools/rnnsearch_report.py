@@ -190,7 +190,8 @@ def section(args, scores: Dict[str, Dict[str, object]], sizes: Dict[str, int], r
 
     evaluation = scores[MOSES]["test"]
     out = [
-        "Made by:", "", "```", shlex.join(["python", "tools/rnnsearch_report.py", *map(from_root, args.argv)]), "```", "",
+        "Made by:", "", "```", shlex.join(["python", "tools/rnnsearch_report.py", *map(from_root, args.argv)]),
+        "```", "",
         "| system | BLEU val | BLEU test | chrF test |", "|---|---:|---:|---:|",
     ]
     for system in (MOSES, ENCDEC, RNNSEARCH):
@@ -228,7 +229,8 @@ def section(args, scores: Dict[str, Dict[str, object]], sizes: Dict[str, int], r
     info = benchlib.machine()
     out += [
         "",
-        f"Translated and scored on: {info['cpu']}, {info['cores']} cores" + (f", {info['gpu']}" if "gpu" in info else "")
+        f"Translated and scored on: {info['cpu']}, {info['cores']} cores"
+        + (f", {info['gpu']}" if "gpu" in info else "")
         + f"; PyTorch {info['torch']}, Python {info['python']}.",
         "",
         "BLEU by source sentence length (buckets of 5 words; the numbers of sentences in brackets):",
@@ -240,7 +242,8 @@ def section(args, scores: Dict[str, Dict[str, object]], sizes: Dict[str, int], r
         f"RNNsearch's soft alignments with its own translations of test lines "
         f"{', '.join(map(str, alignment_lines))} (white: weight 1, black: 0):",
         "",
-        *(f"![soft alignments, test line {line}]({link(png)})" for line, png in zip(alignment_lines, images["alignments"])),
+        *(f"![soft alignments, test line {line}]({link(png)})"
+          for line, png in zip(alignment_lines, images["alignments"])),
         "",
         "The largest weight of each row (target word or </s>), averaged over the rows of each drawn sentence "
         "(1 where every word attends to one source word; uniform attention gives 1/|x|): "
@@ -332,7 +335,8 @@ def main() -> None:
     parser.add_argument("--alignments", type=int, default=4, help="test sentences with heat maps (default %(default)s)")
     parser.add_argument("--seed", type=int, default=1, help="draws the heat maps' sentences (default %(default)s)")
     parser.add_argument("--images", default=str(IMAGES), help="folder for the PNGs (default docs/images)")
-    parser.add_argument("--doc", default=str(DOC), help="page whose marked section --write replaces (default docs/rnnsearch.md)")
+    parser.add_argument("--doc", default=str(DOC),
+                        help="page whose marked section --write replaces (default docs/rnnsearch.md)")
     parser.add_argument("--write", action="store_true", help="put the section into --doc")
     args = parser.parse_args()
     args.argv = sys.argv[1:]
