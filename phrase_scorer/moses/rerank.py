@@ -80,10 +80,11 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
     )
     tuned = Reranker(learned.weights, tuple(options.ignore_features), dev_models,
                      nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags)
+    run = {k: v for k, v in result.to_dict().items() if k != "output"}  # the signature names the output itself
     Signature.build("phrase-scorer rerank", tuned.to_json(), output=output,
                     dev={"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
                     test={"nbest": os.path.abspath(test_nbest)}, options=asdict(options),
-                    bleu="Moses' BleuScorer on the dev list (x 100)", **result.to_dict()).write(output)
+                    bleu="Moses' BleuScorer on the dev list (x 100)", **run).write(output)
     log.info("test 1-best: %s (%d sentences); weights of seed %d, dev BLEU %.2f (start %.2f), in %s.json",
              output, sentences, result.best_seed, result.dev_bleu, result.start_dev_bleu, output)
     return result
