@@ -39,6 +39,26 @@ VAL_FR = DATA / "multi30k.val100.fr"
 PAUSE_AT = Path(__file__).resolve().parent / "pause_at.py"
 
 
+def run_cli(*args, input=None):
+    """The CLI in this process: an exception it did not handle fails the test (no traceback allowed)."""
+    from click.testing import CliRunner
+
+    from phrase_scorer.cli import cli
+
+    result = CliRunner().invoke(cli, [str(a) for a in args], input=input)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result
+
+
+def error_line(result) -> str:
+    """The one error line of a failed run (log lines, such as a busy-machine warning, may precede it)."""
+    assert result.exit_code == 1, (result.exit_code, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("phrase-scorer: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[-1]
+
+
 def default_sigint() -> None:
     """``preexec_fn`` of a child a test interrupts with SIGINT. A test run started in the
     background by a script (``make test &``) has SIGINT ignored, and a child inherits that: it

@@ -11,28 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from conftest import EXAMPLE_TABLE, TRAIN_EN, TRAIN_FR, VAL_EN, VAL_FR, start_halted
-from phrase_scorer.cli import cli
+from conftest import EXAMPLE_TABLE, TRAIN_EN, TRAIN_FR, VAL_EN, VAL_FR, error_line, start_halted
+from conftest import run_cli as run
 
 PAIRS = "a man ||| un homme\nthe dog ||| le chien\na man in a red shirt ||| un homme en chemise rouge\n"
 TINY = ["--preset", "tiny", "--threads", "1", "--batch-size", "16"]
-
-
-def run(*args) -> "CliRunner.Result":
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    return result
-
-
-def error_line(result) -> str:
-    """The one error line of a failed run (log lines may come before it), never a traceback."""
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.stderr
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("phrase-scorer: error: "), result.stderr
-    return last
 
 
 def copy_model(tiny_model: Path, folder: Path) -> Path:

@@ -19,10 +19,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from conftest import DATA, EXAMPLE_TABLE, VAL_EN, VAL_FR
-from phrase_scorer.cli import cli
+from conftest import DATA, EXAMPLE_TABLE, VAL_EN, VAL_FR, error_line
+from conftest import run_cli as run
 
 NBEST = DATA / "val.nbest.head.gz"
 SOURCE = DATA / "val.tok.en.head"
@@ -33,22 +32,6 @@ def record(case: str, outcome: str) -> None:
     if LOG:
         with open(LOG, "a") as f:
             f.write(json.dumps({"kind": "outputs", "case": case, "outcome": outcome}) + "\n")
-
-
-def run(*args, input=None):
-    """The CLI in this process: an exception it did not handle fails the test (no traceback allowed)."""
-    result = CliRunner().invoke(cli, [str(a) for a in args], input=input)
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    return result
-
-
-def error_line(result) -> str:
-    """The one error line of a failed run (log lines, such as a busy-machine warning, may precede it)."""
-    assert result.exit_code == 1, (result.exit_code, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert lines[-1].startswith("phrase-scorer: error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[-1]
 
 
 @pytest.fixture()

@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from conftest import DATA, EXAMPLE_TABLE, VAL_EN, kill, start_halted
-from phrase_scorer.cli import cli
+from conftest import DATA, EXAMPLE_TABLE, VAL_EN, error_line, kill, start_halted
+from conftest import run_cli as run
 from test_outputs import other_writers
 
 NBEST = DATA / "val.nbest.head.gz"
@@ -39,21 +38,6 @@ def record(kind: str, **fields) -> None:
     if LOG:
         with open(LOG, "a") as f:
             f.write(json.dumps({"kind": kind, **fields}) + "\n")
-
-
-def run(*args):
-    """The CLI in this process: an exception it did not handle fails the test (no traceback allowed)."""
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    return result
-
-
-def error_line(result) -> str:
-    assert result.exit_code == 1, (result.exit_code, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert lines[-1].startswith("phrase-scorer: error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[-1]
 
 
 HOLD = """
