@@ -215,6 +215,9 @@ OPTIMIZERS = ("adadelta", "adam")
 LOSSES = ("pair", "token")
 INITS = ("paper", "glorot")
 VALID_METRICS = ("nll", "bleu")
+# train --vocabulary: whole words, or sentencepiece's byte-pair encoding or unigram model (the
+# pieces per word of each, measured: docs/benchmarks.md, "Subword segmentation").
+VOCABULARIES = ("words", "bpe", "unigram")
 # At most this share of the pairs is held out for validation (the rest always trains).
 MAX_VALID_SHARE = 0.1
 
@@ -262,6 +265,9 @@ class TrainConfig:
     max_length: Optional[int] = None  # sentence corpora: training pairs with a longer side are left out
     # The model reads (and writes) the target side last word first; its target vocabulary records it.
     right_to_left: bool = False
+    # What the models read: whole words (shortlists) or subword pieces learnt by sentencepiece,
+    # as many as the shortlist's words (phrase_scorer.subwords). One of VOCABULARIES.
+    vocabulary: str = "words"
 
     # Settings that --resume may change; all others must match the saved run.
     RESUMABLE = ("valid_every", "patience", "max_steps", "max_epochs", "max_time", "device", "precision",
@@ -291,7 +297,8 @@ class TrainConfig:
         if self.recipe not in RECIPES:
             raise PhraseScorerError(f"unknown recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
         for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS), ("loss", self.loss, LOSSES),
-                                     ("init", self.init, INITS), ("valid_metric", self.valid_metric, VALID_METRICS)):
+                                     ("init", self.init, INITS), ("valid_metric", self.valid_metric, VALID_METRICS),
+                                     ("vocabulary", self.vocabulary, VOCABULARIES)):
             if value is not None and value not in allowed:
                 raise PhraseScorerError(f"{setting(name)} takes one of {', '.join(allowed)}, got {value!r}")
 

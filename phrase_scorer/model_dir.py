@@ -4,6 +4,7 @@
       config.json          model sizes, training settings, vocabulary sizes and SHA-256s, package version
       vocab.source.json    source shortlist
       vocab.target.json    target shortlist
+      subwords.*.model     a subword model's sentencepiece models (train --vocabulary bpe|unigram)
       model.pt             best weights so far (lowest validation NLL): used for scoring
       checkpoint.pt        last state: weights, optimiser, data position (for --resume)
       train.log.jsonl      one JSON record per validation
@@ -39,16 +40,18 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_sha256, write_text_atomically
 from phrase_scorer.models.architectures import build_model
 from phrase_scorer.models.base import TranslationModel
+from phrase_scorer.subwords import SubwordVocabulary, load_vocabulary
 from phrase_scorer.vocab import Vocabulary
 
 from phrase_scorer.io.model_layout import (  # noqa: F401  (the names of a model directory's files)
-    BEST_WEIGHTS, CACHE, CHECKPOINT, CONFIG, MODEL_FILES, MODEL_STATE_FILES, RECENT_WEIGHTS, SOURCE_VOCAB,
-    TARGET_VOCAB, TRAIN_LOG,
+    BEST_WEIGHTS, CACHE, CHECKPOINT, CONFIG, MODEL_FILES, MODEL_STATE_FILES, RECENT_WEIGHTS, SOURCE_SUBWORDS,
+    SOURCE_VOCAB, TARGET_SUBWORDS, TARGET_VOCAB, TRAIN_LOG,
 )
 
 MODEL_FORMAT = "phrase-scorer-model"
 VOCAB_HASHES = "vocab_sha256"  # config.json's record of the vocabularies: {"source": sha256, "target": sha256}
 VOCAB_FILES = {"source": SOURCE_VOCAB, "target": TARGET_VOCAB}
+SUBWORDS = "subwords"  # config.json's record of a subword model's sentencepiece models: {side: {file, sha256, ...}}
 
 
 def vocab_hashes(source_vocab: Vocabulary, target_vocab: Vocabulary) -> Dict[str, str]:
@@ -62,12 +65,15 @@ def config_record(*, preset: str, model: AnyModelConfig, source_vocab: Vocabular
     the format, its version and the package version): the preset, the network's settings, the
     vocabularies' sizes and SHA-256s, the training settings, and what it was trained on under
     ``data_kind`` (``phrase_table`` or ``corpus``)."""
+    subwords = {side: vocab.subwords for side, vocab in (("source", source_vocab), ("target", target_vocab))
+                if isinstance(vocab, SubwordVocabulary)}
     return {
         "preset": preset,
         "model": model.to_dict(),
         "source_vocab_size": len(source_vocab),
         "target_vocab_size": len(target_vocab),
         "vocab_sha256": vocab_hashes(source_vocab, target_vocab),
+        **({SUBWORDS: subwords} if subwords else {}),  # a word model's config.json as before
         "training": training,
         data_kind: data_info,
     }
@@ -221,7 +227,7 @@ class ModelDirectory:
         """The source and target vocabularies, checked against what config.json records of them:
         their SHA-256 (``vocab_sha256``) and sizes, where it records them."""
         data = data if data is not None else self.read_config()
-        vocabs = {side: Vocabulary.load(self.path / name) for side, name in VOCAB_FILES.items()}
+        vocabs = {side: load_vocabulary(self.path / name) for side, name in VOCAB_FILES.items()}
         config = self.path / CONFIG
         hashes = data.get(VOCAB_HASHES)
         if hashes is not None and not (isinstance(hashes, dict)
@@ -244,7 +250,28 @@ class ModelDirectory:
             if size is not None and size != len(vocab):
                 raise PhraseScorerError(f"holds {len(vocab)} entries, but config.json records {size}",
                                         path=self.path / VOCAB_FILES[side], hint=redo)
+            self.check_subwords(data, side, vocab)
         return vocabs["source"], vocabs["target"]
+
+    def check_subwords(self, data: Dict[str, Any], side: str, vocab: Vocabulary) -> None:
+        """A subword model's segmentation is the one config.json records (its SHA-256); a word
+        model's config.json records none."""
+        record = data.get(SUBWORDS, {})
+        expected = record.get(side) if isinstance(record, dict) else None
+        config = self.path / CONFIG
+        if not isinstance(vocab, SubwordVocabulary):
+            if expected is not None:
+                raise PhraseScorerError(f"config.json records a subword model for the {side} side, but its vocabulary "
+                                        "has none", path=self.path / VOCAB_FILES[side],
+                                        hint="put back the vocabulary saved with this model")
+            return
+        if not (isinstance(expected, dict) and isinstance(expected.get("sha256"), str)):
+            raise PhraseScorerError(f"records no subword model for the {side} side, but its vocabulary has one",
+                                    path=config, hint="use the config.json saved with this model")
+        if expected["sha256"] != vocab.model_sha256():
+            raise PhraseScorerError("is not the subword model these weights were trained with (its SHA-256 differs "
+                                    "from the one config.json records)", path=self.path / vocab.file_name,
+                                    hint="put back the file saved with this model, or train the model again")
 
     def load(self, device: Any = "cpu", weights: str = BEST_WEIGHTS) -> LoadedModel:
         """Build the model from its directory, checking that every part agrees with the others."""

@@ -235,15 +235,24 @@ class SignedModel:
     name: Optional[str] = None
     reverse: Optional[bool] = None
     ensemble: Optional[bool] = None  # a rescoring feature: one model of an ensemble
+    # A subword model's segmentation: {side: its sentencepiece model's record, SHA-256 included};
+    # None for a word model (whose records are as before).
+    subwords: Optional[Dict[str, Any]] = None
 
     @classmethod
     def of(cls, loaded: Any, **feature: Any) -> "SignedModel":
         """The record of a loaded model (:class:`~phrase_scorer.model_dir.LoadedModel`)."""
-        return cls(os.path.abspath(loaded.directory), loaded.weights_sha256, loaded.config.to_dict(), **feature)
+        subwords = {side: vocab.subwords for side, vocab in (("source", loaded.source_vocab),
+                                                             ("target", loaded.target_vocab))
+                    if getattr(vocab, "subwords", None)}
+        return cls(os.path.abspath(loaded.directory), loaded.weights_sha256, loaded.config.to_dict(), **feature,
+                   subwords=subwords or None)
 
     def to_json(self) -> Dict[str, Any]:
         feature = {"name": self.name, "reverse": self.reverse, "ensemble": self.ensemble} if self.name else {}
-        return {**feature, "directory": self.directory, "weights_sha256": self.weights_sha256, "config": self.config}
+        subwords = {"subwords": self.subwords} if self.subwords else {}
+        return {**feature, "directory": self.directory, "weights_sha256": self.weights_sha256, "config": self.config,
+                **subwords}
 
     @classmethod
     def from_json(cls, data: Any, where: str, path: PathLike) -> "SignedModel":
@@ -258,7 +267,11 @@ class SignedModel:
         ensemble = data.get("ensemble")
         if ensemble is not None and not isinstance(ensemble, bool):
             raise _damaged(path, f"{where}.ensemble is not true or false")
-        return cls(data["directory"], data["weights_sha256"], data["config"], name, data.get("reverse"), ensemble)
+        subwords = data.get("subwords")
+        if subwords is not None and not isinstance(subwords, dict):
+            raise _damaged(path, f"{where}.subwords is not an object")
+        return cls(data["directory"], data["weights_sha256"], data["config"], name, data.get("reverse"), ensemble,
+                   subwords)
 
 
 @dataclass

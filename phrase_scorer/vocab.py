@@ -9,6 +9,8 @@ last target word) and ``<unk>``. A table may hold these strings as literal words
 ``<`` and ``>`` in its own output, but other tools and hand-made tables need not): such a word is
 an ordinary word outside the shortlist, so it encodes as ``<unk>`` and counts as unknown. This is
 the only place that turns words into ids, so training, scoring, annotating and sampling all agree.
+A subword model's vocabulary (:class:`phrase_scorer.subwords.SubwordVocabulary`) has the same
+interface and cuts each word into pieces here.
 
 The target vocabulary of a right-to-left model (``train --right-to-left``) also holds the order in
 which the model reads a phrase: it encodes words into ids last word first and decodes ids back
@@ -23,7 +25,7 @@ import hashlib
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, write_text_atomically
@@ -39,6 +41,16 @@ def in_model_order(items, right_to_left: bool):
     """``items`` (a list, tuple or array along its first axis), one per word of a phrase in
     reading order, in the order a model reads them (and back: the reversal is its own inverse)."""
     return items[::-1] if right_to_left else items
+
+
+def word_spans(vocab: "Vocabulary", words: Sequence[str]) -> List[Tuple[int, int]]:
+    """For each word (reading order), the [start, end) of its ids in the reading-order ids of
+    the phrase: one id per word, or a subword model's pieces."""
+    spans, start = [], 0
+    for n in vocab.pieces_per_word(words):
+        spans.append((start, start + n))
+        start += n
+    return spans
 
 
 class Vocabulary:
@@ -77,7 +89,14 @@ class Vocabulary:
         """:func:`in_model_order` for this vocabulary's model."""
         return in_model_order(items, self.right_to_left)
 
+    UNKNOWN_UNIT = "words"  # what count_unknown counts (a subword vocabulary: pieces)
+
+    def pieces_per_word(self, words: Iterable[str]) -> List[int]:
+        """How many ids each word becomes (a word vocabulary: one each)."""
+        return [1 for _ in words]
+
     def count_unknown(self, words: Iterable[str]) -> int:
+        """The words outside the shortlist (``<unk>`` ids of :meth:`encode`)."""
         index = self.index
         return sum(1 for w in words if w not in index)
 
@@ -97,6 +116,17 @@ class Vocabulary:
 
     @classmethod
     def load(cls, path: PathLike) -> "Vocabulary":
+        """A word vocabulary's file (a subword model's: :func:`phrase_scorer.subwords.load_vocabulary`,
+        which reads either)."""
+        path = Path(path)
+        data = cls.read_file(path)
+        if "subwords" in data:
+            raise PhraseScorerError("is a subword model's vocabulary (read it with phrase_scorer.subwords)", path=path)
+        return cls(data["tokens"][len(SPECIALS):], data.get("order") == RIGHT_TO_LEFT)
+
+    @staticmethod
+    def read_file(path: PathLike) -> dict:
+        """The checked contents of a vocabulary file: its tokens, and its reading order."""
         path = Path(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -122,4 +152,4 @@ class Vocabulary:
         if order not in ("left-to-right", RIGHT_TO_LEFT):
             raise PhraseScorerError(f"vocabulary order {order!r} is neither left-to-right nor {RIGHT_TO_LEFT}",
                                     path=path)
-        return cls(tokens[len(SPECIALS):], order == RIGHT_TO_LEFT)
+        return data

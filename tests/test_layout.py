@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "phrase_scorer"
 TORCH_FREE = ("moses", "io")
 
 #: What each part of the package may import (besides itself and the version in phrase_scorer/__init__.py).
-#: "shared" is the top level's config, records and vocab; model_dir stands apart because it builds models.
+#: "shared" is the top level's config, records, vocab and subwords; model_dir stands apart because it builds models.
 LOWER = {"errors": set(), "io": {"errors"}}
 LOWER["shared"] = {"errors", "io"}
 LOWER["runtime"] = LOWER["shared"] | {"shared"}
@@ -27,7 +27,7 @@ LOWER["analysis"] = LOWER["generation"] | {"generation"}
 LOWER["experiments"] = LOWER["training"] | {"training"}
 LOWER["cli"] = LOWER["experiments"] | LOWER["analysis"] | {"experiments", "analysis", "training"}
 LOWER["__main__"] = {"cli"}
-TOP_LEVEL = {"__init__", "__main__", "errors", "config", "records", "vocab", "model_dir"}
+TOP_LEVEL = {"__init__", "__main__", "errors", "config", "records", "vocab", "subwords", "model_dir"}
 
 
 def module_name(path: Path) -> str:
@@ -71,7 +71,8 @@ def part_of(module: str) -> str:
     if not parts:
         return "phrase_scorer"
     if len(parts) == 1 and not (PACKAGE / parts[0]).is_dir():
-        return {"config": "shared", "records": "shared", "vocab": "shared"}.get(parts[0], parts[0])
+        shared = {"config", "records", "vocab", "subwords"}
+        return "shared" if parts[0] in shared else parts[0]
     return parts[0]
 
 

@@ -253,7 +253,7 @@ def scorer_profile(args) -> None:
 
     torch.set_num_threads(1)
     loaded = load_model(args.model_dir)
-    work = WindowWork(args.table, loaded.source_vocab.tokens, loaded.target_vocab.tokens, AnnotateOptions(), False)
+    work = WindowWork(args.table, loaded.source_vocab, loaded.target_vocab, AnnotateOptions(), False)
     prepared = [work.prepare(w.index, w, None) for w in RawWindows(args.table, 20000, 0, args.lines)]
     scorer = BatchScorer(loaded.model, ScoringOptions())
     scorer.score(prepared[0].source_ids, prepared[0].target_ids)  # warm-up

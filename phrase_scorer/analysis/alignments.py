@@ -20,6 +20,7 @@ import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import PathLike
+from phrase_scorer.vocab import word_spans
 
 DEFAULT_COUNT = 4
 DEFAULT_MAX_WORDS = 30
@@ -123,13 +124,28 @@ def alignment_weights(loaded, pairs: Sequence[Tuple[Sequence[str], Sequence[str]
     require_alignments(loaded)
     model = loaded.model
     device = next(model.parameters()).device
-    src, src_len = pad([loaded.source_vocab.encode(s) for s, _ in pairs], device)  # (B, S), (B,)
-    tgt, tgt_len = pad([loaded.target_vocab.encode(t) for _, t in pairs], device)  # (B, T), (B,)
+    source_ids = [loaded.source_vocab.encode(s) for s, _ in pairs]
+    target_ids = [loaded.target_vocab.encode(t) for _, t in pairs]
+    src, src_len = pad(source_ids, device)  # (B, S), (B,)
+    tgt, tgt_len = pad(target_ids, device)  # (B, T), (B,)
     with torch.inference_mode():
         alpha = model.alignments(src, src_len, tgt, tgt_len).double().cpu().numpy()  # (B, T+1, S)
     order = loaded.target_vocab.in_model_order  # rows of words back into reading order
-    return [np.concatenate([order(alpha[b, : len(t), : len(s)]), alpha[b, len(t) : len(t) + 1, : len(s)]])
-            for b, (s, t) in enumerate(pairs)]
+    weights = []
+    for b, (s, t) in enumerate(pairs):
+        ns, nt = len(source_ids[b]), len(target_ids[b])  # ids: words, or a subword model's pieces
+        pieces = np.concatenate([order(alpha[b, :nt, :ns]), alpha[b, nt : nt + 1, :ns]])  # (nt + 1, ns)
+        weights.append(per_word(pieces, word_spans(loaded.source_vocab, s), word_spans(loaded.target_vocab, t)))
+    return weights
+
+
+def per_word(alpha: np.ndarray, source_spans, target_spans) -> np.ndarray:
+    """Alignments of ids (rows: target ids in reading order and ``</s>``; columns: source ids) as
+    alignments of words: a source word gets the weight of its pieces together, a target word the
+    mean of its pieces' rows, so each row still sums to 1. Words of one id each are unchanged."""
+    columns = np.stack([alpha[:, start:end].sum(1) for start, end in source_spans], 1)  # (rows, source words)
+    rows = [columns[start:end].mean(0) for start, end in target_spans] + [columns[-1]]
+    return np.stack(rows)  # (target words + 1, source words)
 
 
 def output_for_line(output: PathLike, line: int) -> Path:

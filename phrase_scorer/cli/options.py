@@ -10,7 +10,7 @@ import click
 from phrase_scorer.config import (
     ARCH_PRESETS, COLUMNS, INITS, LOSSES, OPTIMIZERS, PRECISIONS, RECIPES, TRAIN_PRECISIONS, UNK_SIDES, VALID_METRICS,
     MAX_SHORTLIST, AnnotateOptions, ScoringOptions, TrainConfig,
-    TuneOptions,
+    TuneOptions, VOCABULARIES,
 )
 from phrase_scorer.cli.group import Duration, explicit_options
 
@@ -55,6 +55,10 @@ def training_options(function):
         click.option("--target-shortlist", type=click.IntRange(min=1, max=MAX_SHORTLIST), default=None,
                      help="Target words kept [default: the preset's: 15000 for the encoder-decoder's paper preset, "
                           "30000 for RNNsearch's]."),
+        click.option("--vocabulary", type=click.Choice(VOCABULARIES), default=TrainConfig.vocabulary,
+                     help="What the model reads: whole words (the shortlists), or subword pieces learnt by "
+                          "sentencepiece from the training words, byte-pair encoding or the unigram model, as many "
+                          "as the shortlists' words. Every command still takes and writes words."),
         click.option("--recipe", type=click.Choice(list(RECIPES)), default=TrainConfig.recipe,
                      help="How to optimise: 'modern' (Adam, per-token label-smoothed loss, dropout, Glorot "
                           "initialisation, rate halved on validation plateaus) or 'paper' (the papers' Adadelta and "

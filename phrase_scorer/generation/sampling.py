@@ -309,6 +309,7 @@ def propose(loaded, sources: Sequence[str], options: SampleOptions = SampleOptio
                 complete[seq] = complete.get(seq, False) or ended
             generated.append({seq: (count, complete[seq]) for seq, count in counts.items()})
 
+    generated = [as_words(cands, tgt_vocab) for cands in generated]
     scorer = BatchScorer(model)
     pair_sources = [ids for ids, cands in zip(source_ids, generated) for _ in cands]
     pair_targets = [list(seq) for cands in generated for seq in cands]
@@ -324,6 +325,22 @@ def propose(loaded, sources: Sequence[str], options: SampleOptions = SampleOptio
         proposal.candidates.sort(key=lambda c: (not c.complete, key(c)))
         proposal.candidates = proposal.candidates[: options.top]
     return results
+
+
+def as_words(candidates: Dict[Tuple[int, ...], Tuple[int, bool]], vocab: Vocabulary
+             ) -> Dict[Tuple[int, ...], Tuple[int, bool]]:
+    """Generated id sequences as the ids of the words they spell (:meth:`Vocabulary.encode` of
+    their words), merged where they spell the same words: a subword model can generate one word
+    sequence in several segmentations, and its score of a word sequence is the one of its own
+    segmentation (a word model's sequences are unchanged). Counts add up; complete if any is."""
+    merged: Dict[Tuple[int, ...], Tuple[int, bool]] = {}
+    for seq, (count, complete) in candidates.items():
+        key = tuple(vocab.encode(vocab.decode(seq)))  # in the model's order, as seq
+        if not key:
+            continue  # pieces that spell no word
+        before = merged.get(key, (0, False))
+        merged[key] = (before[0] + count, before[1] or complete)
+    return merged
 
 
 def read_source_phrases(path: str) -> list:

@@ -315,8 +315,13 @@ def gzip_member(data: bytes, level: int = MAX_COMPRESS_LEVEL) -> bytes:
 
 def write_text_atomically(path: PathLike, text: str) -> None:
     """Write a small text file (JSON, ini) atomically."""
+    write_bytes_atomically(path, text.encode("utf-8"))
+
+
+def write_bytes_atomically(path: PathLike, data: bytes) -> None:
+    """Write a small file atomically."""
     with AtomicOutput(path) as out:
-        out.write(text.encode("utf-8"))
+        out.write(data)
         out.commit()
 
 

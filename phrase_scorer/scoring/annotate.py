@@ -199,7 +199,8 @@ class AnnotateJob:
 
     def signature(self, output: str, lines: int, num_scores: Optional[int], **extra) -> Signature:
         return Signature.build("phrase-scorer annotate", self.settings, output=output, lines=lines,
-                               columns=list(self.options.columns), column_values=column_encoding(self.options),
+                               columns=list(self.options.columns),
+                               column_values=column_encoding(self.options, self.loaded.target_vocab.UNKNOWN_UNIT),
                                num_scores_before=num_scores,
                                num_scores_after=(num_scores or 0) + len(self.options.columns), **extra)
 
@@ -259,8 +260,8 @@ class AnnotateJob:
         else:
             score = lambda prepared: np.full(len(prepared.source_ids), self.constant_log_prob)  # noqa: E731
         pipeline = Pipeline(depth=max(2, self.workers + 1))
-        handler_args = (os.fspath(self.table), self.loaded.source_vocab.tokens, self.loaded.target_vocab.tokens,
-                        self.options, self.compress, self.loaded.target_vocab.right_to_left, self.in_workers)
+        handler_args = (os.fspath(self.table), self.loaded.source_vocab, self.loaded.target_vocab,
+                        self.options, self.compress, self.in_workers)
         num_scores: List[Optional[int]] = [None]
         stages = ["annotate"] if self.in_workers else ["prepare", "finish"]
 

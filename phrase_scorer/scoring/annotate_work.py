@@ -45,7 +45,8 @@ from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.data.padding import IdRows
 from phrase_scorer.io.files import gzip_member
 from phrase_scorer.io.table_windows import ParsedWindow, RawWindow, parse_window
-from phrase_scorer.vocab import SPECIALS, UNK_ID, in_model_order
+from phrase_scorer.subwords import SubwordVocabulary
+from phrase_scorer.vocab import SPECIALS, UNK_ID, Vocabulary, in_model_order
 
 class ByteIds(dict):
     """UTF-8 word -> id; any other word (special-symbol spellings included) -> ``<unk>``'s id."""
@@ -85,11 +86,10 @@ class WindowWork:
     ``finish`` then ignores the scores it is given.
     """
 
-    def __init__(self, path: str, source_tokens: Sequence[str], target_tokens: Sequence[str],
-                 options: AnnotateOptions, compress: bool, target_right_to_left: bool = False,
-                 scoring: Optional[WorkerScoring] = None) -> None:
+    def __init__(self, path: str, source_vocab: Vocabulary, target_vocab: Vocabulary,
+                 options: AnnotateOptions, compress: bool, scoring: Optional[WorkerScoring] = None) -> None:
         self.path = path
-        self.lookup = PhraseIds(source_tokens, target_tokens, target_right_to_left)
+        self.lookup = PhraseIds(source_vocab, target_vocab)
         self.options = options
         self.compress = compress
         self.value_format = b" ".join(b"%.9g" for _ in options.columns)
@@ -106,7 +106,8 @@ class WindowWork:
             unknown += (source_ids.rows == UNK_ID).sum(1)
         if unk_side in ("target", "both"):
             unknown += (target_ids.rows == UNK_ID).sum(1)
-        self._kept[index] = (parsed.appender(), unknown, target_ids.lengths, window.first_line)
+        target_words = np.fromiter(map(len, parsed.target_words), np.int64, len(parsed.target_words))
+        self._kept[index] = (parsed.appender(), unknown, target_words, window.first_line)
         return PreparedWindow(window.index, window.first_line, source_ids, target_ids, parsed.num_scores)
 
     def finish(self, index: int, log_probs: np.ndarray) -> bytes:
@@ -133,15 +134,29 @@ class WindowWork:
         return [fmt % values for values in zip(*columns)]
 
 
+class PieceIds(dict):
+    """A subword model's UTF-8 word -> the ids of its pieces (a tuple, in the model's reading
+    order of a word: reversed for a right-to-left model), segmented once per word."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def __missing__(self, word: bytes) -> Tuple[int, ...]:
+        ids = self[word] = self.vocab.in_model_order(self.vocab.word_ids(word.decode("utf-8")))
+        return ids
+
+
 class PhraseIds:
     """A parsed window's source and target phrases as ids (:class:`IdRows`), the target side in
     the order the model reads it (:func:`~phrase_scorer.vocab.in_model_order`): what the
-    ``annotate`` workers and ``score`` hand to the scorer."""
+    ``annotate`` workers and ``score`` hand to the scorer. A subword model's words become their
+    pieces here (:mod:`phrase_scorer.subwords`)."""
 
-    def __init__(self, source_tokens: Sequence[str], target_tokens: Sequence[str], target_right_to_left: bool) -> None:
-        self.source_ids = ByteIds(source_tokens)
-        self.target_ids = ByteIds(target_tokens)
-        self.target_right_to_left = target_right_to_left  # a right-to-left model (see phrase_scorer.vocab)
+    def __init__(self, source_vocab: Vocabulary, target_vocab: Vocabulary) -> None:
+        self.source_ids = word_lookup(source_vocab)
+        self.target_ids = word_lookup(target_vocab)
+        self.target_right_to_left = target_vocab.right_to_left  # a right-to-left model (see phrase_scorer.vocab)
 
     def of(self, parsed: ParsedWindow) -> Tuple[IdRows, IdRows]:
         target_words = parsed.target_words
@@ -150,8 +165,22 @@ class PhraseIds:
         return look_up(parsed.source_words, self.source_ids), look_up(target_words, self.target_ids)
 
 
-def look_up(phrases: List[List[bytes]], ids: ByteIds) -> IdRows:
-    """The ids of each phrase's words (one dictionary probe per word, no Python code per word)."""
+def word_lookup(vocab: Vocabulary):
+    """:class:`ByteIds` for a word vocabulary, :class:`PieceIds` for a subword one."""
+    return PieceIds(vocab) if isinstance(vocab, SubwordVocabulary) else ByteIds(vocab.tokens)
+
+
+def look_up(phrases: List[List[bytes]], ids) -> IdRows:
+    """The ids of each phrase's words (a word vocabulary: one dictionary probe per word, no
+    Python code per word; a subword one: the pieces of each word, joined)."""
+    if isinstance(ids, PieceIds):
+        pieces = [ids[w] for w in itertools.chain.from_iterable(phrases)]  # per word: a tuple of ids
+        counts = np.fromiter(map(len, pieces), np.int64, len(pieces))
+        ends = np.cumsum(np.fromiter(map(len, phrases), np.int64, len(phrases)))
+        through = np.concatenate([[0], np.cumsum(counts)])
+        lengths = np.diff(np.concatenate([[0], through[ends]]))
+        flat = np.fromiter(itertools.chain.from_iterable(pieces), np.int64, int(through[-1]))
+        return IdRows.from_flat(flat, lengths)
     lengths = np.fromiter(map(len, phrases), np.int64, len(phrases))
     flat = np.fromiter(map(ids.__getitem__, itertools.chain.from_iterable(phrases)), np.int64, int(lengths.sum()))
     return IdRows.from_flat(flat, lengths)

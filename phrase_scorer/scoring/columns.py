@@ -41,9 +41,13 @@ def column_values(log_probs: np.ndarray, unknown: np.ndarray, target_lengths: np
     return [probs if column == "prob" else counts for column in options.columns]
 
 
-def column_encoding(options: AnnotateOptions) -> Dict[str, str]:
-    """What each appended column holds, as the signature records it."""
+def column_encoding(options: AnnotateOptions, unknown_unit: str = "words") -> Dict[str, str]:
+    """What each appended column holds, as the signature records it; ``unknown_unit``: what the
+    unknown-word count counts, ``words`` outside the shortlists, or a subword model's ``pieces``
+    (``<unk>`` pieces: characters never seen in training)."""
     prob = "exp(log p / (target words + 1))" if options.length_normalize else "exp(log p)"
+    unknown = ("unknown words" if unknown_unit == "words"
+               else "<unk> pieces (characters the subword model never saw)")
     described = {"prob": f"{prob}, log p floored at {LOG_FLOOR:g}",
-                 "unk": f"exp(min(unknown words, {UNK_CAP})), unknown words on the {options.unk_side} side"}
+                 "unk": f"exp(min({unknown}, {UNK_CAP})), {unknown} on the {options.unk_side} side"}
     return {column: described[column] for column in options.columns}

@@ -275,11 +275,10 @@ def rescore(
             counts = {"sentences": 0}
 
             def work(window: NBestWindow) -> NBestWindow:
-                for scorer, (src_ids, tgt_ids) in zip(scorers, window.inputs):
+                for scorer, (src_ids, tgt_ids, tgt_words) in zip(scorers, window.inputs):
                     log_probs = scorer.score(src_ids, tgt_ids)
                     check_finite(log_probs, settings["input"]["path"], window.first_line)
-                    window.scores.append(per_token(log_probs, np.fromiter(map(len, tgt_ids), np.int64, len(tgt_ids)))
-                                         if options.normalize else log_probs)
+                    window.scores.append(per_token(log_probs, tgt_words) if options.normalize else log_probs)
                 window.inputs = []  # the ids are not needed any more
                 return window
 
@@ -353,14 +352,16 @@ def read_windows(reader: NBestReader, sources: SourceSentences, models: Sequence
 
 
 def model_inputs(model: FeatureModel, lines: List[NBestEntry], sentence_words: List[List[str]],
-                 source_path: PathLike, nbest_path: PathLike) -> Tuple[List[List[int]], List[List[int]]]:
-    """(source ids, target ids) per line for ``model``: source sentence and hypothesis, or the
-    reverse. Each distinct source sentence is looked up once."""
+                 source_path: PathLike, nbest_path: PathLike) -> Tuple[List[List[int]], List[List[int]], np.ndarray]:
+    """(source ids, target ids, target words) per line for ``model``: source sentence and
+    hypothesis, or the reverse. Each distinct source sentence is looked up once. The words of
+    the side the model predicts (not its ids: a subword model's pieces) divide log p for
+    ``--normalize``, so a per-word score means the same for every vocabulary."""
     loaded = model.loaded
     cache: Dict[int, List[int]] = {}
     sentence_side = loaded.target_vocab if model.reverse else loaded.source_vocab
     hypothesis_side = loaded.source_vocab if model.reverse else loaded.target_vocab
-    from_sentence, from_hypothesis = [], []
+    from_sentence, from_hypothesis, predicted_words = [], [], []
     for entry, words in zip(lines, sentence_words):
         ids = cache.get(id(words))
         if ids is None:
@@ -370,12 +371,15 @@ def model_inputs(model: FeatureModel, lines: List[NBestEntry], sentence_words: L
                                         "of nothing", path=source_path, line=entry.sentence_id + 1,
                                         hint="remove empty lines from the input before decoding")
         from_sentence.append(ids)
-        from_hypothesis.append(hypothesis_side.encode(split_words(entry.hypothesis)))
+        hypothesis = split_words(entry.hypothesis)
+        from_hypothesis.append(hypothesis_side.encode(hypothesis))
+        predicted_words.append(len(words) if model.reverse else len(hypothesis))
         if model.reverse and not from_hypothesis[-1]:
             raise PhraseScorerError(f"the hypothesis is empty; the reverse model {model.name} cannot condition on it",
                                     path=nbest_path, line=entry.line_number,
                                     hint="rescore this list with forward models only")
-    return (from_hypothesis, from_sentence) if model.reverse else (from_sentence, from_hypothesis)
+    predicted = np.array(predicted_words, np.int64)
+    return (from_hypothesis, from_sentence, predicted) if model.reverse else (from_sentence, from_hypothesis, predicted)
 
 
 class FeatureWriter(ChunkWriter):

@@ -29,7 +29,7 @@ def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None,
 
     claim = check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
     scorer = BatchScorer(loaded.model, scoring_options or ScoringOptions())
-    lookup = PhraseIds(loaded.source_vocab.tokens, loaded.target_vocab.tokens, loaded.target_vocab.right_to_left)
+    lookup = PhraseIds(loaded.source_vocab, loaded.target_vocab)
     windows = RawWindows(source, window_lines)
     lines = 0
     with claim, AtomicOutput(output) as out:

@@ -31,7 +31,7 @@ import logging
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 import torch
 
@@ -54,7 +54,9 @@ from phrase_scorer.model_dir import (
     MODEL_FILES,
     MODEL_STATE_FILES,
     RECENT_WEIGHTS,
+    SOURCE_SUBWORDS,
     SOURCE_VOCAB,
+    TARGET_SUBWORDS,
     TARGET_VOCAB,
     ModelDirectory,
     recent_weight_files,
@@ -64,6 +66,7 @@ from phrase_scorer.training.loop import LoopParts, TrainingLoop
 from phrase_scorer.training.checkpoints import TrainState, load_checkpoint
 from phrase_scorer.training.optimisation import make_grad_scaler, make_optimizer, set_learning_rate
 from phrase_scorer.records import refuse_changed
+from phrase_scorer.subwords import load_vocabulary, piece_counts
 from phrase_scorer.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -222,9 +225,7 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
             raise PhraseScorerError(f"{setting('valid_metric', 'bleu')} needs sentence pairs ({setting('corpus')}); "
                                     "a phrase table validates by nll")
         source_counts, target_counts, data_info = data.count_words(config)
-        source_vocab = Vocabulary.from_counts(source_counts, model_config.source_shortlist)
-        target_vocab = Vocabulary.from_counts(target_counts, model_config.target_shortlist,
-                                              right_to_left=config.right_to_left)
+        source_vocab, target_vocab = make_vocabularies(config, model_config, source_counts, target_counts)
         source_vocab.save(directory.file(SOURCE_VOCAB))
         target_vocab.save(directory.file(TARGET_VOCAB))
         data_info.update({
@@ -233,11 +234,21 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
             "source_coverage": coverage(source_counts, source_vocab),
             "target_coverage": coverage(target_counts, target_vocab),
         })
-        log.info(
-            "shortlists keep %d of %d source words (%.1f%% of tokens) and %d of %d target words (%.1f%%)",
-            len(source_vocab) - 3, len(source_counts), 100 * data_info["source_coverage"],
-            len(target_vocab) - 3, len(target_counts), 100 * data_info["target_coverage"],
-        )
+        if config.vocabulary == "words":
+            log.info(
+                "shortlists keep %d of %d source words (%.1f%% of tokens) and %d of %d target words (%.1f%%)",
+                len(source_vocab) - 3, len(source_counts), 100 * data_info["source_coverage"],
+                len(target_vocab) - 3, len(target_counts), 100 * data_info["target_coverage"],
+            )
+        else:
+            for side, counts, vocab in (("source", source_counts, source_vocab),
+                                        ("target", target_counts, target_vocab)):
+                pieces, words = piece_counts(counts, vocab)
+                data_info[f"{side}_pieces_per_word"] = round(pieces / max(words, 1), 4)
+            log.info("%s pieces: %d source (%.2f per word), %d target (%.2f per word), for %d and %d words",
+                     config.vocabulary, len(source_vocab) - 3, data_info["source_pieces_per_word"],
+                     len(target_vocab) - 3, data_info["target_pieces_per_word"], len(source_counts),
+                     len(target_counts))
     data.build_cache(directory.cache_dir, source_vocab, target_vocab, data_info, config, keep_existing=resuming)
     config = check_validation_split(directory, data, config, resuming, explicit)
     if not resuming:
@@ -289,8 +300,8 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     directory = ModelDirectory(output)
     setup = agree_on_setup(lambda: prepare_run(data, directory, config, resume, overwrite, model_config, explicit))
     resuming, config, model_config = setup.resuming, setup.config, setup.model_config
-    source_vocab = Vocabulary.load(directory.file(SOURCE_VOCAB))
-    target_vocab = Vocabulary.load(directory.file(TARGET_VOCAB))
+    source_vocab = load_vocabulary(directory.file(SOURCE_VOCAB))
+    target_vocab = load_vocabulary(directory.file(TARGET_VOCAB))
     train_pairs = PairSet(directory.cache_dir, "train")
     valid_pairs = PairSet(directory.cache_dir, "valid")
     if len(train_pairs) == 0:
@@ -356,6 +367,22 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
                                 hint=f"lower {setting('lr')}, or raise the stopping limits and resume with "
                                      f"{setting('resume', True)}")
     return loop.state
+
+
+def make_vocabularies(config: TrainConfig, model_config: ModelConfig, source_counts, target_counts
+                      ) -> Tuple[Vocabulary, Vocabulary]:
+    """The two vocabularies of a new model: the shortlists of the most frequent words, or
+    (``config.vocabulary`` bpe | unigram) subword models with as many pieces, learnt from the
+    same word counts (:mod:`phrase_scorer.subwords`)."""
+    if config.vocabulary == "words":
+        return (Vocabulary.from_counts(source_counts, model_config.source_shortlist),
+                Vocabulary.from_counts(target_counts, model_config.target_shortlist,
+                                       right_to_left=config.right_to_left))
+    from phrase_scorer.subwords import learn_vocabulary
+
+    return (learn_vocabulary(source_counts, model_config.source_shortlist, config.vocabulary, SOURCE_SUBWORDS),
+            learn_vocabulary(target_counts, model_config.target_shortlist, config.vocabulary, TARGET_SUBWORDS,
+                             right_to_left=config.right_to_left))
 
 
 def coverage(counts, vocab: Vocabulary) -> float:
