@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import SHARED_SYSTEM, SHARED_TABLE
+from conftest import EXAMPLE_TABLE, SHARED_SYSTEM, SHARED_TABLE
 from phrase_scorer.cli import cli
 from phrase_scorer.io.nbest import read_nbest
 from test_moses_integration import TEST_EN, decode, first_lines, table_for_sentences
@@ -24,10 +24,11 @@ def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-@pytest.fixture(scope="module")
-def system(moses, tmp_path_factory, tiny_model):
+@pytest.fixture(scope="module", params=["words", "bpe"])
+def system(request, moses, tmp_path_factory, tiny_model):
     """The tuned Multi30k system on a slice of its table, and a reranker for it: the decoder's
-    weights plus a weight for the tiny model's feature, as `rerank` would write it."""
+    weights plus a weight for the tiny model's feature, as `rerank` would write it; the model
+    reads words, or (``bpe``) subword pieces."""
     from phrase_scorer.moses.ini_patch import patch_moses_ini
     from phrase_scorer.io.nbest import dense_layout
     from phrase_scorer.moses.optimisers import weights_from_ini
@@ -39,7 +40,14 @@ def system(moses, tmp_path_factory, tiny_model):
     ini = work / "system.ini"
     patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", ini, phrase_table=table, add_features=0, absolute_paths=True)
     model = work / "model"
-    shutil.copytree(tiny_model, model)
+    if request.param == "words":
+        shutil.copytree(tiny_model, model)
+    else:
+        from phrase_scorer.config import TrainConfig
+        from phrase_scorer.training.run import train
+
+        train(EXAMPLE_TABLE, model, TrainConfig(preset="tiny", vocabulary="bpe", max_steps=100, valid_every=100,
+                                                valid_pairs=300, seed=3))
 
     # by hand: 50-best lists, the model's feature, the weights
     nbest = work / "test.nbest"

@@ -108,3 +108,31 @@ def test_bench_rescore_counts_hypotheses_per_second_for_each_model_and_all(tmp_p
     hypotheses = {int(r[1].replace(",", "")) for r in rows}
     assert len(hypotheses) == 1 and 3 <= hypotheses.pop() <= 300  # the first 3 sentences of a 100-best list
     assert all(int(r[2].replace(",", "")) > 0 for r in rows)
+
+
+def test_shortlist_coverage_counts_the_tokens_outside_each_shortlist(tmp_path):
+    train, held_out = tmp_path / "train.txt", tmp_path / "held.txt"
+    train.write_text("a a a b b c\na b d\n", encoding="utf-8")  # a:4 b:3 c:1 d:1 (9 tokens)
+    held_out.write_text("a e e\nc\n", encoding="utf-8")  # 4 tokens
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "shortlist_coverage.py"), str(train), str(held_out),
+                             "--sizes", "1,2,3"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(r"^\| (\d) \| ([\d.]+)% \| ([\d.]+)% \|$", result.stdout, re.M)
+    # shortlist 1 keeps a (4/9), 2 adds b (7/9), 3 adds c (8/9: c before d alphabetically, as train ranks ties)
+    assert rows == [("1", "44.4", "75.0"), ("2", "77.8", "75.0"), ("3", "88.9", "50.0")]
+
+
+def test_bench_subwords_reports_every_candidate(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_subwords", ROOT / "tools" / "bench_subwords.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    train = [line.split() for line in ["un homme en bleu", "une femme en rouge", "des hommes et des femmes"] * 30]
+    row = bench.measure("sentencepiece bpe", train, [["un", "homme", "rouge"], ["femmes"]], 40, 1)
+    assert row[0] == "sentencepiece bpe" and row[-1] == "yes"  # every word back byte for byte
+    assert float(row[3]) >= 1.0  # pieces per word

@@ -116,7 +116,8 @@ def main() -> None:
     header = ["library, model", "learn (s)", "words/s", "pieces per word", "pieces per sentence",
               "words kept whole", "words with <unk>", "every word back byte for byte"]
     m = benchlib.machine()
-    markdown = (f"`python tools/bench_subwords.py --pair {args.pair} --size {args.size}` on {m['cpu']}: the "
+    markdown = (f"## Subword segmentation, {args.pair} (`tools/bench_subwords.py --pair {args.pair}`)\n\n"
+                f"`python tools/bench_subwords.py --pair {args.pair} --size {args.size}` on {m['cpu']}: the "
                 f"{target} side of Multi30k, {args.size} pieces, learnt on the {len(train):,} training sentences, "
                 f"measured on the {tokens:,} words of test 2016 ({tokens / len(test):.1f} words per sentence); "
                 "one thread.\n\n" + benchlib.markdown_table(header, rows))
