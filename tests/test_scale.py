@@ -148,7 +148,7 @@ def test_unknown_column_counts_special_spellings(tmp_path, loaded_tiny):
 def test_worker_pool_keeps_the_input_order_and_reports_errors_with_their_line(tmp_path, tiny_model):
     from phrase_scorer.vocab import Vocabulary
 
-    vocab = Vocabulary.load(tiny_model / "vocab.target.json").tokens
+    vocab = Vocabulary.load(tiny_model / "vocab.target.json")
     options = AnnotateOptions(window_lines=100)
     table = tmp_path / "t.txt"
     lines = head_lines(EXAMPLE_TABLE, 1000)
