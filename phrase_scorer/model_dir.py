@@ -38,7 +38,7 @@ from phrase_scorer import __version__
 from phrase_scorer.config import MAX_SHORTLIST, AnyModelConfig, check_whole_number, model_config_from_dict
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_sha256, write_text_atomically
-from phrase_scorer.models.architectures import build_model
+from phrase_scorer.models.architectures import uninitialised_model
 from phrase_scorer.models.base import TranslationModel
 from phrase_scorer.subwords import SubwordVocabulary, load_vocabulary
 from phrase_scorer.vocab import Vocabulary
@@ -288,10 +288,10 @@ class ModelDirectory:
             state = state["model"]  # a training checkpoint
         if not isinstance(state, dict):
             raise PhraseScorerError("weights file does not hold a state dict", path=weights_path)
-        with torch.device("meta"):  # the shapes the config calls for, without allocating a weight
-            skeleton = build_model(config, len(source_vocab), len(target_vocab))
+        # the shapes the config calls for, without allocating a weight
+        skeleton = uninitialised_model(config, len(source_vocab), len(target_vocab), "meta")
         check_state_matches(skeleton, state, weights_path)
-        model = build_model(config, len(source_vocab), len(target_vocab))
+        model = uninitialised_model(config, len(source_vocab), len(target_vocab))  # every weight loaded next
         model.load_state_dict(state)
         model.to(device)
         model.eval()

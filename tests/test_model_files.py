@@ -206,3 +206,17 @@ def test_resuming_a_stopped_run_past_its_limit_still_writes_model_pt(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (out / "model.pt").is_file()
     assert len(scores(out, tmp_path).splitlines()) == 3
+
+
+def test_loading_a_model_draws_no_weights(tiny_model):
+    """A model is built uninitialised and its weights loaded: no random draws, no SVDs, and the
+    meta-device check of the shapes does not import torch._dynamo (about 2 s at every start)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from phrase_scorer.model_dir import load_model; "
+            f"torch.manual_seed(0); load_model({str(tiny_model)!r}); after = torch.rand(1).item(); "
+            "torch.manual_seed(0); print('torch._dynamo' in sys.modules, after == torch.rand(1).item())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True"]  # no dynamo; the random generator untouched

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Type
+from typing import Any, Callable, Dict, Type
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from phrase_scorer.config import AnyModelConfig, ModelConfig, RNNsearchConfig
 from phrase_scorer.models import encdec, rnnsearch
@@ -36,9 +37,34 @@ def build_model(config: AnyModelConfig, source_vocab_size: int, target_vocab_siz
     return ARCHITECTURES[config.arch](config, source_vocab_size, target_vocab_size)
 
 
+class _LeaveUninitialised(TorchFunctionMode):
+    """In-place initialisers (``normal_``, ``uniform_``, ``kaiming_uniform_``, ``zero_``, ...) do
+    nothing: the modules of a model whose weights are loaded next, or that only shows its shapes,
+    are built without drawing weights (on the meta device, drawing them would also import
+    torch._dynamo, about 2 s)."""
+
+    INITIALISERS = frozenset({"normal_", "uniform_", "zero_", "zeros_", "ones_", "fill_", "constant_",
+                              "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_",
+                              "trunc_normal_", "orthogonal_"})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.INITIALISERS:
+            return args[0] if args else kwargs.get("tensor")
+        return func(*args, **(kwargs or {}))
+
+
+def uninitialised_model(config: AnyModelConfig, source_vocab_size: int, target_vocab_size: int,
+                        device: Any = "cpu") -> TranslationModel:
+    """A model of ``config``'s architecture whose weights hold whatever memory held (nothing on
+    the meta device): for weights loaded right after (every one is, with a strict state dict), or
+    for the shapes alone."""
+    with torch.device(device), _LeaveUninitialised():
+        return ARCHITECTURES[config.arch](config, source_vocab_size, target_vocab_size, initialise=False)
+
+
 def full_size_parameters(config: AnyModelConfig) -> int:
     """Parameters of ``config``'s network with full shortlists (their words, <pad>, </s>, <unk>);
     counted on the meta device, so no weight is allocated."""
-    with torch.device("meta"):
-        model = build_model(config, config.source_shortlist + len(SPECIALS), config.target_shortlist + len(SPECIALS))
+    model = uninitialised_model(config, config.source_shortlist + len(SPECIALS),
+                                config.target_shortlist + len(SPECIALS), "meta")
     return count_parameters(model)

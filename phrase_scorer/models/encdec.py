@@ -144,7 +144,8 @@ class RNNEncoderDecoder(TranslationModel):
 
     shares_source_prefixes = True
 
-    def __init__(self, config: ModelConfig, source_vocab_size: int, target_vocab_size: int) -> None:
+    def __init__(self, config: ModelConfig, source_vocab_size: int, target_vocab_size: int,
+                 initialise: bool = True) -> None:
         super().__init__()
         self.config = config
         self.source_vocab_size = source_vocab_size
@@ -152,7 +153,8 @@ class RNNEncoderDecoder(TranslationModel):
         self.encoder = Encoder(config, source_vocab_size)
         self.decoder = Decoder(config, target_vocab_size)
         self.readout = Readout(config, target_vocab_size)
-        self.reset_parameters()
+        if initialise:  # else the weights are loaded next (model_dir), or the model is a skeleton
+            self.reset_parameters()
 
     def reset_parameters(self, init: str = "paper") -> None:
         """``paper`` (section 4.1.1): N(0, std^2) weights, zero biases; recurrent matrices

@@ -158,7 +158,8 @@ class RNNsearch(TranslationModel):
 
     has_alignments = True
 
-    def __init__(self, config: RNNsearchConfig, source_vocab_size: int, target_vocab_size: int) -> None:
+    def __init__(self, config: RNNsearchConfig, source_vocab_size: int, target_vocab_size: int,
+                 initialise: bool = True) -> None:
         super().__init__()
         n, m = config.hidden_dim, config.embedding_dim
         self.config = config
@@ -171,7 +172,8 @@ class RNNsearch(TranslationModel):
         self.unit = GatedUnit(m, n)  # W, W_z, W_r, U, U_z, U_r of the decoder
         self.context_proj = nn.Linear(2 * n, 3 * n, bias=False)  # C_z, C_r, C
         self.readout = MaxoutReadout(config, target_vocab_size)
-        self.reset_parameters()
+        if initialise:  # else the weights are loaded next (model_dir), or the model is a skeleton
+            self.reset_parameters()
 
     def reset_parameters(self, init: str = "paper") -> None:
         """``paper`` (appendix B): orthogonal U's; N(0, 0.001^2) W_a, U_a; v_a and biases 0;
