@@ -44,6 +44,9 @@ WORD_START = "\u2581"  # sentencepiece's mark on a word's first piece
 LIBRARY = "sentencepiece"
 KINDS = VOCABULARIES[1:]  # the segmentations besides whole words
 UNKNOWN_UNIT = "pieces"  # what the unknown-word column counts for a subword model (a word model: "words")
+# Words whose pieces are kept at once: far more than a language's frequent words, a bounded memory
+# however many distinct words a table or list holds (the cache starts again when it is full).
+CACHED_WORDS = 1 << 18
 
 
 def learn(counts: Counter, size: int, kind: str) -> bytes:
@@ -121,6 +124,8 @@ class SubwordVocabulary(Vocabulary):
                 ids = tuple(self.processor.encode(word))
                 if UNK_ID not in ids and "".join(self.tokens[i] for i in ids) != WORD_START + word:
                     ids = (UNK_ID,)
+            if len(self._word_ids) >= CACHED_WORDS:
+                self._word_ids.clear()
             self._word_ids[word] = ids
         return ids
 

@@ -265,3 +265,18 @@ def test_the_segmentation_is_learnt_the_same_every_time(tmp_path):
     with gzip.open(TRAIN_FR, "rt", encoding="utf-8") as f:
         counts = Counter(w for line in f for w in line.split())
     assert learn(counts, 300, "bpe") == learn(Counter(dict(reversed(list(counts.items())))), 300, "bpe")
+
+
+def test_the_word_cache_stays_bounded(bpe_model, monkeypatch):
+    import phrase_scorer.subwords as subwords
+    from phrase_scorer.scoring.annotate_work import PieceIds
+
+    monkeypatch.setattr(subwords, "CACHED_WORDS", 50)
+    monkeypatch.setattr("phrase_scorer.scoring.annotate_work.CACHED_WORDS", 50)
+    vocab = load_model(bpe_model).target_vocab
+    lookup = PieceIds(vocab)
+    for n in range(500):
+        word = f"m{'aeiou'[n % 5]}{'tsrnl'[n // 5 % 5]}{'aeiou'[n // 25 % 5]}{'tsrnl'[n // 125]}"  # 500 words
+        assert vocab.decode(vocab.encode([word])) == [word]
+        assert lookup[word.encode()] == tuple(vocab.encode([word]))
+        assert len(vocab._word_ids) <= 50 and len(lookup) <= 50

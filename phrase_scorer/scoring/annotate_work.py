@@ -45,7 +45,7 @@ from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.data.padding import IdRows
 from phrase_scorer.io.files import gzip_member
 from phrase_scorer.io.table_windows import ParsedWindow, RawWindow, parse_window
-from phrase_scorer.subwords import SubwordVocabulary
+from phrase_scorer.subwords import CACHED_WORDS, SubwordVocabulary
 from phrase_scorer.vocab import SPECIALS, UNK_ID, Vocabulary, in_model_order
 
 class ByteIds(dict):
@@ -143,6 +143,8 @@ class PieceIds(dict):
         self.vocab = vocab
 
     def __missing__(self, word: bytes) -> Tuple[int, ...]:
+        if len(self) >= CACHED_WORDS:  # memory stays bounded however many distinct words a table holds
+            self.clear()
         ids = self[word] = self.vocab.in_model_order(self.vocab.word_ids(word.decode("utf-8")))
         return ids
 
