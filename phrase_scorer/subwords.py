@@ -33,7 +33,7 @@ import io
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 from phrase_scorer.config import VOCABULARIES
 from phrase_scorer.errors import PhraseScorerError
@@ -218,8 +218,3 @@ def piece_counts(counts: Counter, vocab: Vocabulary) -> Tuple[int, int]:
     if not isinstance(vocab, SubwordVocabulary):
         return words, words
     return sum(n * len(vocab.word_ids(w)) for w, n in counts.items()), words
-
-
-def vocabulary_kind(vocab: Optional[Vocabulary]) -> str:
-    """``words`` or the subword model's kind."""
-    return vocab.kind if isinstance(vocab, SubwordVocabulary) else "words"

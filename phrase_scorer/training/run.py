@@ -66,7 +66,7 @@ from phrase_scorer.training.loop import LoopParts, TrainingLoop
 from phrase_scorer.training.checkpoints import TrainState, load_checkpoint
 from phrase_scorer.training.optimisation import make_grad_scaler, make_optimizer, set_learning_rate
 from phrase_scorer.records import refuse_changed
-from phrase_scorer.subwords import load_vocabulary, piece_counts
+from phrase_scorer.subwords import learn_vocabulary, load_vocabulary, piece_counts
 from phrase_scorer.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -378,8 +378,6 @@ def make_vocabularies(config: TrainConfig, model_config: ModelConfig, source_cou
         return (Vocabulary.from_counts(source_counts, model_config.source_shortlist),
                 Vocabulary.from_counts(target_counts, model_config.target_shortlist,
                                        right_to_left=config.right_to_left))
-    from phrase_scorer.subwords import learn_vocabulary
-
     return (learn_vocabulary(source_counts, model_config.source_shortlist, config.vocabulary, SOURCE_SUBWORDS),
             learn_vocabulary(target_counts, model_config.target_shortlist, config.vocabulary, TARGET_SUBWORDS,
                              right_to_left=config.right_to_left))
