@@ -40,7 +40,7 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_sha256, write_text_atomically
 from phrase_scorer.models.architectures import uninitialised_model
 from phrase_scorer.models.base import TranslationModel
-from phrase_scorer.subwords import SubwordVocabulary, load_vocabulary
+from phrase_scorer.subwords import SubwordVocabulary, load_vocabulary, segmentation_records
 from phrase_scorer.vocab import Vocabulary
 
 from phrase_scorer.io.model_layout import (  # noqa: F401  (the names of a model directory's files)
@@ -65,8 +65,7 @@ def config_record(*, preset: str, model: AnyModelConfig, source_vocab: Vocabular
     the format, its version and the package version): the preset, the network's settings, the
     vocabularies' sizes and SHA-256s, the training settings, and what it was trained on under
     ``data_kind`` (``phrase_table`` or ``corpus``)."""
-    subwords = {side: vocab.subwords for side, vocab in (("source", source_vocab), ("target", target_vocab))
-                if isinstance(vocab, SubwordVocabulary)}
+    subwords = segmentation_records(source_vocab, target_vocab)
     return {
         "preset": preset,
         "model": model.to_dict(),

@@ -37,6 +37,7 @@ from phrase_scorer.io.files import (
     STDIO, PathLike, file_sha256, hash_identities, identity_change, is_file_identity, part_path, write_text_atomically,
 )
 from phrase_scorer.io.outputs import writes_directly
+from phrase_scorer.subwords import segmentation_records
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +243,7 @@ class SignedModel:
     @classmethod
     def of(cls, loaded: Any, **feature: Any) -> "SignedModel":
         """The record of a loaded model (:class:`~phrase_scorer.model_dir.LoadedModel`)."""
-        subwords = {side: vocab.subwords for side, vocab in (("source", loaded.source_vocab),
-                                                             ("target", loaded.target_vocab))
-                    if getattr(vocab, "subwords", None)}
+        subwords = segmentation_records(loaded.source_vocab, loaded.target_vocab)
         return cls(os.path.abspath(loaded.directory), loaded.weights_sha256, loaded.config.to_dict(), **feature,
                    subwords=subwords or None)
 

@@ -194,6 +194,13 @@ class SubwordVocabulary(Vocabulary):
         return vocab
 
 
+def segmentation_records(source_vocab: Vocabulary, target_vocab: Vocabulary) -> Dict[str, Dict[str, str]]:
+    """{side: the record of its sentencepiece model} for the sides that have one: what config.json
+    (``subwords``) and a signature's model record keep; empty for a word model."""
+    return {side: vocab.subwords for side, vocab in (("source", source_vocab), ("target", target_vocab))
+            if isinstance(vocab, SubwordVocabulary)}
+
+
 def load_vocabulary(path: PathLike) -> Vocabulary:
     """The vocabulary of a model directory's file: a word vocabulary, or a subword one with its
     sentencepiece model read from beside it."""
