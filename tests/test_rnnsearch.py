@@ -227,6 +227,33 @@ def test_stepping_through_the_interface_equals_the_forward_pass(arch):
                                forward_log_probs(model, sources, targets), rtol=1e-12, atol=1e-12)
 
 
+def test_inference_without_autograd_computes_the_training_step():
+    """Without autograd a step takes the alignment through 2 sigmoid(2u) and the context as the
+    weighted sum of projected source rows (a sparse product over the selected rows' sources);
+    with autograd, through tanh and the gathered rows. Same a_ij, state and readout, in fp32
+    (what a CPU scores in) and in fp64."""
+    for dtype, tolerance in ((torch.float32, 2e-6), (torch.float64, 1e-12)):
+        model = random_model(dtype=dtype).eval()
+        distinct = [p[0] for p in PAIRS]
+        src, src_len = pad(distinct, "cpu")
+        memory = model.encode(src, src_len).select(torch.tensor([4, 1, 1, 2, 0, 2, 2, 3]))  # repeats, any order
+        memory = memory.select(torch.tensor([7, 0, 1, 1, 5, 3]))  # selecting again composes
+        assert len(memory) == 6 and memory.rows.tolist() == [3, 4, 1, 1, 2, 2]
+        torch.manual_seed(1)
+        state = torch.randn(6, TINY_SEARCH.hidden_dim, dtype=dtype)
+        prev = torch.tensor([3, 4, 5, 6, 0, 7])  # <pad>: no previous word
+        with torch.enable_grad():
+            trained = [t.detach() for t in model.step_with_alignment(memory, state, prev)]
+        with torch.no_grad():
+            inferred = model.step_with_alignment(memory, state, prev)
+        for want, got in zip(trained, inferred):  # s_i, t_i, a_i.
+            assert got.dtype == dtype
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=tolerance, atol=tolerance)
+        alpha = trained[2]
+        assert alpha[0, : len(PAIRS[3][0])].sum() == pytest.approx(1.0) and alpha[0, len(PAIRS[3][0]):].sum() == 0
+        assert alpha[3].std() > 0.01  # the alignment is not uniform: the test sees it
+
+
 @pytest.mark.parametrize("arch", ["rnnsearch", "encdec"])
 def test_padding_changes_nothing(arch):
     """More padding after a source, longer neighbours in the batch, or a pair on its own: the

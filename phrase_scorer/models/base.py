@@ -35,7 +35,7 @@ V target vocabulary (the output layer covers ids 1..V-1: ``</s>``, ``<unk>`` and
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -52,8 +52,10 @@ class Memory:
     source. Architectures subclass it with their own fields."""
 
     def select(self, index: Tensor) -> "Memory":
-        """The rows ``index`` (N,) of every tensor, in that order (repeats allowed)."""
-        return type(self)(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        """The rows ``index`` (N,) of every tensor, in that order (repeats allowed).
+        ``index_select`` copies whole rows: on a CPU about four times faster than ``tensor[index]``
+        for the same values."""
+        return type(self)(**{f.name: getattr(self, f.name).index_select(0, index) for f in fields(self)})
 
     def __len__(self) -> int:
         return getattr(self, fields(self)[0].name).size(0)
@@ -65,6 +67,10 @@ class TranslationModel(nn.Module):
 
     shares_source_prefixes = False
     has_alignments = False
+    # How inference (no autograd) computes p when it rearranges the equations' operations (None:
+    # as they are written): a changed method can move a score's last digits, so outputs record it
+    # (BatchScorer.describe).
+    inference_method: Optional[str] = None
     # Dropout rate of training (set by the training loop; the modules' eval mode turns it off, and
     # a model loaded for scoring, sampling or translating keeps 0).
     dropout_p = 0.0

@@ -162,11 +162,14 @@ class BatchScorer:
     # --- public --------------------------------------------------------------------------------
 
     def describe(self) -> Dict[str, object]:
-        """Where, in which precision and in which batches the scores are computed, and on a CPU
-        with how many threads (for signatures: each of these can change an fp32 score's last
-        digits; a CPU's matrix products split their work by the thread count)."""
+        """Where, in which precision, in which batches and by which method (the model's
+        ``inference_method``) the scores are computed, and on a CPU with how many threads (for
+        signatures: each of these can change an fp32 score's last digits; a CPU's matrix
+        products split their work by the thread count)."""
         described = {"device": device_label(self.device), "precision": self.precision,
                      "batch_tokens": self.options.batch_tokens, "chunk_rows": self.chunk_rows}
+        if self.model.inference_method is not None:
+            described["inference_method"] = self.model.inference_method
         if self.device.type == "cpu":
             described["threads"] = torch.get_num_threads()
         return described
