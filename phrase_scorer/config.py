@@ -433,6 +433,9 @@ class TranslateOptions:
     batch_sentences: int = 32  # sentences searched together
     # translate --moses --reranker: sentences decoded, rescored and reranked at a time (and resumed)
     chunk_sentences: int = 500
+    # translate --moses --reranker: Moses decodes the next chunk while the models rescore this one
+    # (False: one after the other); the output is the same bytes either way
+    pipeline: bool = True
 
 
 @dataclass(frozen=True)

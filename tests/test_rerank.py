@@ -239,6 +239,29 @@ def test_ignored_features_are_neither_tuned_nor_used(tmp_path):
     assert "Worst" not in (tmp_path / "copy.nbest").read_text(encoding="utf-8")
 
 
+def test_a_feature_weighted_0_can_be_left_out_of_the_list_and_the_weights(tmp_path):
+    """Weighted 0, a feature that would pick another hypothesis (-inf for the first one included)
+    changes nothing: the list without it and the weights without it pick the same bytes."""
+    entries = list(read_nbest(NBEST))
+    for _, group in group_by_sentence(entries):
+        for rank, entry in enumerate(group):
+            entry.features.append(("RNN0", [float(rank) if rank else float("-inf")]))
+    write_nbest(entries, tmp_path / "with.nbest")
+    weights = weights_from_ini(TUNED_INI, layout_of(tmp_path / "with.nbest"))
+    assert weights.unweighted() == ["RNN0"]
+    apply_weights(tmp_path / "with.nbest", weights, tmp_path / "with.txt")
+    without = weights.without(["RNN0"])
+    assert without.layout == layout_of(NBEST) and without.values == weights.values[:-1]
+    apply_weights(NBEST, without, tmp_path / "without.txt")
+    assert (tmp_path / "without.txt").read_bytes() == (tmp_path / "with.txt").read_bytes()
+    assert (tmp_path / "with.txt").read_text(encoding="utf-8").split("\n")[:3] == decoder_1best(NBEST)
+    weights.values[-1] = 0.5  # weighted, it changes the choices
+    apply_weights(tmp_path / "with.nbest", weights, tmp_path / "weighted.txt")
+    assert (tmp_path / "weighted.txt").read_bytes() != (tmp_path / "with.txt").read_bytes()
+    with pytest.raises(PhraseScorerError, match="feature RNN0 is weighted, so lists cannot leave it out"):
+        weights.without(["RNN0"])
+
+
 # --- the reranker file, applied without Moses ----------------------------------------------------------
 
 

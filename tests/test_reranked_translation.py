@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -61,8 +62,19 @@ def system(request, moses, tmp_path_factory, tiny_model):
     by_hand = work / "by-hand.txt"
     result = run("rerank", "--weights", reranker, "--test", rescored, "-o", by_hand)
     assert result.exit_code == 0, result.stderr
-    return {"work": work, "source": source, "ini": ini, "reranker": reranker, "model": model,
-            "by_hand": by_hand.read_text(encoding="utf-8").splitlines(), "moses": moses}
+    return {"work": work, "source": source, "ini": ini, "reranker": reranker, "model": model, "rescored": rescored,
+            "by_hand": by_hand.read_text(encoding="utf-8").splitlines(), "moses": moses,
+            "vocabulary": request.param}
+
+
+def words_only(system):
+    if system["vocabulary"] != "words":
+        pytest.skip("what this checks does not depend on the model's vocabulary: checked with the word model")
+
+
+def moses_threads() -> list:
+    """The threads decoding chunks ahead that are still alive."""
+    return [t for t in threading.enumerate() if t.name.startswith("phrase-scorer-moses")]
 
 
 def test_one_command_gives_what_the_steps_give_by_hand(system, tmp_path):
@@ -79,8 +91,10 @@ def test_one_command_gives_what_the_steps_give_by_hand(system, tmp_path):
     assert signature["lines"] == 8 and signature["models"][0]["name"] == "RNN0"
     assert signature["tool"] == "phrase-scorer translate --moses --reranker" and signature["output"] == str(out)
     assert not Path(f"{out}.work").exists()  # the chunks' files are gone
-    phases = re.search(r"\(Moses ([\d.]+) s, rescoring ([\d.]+) s, reranking ([\d.]+) s\)", result.stderr)
+    phases = re.search(r"\(Moses ([\d.]+) s, rescoring ([\d.]+) s, reranking ([\d.]+) s; waiting for Moses "
+                       r"([\d.]+) s\)", result.stderr)
     assert phases and float(phases.group(1)) > 0 and float(phases.group(2)) > 0  # where the time went
+    assert float(phases.group(4)) > 0  # the first chunk's decoding is never hidden
 
 
 def test_a_model_changed_since_tuning_is_refused(system, tmp_path):
@@ -94,26 +108,144 @@ def test_a_model_changed_since_tuning_is_refused(system, tmp_path):
     assert not (tmp_path / "out.fr").exists()
 
 
-def test_an_interrupted_run_resumes_to_the_same_bytes(system, tmp_path, monkeypatch):
+@pytest.mark.parametrize("pipeline", ["--pipeline", "--no-pipeline"])
+def test_an_interrupted_run_resumes_to_the_same_bytes(system, tmp_path, monkeypatch, pipeline):
     import phrase_scorer.generation.reranked_translation as module
 
+    if pipeline == "--no-pipeline":
+        words_only(system)
     args = ["translate", "--moses", system["ini"], "--reranker", system["reranker"], system["source"],
-            "--chunk-sentences", 3, "--moses-home", system["moses"].home]
+            "--chunk-sentences", 3, "--moses-home", system["moses"].home, pipeline]
     whole = tmp_path / "whole.fr"
     assert run(*args, "-o", whole).exit_code == 0
-    real, calls = module.translate_chunk, []
+    real, calls = module.rerank_chunk, []
 
-    def interrupted(*a, **k):
+    def interrupted(*a, **k):  # Ctrl-C while the second chunk is rescored (and the third decoded, pipelined)
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(module, "translate_chunk", interrupted)
+    monkeypatch.setattr(module, "rerank_chunk", interrupted)
     out = tmp_path / "out.fr"
     result = run(*args, "-o", out)
     assert result.exit_code != 0 and "--resume" in result.stderr and not out.exists()
-    monkeypatch.setattr(module, "translate_chunk", real)
+    assert not moses_threads()  # the decoding ahead was waited for
+    part = tmp_path / "out.fr.part"
+    assert part.read_bytes() == b"".join(whole.read_bytes().splitlines(keepends=True)[:3])  # the first chunk
+    monkeypatch.setattr(module, "rerank_chunk", real)
     result = run(*args, "-o", out, "--resume")
     assert result.exit_code == 0, result.stderr
     assert out.read_bytes() == whole.read_bytes()
+    if pipeline == "--pipeline":  # a run resumes whether or not it pipelines: not a setting of the output
+        again = tmp_path / "again.fr"
+        monkeypatch.setattr(module, "rerank_chunk", interrupted)
+        calls.clear()
+        assert run(*args, "-o", again).exit_code != 0
+        monkeypatch.setattr(module, "rerank_chunk", real)
+        result = run(*args[:-1], "--no-pipeline", "-o", again, "--resume")
+        assert result.exit_code == 0 and "resuming after 3 lines" in result.stderr, result.stderr
+        assert again.read_bytes() == whole.read_bytes()
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_moses_decodes_the_next_chunk_while_this_one_is_rescored(system, tmp_path, monkeypatch, pipeline):
+    """Pipelined, chunk k + 1 is decoded while chunk k is rescored and reranked, never further
+    ahead (two chunks' folders at most); one after the other, only chunk k's folder exists. Both
+    write the lines of the steps run by hand, the same bytes."""
+    import phrase_scorer.generation.reranked_translation as module
+
+    lines = system["source"].read_text(encoding="utf-8").splitlines()
+    source = tmp_path / "input.en"
+    source.write_text("\n".join(lines[:3] + [""] + lines[3:]) + "\n", encoding="utf-8")  # 4 chunks of 2 lines
+    decoded = [threading.Event() for _ in range(4)]
+    seen = []
+    real_decode, real_rerank = module.decode_chunk, module.rerank_chunk
+
+    def decode_chunk(index, *a, **k):
+        result = real_decode(index, *a, **k)
+        decoded[index].set()
+        return result
+
+    def rerank_chunk(chunk, **k):
+        if chunk.index < 3:
+            if pipeline:  # waits for the next chunk's decoding: it never ends when nothing decodes ahead
+                assert decoded[chunk.index + 1].wait(timeout=600)
+            else:
+                assert not decoded[chunk.index + 1].is_set()
+        seen.append((chunk.index, sorted(p.name for p in chunk.directory.parent.glob("chunk-*"))))
+        return real_rerank(chunk, **k)
+
+    monkeypatch.setattr(module, "decode_chunk", decode_chunk)
+    monkeypatch.setattr(module, "rerank_chunk", rerank_chunk)
+    out = tmp_path / "out.fr"
+    result = run("translate", "--moses", system["ini"], "--reranker", system["reranker"], source, "-o", out,
+                 "--chunk-sentences", 2, "--moses-home", system["moses"].home,
+                 "--pipeline" if pipeline else "--no-pipeline")
+    assert result.exit_code == 0, result.stderr
+    if pipeline:
+        assert seen == [(0, ["chunk-0", "chunk-1"]), (1, ["chunk-1", "chunk-2"]), (2, ["chunk-2", "chunk-3"]),
+                        (3, ["chunk-3"])]
+    else:
+        assert seen == [(k, [f"chunk-{k}"]) for k in range(4)]
+    by_hand = system["by_hand"]
+    assert out.read_bytes() == "".join(line + "\n" for line in by_hand[:3] + [""] + by_hand[3:]).encode("utf-8")
+    assert "pipeline" not in json.loads(Path(f"{out}.json").read_text())  # not a setting of the output
+    assert not Path(f"{out}.work").exists() and not moses_threads()
+
+
+@pytest.mark.parametrize("pipeline", ["--pipeline", "--no-pipeline"])
+def test_moses_failing_on_a_later_chunk_stops_the_run_with_its_error(system, tmp_path, monkeypatch, pipeline):
+    """Moses cannot read the moses.ini from the second chunk on: the run stops with Moses' error,
+    the first chunk kept for --resume, nothing of the second written; resumed once the moses.ini is
+    back, it writes the lines of the steps run by hand."""
+    import phrase_scorer.generation.reranked_translation as module
+
+    words_only(system)
+    ini = tmp_path / "system.ini"
+    shutil.copyfile(system["ini"], ini)  # its paths are absolute
+    aside = tmp_path / "aside.ini"
+    real = module.decode_chunk
+
+    def decode_chunk(index, *a, **k):
+        result = real(index, *a, **k)
+        if index == 0:
+            ini.rename(aside)  # before the second chunk's decoding starts, pipelined or not
+        return result
+
+    monkeypatch.setattr(module, "decode_chunk", decode_chunk)
+    out = tmp_path / "out.fr"
+    args = ["translate", "--moses", ini, "--reranker", system["reranker"], system["source"], "-o", out,
+            "--chunk-sentences", 2, "--moses-home", system["moses"].home, pipeline]
+    result = run(*args)
+    assert result.exit_code == 1 and not out.exists() and not moses_threads()
+    message = result.stderr.strip().splitlines()[-1]
+    assert re.search(r"chunk-1/chunk\.1best\.log: moses failed with exit status 1: .*Can't read .*system\.ini",
+                     message), result.stderr
+    by_hand = system["by_hand"]
+    assert Path(f"{out}.part").read_text(encoding="utf-8").splitlines() == by_hand[:2]  # the first chunk, whole
+    monkeypatch.setattr(module, "decode_chunk", real)
+    aside.rename(ini)
+    result = run(*args, "--resume")
+    assert result.exit_code == 0, result.stderr
+    assert out.read_text(encoding="utf-8").splitlines() == by_hand
+
+
+def test_a_model_feature_weighted_0_is_neither_loaded_nor_run(system, tmp_path):
+    """The reranker applied without the feature writes what it writes on the list rescored with it."""
+    words_only(system)
+    reranker = json.loads(system["reranker"].read_text())
+    reranker["weights"]["RNN0"] = [0.0]
+    reranker["models"]["RNN0"]["directory"] = str(tmp_path / "removed-model")  # loading it would fail
+    zero = tmp_path / "zero.json"
+    zero.write_text(json.dumps(reranker))
+    with_model = tmp_path / "with-model.txt"
+    result = run("rerank", "--weights", zero, "--test", system["rescored"], "-o", with_model)
+    assert result.exit_code == 0, result.stderr
+    out = tmp_path / "out.fr"
+    result = run("translate", "--moses", system["ini"], "--reranker", zero, system["source"], "-o", out,
+                 "--chunk-sentences", 4, "--moses-home", system["moses"].home)
+    assert result.exit_code == 0, result.stderr
+    assert out.read_bytes() == with_model.read_bytes()
+    assert "feature RNN0 is weighted 0: its model is not run" in result.stderr
+    assert json.loads(Path(f"{out}.json").read_text())["models"] == []

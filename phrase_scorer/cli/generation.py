@@ -107,14 +107,17 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 @click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
               help="With --moses: the decoder's threads [default: all cores].")
 @click.option("--working-dir", type=click.Path(file_okay=False), default=None,
-              help="With --moses: for the chunk being translated, made fresh [default: OUTPUT.work].")
+              help="With --moses: for the chunks being translated, made fresh [default: OUTPUT.work].")
+@click.option("--pipeline/--no-pipeline", default=TranslateOptions.pipeline, show_default=True,
+              help="With --moses: Moses decodes the next chunk while the models rescore this one "
+                   "(--no-pipeline: one after the other; the same output either way).")
 @resume_option
 @overwrite_option
 @device_option
 @threads_option
 @moses_home_option
 def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, moses_ini, reranker,
-              chunk_sentences, decoder_threads, working_dir, resume, overwrite, device, threads, moses_home):
+              chunk_sentences, decoder_threads, working_dir, pipeline, resume, overwrite, device, threads, moses_home):
     """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search with
     a model (-m), or with the whole tuned system (--moses INI --reranker RERANKER).
 
@@ -133,16 +136,18 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
         if output == "-" or input == "-":
             raise UserError("--moses translates a named INPUT into a named -o OUTPUT (resumable, with a signature)")
         from phrase_scorer.moses.installation import MosesInstallation
-        from phrase_scorer.generation.reranked_translation import PHASES, translate_reranked
+        from phrase_scorer.generation.reranked_translation import PHASES, WAITING, translate_reranked
 
         try:
             result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,
                                         moses=MosesInstallation.find(moses_home), device=resolve_device(device),
                                         chunk_sentences=chunk_sentences, threads=decoder_threads,
-                                        working_dir=working_dir, resume=resume, overwrite=overwrite)
+                                        working_dir=working_dir, pipeline=pipeline, resume=resume,
+                                        overwrite=overwrite)
         except KeyboardInterrupt:
             raise interrupted_resumable(output) from None
         phases = ", ".join(f"{name} {result.phase_seconds.get(name, 0.0):.1f} s" for name in PHASES)
+        phases += f"; {WAITING} {result.phase_seconds.get(WAITING, 0.0):.1f} s"
         click.echo(f"translated {result.sentences:,} sentences in {result.seconds:.0f}s ({phases}): {output}, "
                    f"signature {output}.json", err=True)
         return

@@ -8,12 +8,19 @@
       --the reranker's weights (phrase_scorer.moses.rerank.apply_weights)--> one line per sentence
 
 ``phrase-scorer translate --moses moses.tuned.ini --reranker RERANKER`` runs it. A chunk's files
-live in the working directory only while the chunk is translated, so a long input never has all
-its n-best lists on disk. The output is written as the resumable outputs of annotate and rescore
-are: atomically, with a resume record after each chunk (``--resume`` continues after the last
-finished chunk, to the bytes an uninterrupted run writes) and a signature ``OUT.json``. An empty
-input line is not decoded (the models cannot score a translation of nothing); it gets an empty
-output line, so line k of the output always translates line k of the input.
+live in its own folder of the working directory (``chunk-K/``) only while the chunk is
+translated, so a long input never has all its n-best lists on disk. Moses decodes the next chunk
+in a background thread while the models rescore this one (:func:`decoded_chunks`), at most one
+chunk ahead, so at most two chunks' files exist at a time and the run takes about the longer of
+Moses' and the models' times instead of their sum; ``pipeline=False`` runs them one after the
+other, to the same bytes. A model feature the reranker weights 0 changes no choice: its model is
+neither loaded nor run, and the weights are applied without it (:func:`unweighted_models`).
+
+The output is written as the resumable outputs of annotate and rescore are: atomically, with a
+resume record after each chunk (``--resume`` continues after the last finished chunk, to the
+bytes an uninterrupted run writes) and a signature ``OUT.json``. An empty input line is not
+decoded (the models cannot score a translation of nothing); it gets an empty output line, so line
+k of the output always translates line k of the input.
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ import logging
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Tuple
 
 from phrase_scorer import __version__
 from phrase_scorer.config import RescoreOptions, ScoringOptions, TranslateOptions
@@ -34,7 +44,7 @@ from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_f
 from phrase_scorer.moses.evaluate import decode
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
 from phrase_scorer.moses.reranker import Reranker
-from phrase_scorer.moses.weights import apply_weights
+from phrase_scorer.moses.weights import Weights, apply_weights
 from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.runtime.progress import step_bar
 from phrase_scorer.records import Signature, as_recorded
@@ -51,23 +61,38 @@ class RerankedTranslation:
     sentences: int
     chunks: int
     seconds: float
-    phase_seconds: Dict[str, float] = field(default_factory=dict)  # PHASES -> seconds spent in it
+    # PHASES and WAITING -> seconds: Moses' own seconds (the wall time of each decode), those of
+    # rescoring and reranking, and those the models waited for Moses; Moses minus WAITING is the
+    # time of Moses' hidden behind the models'
+    phase_seconds: Dict[str, float] = field(default_factory=dict)
 
 
 PHASES = ("Moses", "rescoring", "reranking")  # where a chunk's time goes
+WAITING = "waiting for Moses"  # the part of Moses' time the rescoring did not hide
+
+
+def unweighted_models(reranker: Reranker) -> List[str]:
+    """The reranker's model features whose weights are all exactly 0 (every model of an
+    ensemble): they change no sentence's choice, so their models need not run."""
+    return [name for name in reranker.weights.unweighted() if name in reranker.models]
 
 
 def reranker_models(reranker: Reranker, device: Any = "cpu") -> Tuple[list, bool]:
     """The models behind the reranker's added features, in the order of its weights, each checked
-    to be the bytes the reranker was tuned with; and whether the features are per token."""
+    to be the bytes the reranker was tuned with; and whether the features are per token. A feature
+    weighted 0 (:func:`unweighted_models`) is left out: its models are neither loaded nor run."""
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.scoring.rescore import FeatureModel
 
     models, normalize = [], set()
+    unweighted = unweighted_models(reranker)
     for name, _ in reranker.weights.layout:
         record = reranker.models.get(name)
         if record is None or name in reranker.ignore_features:
             continue  # one of the decoder's features
+        if name in unweighted:
+            log.info("feature %s is weighted 0: its model is not run and the reranker is applied without it", name)
+            continue
         ensemble = isinstance(record["directory"], list)
         directories = record["directory"] if ensemble else [record["directory"]]
         digests = record["weights_sha256"] if ensemble else [record["weights_sha256"]]
@@ -100,40 +125,91 @@ def source_chunks(source: PathLike, size: int, skip: int) -> Iterator[List[str]]
         yield chunk
 
 
-def translate_chunk(lines: Sequence[str], work: Path, *, ini: PathLike, moses: MosesInstallation, reranker: Reranker,
-                    models: list, normalize: bool, scoring_options: ScoringOptions, threads: Optional[int],
-                    decoder: str, phase_seconds: Dict[str, float]) -> bytes:
-    """One line per input line: the reranked translation of each non-empty line, empty for an
-    empty one. The seconds of each of PHASES are added to ``phase_seconds``."""
+@dataclass
+class DecodedChunk:
+    """A chunk of source lines after Moses: which lines were decoded (the non-empty ones), and the
+    folder that holds their n-best list ``chunk.nbest`` (None when no line was)."""
+
+    index: int  # the chunk's number in the source: chunk-<index>/
+    lines: List[str]
+    kept: List[int]
+    directory: Optional[Path]
+    seconds: float = 0.0  # Moses' wall time
+
+
+def decode_chunk(index: int, lines: Sequence[str], work: Path, *, ini: PathLike, moses: MosesInstallation,
+                 reranker: Reranker, threads: Optional[int], decoder: str) -> DecodedChunk:
+    """Moses' n-best lists of the non-empty ``lines``, in ``work/chunk-<index>/``, with the n-best
+    size and decoder flags the reranker was tuned with."""
+    kept = [i for i, line in enumerate(lines) if line.strip()]
+    if not kept:
+        return DecodedChunk(index, list(lines), kept, None)
+    directory = work / f"chunk-{index}"
+    directory.mkdir()
+    source = directory / "chunk.src"
+    write_lines(source, [lines[i] for i in kept])
+    size = reranker.decoder.get("nbest_size")
+    flags = (f"{reranker.decoder.get('decoder_flags') or ''} -n-best-list {directory / 'chunk.nbest'} {size} "
+             "distinct").strip()
+    started = time.monotonic()
+    decode(ini, source, directory / "chunk.1best", moses=moses, threads=threads, decoder_flags=flags, decoder=decoder)
+    return DecodedChunk(index, list(lines), kept, directory, time.monotonic() - started)
+
+
+def decoded_chunks(chunks: Iterator[Tuple[int, List[str]]], decode_one: Callable[[int, List[str]], DecodedChunk], *,
+                   ahead: bool) -> Generator[Tuple[DecodedChunk, float], None, None]:
+    """Each (index, lines) of ``chunks`` decoded by ``decode_one``, in order, with the seconds the
+    caller waited for it. ``ahead``: as soon as a chunk is handed over, the next one is decoded in
+    a background thread while the caller works on this one; never more than one chunk ahead, so
+    at most two chunks' files exist at a time. An error of the thread is raised here, in the
+    caller's thread, when the caller asks for that chunk: after the chunks before it are written,
+    as without ``ahead``. Closing the iterator (the caller failed, or was interrupted) waits for
+    the decoding under way to end, so nothing writes in the working directory after the run."""
+    if not ahead:
+        for index, lines in chunks:
+            started = time.monotonic()
+            decoded = decode_one(index, lines)
+            yield decoded, time.monotonic() - started
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="phrase-scorer-moses") as thread:
+        first = next(chunks, None)
+        pending = thread.submit(decode_one, *first) if first is not None else None
+        while pending is not None:
+            started = time.monotonic()
+            decoded = pending.result()
+            waited = time.monotonic() - started
+            following = next(chunks, None)
+            pending = thread.submit(decode_one, *following) if following is not None else None
+            yield decoded, waited
+
+
+def rerank_chunk(chunk: DecodedChunk, *, weights: Weights, ignore: Sequence[str], models: list, normalize: bool,
+                 scoring_options: ScoringOptions, phase_seconds: Dict[str, float]) -> bytes:
+    """One line per line of the chunk: the reranked translation of each non-empty line, empty for
+    an empty one; the chunk's folder is removed. The seconds of rescoring and reranking are added
+    to ``phase_seconds``."""
     from phrase_scorer.scoring.rescore import rescore
 
-    kept = [i for i, line in enumerate(lines) if line.strip()]
-    best: List[str] = [""] * len(lines)
-    if kept:
-        source = work / "chunk.src"
-        write_lines(source, [lines[i] for i in kept])
-        nbest, rescored, chosen = work / "chunk.nbest", work / "chunk.rescored", work / "chunk.best"
-        size = reranker.decoder.get("nbest_size")
-        flags = f"{reranker.decoder.get('decoder_flags') or ''} -n-best-list {nbest} {size} distinct".strip()
+    best: List[str] = [""] * len(chunk.lines)
+    if chunk.directory is not None:
+        work = chunk.directory
+        source, nbest, rescored, chosen = (work / "chunk.src", work / "chunk.nbest", work / "chunk.rescored",
+                                           work / "chunk.best")
         started = time.monotonic()
-        decode(ini, source, work / "chunk.1best", moses=moses, threads=threads, decoder_flags=flags, decoder=decoder)
-        decoded = time.monotonic()
         if models:
             rescore(nbest, source, rescored, models, RescoreOptions(normalize=normalize), scoring_options,
                     overwrite=True)
         else:
             rescored = nbest
         scored = time.monotonic()
-        written = apply_weights(rescored, reranker.weights, chosen, reranker.ignore_features)
-        for phase, seconds in zip(PHASES, (decoded - started, scored - decoded, time.monotonic() - scored)):
+        written = apply_weights(rescored, weights, chosen, ignore)
+        for phase, seconds in zip(PHASES[1:], (scored - started, time.monotonic() - scored)):
             phase_seconds[phase] = phase_seconds.get(phase, 0.0) + seconds
         chosen_lines = chosen.read_text(encoding="utf-8").split("\n")[:written]
-        chosen_lines += [""] * (len(kept) - len(chosen_lines))  # sentences after the list's last id
-        for i, line in zip(kept, chosen_lines):
+        chosen_lines += [""] * (len(chunk.kept) - len(chosen_lines))  # sentences after the list's last id
+        for i, line in zip(chunk.kept, chosen_lines):
             best[i] = line
-        for leftover in work.iterdir():
-            if leftover.name.startswith("chunk."):
-                leftover.unlink()
+        shutil.rmtree(work)
     return "".join(line + "\n" for line in best).encode("utf-8")
 
 
@@ -141,9 +217,11 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
                        moses: MosesInstallation, scoring_options: Optional[ScoringOptions] = None,
                        device: Any = "cpu", chunk_sentences: int = TranslateOptions.chunk_sentences,
                        threads: Optional[int] = None, decoder: str = "moses", working_dir: Optional[PathLike] = None,
-                       resume: bool = False, overwrite: bool = False) -> RerankedTranslation:
+                       pipeline: bool = TranslateOptions.pipeline, resume: bool = False,
+                       overwrite: bool = False) -> RerankedTranslation:
     """Translate ``source`` (tokenised as for the Moses system, one sentence per line) with
-    ``ini`` and the reranker file ``reranker`` into ``output``, one line per input line."""
+    ``ini`` and the reranker file ``reranker`` into ``output``, one line per input line.
+    ``pipeline``: Moses decodes the next chunk while the models rescore this one."""
     output = os.fspath(output)
     scoring_options = scoring_options or ScoringOptions()
     tuned = Reranker.read(reranker)
@@ -151,16 +229,19 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
         raise PhraseScorerError("the reranker does not record the n-best size it was tuned with", path=reranker,
                                 hint="tune it again with this version's rerank")
     models, normalize = reranker_models(tuned, device)
+    weights = tuned.weights.without(unweighted_models(tuned))  # the same choices on lists without them
     inputs = [("the source", source), ("the moses.ini", ini), ("the reranker", reranker)]
     for m in models:
         inputs += model_files(m.loaded.directory)
     program = moses.decoder(decoder)
+    # What makes the output: a resumed run must have the same. ``pipeline`` is not among them: it
+    # changes when Moses runs, never what any chunk's lines are, so a run may resume either way.
     settings = as_recorded({
         "source": input_identity(source),
         "moses.ini sha256": file_sha256(ini),
         "decoder": os.fspath(program),
         "reranker sha256": file_sha256(reranker),
-        "models": [m.describe() for m in models],
+        "models": [m.describe() for m in models],  # those that run: not the features weighted 0
         "scoring": asdict(scoring_options),
         "chunk_sentences": chunk_sentences,
         "package_version": __version__,
@@ -171,16 +252,21 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     with check_output(output, inputs, overwrite=overwrite, resume=resume, companions=RESUMABLE_COMPANIONS):
         done_lines, done_bytes, progress_path = start_resumable(source, output, settings, resume, overwrite=overwrite)
         work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="translate")
+        decode_one = partial(decode_chunk, work=work, ini=ini, moses=moses, reranker=tuned, threads=threads,
+                             decoder=decoder)
+        numbered = enumerate(source_chunks(source, chunk_sentences, done_lines), done_lines // chunk_sentences)
         with resumable_output(output, done_bytes, progress_path) as out:
             writer = ChunkWriter(out, progress_path, settings, done_lines)
-            with step_bar("translating", None, initial=done_lines, unit="sentence") as progress:
-                for lines in source_chunks(source, chunk_sentences, done_lines):
-                    writer.write(len(lines), translate_chunk(
-                        lines, work, ini=ini, moses=moses, reranker=tuned, models=models, normalize=normalize,
-                        scoring_options=scoring_options, threads=threads, decoder=decoder,
-                        phase_seconds=phase_seconds))
+            with step_bar("translating", None, initial=done_lines, unit="sentence") as progress, \
+                    closing(decoded_chunks(numbered, decode_one, ahead=pipeline)) as decoded:
+                for chunk, waited in decoded:
+                    phase_seconds[PHASES[0]] = phase_seconds.get(PHASES[0], 0.0) + chunk.seconds
+                    phase_seconds[WAITING] = phase_seconds.get(WAITING, 0.0) + waited
+                    writer.write(len(chunk.lines), rerank_chunk(
+                        chunk, weights=weights, ignore=tuned.ignore_features, models=models, normalize=normalize,
+                        scoring_options=scoring_options, phase_seconds=phase_seconds))
                     chunks += 1
-                    progress.update(len(lines))
+                    progress.update(len(chunk.lines))
                     log.info("translated %d sentences", writer.lines_done)
             if writer.lines_done == 0:
                 raise PhraseScorerError("the source is empty", path=source)

@@ -88,6 +88,22 @@ class Weights:
         dense weight file)."""
         return [name for name, count in self.layout for _ in range(count)]
 
+    def unweighted(self) -> List[str]:
+        """The features all of whose weights are exactly 0: they change no choice
+        (:func:`weighted_sum`), so a list may as well lack them (:meth:`without`)."""
+        return [name for name, values in self.by_name().items() if all(v == 0.0 for v in values)]
+
+    def without(self, names: Sequence[str]) -> "Weights":
+        """These weights for lists that lack the features ``names``, each weighted 0 (:meth:`unweighted`):
+        every sentence gets the hypothesis it gets with them. A weighted feature cannot be left out."""
+        weighted = [name for name in names if name not in self.unweighted()]
+        if weighted:
+            raise PhraseScorerError(f"feature {weighted[0]} is weighted, so lists cannot leave it out",
+                                    hint="leave out only features whose weights are 0")
+        by_name = self.by_name()
+        layout = tuple((name, count) for name, count in self.layout if name not in names)
+        return Weights(layout, [v for name, _ in layout for v in by_name[name]])
+
 
 
 def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: Sequence[str] = ()) -> int:
