@@ -479,7 +479,10 @@ class ExperimentOptions:
 class RescoreExperimentOptions:
     """``rescore-experiment``: the n-best lists, the rescoring, the reranking runs and the scoring."""
 
-    nbest_size: int = 500  # distinct hypotheses per sentence (Moses' -n-best-list FILE N distinct)
+    # distinct hypotheses per sentence (Moses' -n-best-list FILE N distinct): on English-French
+    # test 2016 the best row bought 62.97 BLEU with 100 against 63.15 with 500, for 3.7 times less
+    # rescoring and 5 times less decoding (docs/results.md)
+    nbest_size: int = 100
     decoder: str = TuneOptions.decoder
     decoder_flags: str = TuneOptions.decoder_flags
     threads: Optional[int] = None  # decoder and mert threads (default: all cores)
