@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import EXAMPLE_TABLE, ROOT
 
 
@@ -94,20 +96,23 @@ def test_bench_rescore_counts_hypotheses_per_second_for_each_model_and_all(tmp_p
 
     nbest = SHARED_SYSTEM / "val.nbest.gz"
     if not nbest.exists():
-        import pytest
-
         pytest.skip(f"needs the shared Moses system's n-best list ({nbest})")
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "bench_rescore.py"), "--model", f"A={tiny_model}",
          "--reverse-model", f"B={tiny_model}", "--sentences", "3", "--threads", "1", "--repeats", "1",
-         "--work-dir", str(tmp_path)],
+         "--before", str(ROOT), "--work-dir", str(tmp_path)],  # this checkout as the earlier version too
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = re.findall(r"^\| ([\w +]+) \| 1 \| ([\d,]+) \| [\d.]+ \| ([\d,]+) \| [\d,]+ \|$", result.stdout, re.M)
-    assert [r[0] for r in rows] == ["A", "B", "A + B"]
-    hypotheses = {int(r[1].replace(",", "")) for r in rows}
+    rows = re.findall(r"^\| ([\w +]+) \| 1 \| (before|after) \| ([\d,]+) \| ([\d.]+) \| ([\d,]+) \| [\d,]+ \| "
+                      r"([\d.]+) \| ([\d.]+) \|$", result.stdout, re.M)
+    assert [r[:2] for r in rows] == [("A", "before"), ("A", "after"), ("B", "before"), ("B", "after"),
+                                     ("A + B", "before"), ("A + B", "after")]
+    hypotheses = {int(r[2].replace(",", "")) for r in rows}
     assert len(hypotheses) == 1 and 3 <= hypotheses.pop() <= 300  # the first 3 sentences of a 100-best list
-    assert all(int(r[2].replace(",", "")) > 0 for r in rows)
+    assert all(int(r[4].replace(",", "")) > 0 for r in rows)
+    rate = float(re.search(r"([\d.]+) GFLOP/s on 1 thread", result.stdout).group(1))
+    for row in rows:  # the share divides the rate of forward FLOPs by the matmul rate
+        assert float(row[5]) > 0 and float(row[6]) == pytest.approx(float(row[5]) / rate, abs=0.011)
 
 
 def test_shortlist_coverage_counts_the_tokens_outside_each_shortlist(tmp_path):

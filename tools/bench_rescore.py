@@ -3,18 +3,27 @@
 the CPU, and where the time of the one-command path (``translate --moses --reranker``) goes.
 
     python tools/bench_rescore.py --model NAME=DIR [--model NAME=DIR ...] [--reverse-model NAME=DIR]
-        [--nbest NBEST --source SRC] [--sentences 200] [--threads 1,2] [--repeats 2]
-        [--reranker RERANKER --moses-ini INI --translate-sentences 100] [--parts throughput,path] [--write]
+        [--nbest NBEST --source SRC] [--sentences 200] [--threads 1,2] [--repeats 2] [--before CHECKOUT]
+        [--reranker RERANKER --moses-ini INI --translate-sentences 100 --references REF]
+        [--parts throughput,path] [--write]
 
 1. Throughput: the first --sentences sentences of NBEST (default: the shared Moses system's
    100-best list of val and its source) are rescored by each model alone (one feature) and by
    all of them together (one feature each), with each --threads count: the best of --repeats
    runs of the whole command (start-up and model loading included), as hypotheses/s and
-   predicted target tokens/s (words + </s>), beside the same run's fp32 matmul rate.
+   predicted target tokens/s (words + </s>). *GFLOP/s* counts each hypothesis as the
+   teacher-forced forward pass of its model(s) at the pair's own lengths
+   (``models.architectures.FORWARD_FLOPS``: what scoring it on its own would compute, before the
+   sharing of sources and prefixes), and *share* divides it by the fp32 matmul rate measured in
+   the same run with the same thread count. With --before CHECKOUT (a checkout of an earlier
+   version of the package) every command also runs with that checkout's package, alternating
+   with this one's, so the table compares the two on the same machine in the same run.
 2. The one-command path (with --reranker, --moses-ini and MOSES_HOME): ``phrase-scorer translate
-   --moses INI --reranker RERANKER`` of the first --translate-sentences lines of SOURCE, and the
-   seconds it spent in Moses (decoding the n-best lists), rescoring and reranking, as the
-   command reports them.
+   --moses INI --reranker RERANKER`` of the first --translate-sentences lines of SOURCE (its
+   defaults: Moses and the models at once), the seconds it spent in Moses (decoding the n-best
+   lists), rescoring and reranking, as the command reports them, and Moses' own n-best decoding
+   of the same sentences (the reranker's list size and flags, the same decoder threads) in the
+   same run; with --references, the BLEU of the translation (sacrebleu on the tokenised text).
 
 Time it on an otherwise idle machine: every figure is a wall-clock time.
 """
@@ -22,10 +31,13 @@ Time it on an otherwise idle machine: every figure is a wall-clock time.
 from __future__ import annotations
 
 import gzip
+import json
+import os
 import re
 import sys
+import time
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
@@ -33,18 +45,18 @@ import benchlib  # noqa: E402
 SHARED = benchlib.ROOT.parent / "shared" / "data"
 DEFAULT_NBEST = SHARED / "moses-multi30k-en-fr" / "val.nbest.gz"
 DEFAULT_SOURCE = SHARED / "multi30k-en-fr" / "val.tok.en.gz"
-PHASES = re.compile(r"Moses ([\d.]+) s, rescoring ([\d.]+) s, reranking ([\d.]+) s")
+PHASES = re.compile(r"Moses ([\d.]+) s, rescoring ([\d.]+) s, reranking ([\d.]+) s; waiting for Moses ([\d.]+) s")
 
 
 def open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
 
 
-def nbest_head(nbest: Path, source: Path, sentences: int, work: Path) -> Tuple[Path, Path, int, int, int]:
+def nbest_head(nbest: Path, source: Path, sentences: int, work: Path) -> Tuple[Path, Path, int, List[Tuple[int, int]]]:
     """The list's lines of its first ``sentences`` sentences and those source lines, as files in
-    ``work``; and the number of sentences found, of hypotheses and of predicted target tokens."""
+    ``work``; the number of sentences found, and (source words, hypothesis words) per hypothesis."""
     head, head_source = work / f"head{sentences}.nbest", work / f"head{sentences}.src"
-    hypotheses = tokens = 0
+    hypothesis_words: List[Tuple[int, int]] = []  # (sentence id, words) per hypothesis
     found = 0  # sentences in the list's head (a shorter list has fewer than asked)
     with open_text(nbest) as lines, open(head, "w", encoding="utf-8") as out:
         for line in lines:
@@ -53,14 +65,41 @@ def nbest_head(nbest: Path, source: Path, sentences: int, work: Path) -> Tuple[P
                 break
             found = sentence + 1
             out.write(line)
-            hypotheses += 1
-            tokens += len(line.split(" ||| ")[1].split()) + 1
+            hypothesis_words.append((sentence, len(line.split(" ||| ")[1].split())))
+    source_words = []
     with open_text(source) as lines, open(head_source, "w", encoding="utf-8") as out:
         for i, line in enumerate(lines):
             if i >= found:
                 break
             out.write(line)
-    return head, head_source, found, hypotheses, tokens
+            source_words.append(len(line.split()))
+    return head, head_source, found, [(source_words[i], words) for i, words in hypothesis_words]
+
+
+def forward_flops(directory: str, reverse: bool, lengths: Sequence[Tuple[int, int]]) -> float:
+    """FLOPs of the teacher-forced forward pass of each (source words, hypothesis words) pair
+    under the model in ``directory`` (a reverse model reads the hypothesis and predicts the
+    source), summed: the work of scoring every hypothesis on its own, in words (a subword
+    model's pieces are not counted)."""
+    from phrase_scorer.config import model_config_from_dict
+    from phrase_scorer.models.architectures import FORWARD_FLOPS
+
+    record = json.loads((Path(directory) / "config.json").read_text())
+    config = model_config_from_dict(record["model"])
+    count = FORWARD_FLOPS[config.arch]
+    return sum(count(config, record["target_vocab_size"], *((t, s) if reverse else (s, t)))["total"]
+               for s, t in lengths)
+
+
+def matmul_rates(threads: Sequence[int]) -> Dict[int, float]:
+    """The fp32 matmul rate (FLOP/s) with each thread count."""
+    import torch
+
+    rates = {}
+    for count in threads:
+        torch.set_num_threads(count)
+        rates[count] = benchlib.matmul_rate()
+    return rates
 
 
 def model_args(forward: Sequence[Tuple[str, str]], reverse: Sequence[Tuple[str, str]]) -> List[str]:
@@ -82,34 +121,75 @@ def named(values: Sequence[str]) -> List[Tuple[str, str]]:
     return pairs
 
 
+def versions(before: Optional[str]) -> List[Tuple[str, Dict[str, str]]]:
+    """(label, environment) of each version a command runs with: this checkout's package, and
+    with ``before`` that checkout's (PYTHONPATH)."""
+    here = dict(os.environ, PYTHONPATH=str(benchlib.ROOT))
+    if before is None:
+        return [("this", here)]
+    return [("before", dict(os.environ, PYTHONPATH=str(Path(before).resolve()))), ("after", here)]
+
+
 def throughput(args, work: Path) -> str:
-    nbest, source, sentences, hypotheses, tokens = nbest_head(Path(args.nbest), Path(args.source), args.sentences, work)
+    nbest, source, sentences, lengths = nbest_head(Path(args.nbest), Path(args.source), args.sentences, work)
+    hypotheses, tokens = len(lengths), sum(t + 1 for _, t in lengths)
     forward, reverse = named(args.model), named(args.reverse_model)
+    flops = {name: forward_flops(d, False, lengths) for name, d in forward}
+    flops.update({name: forward_flops(d, True, lengths) for name, d in reverse})
     sets = [([m], []) for m in forward] + [([], [m]) for m in reverse]
     if len(forward) + len(reverse) > 1:
         sets.append((forward, reverse))
+    rates = matmul_rates(args.threads)
     rows = []
     for models_forward, models_reverse in sets:
         label = " + ".join(n for n, _ in [*models_forward, *models_reverse])
+        work_flops = sum(flops[n] for n, _ in [*models_forward, *models_reverse])
         for threads in args.threads:
-            best = min(benchlib.run_measured(benchlib.phrase_scorer_command(
+            command = benchlib.phrase_scorer_command(
                 "rescore", nbest, "--source", source, *model_args(models_forward, models_reverse),
-                "--threads", threads, "-o", work / "out.nbest", "--overwrite"))[2] for _ in range(args.repeats))
-            rows.append([label, threads, f"{hypotheses:,}", f"{best:.1f}", f"{hypotheses / best:,.0f}",
-                         f"{tokens / best:,.0f}"])
-            print(rows[-1], file=sys.stderr, flush=True)
+                "--threads", threads, "-o", work / "out.nbest", "--overwrite")
+            best: Dict[str, float] = {}
+            for _ in range(args.repeats):  # the versions alternate: a load that comes and goes hits both
+                for version, env in versions(args.before):
+                    seconds = benchlib.run_measured(command, env=env)[2]
+                    best[version] = min(best.get(version, seconds), seconds)
+            for version, seconds in best.items():
+                rate = work_flops / seconds
+                rows.append([label, threads, version, f"{hypotheses:,}", f"{seconds:.1f}",
+                             f"{hypotheses / seconds:,.0f}", f"{tokens / seconds:,.0f}", f"{rate / 1e9:.3g}",
+                             f"{rate / rates[threads]:.2f}"])
+                print(rows[-1], file=sys.stderr, flush=True)
     info = benchlib.machine()
+    compared = (f" `before` is the package of the checkout `{Path(args.before).name}`, `after` this one's, the two "
+                "alternating run by run." if args.before else "")
     return (
         "## Rescoring: hypotheses per second on the CPU (`tools/bench_rescore.py`)\n\n"
         f"`phrase-scorer rescore` of the first {sentences} sentences of `{Path(args.nbest).name}` "
         f"({hypotheses:,} hypotheses, {tokens:,} predicted target tokens), each model alone and all together, "
         f"best of {args.repeats} runs of the whole command (start-up and loading included), on {info['cpu']} "
         f"({info['cores']} cores), torch {info['torch']}; fp32 matmul rate in the same run: "
-        f"{benchlib.matmul_rate() / 1e9:.0f} GFLOP/s. Models: "
-        + ", ".join(f"{n} `{d}`" for n, d in [*forward, *reverse]) + ".\n\n"
-        + benchlib.markdown_table(["models", "threads", "hypotheses", "seconds", "hypotheses/s", "tokens/s"], rows)
+        + ", ".join(f"{rates[t] / 1e9:.0f} GFLOP/s on {t} thread{'s' if t > 1 else ''}" for t in args.threads)
+        + ". *GFLOP/s*: the teacher-forced forward FLOPs of every hypothesis at its own lengths (before the sharing "
+        "of sources and prefixes) per second; *share*: of the matmul rate with the same threads. Models: "
+        + ", ".join(f"{n} `{d}`" for n, d in [*forward, *reverse]) + "." + compared + "\n\n"
+        + benchlib.markdown_table(["models", "threads", "version", "hypotheses", "seconds", "hypotheses/s",
+                                   "tokens/s", "GFLOP/s", "share"], rows)
         + f"\n\nCommand: `python tools/bench_rescore.py {' '.join(sys.argv[1:])}`.\n"
     )
+
+
+def moses_alone(args, source: Path, work: Path) -> float:
+    """Seconds of Moses' own n-best decoding of ``source``, with the reranker's list size and
+    decoder flags and the same decoder threads (loading included)."""
+    from phrase_scorer.moses.evaluate import decode
+    from phrase_scorer.moses.installation import MosesInstallation
+
+    record = json.loads(Path(args.reranker).read_text())["decoder"]
+    flags = f"{record.get('decoder_flags') or ''} -n-best-list {work / 'alone.nbest'} {record['nbest_size']} distinct"
+    started = time.perf_counter()
+    decode(args.moses_ini, source, work / "alone.1best", moses=MosesInstallation.find(None),
+           threads=args.decoder_threads, decoder_flags=flags.strip())
+    return time.perf_counter() - started
 
 
 def one_command(args, work: Path) -> str:
@@ -119,24 +199,38 @@ def one_command(args, work: Path) -> str:
             if i >= args.translate_sentences:
                 break
             out.write(line)
+    translation = work / "translation.txt"
     _, err, seconds, _ = benchlib.run_measured(benchlib.phrase_scorer_command(
-        "translate", "--moses", args.moses_ini, "--reranker", args.reranker, source, "-o", work / "translation.txt",
+        "translate", "--moses", args.moses_ini, "--reranker", args.reranker, source, "-o", translation,
         "--overwrite", "--decoder-threads", args.decoder_threads))
     match = PHASES.search(err)
     if not match:
         raise SystemExit(f"translate did not report its phases:\n{err[-2000:]}")
-    moses, rescoring, reranking = (float(g) for g in match.groups())
-    rest = max(seconds - moses - rescoring - reranking, 0.0)
+    moses, rescoring, reranking, waiting = (float(g) for g in match.groups())
+    rest = max(seconds - waiting - rescoring - reranking, 0.0)
     rows = [[name, f"{value:.1f}", f"{100 * value / seconds:.0f}%"]
-            for name, value in [("Moses (n-best lists)", moses), ("rescoring", rescoring), ("reranking", reranking),
-                                ("start-up, loading, the rest", rest)]]
+            for name, value in [("waiting for Moses (n-best lists)", waiting), ("rescoring", rescoring),
+                                ("reranking", reranking), ("start-up, loading, the rest", rest)]]
+    alone = moses_alone(args, source, work)
+    quality = ""
+    if args.references:
+        from phrase_scorer.moses.evaluate import score
+
+        with open_text(Path(args.references)) as lines:
+            references = [line.rstrip("\n") for _, line in zip(range(args.translate_sentences), lines)]
+        hypotheses = translation.read_text(encoding="utf-8").splitlines()
+        bleu = score(hypotheses, references, kind="tokenized", lang=args.lang).bleu
+        quality = f" BLEU of the translation against `{Path(args.references).name}`: {bleu:.2f}."
     info = benchlib.machine()
     return (
         "## The one-command path: where the time goes (`tools/bench_rescore.py --reranker ...`)\n\n"
         f"`phrase-scorer translate --moses {Path(args.moses_ini).name} --reranker {Path(args.reranker).name}` of the "
         f"first {args.translate_sentences} sentences of `{Path(args.source).name}` (decoder threads "
         f"{args.decoder_threads}), {seconds:.1f} s in all, "
-        f"{args.translate_sentences / seconds:.2f} sentences/s, on {info['cpu']} ({info['cores']} cores).\n\n"
+        f"{args.translate_sentences / seconds:.2f} sentences/s, on {info['cpu']} ({info['cores']} cores). Moses "
+        f"decoded the n-best lists for {moses:.1f} s of it, beside the rescoring; Moses alone, the same lists of "
+        f"the same sentences in the same run: {alone:.1f} s ({args.translate_sentences / alone:.2f} sentences/s), "
+        f"so the whole path takes {seconds / alone:.2f} times Moses' own time.{quality}\n\n"
         + benchlib.markdown_table(["part", "seconds", "share"], rows)
         + f"\n\nCommand: `python tools/bench_rescore.py {' '.join(sys.argv[1:])}`.\n"
     )
@@ -155,6 +249,10 @@ def main() -> None:
     parser.add_argument("--moses-ini", default=None)
     parser.add_argument("--translate-sentences", type=int, default=100)
     parser.add_argument("--decoder-threads", type=int, default=1)
+    parser.add_argument("--before", default=None, metavar="CHECKOUT",
+                        help="a checkout of an earlier version: each rescore command also runs with its package")
+    parser.add_argument("--references", default=None, help="references of SOURCE, for the path's BLEU")
+    parser.add_argument("--lang", default="fr", help="the target language of --references")
     parser.add_argument("--parts", default="throughput,path", help="throughput, path (the path needs --reranker)")
     args = parser.parse_args()
     parts = args.parts.split(",")
