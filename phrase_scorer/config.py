@@ -407,6 +407,9 @@ class RerankOptions:
     threads: int = 1  # mert's threads
     mertdir: Optional[str] = None  # folder of extractor, mert, kbmira (default: MOSES_HOME/bin)
     ignore_features: Tuple[str, ...] = ()  # dense features of the lists left out (neither tuned nor used)
+    # dev BLEU points (x 100) a model feature must buy to keep its tuned weight: one that buys no
+    # more is weighted 0, and translate --moses --reranker does not run its model; negative: keep all
+    min_feature_gain: float = 0.0
 
 
 @dataclass(frozen=True)

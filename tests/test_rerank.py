@@ -336,3 +336,31 @@ def test_weights_and_dev_are_one_or_the_other(tmp_path):
     tuning_option = run("rerank", "--weights", reranker, "--ini", TUNED_INI, "--test", NBEST, "-o", tmp_path / "o")
     assert (tuning_option.exit_code != 0 and "--ini" in tuning_option.stderr
             and "only apply when tuning" in tuning_option.stderr)
+
+
+def test_a_model_feature_that_buys_no_dev_bleu_is_weighted_0_and_one_that_does_is_kept():
+    """drop_unhelpful on the dev list's extractor data: in every sentence RNN0 turns the
+    language model's choice (a hypothesis with no 3-gram right) into the right one, while
+    RNNReverse0's small weight changes no choice. Only the model features are candidates."""
+    from phrase_scorer.moses.mert_files import MertData, reranked_bleu
+    from phrase_scorer.moses.optimisers import drop_unhelpful
+    from phrase_scorer.moses.weights import Weights
+
+    good = np.array([5, 5, 4, 4, 3, 3, 2, 2, 5], float)  # n-gram matches and totals, reference length
+    bad = np.array([3, 5, 1, 4, 0, 3, 0, 2, 5], float)
+    #                     LM0  RNN0  RNNReverse0
+    features = np.array([[0.0, -5.0, 0.1],  # bad: the language model's choice
+                         [-1.0, 0.0, 0.0]])  # good
+    data = MertData([features] * 3, [np.stack([bad, good])] * 3)
+    tuned = Weights((("LM0", 1), ("RNN0", 1), ("RNNReverse0", 1)), [1.0, 0.5, 0.1])
+    bleu = reranked_bleu(data, tuned.values)
+    assert bleu == 100.0 and reranked_bleu(data, [1.0, 0.0, 0.1]) == 0.0  # RNN0 buys all of it
+
+    kept, dropped = drop_unhelpful(data, tuned, ["RNN0", "RNNReverse0"], 0.0)
+    assert dropped == {"RNNReverse0": 100.0} and kept.values == [1.0, 0.5, 0.0]
+    assert kept.unweighted() == ["RNNReverse0"]  # translate --moses --reranker does not run its model
+    assert drop_unhelpful(data, tuned, ["RNN0", "RNNReverse0"], -1.0) == (tuned, {})  # negative: keep all
+    # a tolerance of the whole BLEU drops RNN0 too, after the feature that costs less
+    everything, dropped = drop_unhelpful(data, tuned, ["RNN0", "RNNReverse0"], 100.0)
+    assert list(dropped) == ["RNNReverse0", "RNN0"] and everything.values == [1.0, 0.0, 0.0]
+    assert drop_unhelpful(data, tuned, [], 100.0)[1] == {}  # the decoder's own features are never candidates

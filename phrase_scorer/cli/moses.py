@@ -113,10 +113,14 @@ def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **opt
               help="A dense feature of the lists to leave out, neither tuned nor used (repeatable).")
 @click.option("--decoder-flags", default=None,
               help="The decoder options the n-best lists were made with, recorded in the reranker.")
+@click.option("--min-feature-gain", type=float, default=RerankOptions.min_feature_gain, show_default=True,
+              help="Dev BLEU points a model feature must buy to keep its tuned weight (measured by setting it "
+                   "to 0): one that buys no more is weighted 0 and translate --moses does not run its model; "
+                   "negative: keep every feature.")
 @overwrite_option
 @moses_home_option
 def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads, working_dir,
-           mertdir, ignore_features, decoder_flags, overwrite, moses_home):
+           mertdir, ignore_features, decoder_flags, min_feature_gain, overwrite, moses_home):
     """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
     then write the best hypothesis of each sentence of the test n-best list; or, with --weights,
     apply weights tuned before to a new list."""
@@ -146,12 +150,17 @@ def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts
                       regular_only=True):
         moses = MosesInstallation.find(moses_home) if moses_home or not mertdir else None
         options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
-                                threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features))
+                                threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features),
+                                min_feature_gain=min_feature_gain)
         result = run_rerank(dev[0], dev[1], test_nbest, output, moses=moses, options=options, start_ini=start_ini,
                             working_dir=working_dir, decoder_flags=decoder_flags)
     runs = ", ".join(f"seed {r.seed}: {r.dev_bleu:.2f}" for r in result.runs)
     click.echo(f"dev BLEU {result.start_dev_bleu:.2f} with the starting weights; after {method}: {runs}; "
                f"kept seed {result.best_seed}", err=True)
+    for name, bleu in result.dropped.items():
+        click.echo(f"feature {name} weighted 0: it bought at most {min_feature_gain:g} dev BLEU "
+                   f"({bleu:.2f} without it, {result.dev_bleu:.2f} with); translate --moses will not run its model",
+                   err=True)
     click.echo(f"test 1-best: {output} ({result.sentences} sentences); reranker in {output}.json "
                f"(rerank --weights {output}.json --test NBEST -o OUT applies it to another list)", err=True)
 

@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from phrase_scorer.io.nbest import (
 )
 from phrase_scorer.moses.installation import MosesInstallation, read_lines, require_program, write_lines
 from phrase_scorer.runtime.programs import run_logged
-from phrase_scorer.moses.mert_files import DevList, copy_checked, read_mert_data, reranked_bleu
+from phrase_scorer.moses.mert_files import DevList, MertData, copy_checked, read_mert_data, reranked_bleu
 from phrase_scorer.moses.weights import Weights
 
 log = logging.getLogger(__name__)
@@ -155,6 +155,7 @@ class Learned:
     best: OptimiserRun
     runs: List[OptimiserRun]
     dev: Optional[DevList] = None
+    data: Optional[MertData] = None  # the extractor's files, for the dev BLEU of other weights
 
 
 
@@ -218,5 +219,39 @@ def learn_weights(dev_nbest: PathLike, dev_reference: PathLike, work: Path, *, m
         runs.append(OptimiserRun(seed, weights, bleu, reported))
         log.info("%s seed %d: dev BLEU %.2f", options.method, seed, bleu)
     best = max(runs, key=lambda r: r.dev_bleu)  # the first of equals
-    return Learned(Weights(dev.layout, best.weights), start, start_from, start_bleu, best, runs, dev)
+    return Learned(Weights(dev.layout, best.weights), start, start_from, start_bleu, best, runs, dev, data)
+
+
+def drop_unhelpful(data: MertData, weights: Weights, candidates: Sequence[str],
+                   min_gain: float) -> Tuple[Weights, Dict[str, float]]:
+    """``weights`` with the features among ``candidates`` that buy at most ``min_gain`` dev BLEU
+    weighted 0, and the dev BLEU (x 100) after each one dropped, in the order they were dropped.
+
+    What a feature buys is measured without tuning again: the dev BLEU of the tuned weights less
+    that of the same weights with the feature's set to 0. Greedily, the feature whose loss is
+    smallest goes first, as long as the dev BLEU stays within ``min_gain`` of the tuned weights';
+    a negative ``min_gain`` keeps every feature."""
+    tuned = reranked_bleu(data, weights.values)
+    current = list(weights.values)
+    spans = {}
+    position = 0
+    for name, count in weights.layout:
+        spans[name] = (position, position + count)
+        position += count
+    remaining = [name for name in candidates if name in spans and any(current[i] for i in range(*spans[name]))]
+    dropped: Dict[str, float] = {}
+
+    def zeroed(values: List[float], name: str) -> List[float]:
+        start, stop = spans[name]
+        return values[:start] + [0.0] * (stop - start) + values[stop:]
+
+    while remaining and min_gain >= 0:
+        bleu_without = {name: reranked_bleu(data, zeroed(current, name)) for name in remaining}
+        name = max(remaining, key=lambda n: bleu_without[n])  # the first of equals
+        if tuned - bleu_without[name] > min_gain:
+            break
+        current = zeroed(current, name)
+        dropped[name] = bleu_without[name]
+        remaining.remove(name)
+    return Weights(weights.layout, current), dropped
 

@@ -27,7 +27,7 @@ from phrase_scorer.io.files import STDIO, PathLike
 from phrase_scorer.moses.installation import MosesInstallation
 from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.records import Signature
-from phrase_scorer.moses.optimisers import OptimiserRun, learn_weights, mert_programs
+from phrase_scorer.moses.optimisers import OptimiserRun, drop_unhelpful, learn_weights, mert_programs
 from phrase_scorer.moses.reranker import Reranker, rescored_models
 from phrase_scorer.moses.weights import apply_weights
 
@@ -47,6 +47,9 @@ class RerankResult:
     start_dev_bleu: float  # x 100
     dev_bleu: float  # x 100, of the weights kept
     best_seed: int
+    # model features weighted 0 because they bought at most options.min_feature_gain dev BLEU:
+    # name -> dev BLEU (x 100) once it was dropped; dev_bleu is that of the tuned weights
+    dropped: Dict[str, float] = field(default_factory=dict)
     runs: List[OptimiserRun] = field(default_factory=list)
     working_dir: str = ""
 
@@ -72,13 +75,20 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
     dev_models = rescored_models(dev_nbest)  # a stale signature is refused before the optimisers run
     work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="rerank")
     learned = learn_weights(dev_nbest, dev_reference, work, moses=moses, options=options, start_ini=start_ini)
-    sentences = apply_weights(test_nbest, learned.weights, output, options.ignore_features)
+    assert learned.data is not None
+    weights, dropped = drop_unhelpful(learned.data, learned.weights, [n for n in dev_models
+                                                                      if n not in options.ignore_features],
+                                      options.min_feature_gain)
+    for name, bleu in dropped.items():
+        log.info("feature %s buys at most %.2f dev BLEU (%.2f without it, %.2f with): weighted 0, its model "
+                 "is not run", name, options.min_feature_gain, bleu, learned.best.dev_bleu)
+    sentences = apply_weights(test_nbest, weights, output, options.ignore_features)
     result = RerankResult(
-        output=output, sentences=sentences, weights=learned.weights.by_name(), start_weights=learned.start.by_name(),
+        output=output, sentences=sentences, weights=weights.by_name(), start_weights=learned.start.by_name(),
         start_from=learned.start_from, start_dev_bleu=learned.start_dev_bleu, dev_bleu=learned.best.dev_bleu,
-        best_seed=learned.best.seed, runs=learned.runs, working_dir=os.fspath(work),
+        best_seed=learned.best.seed, dropped=dropped, runs=learned.runs, working_dir=os.fspath(work),
     )
-    tuned = Reranker(learned.weights, tuple(options.ignore_features), dev_models,
+    tuned = Reranker(weights, tuple(options.ignore_features), dev_models,
                      nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags)
     run = {k: v for k, v in result.to_dict().items() if k != "output"}  # the signature names the output itself
     Signature.build("phrase-scorer rerank", tuned.to_json(), output=output,
