@@ -145,14 +145,15 @@ def test_the_vectorised_trie_is_the_trie_built_one_sequence_at_a_time(share):
     assert [n.tolist() for n in trie.node_of] == node_of
 
 
-def greedy_batches(sources, targets, budget):
-    """Pairs grouped by source (sources in sorted order, a source's pairs in input order), cut
-    into batches of at most ``budget`` target tokens (words + </s>), at least one pair each."""
+def greedy_batches(sources, targets, budget, shortest_first=False):
+    """Pairs grouped by source (sources in sorted order, or shortest first and then sorted; a
+    source's pairs in input order), cut into batches of at most ``budget`` target tokens (words +
+    </s>), at least one pair each."""
     by_source = {}
     for i, source in enumerate(sources):
         by_source.setdefault(tuple(source), []).append(i)
     batches, batch, tokens = [], [], 0
-    for source in sorted(by_source):
+    for source in sorted(by_source, key=(lambda s: (len(s), s)) if shortest_first else None):
         for i in by_source[source]:
             cost = len(targets[i]) + 1
             if batch and tokens + cost > budget:
@@ -163,22 +164,26 @@ def greedy_batches(sources, targets, budget):
     return batches + [batch] if batch else batches
 
 
+@pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])
 @pytest.mark.parametrize("budget", [1, 7, 30, 10_000])
-def test_batches_group_pairs_by_source_in_sorted_order_and_fill_the_token_budget(budget):
+def test_batches_group_pairs_by_source_in_sorted_order_and_fill_the_token_budget(budget, arch):
+    """The encoder-decoder walks the trie of its sources: they come in sorted order. RNNsearch
+    encodes padded batches: its sources come shortest first, so a batch pads little."""
     rng = np.random.default_rng(budget)
     sources = [tuple(rng.integers(3, 7, rng.integers(1, 4))) for _ in range(300)]
     targets = [tuple(rng.integers(3, 9, rng.integers(1, 5))) for _ in range(300)]
-    scorer = BatchScorer(RNNEncoderDecoder(CONFIG, 10, 10), ScoringOptions(batch_tokens=budget))
+    model = RNNEncoderDecoder(CONFIG, 10, 10) if arch == "encdec" else build_model(SEARCH_CONFIG, 10, 10)
+    scorer = BatchScorer(model, ScoringOptions(batch_tokens=budget))
     from phrase_scorer.data.padding import IdRows
 
     rows = IdRows.of(sources)
     got = []
-    for pair_index, opens_source in scorer._batches(rows.rows, IdRows.of(targets).lengths):
+    for pair_index, opens_source in scorer._batches(rows.rows, rows.lengths, IdRows.of(targets).lengths):
         assert opens_source[0]
         got.append([(sources[i], int(i)) for i in pair_index])
         # a pair opens a source exactly where its source differs from the pair before it
         assert opens_source[1:].tolist() == [sources[a] != sources[b] for a, b in zip(pair_index[1:], pair_index[:-1])]
-    assert got == greedy_batches(sources, targets, budget)
+    assert got == greedy_batches(sources, targets, budget, shortest_first=arch == "rnnsearch")
 
 
 def test_a_model_too_small_to_split_scores_on_one_thread():

@@ -162,14 +162,17 @@ class BatchScorer:
     # --- public --------------------------------------------------------------------------------
 
     def describe(self) -> Dict[str, object]:
-        """Where, in which precision, in which batches and by which method (the model's
-        ``inference_method``) the scores are computed, and on a CPU with how many threads (for
+        """Where, in which precision, in which batches (and, for a model that pads its sources,
+        in which order they are batched) and by which method (the model's ``inference_method``)
+        the scores are computed, and on a CPU with how many threads (for
         signatures: each of these can change an fp32 score's last digits; a CPU's matrix
         products split their work by the thread count)."""
         described = {"device": device_label(self.device), "precision": self.precision,
                      "batch_tokens": self.options.batch_tokens, "chunk_rows": self.chunk_rows}
         if self.model.inference_method is not None:
             described["inference_method"] = self.model.inference_method
+        if not self.model.shares_source_prefixes:  # the batches' sources: :meth:`_batches`
+            described["source_order"] = "shortest first"
         if self.device.type == "cpu":
             described["threads"] = torch.get_num_threads()
         return described
@@ -191,7 +194,7 @@ class BatchScorer:
         target_rows, target_lengths = targets.rows, targets.lengths  # (n, T), (n,)
         self.model.eval()  # no training dropout, whatever mode a caller left the model in
         with torch.inference_mode(), precision_context(self.device, self.precision):
-            for pair_index, opens_source in self._batches(source_rows, target_lengths):
+            for pair_index, opens_source in self._batches(source_rows, source_lengths, target_lengths):
                 pair_source = np.cumsum(opens_source) - 1  # (k,) each pair's source among the batch's
                 firsts = pair_index[opens_source]
                 batch = (source_rows[firsts], source_lengths[firsts], target_rows[pair_index],
@@ -211,11 +214,22 @@ class BatchScorer:
 
     # --- batching ------------------------------------------------------------------------------
 
-    def _batches(self, source_rows: np.ndarray, target_lengths: np.ndarray) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    def _batches(self, source_rows: np.ndarray, source_lengths: np.ndarray,
+                 target_lengths: np.ndarray) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
         """Yield (pair indices (k,), whether each opens a new source (k,)) of about batch_tokens
         target tokens each: the pairs sorted by source (a source's pairs in input order), cut
-        greedily (a batch takes pairs while their words + </s> fit, and at least one pair)."""
-        order = sorted_rows(source_rows)  # (n,)
+        greedily (a batch takes pairs while their words + </s> fit, and at least one pair).
+
+        A model that walks the trie of its sources (``shares_source_prefixes``) gets them in
+        lexicographic order, so that prefixes sit together; any other model encodes a padded
+        batch, so its sources come shortest first (then lexicographic), each batch padded to
+        little more than its own lengths: the ``rescore`` of a reverse model encodes a hypothesis
+        per pair."""
+        if self.model.shares_source_prefixes:
+            order = sorted_rows(source_rows)  # (n,)
+        else:
+            order = np.lexsort(np.vstack([source_rows[:, ::-1].T, source_lengths[None]])) if len(source_rows) \
+                else np.zeros(0, np.int64)
         ordered = source_rows[order]
         opens_source = np.ones(len(order), bool)
         opens_source[1:] = (ordered[1:] != ordered[:-1]).any(1)
