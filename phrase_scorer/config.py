@@ -346,8 +346,12 @@ class ScoringOptions:
     # fp32 on every device by default: bf16 moves log p by hundredths of a nat (docs/precision.md).
     # bf16 | fp16: autocast on a GPU (state and output layer in half precision); a CPU ignores it.
     precision: str = "fp32"
+    # How a CPU's threads share the work: "batches" (each thread scores whole batches on one core:
+    # the same scores as one thread) or "operations" (every matrix product split over the threads).
+    thread_split: str = "batches"
 
 
+THREAD_SPLITS = ("batches", "operations")
 COLUMNS = ("prob", "unk")
 UNK_SIDES = ("target", "source", "both")
 

@@ -303,3 +303,29 @@ def test_chunk_rows_default_to_the_devices_own(loaded_tiny):
     assert BatchScorer(model).describe()["chunk_rows"] == default_chunk_rows(cpu, model.output_layer.out_features)
     described = BatchScorer(model, ScoringOptions(batch_tokens=99, chunk_rows=7)).describe()
     assert (described["batch_tokens"], described["chunk_rows"]) == (99, 7)
+
+
+@pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])
+def test_threads_that_take_whole_batches_give_the_scores_of_one_thread(real_pairs, arch):
+    """thread_split="batches": two threads each score whole batches on one core, so every score
+    is bit for bit the one-thread score; the work counters add up as on one thread; the caller's
+    thread count is kept. Operations split over two threads agree to fp32 rounding."""
+    sources, targets = real_pairs[0][:300], real_pairs[1][:300]
+    model = make_model(real_pairs, torch.float32) if arch == "encdec" else make_search_model(real_pairs, torch.float32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = BatchScorer(model, ScoringOptions(batch_tokens=64))
+        want = one.score(sources, targets)
+        assert "thread_split" not in one.describe()  # one thread: nothing to split
+        torch.set_num_threads(2)
+        split = BatchScorer(model, ScoringOptions(batch_tokens=64))
+        got = split.score(sources, targets)
+        assert torch.get_num_threads() == 2
+        assert split.describe()["thread_split"] == "batches"
+        operations = BatchScorer(model, ScoringOptions(batch_tokens=64, thread_split="operations"))
+        np.testing.assert_allclose(operations.score(sources, targets), want, rtol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
+    assert np.array_equal(got, want) and np.all(want < 0)
+    assert split.stats == one.stats and one.stats.pairs == 300

@@ -4,7 +4,8 @@ Every command that needs a model score (``score``, ``annotate``, ``sample``, ``c
 this scorer; nothing else computes one. Given a window of pairs it
 
 1. groups the pairs by source and sorts the distinct sources, so that sources sharing a prefix
-   (``a man``, ``a man in``, ``a man in a``: a phrase table lists every sub-phrase) sit together;
+   (``a man``, ``a man in``, ``a man in a``: a phrase table lists every sub-phrase) sit together
+   (a model that pads its sources instead takes them shortest first: :meth:`BatchScorer._batches`);
 2. cuts the window into batches of about ``batch_tokens`` target tokens, keeping a source's
    targets together;
 3. encodes each distinct source of a batch once (``model.encode``: a memory of one row per
@@ -19,6 +20,12 @@ this scorer; nothing else computes one. Given a window of pairs it
    vocabulary, and on a GPU as many as fill 256 MiB, so that a chunk's dozen operations are
    few), and
 6. returns the scores in the input order.
+
+On a CPU with several threads (``torch.get_num_threads()``) each thread scores whole batches
+with torch's operations on one core (``thread_split="batches"``, the default): a batch's scores
+are then those of one thread, and the cores stay busy, where splitting every operation of a
+decoder step over the cores (``"operations"``) leaves them waiting on each other between the
+step's many small operations (docs/benchmarks.md, "Rescoring").
 
 On a GPU the host waits for the device once per batch, when it reads the batch's scores: ids
 and indices go over in pinned memory without waiting, and the softmax's rare overflow (below)
@@ -38,8 +45,9 @@ benchmarks; each distinct source is still encoded only once.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -175,6 +183,8 @@ class BatchScorer:
             described["source_order"] = "shortest first"
         if self.device.type == "cpu":
             described["threads"] = torch.get_num_threads()
+            if described["threads"] > 1:  # whole batches per thread give one thread's scores
+                described["thread_split"] = self.options.thread_split
         return described
 
     def score(self, sources: "Sequence[Sequence[int]] | IdRows",
@@ -193,23 +203,31 @@ class BatchScorer:
         source_rows, source_lengths = sources.rows, sources.lengths  # (n, S), (n,)
         target_rows, target_lengths = targets.rows, targets.lengths  # (n, T), (n,)
         self.model.eval()  # no training dropout, whatever mode a caller left the model in
-        with torch.inference_mode(), precision_context(self.device, self.precision):
-            for pair_index, opens_source in self._batches(source_rows, source_lengths, target_lengths):
-                pair_source = np.cumsum(opens_source) - 1  # (k,) each pair's source among the batch's
-                firsts = pair_index[opens_source]
-                batch = (source_rows[firsts], source_lengths[firsts], target_rows[pair_index],
-                         target_lengths[pair_index], pair_source)
-                scores, overflowed = self._score_batch(*batch)
+        batches = self._batches(source_rows, source_lengths, target_lengths)
+
+        def score_batch(pair_index: np.ndarray, opens_source: np.ndarray) -> Tuple[np.ndarray, ScoringStats]:
+            pair_source = np.cumsum(opens_source) - 1  # (k,) each pair's source among the batch's
+            firsts = pair_index[opens_source]
+            batch = (source_rows[firsts], source_lengths[firsts], target_rows[pair_index],
+                     target_lengths[pair_index], pair_source)
+            stats = ScoringStats()
+            with torch.inference_mode(), precision_context(self.device, self.precision):
+                scores, overflowed = self._score_batch(*batch, stats=stats)
                 scores = scores.cpu().numpy()  # the batch's one wait for the device
                 overflowed_rows = int(overflowed)
                 if overflowed_rows:  # rare: score the batch again, those rows' normaliser exactly
-                    counted, self.stats = self.stats, ScoringStats()
-                    try:
-                        scores = self._score_batch(*batch, exact_overflow=True)[0].cpu().numpy()
-                    finally:
-                        self.stats = counted
-                    self.stats.exact_softmax_rows += overflowed_rows
-                out[pair_index] = scores
+                    scores = self._score_batch(*batch, stats=ScoringStats(), exact_overflow=True)[0].cpu().numpy()
+                    stats.exact_softmax_rows += overflowed_rows
+            return scores, stats
+
+        threads = torch.get_num_threads() if self.device.type == "cpu" else 1
+        if threads > 1 and self.options.thread_split == "batches":
+            scored = batches_on_threads(score_batch, batches, threads)
+        else:
+            scored = ((pair_index, score_batch(pair_index, opens)) for pair_index, opens in batches)
+        for pair_index, (scores, stats) in scored:
+            out[pair_index] = scores
+            self.stats.add(stats)
         return out
 
     # --- batching ------------------------------------------------------------------------------
@@ -255,7 +273,7 @@ class BatchScorer:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor.to(self.device)
 
-    def _encode(self, source_rows: np.ndarray, lengths: np.ndarray) -> Memory:
+    def _encode(self, source_rows: np.ndarray, lengths: np.ndarray, stats: ScoringStats) -> Memory:
         """The memory of distinct sources (``source_rows`` (S, L) padded with :data:`NO_ID`, one
         row each). A model whose encoder reads left to right (``shares_source_prefixes``) walks
         the trie of the sources, running each shared prefix once; any other model encodes the
@@ -264,9 +282,9 @@ class BatchScorer:
         width = max(int(lengths.max()), 1)
         rows = source_rows[:, :width]
         src, src_len = self._tensor(np.where(rows == NO_ID, PAD_ID, rows)), self._tensor(lengths)  # (S, L), (S,)
-        self.stats.source_words += int(lengths.sum())
+        stats.source_words += int(lengths.sum())
         if not model.shares_source_prefixes:
-            self.stats.encoder_steps += int(lengths.sum())
+            stats.encoder_steps += int(lengths.sum())
             return model.encode(src, src_len)
         trie = trie_of_rows(rows, lengths, self.options.share_source_prefixes)
         final_states = None
@@ -279,11 +297,11 @@ class BatchScorer:
             ending = np.flatnonzero(lengths == d + 1)
             if len(ending):
                 final_states[self._tensor(ending)] = states[self._tensor(trie.node_of[d][ending])]
-        self.stats.encoder_steps += trie.num_nodes
+        stats.encoder_steps += trie.num_nodes
         return model.encode_from_final_states(final_states, src, src_len)
 
     def _score_batch(self, source_rows: np.ndarray, source_lengths: np.ndarray, target_rows: np.ndarray,
-                     lengths: np.ndarray, pair_source: np.ndarray,
+                     lengths: np.ndarray, pair_source: np.ndarray, *, stats: ScoringStats,
                      exact_overflow: bool = False) -> Tuple[Tensor, Tensor]:
         """log p of each pair (float64, on the device) and the number of softmax rows whose
         shifted sum overflowed (a 0-dim tensor, read after the batch: their pairs' scores are
@@ -292,9 +310,10 @@ class BatchScorer:
 
         ``source_rows`` (S, Ls) and ``target_rows`` (k, Lt) are padded with :data:`NO_ID`;
         ``lengths`` (k,) are the target lengths M, ``pair_source`` (k,) each pair's source row.
+        The work is counted in ``stats``.
         """
         model = self.model
-        memory = self._encode(source_rows, source_lengths)  # S rows
+        memory = self._encode(source_rows, source_lengths, stats)  # S rows
         targets = len(lengths)
         width = int(lengths.max())
         # the trie of (source, y_1 .. y_M): depth 0 is the source's root (previous word: none)
@@ -328,10 +347,10 @@ class BatchScorer:
             log_probs, depth_overflowed = self._edge_log_probs(features, edge_nodes, labels, exact_overflow)
             scores[self._tensor(reaching)] += log_probs
             overflowed += depth_overflowed
-        self.stats.pairs += targets
-        self.stats.distinct_sources += len(source_rows)
-        self.stats.target_steps += int(lengths.sum()) + targets
-        self.stats.decoder_steps += trie.num_nodes
+        stats.pairs += targets
+        stats.distinct_sources += len(source_rows)
+        stats.target_steps += int(lengths.sum()) + targets
+        stats.decoder_steps += trie.num_nodes
         return scores, overflowed
 
     def _edge_log_probs(self, features: Tensor, edge_nodes: np.ndarray, labels: np.ndarray,
@@ -415,6 +434,25 @@ class OutputSoftmax:
         if exact_overflow and bool(overflowed.any()):
             log_sum[overflowed] = self.exact(features[overflowed]) - shift[overflowed, 0]
         return picked - log_sum[rows], overflowed.sum()
+
+
+def batches_on_threads(score_batch: Callable[[np.ndarray, np.ndarray], Any],
+                       batches: Iterator[Tuple[np.ndarray, np.ndarray]], threads: int) -> List[Tuple[np.ndarray, Any]]:
+    """(pair indices, ``score_batch(pair indices, opens_source)``) of every batch, scored by
+    ``threads`` threads that each take whole batches and run torch's operations on one thread:
+    a batch's scores are those one thread computes, whichever thread scores it. The caller's
+    thread count is kept."""
+    caller_threads = torch.get_num_threads()
+
+    def one_thread() -> None:
+        torch.set_num_threads(1)
+
+    try:
+        with ThreadPoolExecutor(threads, initializer=one_thread, thread_name_prefix="phrase-scorer-batches") as pool:
+            futures = [(pair_index, pool.submit(score_batch, pair_index, opens)) for pair_index, opens in batches]
+            return [(pair_index, future.result()) for pair_index, future in futures]
+    finally:
+        torch.set_num_threads(caller_threads)
 
 
 def scorer_for_worker(scoring) -> BatchScorer:
