@@ -121,19 +121,21 @@ def named(values: Sequence[str]) -> List[Tuple[str, str]]:
     return pairs
 
 
-def versions(before: Optional[str]) -> List[Tuple[str, Dict[str, str]]]:
-    """(label, environment) of each version a command runs with: this checkout's package, and
-    with ``before`` that checkout's (PYTHONPATH)."""
-    here = dict(os.environ, PYTHONPATH=str(benchlib.ROOT))
+def versions(before: Optional[str]) -> List[Tuple[str, Path]]:
+    """(label, checkout) of each version a command runs with: this checkout's package, and with
+    ``before`` that checkout's. A command runs in its checkout's folder with PYTHONPATH naming it
+    (``python -m`` puts the working folder first on the path)."""
     if before is None:
-        return [("this", here)]
-    return [("before", dict(os.environ, PYTHONPATH=str(Path(before).resolve()))), ("after", here)]
+        return [("this", benchlib.ROOT)]
+    return [("before", Path(before).resolve()), ("after", benchlib.ROOT)]
 
 
 def throughput(args, work: Path) -> str:
-    nbest, source, sentences, lengths = nbest_head(Path(args.nbest), Path(args.source), args.sentences, work)
+    nbest, source, sentences, lengths = nbest_head(Path(args.nbest), Path(args.source), args.sentences,
+                                                   work.resolve())
     hypotheses, tokens = len(lengths), sum(t + 1 for _, t in lengths)
-    forward, reverse = named(args.model), named(args.reverse_model)
+    forward = [(name, os.path.abspath(d)) for name, d in named(args.model)]
+    reverse = [(name, os.path.abspath(d)) for name, d in named(args.reverse_model)]
     flops = {name: forward_flops(d, False, lengths) for name, d in forward}
     flops.update({name: forward_flops(d, True, lengths) for name, d in reverse})
     sets = [([m], []) for m in forward] + [([], [m]) for m in reverse]
@@ -147,11 +149,12 @@ def throughput(args, work: Path) -> str:
         for threads in args.threads:
             command = benchlib.phrase_scorer_command(
                 "rescore", nbest, "--source", source, *model_args(models_forward, models_reverse),
-                "--threads", threads, "-o", work / "out.nbest", "--overwrite")
+                "--threads", threads, "-o", work.resolve() / "out.nbest", "--overwrite")
             best: Dict[str, float] = {}
             for _ in range(args.repeats):  # the versions alternate: a load that comes and goes hits both
-                for version, env in versions(args.before):
-                    seconds = benchlib.run_measured(command, env=env)[2]
+                for version, checkout in versions(args.before):
+                    seconds = benchlib.run_measured(command, env=dict(os.environ, PYTHONPATH=str(checkout)),
+                                                    cwd=checkout)[2]
                     best[version] = min(best.get(version, seconds), seconds)
             for version, seconds in best.items():
                 rate = work_flops / seconds

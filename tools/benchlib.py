@@ -128,10 +128,10 @@ def exp_rate(rows: int, columns: int, seconds: float = 0.5) -> float:
     return best_rate(ten_exps, 10 * rows * columns, seconds)
 
 
-def run_measured(args: Sequence[str], env=None) -> Tuple[str, str, float, float]:
-    """Run a command and return (stdout, stderr, seconds, peak RSS in MB) using wait4."""
+def run_measured(args: Sequence[str], env=None, cwd=None) -> Tuple[str, str, float, float]:
+    """Run a command (in ``cwd``) and return (stdout, stderr, seconds, peak RSS in MB) using wait4."""
     start = time.perf_counter()
-    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
     stdout_chunks: List[bytes] = []
     stderr_chunks: List[bytes] = []
 
