@@ -195,40 +195,48 @@ def test_moses_decodes_the_next_chunk_while_this_one_is_rescored(system, tmp_pat
 
 
 @pytest.mark.parametrize("pipeline", ["--pipeline", "--no-pipeline"])
-def test_moses_failing_on_a_later_chunk_stops_the_run_with_its_error(system, tmp_path, monkeypatch, pipeline):
-    """Moses cannot read the moses.ini from the second chunk on: the run stops with Moses' error,
-    the first chunk kept for --resume, nothing of the second written; resumed once the moses.ini is
-    back, it writes the lines of the steps run by hand."""
+def test_moses_dying_during_the_run_stops_it_with_its_error(system, tmp_path, monkeypatch, pipeline):
+    """Moses is killed once the first chunk's lists are read: the run stops with exit code 1 and
+    an error naming Moses' log, at the first chunk whose lists Moses had not written yet; the
+    chunks before it are kept whole for --resume, nothing after; resumed, it writes the lines of
+    the steps run by hand."""
     import phrase_scorer.generation.reranked_translation as module
 
     words_only(system)
-    ini = tmp_path / "system.ini"
-    shutil.copyfile(system["ini"], ini)  # its paths are absolute
-    aside = tmp_path / "aside.ini"
     real = module.decode_chunk
 
     def decode_chunk(index, *a, **k):
         result = real(index, *a, **k)
         if index == 0:
-            ini.rename(aside)  # before the second chunk's decoding starts, pipelined or not
+            k["stream"].process.kill()  # the one Moses of the run
         return result
 
     monkeypatch.setattr(module, "decode_chunk", decode_chunk)
     out = tmp_path / "out.fr"
-    args = ["translate", "--moses", ini, "--reranker", system["reranker"], system["source"], "-o", out,
+    args = ["translate", "--moses", system["ini"], "--reranker", system["reranker"], system["source"], "-o", out,
             "--chunk-sentences", 2, "--moses-home", system["moses"].home, pipeline]
     result = run(*args)
     assert result.exit_code == 1 and not out.exists() and not moses_threads()
     message = result.stderr.strip().splitlines()[-1]
-    assert re.search(r"chunk-1/chunk\.1best\.log: moses failed with exit status 1: .*Can't read .*system\.ini",
-                     message), result.stderr
+    assert re.search(r"moses\.log: Moses was killed \(signal 9\)", message), result.stderr
     by_hand = system["by_hand"]
-    assert Path(f"{out}.part").read_text(encoding="utf-8").splitlines() == by_hand[:2]  # the first chunk, whole
+    kept = Path(f"{out}.part").read_text(encoding="utf-8").splitlines()
+    assert 2 <= len(kept) < len(by_hand) and len(kept) % 2 == 0 and kept == by_hand[:len(kept)]  # whole chunks
     monkeypatch.setattr(module, "decode_chunk", real)
-    aside.rename(ini)
     result = run(*args, "--resume")
     assert result.exit_code == 0, result.stderr
     assert out.read_text(encoding="utf-8").splitlines() == by_hand
+
+
+def test_a_moses_ini_moses_cannot_read_stops_the_run_with_moses_error(system, tmp_path):
+    ini = tmp_path / "system.ini"
+    ini.write_text(Path(system["ini"]).read_text().replace("[feature]", "[feature]\nNoSuchFeature name=X"))
+    out = tmp_path / "out.fr"
+    result = run("translate", "--moses", ini, "--reranker", system["reranker"], system["source"], "-o", out,
+                 "--moses-home", system["moses"].home)
+    assert result.exit_code == 1 and not out.exists() and not moses_threads()
+    message = result.stderr.strip().splitlines()[-1]
+    assert re.search(r"moses\.log: Moses stopped with exit code \d+: .*NoSuchFeature", message), result.stderr
 
 
 def test_a_model_feature_weighted_0_is_neither_loaded_nor_run(system, tmp_path):

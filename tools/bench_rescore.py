@@ -191,7 +191,7 @@ def moses_alone(args, source: Path, work: Path) -> float:
     flags = f"{record.get('decoder_flags') or ''} -n-best-list {work / 'alone.nbest'} {record['nbest_size']} distinct"
     started = time.perf_counter()
     decode(args.moses_ini, source, work / "alone.1best", moses=MosesInstallation.find(None),
-           threads=args.decoder_threads, decoder_flags=flags.strip())
+           threads=args.decoder_threads or None, decoder_flags=flags.strip())
     return time.perf_counter() - started
 
 
@@ -203,9 +203,10 @@ def one_command(args, work: Path) -> str:
                 break
             out.write(line)
     translation = work / "translation.txt"
+    decoder_threads = ["--decoder-threads", args.decoder_threads] if args.decoder_threads else []  # 0: the default
     _, err, seconds, _ = benchlib.run_measured(benchlib.phrase_scorer_command(
         "translate", "--moses", args.moses_ini, "--reranker", args.reranker, source, "-o", translation,
-        "--overwrite", "--decoder-threads", args.decoder_threads))
+        "--overwrite", *decoder_threads))
     match = PHASES.search(err)
     if not match:
         raise SystemExit(f"translate did not report its phases:\n{err[-2000:]}")
@@ -229,7 +230,7 @@ def one_command(args, work: Path) -> str:
         "## The one-command path: where the time goes (`tools/bench_rescore.py --reranker ...`)\n\n"
         f"`phrase-scorer translate --moses {Path(args.moses_ini).name} --reranker {Path(args.reranker).name}` of the "
         f"first {args.translate_sentences} sentences of `{Path(args.source).name}` (decoder threads "
-        f"{args.decoder_threads}), {seconds:.1f} s in all, "
+        f"{args.decoder_threads or 'as translate sets them'}), {seconds:.1f} s in all, "
         f"{args.translate_sentences / seconds:.2f} sentences/s, on {info['cpu']} ({info['cores']} cores). Moses "
         f"decoded the n-best lists for {moses:.1f} s of it, beside the rescoring; Moses alone, the same lists of "
         f"the same sentences in the same run: {alone:.1f} s ({args.translate_sentences / alone:.2f} sentences/s), "
@@ -251,7 +252,7 @@ def main() -> None:
     parser.add_argument("--reranker", default=None)
     parser.add_argument("--moses-ini", default=None)
     parser.add_argument("--translate-sentences", type=int, default=100)
-    parser.add_argument("--decoder-threads", type=int, default=1)
+    parser.add_argument("--decoder-threads", type=int, default=1, help="Moses' threads; 0: translate's default")
     parser.add_argument("--before", default=None, metavar="CHECKOUT",
                         help="a checkout of an earlier version: each rescore command also runs with its package")
     parser.add_argument("--references", default=None, help="references of SOURCE, for the path's BLEU")

@@ -41,9 +41,9 @@ from phrase_scorer.config import RescoreOptions, ScoringOptions, TranslateOption
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_sha256, text_lines
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
-from phrase_scorer.moses.evaluate import decode
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
 from phrase_scorer.moses.reranker import Reranker
+from phrase_scorer.moses.streaming import NBestStream
 from phrase_scorer.moses.weights import Weights, apply_weights
 from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.runtime.progress import step_bar
@@ -134,26 +134,32 @@ class DecodedChunk:
     lines: List[str]
     kept: List[int]
     directory: Optional[Path]
-    seconds: float = 0.0  # Moses' wall time
+    seconds: float = 0.0  # from asking Moses for the chunk's lists to having them
 
 
-def decode_chunk(index: int, lines: Sequence[str], work: Path, *, ini: PathLike, moses: MosesInstallation,
-                 reranker: Reranker, threads: Optional[int], decoder: str) -> DecodedChunk:
-    """Moses' n-best lists of the non-empty ``lines``, in ``work/chunk-<index>/``, with the n-best
-    size and decoder flags the reranker was tuned with."""
-    kept = [i for i, line in enumerate(lines) if line.strip()]
-    if not kept:
-        return DecodedChunk(index, list(lines), kept, None)
+def kept(lines: Sequence[str]) -> List[int]:
+    """The lines Moses decodes: the non-empty ones."""
+    return [i for i, line in enumerate(lines) if line.strip()]
+
+
+def kept_sentences(source: PathLike, size: int, skip: int) -> Iterator[str]:
+    """The lines Moses decodes, of every chunk after the first ``skip`` lines, in order."""
+    for lines in source_chunks(source, size, skip):
+        yield from (lines[i] for i in kept(lines))
+
+
+def decode_chunk(index: int, lines: Sequence[str], work: Path, *, stream: NBestStream) -> DecodedChunk:
+    """Moses' n-best lists of the non-empty ``lines`` (the next sentences of ``stream``), in
+    ``work/chunk-<index>/``."""
+    decoded = kept(lines)
+    if not decoded:
+        return DecodedChunk(index, list(lines), decoded, None)
     directory = work / f"chunk-{index}"
     directory.mkdir()
-    source = directory / "chunk.src"
-    write_lines(source, [lines[i] for i in kept])
-    size = reranker.decoder.get("nbest_size")
-    flags = (f"{reranker.decoder.get('decoder_flags') or ''} -n-best-list {directory / 'chunk.nbest'} {size} "
-             "distinct").strip()
+    write_lines(directory / "chunk.src", [lines[i] for i in decoded])
     started = time.monotonic()
-    decode(ini, source, directory / "chunk.1best", moses=moses, threads=threads, decoder_flags=flags, decoder=decoder)
-    return DecodedChunk(index, list(lines), kept, directory, time.monotonic() - started)
+    stream.write_next(len(decoded), directory / "chunk.nbest")
+    return DecodedChunk(index, list(lines), decoded, directory, time.monotonic() - started)
 
 
 def decoded_chunks(chunks: Iterator[Tuple[int, List[str]]], decode_one: Callable[[int, List[str]], DecodedChunk], *,
@@ -252,13 +258,17 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     with check_output(output, inputs, overwrite=overwrite, resume=resume, companions=RESUMABLE_COMPANIONS):
         done_lines, done_bytes, progress_path = start_resumable(source, output, settings, resume, overwrite=overwrite)
         work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="translate")
-        decode_one = partial(decode_chunk, work=work, ini=ini, moses=moses, reranker=tuned, threads=threads,
-                             decoder=decoder)
         numbered = enumerate(source_chunks(source, chunk_sentences, done_lines), done_lines // chunk_sentences)
         with resumable_output(output, done_bytes, progress_path) as out:
             writer = ChunkWriter(out, progress_path, settings, done_lines)
+            # one Moses for the whole run (its tables load once), stopped before the decoding thread
+            # is waited for, so that a failure does not wait for the chunk Moses is decoding
+            stream = NBestStream(program, ini, kept_sentences(source, chunk_sentences, done_lines),
+                                 size=tuned.decoder["nbest_size"], threads=threads or os.cpu_count() or 1,
+                                 flags=tuned.decoder.get("decoder_flags") or "", log_path=work / "moses.log")
+            decode_one = partial(decode_chunk, work=work, stream=stream)
             with step_bar("translating", None, initial=done_lines, unit="sentence") as progress, \
-                    closing(decoded_chunks(numbered, decode_one, ahead=pipeline)) as decoded:
+                    closing(decoded_chunks(numbered, decode_one, ahead=pipeline)) as decoded, closing(stream):
                 for chunk, waited in decoded:
                     phase_seconds[PHASES[0]] = phase_seconds.get(PHASES[0], 0.0) + chunk.seconds
                     phase_seconds[WAITING] = phase_seconds.get(WAITING, 0.0) + waited
