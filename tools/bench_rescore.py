@@ -204,9 +204,10 @@ def one_command(args, work: Path) -> str:
             out.write(line)
     translation = work / "translation.txt"
     decoder_threads = ["--decoder-threads", args.decoder_threads] if args.decoder_threads else []  # 0: the default
+    chunks = ["--chunk-sentences", args.chunk_sentences] if args.chunk_sentences else []
     _, err, seconds, _ = benchlib.run_measured(benchlib.phrase_scorer_command(
         "translate", "--moses", args.moses_ini, "--reranker", args.reranker, source, "-o", translation,
-        "--overwrite", *decoder_threads))
+        "--overwrite", *decoder_threads, *chunks))
     match = PHASES.search(err)
     if not match:
         raise SystemExit(f"translate did not report its phases:\n{err[-2000:]}")
@@ -230,7 +231,8 @@ def one_command(args, work: Path) -> str:
         "## The one-command path: where the time goes (`tools/bench_rescore.py --reranker ...`)\n\n"
         f"`phrase-scorer translate --moses {Path(args.moses_ini).name} --reranker {Path(args.reranker).name}` of the "
         f"first {args.translate_sentences} sentences of `{Path(args.source).name}` (decoder threads "
-        f"{args.decoder_threads or 'as translate sets them'}), {seconds:.1f} s in all, "
+        f"{args.decoder_threads or 'as translate sets them'}, chunks of "
+        f"{args.chunk_sentences or 'the default'} sentences), {seconds:.1f} s in all, "
         f"{args.translate_sentences / seconds:.2f} sentences/s, on {info['cpu']} ({info['cores']} cores). Moses "
         f"decoded the n-best lists for {moses:.1f} s of it, beside the rescoring; Moses alone, the same lists of "
         f"the same sentences in the same run: {alone:.1f} s ({args.translate_sentences / alone:.2f} sentences/s), "
@@ -253,6 +255,7 @@ def main() -> None:
     parser.add_argument("--moses-ini", default=None)
     parser.add_argument("--translate-sentences", type=int, default=100)
     parser.add_argument("--decoder-threads", type=int, default=1, help="Moses' threads; 0: translate's default")
+    parser.add_argument("--chunk-sentences", type=int, default=0, help="translate's --chunk-sentences; 0: its default")
     parser.add_argument("--before", default=None, metavar="CHECKOUT",
                         help="a checkout of an earlier version: each rescore command also runs with its package")
     parser.add_argument("--references", default=None, help="references of SOURCE, for the path's BLEU")
