@@ -61,7 +61,7 @@ class RerankedTranslation:
     sentences: int
     chunks: int
     seconds: float
-    # PHASES and WAITING -> seconds: Moses' own seconds (the wall time of each decode), those of
+    # PHASES and WAITING -> seconds: Moses' (from asking for each chunk's lists to having them), those of
     # rescoring and reranking, and those the models waited for Moses; Moses minus WAITING is the
     # time of Moses' hidden behind the models'
     phase_seconds: Dict[str, float] = field(default_factory=dict)
