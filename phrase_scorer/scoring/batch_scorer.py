@@ -203,7 +203,7 @@ class BatchScorer:
         source_rows, source_lengths = sources.rows, sources.lengths  # (n, S), (n,)
         target_rows, target_lengths = targets.rows, targets.lengths  # (n, T), (n,)
         self.model.eval()  # no training dropout, whatever mode a caller left the model in
-        batches = self._batches(source_rows, source_lengths, target_lengths)
+        batches = list(self._batches(source_rows, source_lengths, target_lengths))
 
         def score_batch(pair_index: np.ndarray, opens_source: np.ndarray) -> Tuple[np.ndarray, ScoringStats]:
             pair_source = np.cumsum(opens_source) - 1  # (k,) each pair's source among the batch's
@@ -221,7 +221,7 @@ class BatchScorer:
             return scores, stats
 
         threads = torch.get_num_threads() if self.device.type == "cpu" else 1
-        if threads > 1 and self.options.thread_split == "batches":
+        if threads > 1 and self.options.thread_split == "batches" and len(batches) > 1:
             scored = batches_on_threads(score_batch, batches, threads)
         else:
             scored = ((pair_index, score_batch(pair_index, opens)) for pair_index, opens in batches)
@@ -437,11 +437,12 @@ class OutputSoftmax:
 
 
 def batches_on_threads(score_batch: Callable[[np.ndarray, np.ndarray], Any],
-                       batches: Iterator[Tuple[np.ndarray, np.ndarray]], threads: int) -> List[Tuple[np.ndarray, Any]]:
+                       batches: Sequence[Tuple[np.ndarray, np.ndarray]], threads: int) -> List[Tuple[np.ndarray, Any]]:
     """(pair indices, ``score_batch(pair indices, opens_source)``) of every batch, scored by
     ``threads`` threads that each take whole batches and run torch's operations on one thread:
     a batch's scores are those one thread computes, whichever thread scores it. The caller's
-    thread count is kept."""
+    thread count is kept. Torch's modes are per thread: each batch enters its own (inference
+    mode, precision), and a mode the caller entered (a flop counter, say) does not see the work."""
     caller_threads = torch.get_num_threads()
 
     def one_thread() -> None:
