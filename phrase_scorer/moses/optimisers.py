@@ -233,17 +233,12 @@ def drop_unhelpful(data: MertData, weights: Weights, candidates: Sequence[str],
     a negative ``min_gain`` keeps every feature."""
     tuned = reranked_bleu(data, weights.values)
     current = list(weights.values)
-    spans = {}
-    position = 0
-    for name, count in weights.layout:
-        spans[name] = (position, position + count)
-        position += count
-    remaining = [name for name in candidates if name in spans and any(current[i] for i in range(*spans[name]))]
+    names = weights.value_names()  # each value's feature
+    remaining = [name for name in candidates if any(v for n, v in zip(names, current) if n == name)]
     dropped: Dict[str, float] = {}
 
     def zeroed(values: List[float], name: str) -> List[float]:
-        start, stop = spans[name]
-        return values[:start] + [0.0] * (stop - start) + values[stop:]
+        return [0.0 if n == name else v for n, v in zip(names, values)]
 
     while remaining and min_gain >= 0:
         bleu_without = {name: reranked_bleu(data, zeroed(current, name)) for name in remaining}

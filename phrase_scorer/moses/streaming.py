@@ -21,6 +21,7 @@ from typing import IO, Iterable, List, Optional, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike
+from phrase_scorer.runtime.programs import last_lines
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class NBestStream:
                 stdin.write(sentence + "\n")
             stdin.close()
         except (BrokenPipeError, OSError, ValueError):
-            pass  # Moses stopped: read_next reports how
+            pass  # Moses stopped: write_next reports how
         except BaseException as exc:  # the source could not be read: raised by write_next
             self._feed_error.append(exc)
             self.process.kill()
@@ -108,8 +109,7 @@ class NBestStream:
 
     def _fail(self, message: str) -> None:
         self.close()
-        tail = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL_LINES:]
-        quoted = " | ".join(line.strip() for line in tail if line.strip())
+        quoted = " | ".join(last_lines(self.log_path, LOG_TAIL_LINES))
         raise PhraseScorerError(f"{message}: {quoted}" if quoted else message, path=self.log_path,
                                 hint="see the decoder's log; check the moses.ini and the decoder flags")
 
