@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.runtime.heap import steady_heap
 
 POLL_SECONDS = 0.2
 ORPHAN_CHECK_SECONDS = 1.0  # how often a worker looks whether its parent is still there
@@ -82,6 +83,11 @@ class Pipeline:
 
     def run(self, produce: Callable[[Callable[[Any], bool]], None], work: Callable[[Any], Any],
             consume: Callable[[Any], None]) -> None:
+        with steady_heap():  # the windows in flight are many small objects: collect them less often
+            self._run(produce, work, consume)
+
+    def _run(self, produce: Callable[[Callable[[Any], bool]], None], work: Callable[[Any], Any],
+             consume: Callable[[Any], None]) -> None:
         def reader() -> None:
             produce(lambda item: self._put(self.inbox, item))
             self._put(self.inbox, self.DONE)
