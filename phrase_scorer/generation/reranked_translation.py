@@ -46,6 +46,7 @@ from phrase_scorer.moses.reranker import Reranker
 from phrase_scorer.moses.streaming import NBestStream
 from phrase_scorer.moses.weights import Weights, apply_weights
 from phrase_scorer.moses.tune import fresh_directory
+from phrase_scorer.runtime.heap import steady_heap
 from phrase_scorer.runtime.progress import step_bar
 from phrase_scorer.records import Signature, as_recorded
 from phrase_scorer.runtime.resumable import (
@@ -268,7 +269,8 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
                                  flags=tuned.decoder.get("decoder_flags") or "", log_path=work / "moses.log")
             decode_one = partial(decode_chunk, work=work, stream=stream)
             with step_bar("translating", None, initial=done_lines, unit="sentence") as progress, \
-                    closing(decoded_chunks(numbered, decode_one, ahead=pipeline)) as decoded, closing(stream):
+                    closing(decoded_chunks(numbered, decode_one, ahead=pipeline)) as decoded, closing(stream), \
+                    steady_heap():  # the lists of a chunk in flight: collect them less often
                 for chunk, waited in decoded:
                     phase_seconds[PHASES[0]] = phase_seconds.get(PHASES[0], 0.0) + chunk.seconds
                     phase_seconds[WAITING] = phase_seconds.get(WAITING, 0.0) + waited
