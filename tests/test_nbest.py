@@ -102,6 +102,29 @@ def test_other_layouts_round_trip(tmp_path, line):
     assert buffer.getvalue() == line.encode("utf-8")
 
 
+@pytest.mark.parametrize(
+    "field",
+    [
+        " LM0= -3 WordPenalty0= -2 TranslationModel0= -1 -2.5 .5 5. 1e5 -1.5E-07 1.e5 ",
+        " A= 1 2B= 3 ",  # a label that starts with digits
+        " a=b= 1 ",  # a label with '=' inside
+        " L= inf -INFINITY nan +Inf ",
+        " L= \u0663 1 ",  # digits of another script, as Python reads them
+        " L=\u00a01 M= 2\r\v",  # spaces of other kinds
+        " TranslationModel0_unk= 1 LM0= -7 ",  # a sparse feature
+        "L= 1   M= 2",  # no outer spaces, several between
+        "",
+        "   ",
+    ],
+)
+def test_features_read_at_once_are_those_read_token_by_token(field):
+    from phrase_scorer.io.nbest import _checked_features
+
+    entry = parse_nbest_line(f"0 ||| x  |||{field}||| -1")
+    assert repr(entry.features) == repr(_checked_features(field.split(), PhraseScorerError))  # nan == nan here
+    assert entry.to_line() == f"0 ||| x  |||{field}||| -1\n"
+
+
 def test_sparse_features_are_kept_but_not_dense():
     entry = parse_nbest_line("12 ||| x  ||| TranslationModel0= -1 -2 TranslationModel0_unk= 1 LM0= -7 ||| -3")
     assert entry.features == [("TranslationModel0", [-1, -2]), ("TranslationModel0_unk", [1]), ("LM0", [-7])]
@@ -133,6 +156,8 @@ def test_changed_fields_are_written_like_moses_and_the_rest_is_kept():
         ("0 ||| a  ||| -3 LM0= -3 ||| -1", "feature value '-3' comes before any 'Name=' label"),
         ("0 ||| a  ||| LM0= -3x ||| -1", "feature value '-3x' of LM0 is not a number"),
         ("0 ||| a  ||| LM0= 1_0 ||| -1", "feature value '1_0' of LM0 is not a number"),
+        ("0 ||| a  ||| X_y= 1 LM0= 2 1_0 ||| -1", "feature value '1_0' of LM0 is not a number"),
+        ("0 ||| a  ||| LM0= -3 WordPenalty0= ||| -1", "feature WordPenalty0= has no values"),
         ("0 ||| a  ||| LM0=-3 ||| -1", "'LM0=-3' is not 'Name= value'"),
         ("0 ||| a  ||| LM0= WordPenalty0= -1 ||| -1", "feature LM0= has no values"),
         ("0 ||| a  ||| LM0= -3 = 1 ||| -1", "a feature label '=' without a name"),

@@ -21,7 +21,7 @@ import itertools
 import os
 import re
 from dataclasses import dataclass, field, replace
-from typing import IO, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import IO, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -165,8 +165,42 @@ def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = No
     if not _ID.fullmatch(id_field.strip()):
         raise error(f"sentence id {id_field.strip()!r} is not a whole number")
     sentence_id = int(id_field)
+    tokens = feature_field.split()
+    try:
+        frozen = _plain_features(tokens, feature_field)
+    except ValueError:  # something out of place: the checks token by token name it
+        frozen = _freeze(_checked_features(tokens, error))
+    features: Features = [(label, list(values)) for label, values in frozen]
+    total_text = total_field.strip()
+    if not _NUMBER.fullmatch(total_text):
+        raise error(f"total score {total_text!r} is not a number")
+    total = float(total_text)
+    origin = _Origin((id_field, hypothesis, feature_field, total_field), sentence_id, frozen, total)
+    return NBestEntry(sentence_id, hypothesis, features, total, extra, "\n", number, origin)
+
+
+def _plain_features(tokens: List[str], feature_field: str) -> Tuple[Tuple[str, Tuple[float, ...]], ...]:
+    """The features of a field's ``tokens`` when each label ends in ``=`` and has values that
+    Python reads as numbers; ValueError for anything else. A number Python reads that Moses does
+    not write (``1_0``) is also refused."""
+    starts = [i for i, token in enumerate(tokens) if token[-1] == "="]  # the labels
+    if (starts[0] if starts else len(tokens)) != 0:
+        raise ValueError("a value before the first label")
+    starts.append(len(tokens))
+    features = []
+    for a, b in zip(starts, starts[1:]):
+        if b == a + 1 or len(tokens[a]) == 1:
+            raise ValueError("a label without values or without a name")
+        features.append((tokens[a][:-1], tuple(map(float, tokens[a + 1:b]))))
+    if "_" in feature_field and any("_" in token for token in tokens if token[-1] != "="):
+        raise ValueError("an underscore in a value")
+    return tuple(features)
+
+
+def _checked_features(tokens: List[str], error: Callable[..., PhraseScorerError]) -> Features:
+    """The features of a field's ``tokens``, one by one, refusing the first that is out of place."""
     features: Features = []
-    for token in feature_field.split():
+    for token in tokens:
         if token.endswith("="):
             if len(token) == 1:
                 raise error("a feature label '=' without a name")
@@ -183,12 +217,7 @@ def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = No
             features[-1][1].append(float(token))
     if features and not features[-1][1]:
         raise error(f"feature {features[-1][0]}= has no values")
-    total_text = total_field.strip()
-    if not _NUMBER.fullmatch(total_text):
-        raise error(f"total score {total_text!r} is not a number")
-    total = float(total_text)
-    origin = _Origin((id_field, hypothesis, feature_field, total_field), sentence_id, _freeze(features), total)
-    return NBestEntry(sentence_id, hypothesis, features, total, extra, "\n", number, origin)
+    return features
 
 
 class NBestReader(ReadProgress):
@@ -296,15 +325,30 @@ def describe_layout(layout: Layout) -> str:
 
 
 
-def checked_dense_values(entry: NBestEntry, path: PathLike) -> np.ndarray:
-    """The dense feature values of ``entry`` (:func:`dense_feature_vector`), refusing a NaN: no
-    weight can rank a hypothesis by it. Infinite values are kept (Moses writes -inf for an
-    impossible hypothesis); :func:`weighted_sum` and :func:`better` rank them."""
-    values = np.asarray(dense_feature_vector(entry), np.float64)
-    if np.isnan(values).any():
-        position = int(np.argmax(np.isnan(values)))
-        names = [name for name, count in dense_layout(entry) for _ in range(count)]
-        raise PhraseScorerError(f"feature {names[position]} is nan", path=path, line=entry.line_number,
+def dense_features(entry: NBestEntry, ignore: Sequence[str] = ()) -> Tuple[Layout, List[float]]:
+    """The dense features of ``entry`` (labels without ``_``) other than those in ``ignore``: their
+    layout and their values in order (:func:`dense_layout` and :func:`dense_feature_vector` of
+    :func:`without_features`, in one pass)."""
+    layout: List[Tuple[str, int]] = []
+    values: List[float] = []
+    for name, found in entry.features:
+        if "_" not in name and name not in ignore:
+            layout.append((name, len(found)))
+            values.extend(found)
+    return tuple(layout), values
+
+
+def checked_dense_rows(entries: Sequence[NBestEntry], rows: Sequence[Sequence[float]], layout: Layout,
+                       path: PathLike) -> np.ndarray:
+    """The dense values of ``entries`` (``rows``, each laid out as ``layout``) as one (H, D) array,
+    refusing a NaN: no weight can rank a hypothesis by it. Infinite values are kept (Moses writes
+    -inf for an impossible hypothesis); the weights' sums and their ranking handle them."""
+    values = np.array(rows, np.float64).reshape(len(rows), -1)  # (H, D)
+    nan = np.isnan(values)
+    if nan.any():
+        row, position = (int(i) for i in np.argwhere(nan)[0])
+        names = [name for name, count in layout for _ in range(count)]
+        raise PhraseScorerError(f"feature {names[position]} is nan", path=path, line=entries[row].line_number,
                                 hint="no weight can rank a hypothesis by a value that is not a number; "
                                      "fix or drop the hypotheses that have one")
     return values

@@ -22,7 +22,8 @@ from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.nbest import (
     Layout,
     check_sentence_order,
-    checked_dense_values,
+    checked_dense_rows,
+    dense_feature_vector,
     dense_layout,
     describe_layout,
     group_by_sentence,
@@ -81,7 +82,7 @@ def copy_checked(nbest: PathLike, copy: Path, ignore: Sequence[str] = ()) -> Dev
                 check_sentence_order(entry, last_id, nbest)
                 last_id = entry.sentence_id
                 out.write(entry.to_line().encode("utf-8"))
-            features = np.array([checked_dense_values(e, nbest) for e in entries])  # (H, D)
+            features = checked_dense_rows(entries, [dense_feature_vector(e) for e in entries], layout, nbest)  # (H, D)
             totals = np.array([e.total for e in entries])  # (H,)
             features -= features.mean(0)
             totals -= totals.mean()

@@ -25,11 +25,11 @@ from phrase_scorer.io.files import AtomicOutput, PathLike
 from phrase_scorer.io.nbest import (
     Layout,
     check_sentence_order,
-    checked_dense_values,
-    dense_layout,
+    checked_dense_rows,
+    dense_features,
     describe_layout,
+    group_by_sentence,
     read_nbest,
-    without_features,
 )
 
 log = logging.getLogger(__name__)
@@ -119,28 +119,24 @@ def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: S
 
     def best_lines() -> Iterator[bytes]:
         nonlocal written
-        last_id, best, best_score = -1, None, None
-        for entry in read_nbest(nbest):
-            found = dense_layout(without_features(entry, ignore))
-            if found != weights.layout:
-                raise PhraseScorerError(
-                    f"the dense features are {describe_layout(found)}, but the weights are for "
-                    f"{describe_layout(weights.layout)}", path=nbest, line=entry.line_number,
-                    hint="rerank lists made by the same decoder and rescored with the same models")
-            check_sentence_order(entry, last_id, nbest)
-            if entry.sentence_id != last_id:
-                if best is not None:
-                    yield best
-                    written += 1
-                for _ in range(written, entry.sentence_id):  # a sentence with no hypotheses
-                    yield b"\n"
-                    written += 1
-                last_id, best, best_score = entry.sentence_id, None, None
-            score = weighted_sum(checked_dense_values(without_features(entry, ignore), nbest), w)
-            if better(score, best_score):
-                best, best_score = (entry.hypothesis.strip(" ") + "\n").encode("utf-8"), score
-        if best is not None:
-            yield best
+        last_id = -1
+        for sentence_id, entries in group_by_sentence(read_nbest(nbest)):
+            check_sentence_order(entries[0], last_id, nbest)
+            last_id = sentence_id
+            rows = []
+            for entry in entries:
+                found, values = dense_features(entry, ignore)
+                if found != weights.layout:
+                    raise PhraseScorerError(
+                        f"the dense features are {describe_layout(found)}, but the weights are for "
+                        f"{describe_layout(weights.layout)}", path=nbest, line=entry.line_number,
+                        hint="rerank lists made by the same decoder and rescored with the same models")
+                rows.append(values)
+            for _ in range(written, sentence_id):  # a sentence with no hypotheses
+                yield b"\n"
+                written += 1
+            best = entries[best_of(weighted_sum(checked_dense_rows(entries, rows, weights.layout, nbest), w))]
+            yield (best.hypothesis.strip(" ") + "\n").encode("utf-8")
             written += 1
 
     with AtomicOutput(output) as out:
