@@ -4,7 +4,7 @@ A streaming verb keeps a few windows of parsed lines alive (tens of thousands of
 records) beside everything torch and the models put on the heap when they load. CPython's
 collector runs after every 700 new containers and, every so often, walks all of them while it
 holds the interpreter lock, stopping the scoring threads too: rescoring 30,000 n-best lines with
-a `small` model on 2 threads took 9.2 s with the default collector and 8.2 s with the objects
+a `small` model on 2 threads took 9.0 s with the default collector and 8.2 s with the objects
 that exist before the loop set aside (``gc.freeze``) and collections 14 times rarer
 (docs/benchmarks.md, "Rescoring"). Nothing is left uncollected: garbage made in the loop is
 collected as before, only less often, and the objects set aside are handed back after it.
