@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -281,9 +283,30 @@ def test_rnnsearch_scorer_encodes_each_source_once_and_shares_target_prefixes(re
     stats = scorer.stats
     assert stats.pairs == 300
     assert stats.distinct_sources == len(distinct)  # one batch: each distinct source once
-    assert stats.encoder_steps == stats.source_words == sum(map(len, distinct))  # no source prefix trie
+    assert stats.source_words == sum(map(len, distinct))
+    # each direction runs once per node of its trie: the sources' prefixes, and their suffixes
+    prefixes = {s[:k] for s in distinct for k in range(1, len(s) + 1)}
+    suffixes = {s[k:] for s in distinct for k in range(len(s))}
+    assert stats.encoder_steps == (len(prefixes) + len(suffixes)) // 2 < 0.6 * stats.source_words
     n_target_nodes = len({(tuple(s), tuple(t[:k])) for s, t in zip(sources, targets) for k in range(len(t) + 1)})
     assert stats.decoder_steps == n_target_nodes < stats.target_steps
+
+
+def test_rnnsearch_sources_by_shared_affixes_score_as_padded_batches_and_are_recorded(real_pairs):
+    """The tries of prefixes and suffixes give the padded batch's scores (fp64: to rounding), and
+    the signature says which encoding ran; without source sharing, one step per source word."""
+    sources, targets = real_pairs[0][:300], real_pairs[1][:300]
+    model = make_search_model(real_pairs, trained_steps=20)
+    shared = BatchScorer(model)
+    padded = BatchScorer(model, ScoringOptions(share_source_prefixes=False))
+    np.testing.assert_allclose(shared.score(sources, targets), padded.score(sources, targets), rtol=0, atol=1e-9)
+    assert padded.stats.encoder_steps == padded.stats.source_words
+    assert shared.describe()["source_encoding"] == "shared prefixes and suffixes"
+    assert "source_encoding" not in padded.describe()
+    fp32 = copy.deepcopy(model).float()
+    np.testing.assert_allclose(BatchScorer(fp32).score(sources, targets),
+                               BatchScorer(fp32, ScoringOptions(share_source_prefixes=False)).score(sources, targets),
+                               rtol=0, atol=2e-5)
 
 
 def test_chunk_rows_default_to_the_devices_own(loaded_tiny):

@@ -25,6 +25,12 @@ Optional capabilities, each named by a class attribute:
   x_1..x_t is shared by every source starting with x_1..x_t. Such a model also offers
   ``source_prefix_step`` and ``encode_from_final_states`` so a trie of sources runs each shared
   prefix once. (A bidirectional encoder cannot offer this.)
+- ``shares_source_affixes``: the encoder reads the source in both directions, so the left-to-right
+  state at x_j is shared by every source starting with x_1..x_j and the right-to-left one by every
+  source ending with x_j..x_S. Such a model offers ``encode_by_affixes``: the memory from a walk of
+  the trie of the sources and one of the trie of their reversals (:class:`TrieWalk`), running
+  each shared prefix and each shared suffix once (a reverse model's sources are the hypotheses of
+  an n-best list, which share most of both).
 - ``has_alignments``: ``alignments(src, src_len, tgt, tgt_len)`` gives the soft alignment weights
   alpha (B, T + 1, S) of the teacher-forced pass, and ``step_with_alignment`` those of one step.
 
@@ -35,7 +41,7 @@ V target vocabulary (the output layer covers ids 1..V-1: ``</s>``, ``<unk>`` and
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -44,6 +50,19 @@ from phrase_scorer.vocab import EOS_ID, PAD_ID
 
 # The softmax covers target ids 1.. (</s>, <unk>, words); <pad> (id 0) is never predicted.
 FIRST_OUTPUT_ID = 1
+
+
+@dataclass
+class TrieWalk:
+    """A trie of a batch's sources (or of their reversals), depth by depth, and where each source
+    position sits in it. ``keys[d]`` (n_d,) are the ids of the nodes at depth d, ``parents[d]``
+    (n_d,) their parents' indices among the nodes of depth d - 1 (unused at depth 0), and
+    ``positions`` (B, S) the node of each source position among all nodes numbered depth by
+    depth; padding points past the last node (at a zero state)."""
+
+    keys: List[Tensor]
+    parents: List[Tensor]
+    positions: Tensor
 
 
 @dataclass
@@ -66,6 +85,7 @@ class TranslationModel(nn.Module):
     ``step`` and ``output_layer`` and inherit the rest."""
 
     shares_source_prefixes = False
+    shares_source_affixes = False
     has_alignments = False
     # How inference (no autograd) computes p when it rearranges the equations' operations (None:
     # as they are written): a changed method can move a score's last digits, so outputs record it

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, replace
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +51,7 @@ from phrase_scorer.models.base import (
     FIRST_OUTPUT_ID,
     Memory,
     TranslationModel,
+    TrieWalk,
     embed_previous,
     next_word_labels,
     glorot_initialise,
@@ -210,6 +211,7 @@ class RNNsearch(TranslationModel):
     """p(y|x) by RNNsearch; see the module docstring."""
 
     has_alignments = True
+    shares_source_affixes = True
     inference_method = "context terms per source word; alignment by 2 sigmoid(2u)"  # module docstring
 
     def __init__(self, config: RNNsearchConfig, source_vocab_size: int, target_vocab_size: int,
@@ -270,6 +272,48 @@ class RNNsearch(TranslationModel):
             init_state=torch.tanh(self.init_state(first_backward)),  # (B, n)
             context_terms=annotations @ projection.t(),  # (B, S, 2l + 3n)
         )
+
+    def encode_by_affixes(self, prefixes: TrieWalk, suffixes: TrieWalk, src_len: Tensor) -> RNNsearchMemory:
+        """:meth:`encode` of a batch (B sources, S positions) from the trie of its sources
+        (``prefixes``) and that of their reversals (``suffixes``): each direction's GRU runs once
+        per node, and so does each direction's half of U_a h_j and [C_o; C_z; C_r; C] h_j (a
+        product with h_j = [->h_j; <-h_j] is the sum of the products with its halves), which a
+        position then gathers from its two nodes. Inference only (no dropout)."""
+        n = self.config.hidden_dim
+        forward_states = self._states_by_trie(self.encoder.forward_unit, prefixes)  # (nodes + 1, n), 0 last
+        backward_states = self._states_by_trie(self.encoder.backward_unit, suffixes)  # (nodes' + 1, n)
+        context = torch.cat([self.readout.context.weight, self.context_proj.weight])  # (2l + 3n, 2n): C_o, C_z, C_r, C
+        batch, width = prefixes.positions.shape
+        forward_at, backward_at = prefixes.positions.reshape(-1), suffixes.positions.reshape(-1)  # (B*S,)
+
+        def at_positions(weight: Tensor) -> Tensor:  # weight (k, 2n) -> weight h_j of every position (B, S, k)
+            by_prefix = forward_states @ weight[:, :n].t()  # (nodes + 1, k)
+            by_suffix = backward_states @ weight[:, n:].t()  # (nodes' + 1, k)
+            return by_prefix.index_select(0, forward_at).add_(by_suffix.index_select(0, backward_at)).view(
+                batch, width, -1)
+
+        first_backward = backward_states.index_select(0, suffixes.positions[:, 0])  # (B, n) <-h_1
+        mask = torch.arange(width, device=src_len.device) < src_len.unsqueeze(1)  # (B, S)
+        return RNNsearchMemory(
+            mask=mask,
+            keys=at_positions(self.alignment.key.weight).add_(self.alignment.key.bias),  # (B, S, n') U_a h_j + b
+            init_state=torch.tanh(self.init_state(first_backward)),  # (B, n)
+            context_terms=at_positions(context),  # (B, S, 2l + 3n), 0 at padding
+        )
+
+    def _states_by_trie(self, unit: GatedUnit, walk: TrieWalk) -> Tensor:
+        """The states of ``unit`` at every node of ``walk``'s trie, depth by depth, then a row of
+        zeros (the padding's node): (nodes + 1, n)."""
+        states: List[Tensor] = []
+        previous: Optional[Tensor] = None
+        for keys, parents in zip(walk.keys, walk.parents):
+            inputs = unit.input_proj(self.encoder.embed(keys))  # (n_d, 3n)
+            before = inputs.new_zeros((keys.size(0), unit.hidden_dim)) if previous is None else previous[parents]
+            previous = unit.step(inputs, before)  # (n_d, n)
+            states.append(previous)
+        states.append(torch.zeros((1, unit.hidden_dim), dtype=self.encoder.embed.weight.dtype,
+                                  device=self.encoder.embed.weight.device))
+        return torch.cat(states)
 
     def start(self, memory: RNNsearchMemory) -> Tensor:
         return memory.per_row(memory.init_state)  # (N, n) s_0

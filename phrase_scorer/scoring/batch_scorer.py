@@ -11,7 +11,9 @@ this scorer; nothing else computes one. Given a window of pairs it
 3. encodes each distinct source of a batch once (``model.encode``: a memory of one row per
    source, holding every per-source term of the decoder); a model whose encoder reads left to
    right (``shares_source_prefixes``: the encoder-decoder) walks the *trie* of the sources depth
-   by depth instead, so a shared prefix is run through the encoder once;
+   by depth instead, so a shared prefix is run through the encoder once; a bidirectional encoder
+   (``shares_source_affixes``: RNNsearch) walks the trie of the sources and that of their
+   reversals, so a shared prefix and a shared suffix each run once (:meth:`_encode_by_affixes`);
 4. decodes the trie of each source's targets depth by depth (``memory.select`` the nodes'
    sources, one ``model.step`` per depth): targets sharing a prefix share their decoder steps
    and their softmax, and no step is spent on padding;
@@ -56,7 +58,7 @@ from torch import Tensor
 from phrase_scorer.config import ScoringOptions
 from phrase_scorer.data.padding import NO_ID, IdRows, pad_ids
 from phrase_scorer.runtime.device import device_label, precision_context, resolve_precision
-from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel, at_least_fp32
+from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel, TrieWalk, at_least_fp32
 from phrase_scorer.vocab import EOS_ID, PAD_ID
 
 
@@ -169,6 +171,12 @@ class BatchScorer:
 
     # --- public --------------------------------------------------------------------------------
 
+    @property
+    def encodes_by_affixes(self) -> bool:
+        """Whether the sources are encoded by the tries of their prefixes and suffixes
+        (:meth:`_encode_by_affixes`)."""
+        return self.model.shares_source_affixes and self.options.share_source_prefixes
+
     def describe(self) -> Dict[str, object]:
         """Where, in which precision, in which batches (and, for a model that pads its sources,
         in which order they are batched) and by which method (the model's ``inference_method``)
@@ -181,6 +189,8 @@ class BatchScorer:
             described["inference_method"] = self.model.inference_method
         if not self.model.shares_source_prefixes:  # the batches' sources: :meth:`_batches`
             described["source_order"] = "shortest first"
+        if self.encodes_by_affixes:  # each direction's sums run in other batches: last digits move
+            described["source_encoding"] = "shared prefixes and suffixes"
         if self.device.type == "cpu":
             described["threads"] = torch.get_num_threads()
             if described["threads"] > 1:  # whole batches per thread give one thread's scores
@@ -283,6 +293,8 @@ class BatchScorer:
         rows = source_rows[:, :width]
         src, src_len = self._tensor(np.where(rows == NO_ID, PAD_ID, rows)), self._tensor(lengths)  # (S, L), (S,)
         stats.source_words += int(lengths.sum())
+        if self.encodes_by_affixes:
+            return self._encode_by_affixes(rows, lengths, src_len, stats)
         if not model.shares_source_prefixes:
             stats.encoder_steps += int(lengths.sum())
             return model.encode(src, src_len)
@@ -299,6 +311,30 @@ class BatchScorer:
                 final_states[self._tensor(ending)] = states[self._tensor(trie.node_of[d][ending])]
         stats.encoder_steps += trie.num_nodes
         return model.encode_from_final_states(final_states, src, src_len)
+
+    def _encode_by_affixes(self, rows: np.ndarray, lengths: np.ndarray, src_len: Tensor,
+                           stats: ScoringStats) -> Memory:
+        """The memory of a bidirectional encoder (``shares_source_affixes``) from the trie of the
+        sources (``rows`` (B, S), ``lengths`` (B,)) and the trie of their reversals: each shared
+        prefix and each shared suffix runs once. ``encoder_steps`` counts the nodes of both tries,
+        halved (a padded batch's step runs both directions)."""
+        positions = np.arange(rows.shape[1])  # (S,)
+        reaching = positions < lengths[:, None]  # (B, S)
+        mirrored = np.where(reaching, lengths[:, None] - 1 - positions, 0)  # (B, S) the position read at depth j
+        reversed_rows = np.where(reaching, np.take_along_axis(rows, mirrored, 1), NO_ID)  # (B, S)
+
+        def walk(trie: PrefixTrie, mirror: bool) -> TrieWalk:
+            offsets = np.cumsum([0] + [len(k) for k in trie.keys])  # the first node of each depth
+            nodes = np.full(rows.shape, trie.num_nodes, np.int64)  # (B, S) each position's node; padding: past them
+            for d, node_of in enumerate(trie.node_of):
+                ends = np.flatnonzero(lengths > d)  # the sources that reach depth d
+                nodes[ends, lengths[ends] - 1 - d if mirror else d] = offsets[d] + node_of[ends]
+            return TrieWalk([self._tensor(k) for k in trie.keys], [self._tensor(p) for p in trie.parents],
+                            self._tensor(nodes))
+
+        prefixes, suffixes = trie_of_rows(rows, lengths), trie_of_rows(reversed_rows, lengths)
+        stats.encoder_steps += (prefixes.num_nodes + suffixes.num_nodes) // 2
+        return self.model.encode_by_affixes(walk(prefixes, False), walk(suffixes, True), src_len)
 
     def _score_batch(self, source_rows: np.ndarray, source_lengths: np.ndarray, target_rows: np.ndarray,
                      lengths: np.ndarray, pair_source: np.ndarray, *, stats: ScoringStats,
