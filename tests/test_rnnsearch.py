@@ -426,3 +426,24 @@ def test_training_doc_lists_each_architectures_presets():
         listed = row.split(" | ")[1]
         assert set(re.findall(r"`(\w+)`", listed)) == set(presets)
         assert f"`{DEFAULT_PRESET}` (default)" in listed
+
+
+def test_the_word_terms_table_follows_the_weights():
+    """Without autograd a step reads W E y (+ b) and V_o E y from a table of the vocabulary: it is
+    made again when a weight changes (a training step, a load), so scores never use stale terms."""
+    torch.manual_seed(0)
+    model = RNNsearch(RNNsearchConfig(embedding_dim=8, hidden_dim=6, alignment_dim=5, maxout_units=4), 12, 11).eval()
+    src, src_len = torch.tensor([[3, 4, 5]]), torch.tensor([3])
+    tgt, tgt_len = torch.tensor([[2, 7, 9]]), torch.tensor([3])
+
+    def scored_without_autograd():
+        with torch.no_grad():
+            return model(src, src_len, tgt, tgt_len)
+
+    first = scored_without_autograd()
+    assert torch.allclose(first, model(src, src_len, tgt, tgt_len).detach(), atol=1e-6)
+    with torch.no_grad():
+        model.embed.weight[7] += 1.0  # as an optimiser step would
+    changed = scored_without_autograd()
+    assert not torch.allclose(changed, first)
+    assert torch.allclose(changed, model(src, src_len, tgt, tgt_len).detach(), atol=1e-6)

@@ -35,6 +35,9 @@ by the (2l + 3n) x 2n matrix: the same value up to the order of the additions, a
 of the work. Decoder rows that read the same source share its memory: selecting rows
 (:meth:`RNNsearchMemory.select`) records which source each row reads, and without autograd the
 weighted sums of every row are one sparse x dense product over the sources' projected rows.
+Likewise y_{i-1} enters only through W E y_{i-1} (+ b) and V_o E y_{i-1}: without autograd a step
+reads them from a table of the whole target vocabulary, computed once for the current weights
+(:meth:`RNNsearch.word_terms`), instead of multiplying its rows' embeddings.
 """
 
 from __future__ import annotations
@@ -161,7 +164,11 @@ class MaxoutReadout(nn.Module):
 
     def features(self, s_prev: Tensor, prev_emb: Tensor, context_term: Tensor) -> Tensor:
         """(N, n), (N, m), C_o c_i (N, 2l) -> t_i (N, l)."""
-        t = self.state(s_prev) + self.prev_word(prev_emb) + context_term  # (N, 2l)
+        return self.features_from_terms(s_prev, self.prev_word(prev_emb), context_term)
+
+    def features_from_terms(self, s_prev: Tensor, word_term: Tensor, context_term: Tensor) -> Tensor:
+        """(N, n), V_o E y_{i-1} (N, 2l), C_o c_i (N, 2l) -> t_i (N, l)."""
+        t = self.state(s_prev) + word_term + context_term  # (N, 2l)
         return t.unflatten(-1, (self.units, self.pieces)).amax(-1)  # (N, l)
 
 
@@ -212,7 +219,8 @@ class RNNsearch(TranslationModel):
 
     has_alignments = True
     shares_source_affixes = True
-    inference_method = "context terms per source word; alignment by 2 sigmoid(2u)"  # module docstring
+    # module docstring
+    inference_method = "context terms per source word; alignment by 2 sigmoid(2u); word terms per vocabulary word"
 
     def __init__(self, config: RNNsearchConfig, source_vocab_size: int, target_vocab_size: int,
                  initialise: bool = True) -> None:
@@ -228,6 +236,7 @@ class RNNsearch(TranslationModel):
         self.unit = GatedUnit(m, n)  # W, W_z, W_r, U, U_z, U_r of the decoder
         self.context_proj = nn.Linear(2 * n, 3 * n, bias=False)  # C_z, C_r, C
         self.readout = MaxoutReadout(config, target_vocab_size)
+        self._word_terms: Optional[Tuple[tuple, Tensor]] = None  # (weights' versions, table): word_terms
         if initialise:  # else the weights are loaded next (model_dir), or the model is a skeleton
             self.reset_parameters()
 
@@ -326,13 +335,35 @@ class RNNsearch(TranslationModel):
     def step_with_alignment(self, memory: RNNsearchMemory, state: Tensor,
                             prev: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """As :meth:`step`, with the alignment weights a_i. (N, S) used for c_i."""
-        prev_emb = self.drop(embed_previous(self.embed, prev))  # (N, m) E y_{i-1}, 0 for y_0
+        if torch.is_grad_enabled():
+            prev_emb = self.drop(embed_previous(self.embed, prev))  # (N, m) E y_{i-1}, 0 for y_0
+            word_input, word_readout = self.unit.input_proj(prev_emb), self.readout.prev_word(prev_emb)
+        else:  # a word's terms are the same at every step: read from a table of the vocabulary's
+            word_input, word_readout = self.word_terms().index_select(0, prev).split(
+                [self.unit.input_proj.out_features, self.readout.prev_word.out_features], 1)
+        # word_input (N, 3n) W E y_{i-1} (+ b), word_readout (N, 2l) V_o E y_{i-1}
         alpha = self.alignment(state, memory.per_row(memory.keys), memory.per_row(memory.mask))  # (N, S)
         readout_term, unit_term = memory.weighted_context_terms(alpha).split(
             [self.readout.context.out_features, self.context_proj.out_features], 1)  # C_o c_i (N, 2l), C c_i (N, 3n)
-        features = self.readout.features(state, prev_emb, readout_term)  # (N, l) from s_{i-1}
-        inputs = self.unit.input_proj(prev_emb) + unit_term  # (N, 3n)
-        return self.unit.step(inputs, state), features, alpha
+        features = self.readout.features_from_terms(state, word_readout, readout_term)  # (N, l) from s_{i-1}
+        return self.unit.step(word_input + unit_term, state), features, alpha
+
+    def word_terms(self) -> Tensor:
+        """[W E y (+ b), V_o E y] of every target id y (V, 3n + 2l), with E y_0 = 0 for <pad>
+        (no previous word): what a step adds for its previous word, computed once for the current
+        weights (and autocast setting) and kept until they change. Without autograd only."""
+        weights = (self.embed.weight, self.unit.input_proj.weight, self.unit.input_proj.bias,
+                   self.readout.prev_word.weight)
+        # an inference tensor has no version counter (weights made in inference mode stay as made)
+        key = (tuple((-1 if w.is_inference() else w._version, w.data_ptr()) for w in weights),
+               torch.is_autocast_enabled(), self.embed.weight.device)
+        cached = self._word_terms
+        if cached is None or cached[0] != key:
+            embeddings = self.embed.weight.clone()  # (V, m)
+            embeddings[PAD_ID] = 0
+            table = torch.cat([self.unit.input_proj(embeddings), self.readout.prev_word(embeddings)], 1)
+            cached = self._word_terms = (key, table)
+        return cached[1]
 
     def alignments(self, src: Tensor, src_len: Tensor, tgt: Tensor, tgt_len: Tensor) -> Tensor:
         """Teacher-forced a_ij: (B, T+1, S); row i is the step that predicts y_i (then </s>).
