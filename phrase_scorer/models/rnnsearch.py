@@ -359,8 +359,7 @@ class RNNsearch(TranslationModel):
                torch.is_autocast_enabled(), self.embed.weight.device)
         cached = self._word_terms
         if cached is None or cached[0] != key:
-            embeddings = self.embed.weight.clone()  # (V, m)
-            embeddings[PAD_ID] = 0
+            embeddings = embed_previous(self.embed, torch.arange(self.target_vocab_size, device=key[2]))  # (V, m)
             table = torch.cat([self.unit.input_proj(embeddings), self.readout.prev_word(embeddings)], 1)
             cached = self._word_terms = (key, table)
         return cached[1]

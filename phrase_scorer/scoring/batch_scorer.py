@@ -286,15 +286,16 @@ class BatchScorer:
     def _encode(self, source_rows: np.ndarray, lengths: np.ndarray, stats: ScoringStats) -> Memory:
         """The memory of distinct sources (``source_rows`` (S, L) padded with :data:`NO_ID`, one
         row each). A model whose encoder reads left to right (``shares_source_prefixes``) walks
-        the trie of the sources, running each shared prefix once; any other model encodes the
-        padded batch of distinct sources."""
+        the trie of the sources, running each shared prefix once; a bidirectional one
+        (``shares_source_affixes``) the tries of their prefixes and suffixes; any other model
+        encodes the padded batch of distinct sources."""
         model = self.model
         width = max(int(lengths.max()), 1)
         rows = source_rows[:, :width]
-        src, src_len = self._tensor(np.where(rows == NO_ID, PAD_ID, rows)), self._tensor(lengths)  # (S, L), (S,)
         stats.source_words += int(lengths.sum())
-        if self.encodes_by_affixes:
-            return self._encode_by_affixes(rows, lengths, src_len, stats)
+        if self.encodes_by_affixes:  # the tries' ids: no padded batch
+            return self._encode_by_affixes(rows, lengths, self._tensor(lengths), stats)
+        src, src_len = self._tensor(np.where(rows == NO_ID, PAD_ID, rows)), self._tensor(lengths)  # (S, L), (S,)
         if not model.shares_source_prefixes:
             stats.encoder_steps += int(lengths.sum())
             return model.encode(src, src_len)
