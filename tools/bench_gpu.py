@@ -9,6 +9,17 @@
               of the run during which the GPU was busy (nvidia-smi's utilisation, sampled every
               200 ms; n/a where nvidia-smi is absent). Whether the outputs of the batch sizes hold
               the same lines is checked and printed.
+* rescore  -- `phrase-scorer rescore NBEST --source SRC` on the device, once per
+              --rescore-batch-tokens value, with a forward model (--forward DIR), a reverse model
+              (--reverse DIR) and an ensemble (--ensemble DIR,DIR: what a reranker's ensemble
+              feature runs): hypotheses/s and GPU busy (start-up and loading included), whether
+              the batch sizes wrote the same bytes, and the largest difference between the
+              device's scores and the CPU's (the same command with --device cpu) over the first
+              --cpu-sentences sentences.
+* sentences -- `phrase-scorer train --corpus SRC TGT --arch rnnsearch --preset P` alone for
+              --steps updates with one validation at the end (the sentence models' recipe:
+              --corpus-batch-size pairs per update): updates/s and the seconds per 500 updates
+              with a validation, which times a sentence model's training.
 * train    -- `phrase-scorer train --preset P` once per --batch-sizes value, each for the same
               number of training pairs (--pairs) with a validation every --valid-pairs-every
               pairs: training pairs/s (the same validations in every run, their time included:
@@ -105,6 +116,90 @@ def annotate(args, work: Path) -> str:
     )
 
 
+def last_feature(line: str) -> float:
+    """The value of the last dense feature of an n-best line (the one ``rescore`` appended)."""
+    return float(line.split(" ||| ")[2].split()[-1])
+
+
+def rescore(args, work: Path) -> str:
+    import gzip
+
+    from bench_rescore import nbest_head
+
+    nbest, source = Path(args.nbest), Path(args.source)
+    head, head_source, _, _ = nbest_head(nbest, source, args.cpu_sentences, work)
+    sets = []
+    if args.forward:
+        sets.append(("forward", ["-m", args.forward]))
+    if args.reverse:
+        sets.append(("reverse", ["-r", args.reverse]))
+    if args.ensemble:
+        members = [arg for d in args.ensemble.split(",") for arg in ("-m", d)]
+        sets.append((f"ensemble of {len(members) // 2}", [*members, "--ensemble", "ensemble"]))
+    rows, notes = [], []
+    for label, models in sets:
+        outputs = []
+        for tokens in [int(t) for t in args.rescore_batch_tokens.split(",")]:
+            out = work / f"rescored-{label.split()[0]}-{tokens}.gz"
+            with BusySampler(args.device) as sampler:
+                _, _, seconds, peak = benchlib.run_measured(benchlib.phrase_scorer_command(
+                    "rescore", nbest, "--source", source, *models, "-o", out, "--device", args.device,
+                    "--batch-tokens", tokens, "--overwrite"))
+            with gzip.open(out, "rt", encoding="utf-8") as lines:
+                hypotheses = sum(1 for _ in lines)
+            rows.append([label, f"{tokens:,}", f"{hypotheses:,}", f"{seconds:.1f}", f"**{hypotheses / seconds:,.0f}**",
+                         percent(sampler.busy), f"{peak:,.0f}"])
+            outputs.append(out)
+            print(rows[-1], flush=True)
+        between = 0.0  # the largest difference between the batch sizes' scores
+        for other in outputs[1:]:
+            with gzip.open(outputs[0], "rt", encoding="utf-8") as a, gzip.open(other, "rt", encoding="utf-8") as b:
+                between = max([between, *(abs(last_feature(x) - last_feature(y)) for x, y in zip(a, b))])
+        cpu = work / f"cpu-{label.split()[0]}.gz"
+        benchlib.run_measured(benchlib.phrase_scorer_command(
+            "rescore", head, "--source", head_source, *models, "-o", cpu, "--device", "cpu", "--overwrite"))
+        with gzip.open(cpu, "rt", encoding="utf-8") as a, gzip.open(outputs[-1], "rt", encoding="utf-8") as b:
+            differences = [abs(last_feature(x) - last_feature(y)) for x, y in zip(a, b)]
+        notes.append(f"{label}: the batch sizes' scores differ by at most {between:.2g} nats; over the "
+                     f"first {args.cpu_sentences} sentences ({len(differences):,} hypotheses) the device's log p "
+                     f"differs from the CPU's by at most {max(differences):.2g} nats "
+                     f"(mean {sum(differences) / len(differences):.2g}; the feature is written with 6 significant "
+                     f"digits)")
+        if args.keep:
+            shutil.copy(outputs[-1], Path(args.keep) / outputs[-1].name)
+    return (
+        f"`phrase-scorer rescore {nbest.name} --source {source.name} MODELS -o OUT.gz --device {args.device} "
+        f"--batch-tokens N` (fp32), start-up and loading included. *GPU busy*: mean of nvidia-smi's utilisation "
+        f"during the run.\n\n"
+        + benchlib.markdown_table(["models", "batch tokens", "hypotheses", "seconds", "hypotheses/s", "GPU busy",
+                                   "peak RSS MB"], rows)
+        + "\n\n" + "; ".join(notes) + ".\n"
+    )
+
+
+def sentences(args, work: Path) -> str:
+    out = work / "sentences"
+    source, target = args.corpus
+    with BusySampler(args.device) as sampler:
+        benchlib.run_measured(benchlib.phrase_scorer_command(
+            "train", "--corpus", source, target, *(["--dev", *args.dev] if args.dev else []), "--arch", "rnnsearch",
+            "--preset", args.preset, "--batch-size", args.corpus_batch_size, "--max-steps", args.steps,
+            "--valid-every", args.steps, "--device", args.device, "--precision", args.train_precision,
+            "--seed", 1, "-o", out, "--overwrite", *(["--threads", args.threads] if args.threads else [])))
+    records = [json.loads(line) for line in (out / "train.log.jsonl").read_text().splitlines()]
+    last = records[-1]
+    per_500 = last["train_seconds"] * 500 / last["step"]
+    return (
+        f"`phrase-scorer train --corpus {Path(source).name} {Path(target).name} --arch rnnsearch --preset "
+        f"{args.preset} --batch-size {args.corpus_batch_size} --max-steps {args.steps} --valid-every {args.steps} "
+        f"--device {args.device} --precision {args.train_precision}`, alone on the machine: {last['step']:,} updates "
+        f"and one validation (NLL and the BLEU of greedy translations of the dev set) in "
+        f"{last['train_seconds']:.1f} s (the log's `train_seconds`), **{per_500:.0f} s per 500 updates** "
+        f"with a validation, so about {per_500 * 16 / 60:.0f} minutes for the 8,000 updates of the sentence "
+        f"models' recipe; GPU busy {percent(sampler.busy)}.\n"
+    )
+
+
 def train(args, work: Path) -> str:
     curves: Dict[int, List[dict]] = {}
     rates: Dict[int, float] = {}
@@ -169,6 +264,19 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2_000_000, help="training pairs per batch size")
     parser.add_argument("--valid-pairs-every", type=int, default=200_000)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--nbest", default=None, help="rescore: a Moses n-best list")
+    parser.add_argument("--source", default=None, help="rescore: its source sentences")
+    parser.add_argument("--forward", default=None, metavar="DIR", help="rescore: a forward model")
+    parser.add_argument("--reverse", default=None, metavar="DIR", help="rescore: a reverse model")
+    parser.add_argument("--ensemble", default=None, metavar="DIR,DIR", help="rescore: an ensemble's models")
+    parser.add_argument("--rescore-batch-tokens", default="8192,65536")
+    parser.add_argument("--cpu-sentences", type=int, default=50, help="rescore: sentences compared with the CPU")
+    parser.add_argument("--keep", default=None, metavar="DIR", help="rescore: copy the rescored lists here")
+    parser.add_argument("--corpus", nargs=2, default=None, metavar=("SRC", "TGT"), help="sentences: training pairs")
+    parser.add_argument("--dev", nargs=2, default=None, metavar=("SRC", "TGT"), help="sentences: validation pairs")
+    parser.add_argument("--steps", type=int, default=500, help="sentences: updates")
+    parser.add_argument("--corpus-batch-size", type=int, default=80, help="sentences: pairs per update")
+    parser.add_argument("--train-precision", default="fp32", choices=["auto", "fp32", "bf16", "fp16"])
     parser.add_argument("--parts", default="annotate,train")
     args = parser.parse_args()
     info = benchlib.machine()
@@ -180,7 +288,9 @@ def main() -> None:
         where = f"{torch.cuda.get_device_name(torch.device(args.device))}, {info['cores']} CPU cores"
     else:
         where = f"CPU: {info['cpu']}, {info['cores']} cores"
-    parts = {"annotate": ("Annotate", annotate), "train": ("Train: batch size, speed and learning", train)}
+    parts = {"annotate": ("Annotate", annotate), "rescore": ("Rescore n-best lists", rescore),
+             "sentences": ("Train a sentence model", sentences),
+             "train": ("Train: batch size, speed and learning", train)}
     with benchlib.work_dir(args.work_dir, "bench-gpu-") as work:
         for part in args.parts.split(","):
             title, measure = parts[part]
