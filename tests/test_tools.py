@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import subprocess
@@ -141,3 +142,30 @@ def test_bench_subwords_reports_every_candidate(tmp_path):
     row = bench.measure("sentencepiece bpe", train, [["un", "homme", "rouge"], ["femmes"]], 40, 1)
     assert row[0] == "sentencepiece bpe" and row[-1] == "yes"  # every word back byte for byte
     assert float(row[3]) >= 1.0  # pieces per word
+
+
+def test_bench_gpu_rescores_and_trains_on_the_device_it_is_given(tmp_path, tiny_model):
+    """The GPU benchmark's rescore and sentences parts, run on the CPU: a row per model set and
+    batch size over the whole list, the device's scores compared with the CPU's."""
+    data = ROOT / "tests" / "data"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_gpu.py"), "--device", "cpu", "--parts", "rescore,sentences",
+         "--nbest", str(data / "val.nbest.head.gz"), "--source", str(data / "val.tok.en.head"),
+         "--forward", str(tiny_model), "--reverse", str(tiny_model), "--ensemble", f"{tiny_model},{tiny_model}",
+         "--rescore-batch-tokens", "8192,64", "--cpu-sentences", "2", "--threads", "1",
+         "--corpus", str(data / "multi30k.train500.en.gz"), str(data / "multi30k.train500.fr.gz"),
+         "--preset", "tiny", "--steps", "20", "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = re.findall(r"^\| (forward|reverse|ensemble of 2) \| ([\d,]+) \| ([\d,]+) \| [\d.]+ \| \*\*([\d,]+)\*\* \| "
+                      r"n/a \|", result.stdout, re.M)
+    assert [(r[0], r[1]) for r in rows] == [(m, t) for m in ("forward", "reverse", "ensemble of 2")
+                                            for t in ("8,192", "64")]
+    lines = sum(1 for _ in gzip.open(data / "val.nbest.head.gz"))
+    assert all(int(r[2].replace(",", "")) == lines and int(r[3].replace(",", "")) > 0 for r in rows)
+    between = [float(x) for x in re.findall(r"the batch sizes' scores differ by at most ([\d.e+-]+) nats",
+                                            result.stdout)]
+    versus_cpu = [float(x) for x in re.findall(r"differs from the CPU's by at most ([\d.e+-]+) nats", result.stdout)]
+    assert len(between) == len(versus_cpu) == 3
+    assert all(0 <= d < 1e-3 for d in between + versus_cpu)  # one model, batched differently: fp32 sums only
+    assert re.search(r"\*\*\d+ s per 500 updates\*\* with a validation", result.stdout)

@@ -12,9 +12,9 @@
 * rescore  -- `phrase-scorer rescore NBEST --source SRC` on the device, once per
               --rescore-batch-tokens value, with a forward model (--forward DIR), a reverse model
               (--reverse DIR) and an ensemble (--ensemble DIR,DIR: what a reranker's ensemble
-              feature runs): hypotheses/s and GPU busy (start-up and loading included), whether
-              the batch sizes wrote the same bytes, and the largest difference between the
-              device's scores and the CPU's (the same command with --device cpu) over the first
+              feature runs): hypotheses/s and GPU busy (start-up and loading included), the
+              largest difference between the batch sizes' scores, and between the device's
+              scores and the CPU's (the same command with --device cpu) over the first
               --cpu-sentences sentences.
 * sentences -- `phrase-scorer train --corpus SRC TGT --arch rnnsearch --preset P` alone for
               --steps updates with one validation at the end (the sentence models' recipe:
@@ -126,6 +126,8 @@ def rescore(args, work: Path) -> str:
 
     from bench_rescore import nbest_head
 
+    if not (args.nbest and args.source and (args.forward or args.reverse or args.ensemble)):
+        raise SystemExit("--parts rescore needs --nbest, --source and a model (--forward, --reverse or --ensemble)")
     nbest, source = Path(args.nbest), Path(args.source)
     head, head_source, _, _ = nbest_head(nbest, source, args.cpu_sentences, work)
     sets = []
@@ -178,6 +180,8 @@ def rescore(args, work: Path) -> str:
 
 
 def sentences(args, work: Path) -> str:
+    if not args.corpus:
+        raise SystemExit("--parts sentences needs --corpus SRC TGT")
     out = work / "sentences"
     source, target = args.corpus
     with BusySampler(args.device) as sampler:
