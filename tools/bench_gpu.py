@@ -121,15 +121,23 @@ def last_feature(line: str) -> float:
     return float(line.split(" ||| ")[2].split()[-1])
 
 
-def rescore(args, work: Path) -> str:
+def feature_differences(a: Path, b: Path) -> List[float]:
+    """|a - b| of the appended feature, line by line, over the lines both gzip lists have."""
     import gzip
 
-    from bench_rescore import nbest_head
+    with gzip.open(a, "rt", encoding="utf-8") as x, gzip.open(b, "rt", encoding="utf-8") as y:
+        return [abs(last_feature(p) - last_feature(q)) for p, q in zip(x, y)]
+
+
+def rescore(args, work: Path) -> str:
+    from bench_rescore import nbest_head, open_text
 
     if not (args.nbest and args.source and (args.forward or args.reverse or args.ensemble)):
         raise SystemExit("--parts rescore needs --nbest, --source and a model (--forward, --reverse or --ensemble)")
     nbest, source = Path(args.nbest), Path(args.source)
     head, head_source, _, _ = nbest_head(nbest, source, args.cpu_sentences, work)
+    with open_text(nbest) as lines:
+        hypotheses = sum(1 for _ in lines)  # rescore writes one line per line
     sets = []
     if args.forward:
         sets.append(("forward", ["-m", args.forward]))
@@ -147,28 +155,20 @@ def rescore(args, work: Path) -> str:
                 _, _, seconds, peak = benchlib.run_measured(benchlib.phrase_scorer_command(
                     "rescore", nbest, "--source", source, *models, "-o", out, "--device", args.device,
                     "--batch-tokens", tokens, "--overwrite"))
-            with gzip.open(out, "rt", encoding="utf-8") as lines:
-                hypotheses = sum(1 for _ in lines)
             rows.append([label, f"{tokens:,}", f"{hypotheses:,}", f"{seconds:.1f}", f"**{hypotheses / seconds:,.0f}**",
                          percent(sampler.busy), f"{peak:,.0f}"])
             outputs.append(out)
             print(rows[-1], flush=True)
-        between = 0.0  # the largest difference between the batch sizes' scores
-        for other in outputs[1:]:
-            with gzip.open(outputs[0], "rt", encoding="utf-8") as a, gzip.open(other, "rt", encoding="utf-8") as b:
-                between = max([between, *(abs(last_feature(x) - last_feature(y)) for x, y in zip(a, b))])
+        between = max([0.0, *(d for other in outputs[1:] for d in feature_differences(outputs[0], other))])
         cpu = work / f"cpu-{label.split()[0]}.gz"
         benchlib.run_measured(benchlib.phrase_scorer_command(
             "rescore", head, "--source", head_source, *models, "-o", cpu, "--device", "cpu", "--overwrite"))
-        with gzip.open(cpu, "rt", encoding="utf-8") as a, gzip.open(outputs[-1], "rt", encoding="utf-8") as b:
-            differences = [abs(last_feature(x) - last_feature(y)) for x, y in zip(a, b)]
+        differences = feature_differences(cpu, outputs[-1])  # the head's lines only
         notes.append(f"{label}: the batch sizes' scores differ by at most {between:.2g} nats; over the "
                      f"first {args.cpu_sentences} sentences ({len(differences):,} hypotheses) the device's log p "
                      f"differs from the CPU's by at most {max(differences):.2g} nats "
                      f"(mean {sum(differences) / len(differences):.2g}; the feature is written with 6 significant "
                      f"digits)")
-        if args.keep:
-            shutil.copy(outputs[-1], Path(args.keep) / outputs[-1].name)
     return (
         f"`phrase-scorer rescore {nbest.name} --source {source.name} MODELS -o OUT.gz --device {args.device} "
         f"--batch-tokens N` (fp32), start-up and loading included. *GPU busy*: mean of nvidia-smi's utilisation "
@@ -275,7 +275,6 @@ def main() -> None:
     parser.add_argument("--ensemble", default=None, metavar="DIR,DIR", help="rescore: an ensemble's models")
     parser.add_argument("--rescore-batch-tokens", default="8192,65536")
     parser.add_argument("--cpu-sentences", type=int, default=50, help="rescore: sentences compared with the CPU")
-    parser.add_argument("--keep", default=None, metavar="DIR", help="rescore: copy the rescored lists here")
     parser.add_argument("--corpus", nargs=2, default=None, metavar=("SRC", "TGT"), help="sentences: training pairs")
     parser.add_argument("--dev", nargs=2, default=None, metavar=("SRC", "TGT"), help="sentences: validation pairs")
     parser.add_argument("--steps", type=int, default=500, help="sentences: updates")
