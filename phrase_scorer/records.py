@@ -69,6 +69,9 @@ def differences(saved: Mapping[str, Any], current: Mapping[str, Any],
                 yield f"{name}.{change[0]}", change[1], change[2]
         elif isinstance(old, Mapping) and isinstance(new, Mapping):
             yield from differences(old, new, name + ".")
+        elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new):  # per model, say: NAME.0.KEY
+            yield from differences({str(i): v for i, v in enumerate(old)}, {str(i): v for i, v in enumerate(new)},
+                                   name + ".")
         else:
             yield name, old, new
 

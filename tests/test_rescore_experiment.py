@@ -19,7 +19,8 @@ from phrase_scorer.config import RescoreExperimentOptions
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.moses.evaluate import score
 from phrase_scorer.experiments.rescoring import (
-    MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, first_hypotheses, oracle_figures, run_rescore_experiment,
+    MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, decoded_nbest, first_hypotheses, oracle_figures,
+    run_rescore_experiment,
 )
 from phrase_scorer.experiments.statistics import ngram_stats, smoothed_sentence_bleu
 from phrase_scorer.records import Step
@@ -261,6 +262,12 @@ def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tin
         report.runs[0].hypotheses["test"]).read_text(encoding="utf-8")
     assert report.significance["test"][again.label] == [1.0]
     assert f"| {again.label} | its own tuned moses.ini |" in report.markdown
+    # the lists' flags, for rerank --decoder-flags: Moses' -n-best-factor 100 by default
+    assert "decoder flags `-v 0 -n-best-factor 100` (for `rerank --decoder-flags`)" in report.markdown
+    # with a factor of 1 Moses gives up on distinct hypotheses sooner: fewer of them
+    (tmp_path / "factor1").mkdir()
+    few = decoded_nbest(TUNED_INI, sets[1], tmp_path / "factor1", moses, replace(options, nbest_factor=1))
+    assert sum(1 for _ in read_nbest(few)) < sum(len(g) for g in groups)
 
 
 def test_identical_outputs_are_not_significantly_different():

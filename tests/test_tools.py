@@ -116,6 +116,26 @@ def test_bench_rescore_counts_hypotheses_per_second_for_each_model_and_all(tmp_p
         assert float(row[5]) > 0 and float(row[6]) == pytest.approx(float(row[5]) / rate, abs=0.011)
 
 
+def test_bench_rescore_compares_int8_with_fp32_for_each_model(tmp_path, tiny_model):
+    from conftest import DATA
+
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_rescore.py"), "--parts", "int8", "--model", f"A={tiny_model}",
+         "--reverse-model", f"B={tiny_model}", "--nbest", str(DATA / "val.nbest.head.gz"), "--source",
+         str(DATA / "val.tok.en.head"), "--sentences", "2", "--threads", "1", "--repeats", "1",
+         "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    scores = re.findall(r"^\| (A|B) \| (forward|reverse) \| ([\d,]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| "
+                        r"([\d.]+) \| ([\d.]+)% \|$", result.stdout, re.M)
+    assert [r[:3] for r in scores] == [("A", "forward", "133"), ("B", "reverse", "133")]  # 2 sentences: 100 + 33
+    for row in scores:
+        mean, p99, largest, per_token = (float(v) for v in row[3:7])
+        assert 0 < mean <= p99 <= largest < 2 and per_token < mean  # int8 moves every list a little
+    speeds = re.findall(r"^\| (A|B) \| 1 \| ([\d,]+) \| ([\d,]+) \| ([\d.]+) \|$", result.stdout, re.M)
+    assert [r[0] for r in speeds] == ["A", "B"] and all(float(r[3]) > 0 for r in speeds)
+
+
 def test_shortlist_coverage_counts_the_tokens_outside_each_shortlist(tmp_path):
     train, held_out = tmp_path / "train.txt", tmp_path / "held.txt"
     train.write_text("a a a b b c\na b d\n", encoding="utf-8")  # a:4 b:3 c:1 d:1 (9 tokens)

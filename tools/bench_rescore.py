@@ -5,7 +5,7 @@ the CPU, and where the time of the one-command path (``translate --moses --reran
     python tools/bench_rescore.py --model NAME=DIR [--model NAME=DIR ...] [--reverse-model NAME=DIR]
         [--nbest NBEST --source SRC] [--sentences 200] [--threads 1,2] [--repeats 2] [--before CHECKOUT]
         [--reranker RERANKER --moses-ini INI --translate-sentences 100 --references REF]
-        [--parts throughput,path] [--write]
+        [--parts throughput,int8,path] [--precisions fp32,int8] [--write]
 
 1. Throughput: the first --sentences sentences of NBEST (default: the shared Moses system's
    100-best list of val and its source) are rescored by each model alone (one feature) and by
@@ -24,6 +24,10 @@ the CPU, and where the time of the one-command path (``translate --moses --reran
    lists), rescoring and reranking, as the command reports them, and Moses' own n-best decoding
    of the same sentences (the reranker's list size and flags, the same decoder threads) in the
    same run; with --references, the BLEU of the translation (sacrebleu on the tokenised text).
+   With --precisions fp32,int8 the path runs once with each ``--precision``.
+3. int8 (``--parts int8``): each model's ``rescore`` of the list's head with ``--precision fp32``
+   and ``--precision int8``: hypotheses/s of each, and how far int8 moves the hypotheses' log p
+   and the model's own choice of the best hypothesis of each sentence.
 
 Time it on an otherwise idle machine: every figure is a wall-clock time.
 """
@@ -181,6 +185,67 @@ def throughput(args, work: Path) -> str:
     )
 
 
+def int8_effect(args, work: Path) -> str:
+    """Each model's ``rescore`` of the list's head in fp32 and in int8: the speed of the whole
+    command (best of --repeats, the two alternating), and how far int8 moves each hypothesis's
+    log p (read back from the two outputs, 6 significant digits) and which hypothesis the model
+    alone would rank first."""
+    import numpy as np
+
+    from phrase_scorer.io.nbest import read_nbest
+
+    nbest, source, sentences, lengths = nbest_head(Path(args.nbest), Path(args.source), args.sentences,
+                                                   work.resolve())
+    hypotheses = len(lengths)
+    models = [(name, os.path.abspath(d), False) for name, d in named(args.model)]
+    models += [(name, os.path.abspath(d), True) for name, d in named(args.reverse_model)]
+    speed_rows, score_rows = [], []
+    for name, directory, reverse in models:
+        model = model_args([] if reverse else [(name, directory)], [(name, directory)] if reverse else [])
+        outputs = {}
+        for threads in args.threads:
+            best: Dict[str, float] = {}
+            for _ in range(args.repeats):
+                for precision in ("fp32", "int8"):
+                    outputs[precision] = work.resolve() / f"{name}.{precision}.nbest"
+                    command = benchlib.phrase_scorer_command(
+                        "rescore", nbest, "--source", source, *model, "--threads", threads, "--precision", precision,
+                        "-o", outputs[precision], "--overwrite")
+                    seconds = benchlib.run_measured(command)[2]
+                    best[precision] = min(best.get(precision, seconds), seconds)
+            speed_rows.append([name, threads, f"{hypotheses / best['fp32']:,.0f}", f"{hypotheses / best['int8']:,.0f}",
+                               f"{best['fp32'] / best['int8']:.2f}"])
+            print(speed_rows[-1], file=sys.stderr, flush=True)
+        values = {p: [(e.sentence_id, e.feature(name)[0], len(e.hypothesis.split())) for e in read_nbest(path)]
+                  for p, path in outputs.items()}
+        sentence_ids = np.array([v[0] for v in values["fp32"]])
+        fp32, int8 = (np.array([v[1] for v in values[p]]) for p in ("fp32", "int8"))
+        predicted = np.array([(lengths[i][0] if reverse else v[2]) + 1 for i, v in enumerate(values["fp32"])])
+        moved = np.abs(int8 - fp32)
+        firsts = np.flatnonzero(np.r_[True, sentence_ids[1:] != sentence_ids[:-1]])
+        best_changed = sum(int(np.argmax(fp32[a:b]) != np.argmax(int8[a:b]))
+                           for a, b in zip(firsts, [*firsts[1:], len(fp32)]))
+        score_rows.append([name, "reverse" if reverse else "forward", f"{hypotheses:,}", f"{moved.mean():.4f}",
+                           f"{np.percentile(moved, 99):.4f}", f"{moved.max():.4f}",
+                           f"{(moved / predicted).mean():.5f}", f"{100 * best_changed / len(firsts):.1f}%"])
+    info = benchlib.machine()
+    return (
+        "## int8 against fp32: the scores and the speed (`tools/bench_rescore.py --parts int8`)\n\n"
+        f"`phrase-scorer rescore --precision fp32` and `--precision int8` of the first {sentences} sentences of "
+        f"`{Path(args.nbest).name}` ({hypotheses:,} hypotheses), each model on its own, on {info['cpu']} "
+        f"({info['cores']} cores), torch {info['torch']}. |Δ| is |log p(int8) - log p(fp32)| per hypothesis, in "
+        "nats, as the two lists print them (6 significant digits); *per token*: divided by the predicted tokens "
+        "(words + </s>); *best changed*: the sentences whose hypothesis with the highest log p under the model "
+        "changes.\n\n"
+        + benchlib.markdown_table(["model", "direction", "hypotheses", "mean \\|Δ\\|", "p99 \\|Δ\\|",
+                                   "max \\|Δ\\|", "mean \\|Δ\\| per token", "best changed"], score_rows)
+        + f"\n\nSpeed: hypotheses/s of the whole command (start-up and loading included), best of {args.repeats} "
+        "runs of each, the two precisions alternating.\n\n"
+        + benchlib.markdown_table(["model", "threads", "fp32", "int8", "int8 / fp32"], speed_rows)
+        + f"\n\nCommand: `python tools/bench_rescore.py {' '.join(sys.argv[1:])}`.\n"
+    )
+
+
 def moses_alone(args, source: Path, work: Path) -> float:
     """Seconds of Moses' own n-best decoding of ``source``, with the reranker's list size and
     decoder flags and the same decoder threads (loading included)."""
@@ -202,42 +267,46 @@ def one_command(args, work: Path) -> str:
             if i >= args.translate_sentences:
                 break
             out.write(line)
-    translation = work / "translation.txt"
     decoder_threads = ["--decoder-threads", args.decoder_threads] if args.decoder_threads else []  # 0: the default
     chunks = ["--chunk-sentences", args.chunk_sentences] if args.chunk_sentences else []
-    _, err, seconds, _ = benchlib.run_measured(benchlib.phrase_scorer_command(
-        "translate", "--moses", args.moses_ini, "--reranker", args.reranker, source, "-o", translation,
-        "--overwrite", *decoder_threads, *chunks))
-    match = PHASES.search(err)
-    if not match:
-        raise SystemExit(f"translate did not report its phases:\n{err[-2000:]}")
-    moses, rescoring, reranking, waiting = (float(g) for g in match.groups())
-    rest = max(seconds - waiting - rescoring - reranking, 0.0)
-    rows = [[name, f"{value:.1f}", f"{100 * value / seconds:.0f}%"]
-            for name, value in [("waiting for Moses (n-best lists)", waiting), ("rescoring", rescoring),
-                                ("reranking", reranking), ("start-up, loading, the rest", rest)]]
-    alone = moses_alone(args, source, work)
-    quality = ""
+    references = None
     if args.references:
-        from phrase_scorer.moses.evaluate import score
-
         with open_text(Path(args.references)) as lines:
             references = [line.rstrip("\n") for _, line in zip(range(args.translate_sentences), lines)]
-        hypotheses = translation.read_text(encoding="utf-8").splitlines()
-        bleu = score(hypotheses, references, kind="tokenized", lang=args.lang).bleu
-        quality = f" BLEU of the translation against `{Path(args.references).name}`: {bleu:.2f}."
+    runs = []
+    for precision in args.precisions:  # each a whole translate run, then Moses alone once
+        translation = work / f"translation.{precision}.txt"
+        _, err, seconds, _ = benchlib.run_measured(benchlib.phrase_scorer_command(
+            "translate", "--moses", args.moses_ini, "--reranker", args.reranker, source, "-o", translation,
+            "--overwrite", "--precision", precision, *decoder_threads, *chunks))
+        match = PHASES.search(err)
+        if not match:
+            raise SystemExit(f"translate did not report its phases:\n{err[-2000:]}")
+        _, rescoring, reranking, waiting = (float(g) for g in match.groups())
+        bleu = None
+        if references is not None:
+            from phrase_scorer.moses.evaluate import score
+
+            hypotheses = translation.read_text(encoding="utf-8").splitlines()
+            bleu = score(hypotheses, references, kind="tokenized", lang=args.lang).bleu
+        runs.append((precision, seconds, waiting, rescoring, reranking, bleu))
+    alone = moses_alone(args, source, work)
+    rows = [[precision, f"{seconds:.1f}", f"{args.translate_sentences / seconds:.1f}", f"{seconds / alone:.2f}",
+             f"{waiting:.1f}", f"{rescoring:.1f}", f"{reranking:.1f}",
+             f"{max(seconds - waiting - rescoring - reranking, 0):.1f}", "-" if bleu is None else f"{bleu:.2f}"]
+            for precision, seconds, waiting, rescoring, reranking, bleu in runs]
     info = benchlib.machine()
     return (
         "## The one-command path: where the time goes (`tools/bench_rescore.py --reranker ...`)\n\n"
         f"`phrase-scorer translate --moses {Path(args.moses_ini).name} --reranker {Path(args.reranker).name}` of the "
         f"first {args.translate_sentences} sentences of `{Path(args.source).name}` (decoder threads "
         f"{args.decoder_threads or 'as translate sets them'}, chunks of "
-        f"{args.chunk_sentences or 'the default'} sentences), {seconds:.1f} s in all, "
-        f"{args.translate_sentences / seconds:.2f} sentences/s, on {info['cpu']} ({info['cores']} cores). Moses "
-        f"decoded the n-best lists for {moses:.1f} s of it, beside the rescoring; Moses alone, the same lists of "
-        f"the same sentences in the same run: {alone:.1f} s ({args.translate_sentences / alone:.2f} sentences/s), "
-        f"so the whole path takes {seconds / alone:.2f} times Moses' own time.{quality}\n\n"
-        + benchlib.markdown_table(["part", "seconds", "share"], rows)
+        f"{args.chunk_sentences or 'the default'} sentences), each `--precision` a run of its own, on "
+        f"{info['cpu']} ({info['cores']} cores). Moses alone, the same lists of the same sentences with the same "
+        f"flags in the same run: {alone:.1f} s ({args.translate_sentences / alone:.1f} sentences/s)."
+        + (f" BLEU against `{Path(args.references).name}`." if references is not None else "") + "\n\n"
+        + benchlib.markdown_table(["precision", "seconds", "sentences/s", "x Moses alone", "waiting for Moses",
+                                   "rescoring", "reranking", "the rest", "BLEU"], rows)
         + f"\n\nCommand: `python tools/bench_rescore.py {' '.join(sys.argv[1:])}`.\n"
     )
 
@@ -260,7 +329,10 @@ def main() -> None:
                         help="a checkout of an earlier version: each rescore command also runs with its package")
     parser.add_argument("--references", default=None, help="references of SOURCE, for the path's BLEU")
     parser.add_argument("--lang", default="fr", help="the target language of --references")
-    parser.add_argument("--parts", default="throughput,path", help="throughput, path (the path needs --reranker)")
+    parser.add_argument("--parts", default="throughput,path",
+                        help="throughput, int8 (each model in fp32 and int8), path (the path needs --reranker)")
+    parser.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32"],
+                        help="the path: translate's --precision of each run (fp32,int8: one run each)")
     args = parser.parse_args()
     parts = args.parts.split(",")
     with benchlib.work_dir(args.work_dir, "bench-rescore-") as work:
@@ -268,6 +340,10 @@ def main() -> None:
             if not args.model and not args.reverse_model:
                 parser.error("give at least one --model NAME=DIR")
             benchlib.report("bench_rescore_throughput", throughput(args, work), args.write)
+        if "int8" in parts:
+            if not args.model and not args.reverse_model:
+                parser.error("give at least one --model NAME=DIR")
+            benchlib.report("bench_rescore_int8", int8_effect(args, work), args.write)
         if "path" in parts and args.reranker:
             if not args.moses_ini:
                 parser.error("--reranker needs --moses-ini")

@@ -85,6 +85,10 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
               help="Working directory (the lists, the runs, report.md and results.json); resumable.")
 @click.option("--nbest-size", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_size,
               help="Distinct hypotheses per sentence.")
+@click.option("--nbest-factor", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_factor,
+              show_default=True,
+              help="Moses' -n-best-factor: it extracts at most FACTOR x N paths to find the N distinct hypotheses "
+                   "(Moses' own default, 20, finds fewer: 74 of 100 on English-French, 0.36 BLEU less).")
 @click.option("--runs", type=click.IntRange(min=1), default=RescoreExperimentOptions.runs,
               help="Optimiser runs per row (seeds 1..RUNS).")
 @click.option("--method", type=click.Choice(["mert", "mira"]), default=RescoreExperimentOptions.method,
@@ -108,8 +112,8 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
 @threads_option
 @moses_home_option
 def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, reverse_models, rows, systems, work_dir,
-                       nbest_size, runs, method, restarts, normalize, references, lang, decoder_threads, decoder_flags,
-                       decoder, report, overwrite, batch_tokens, device, precision, threads, moses_home):
+                       nbest_size, nbest_factor, runs, method, restarts, normalize, references, lang, decoder_threads,
+                       decoder_flags, decoder, report, overwrite, batch_tokens, device, precision, threads, moses_home):
     """What rescoring MOSES_INI's n-best lists with sentence models buys: decode dev and test
     n-best lists, rescore them, re-tune and rerank each row --runs times, and report BLEU, chrF
     and paired bootstrap tests against Moses' 1-best."""
@@ -139,8 +143,9 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
                             [n for n, _ in reverse], resolve_device(device))
     loaded = ensembles_by_name(loaded)
     options = RescoreExperimentOptions(
-        nbest_size=nbest_size, decoder=decoder, decoder_flags=decoder_flags, threads=decoder_threads,
-        normalize=normalize, runs=runs, method=method, restarts=restarts, references=references, lang=lang)
+        nbest_size=nbest_size, nbest_factor=nbest_factor, decoder=decoder, decoder_flags=decoder_flags,
+        threads=decoder_threads, normalize=normalize, runs=runs, method=method, restarts=restarts,
+        references=references, lang=lang)
     result = run_rescore_experiment(moses_ini, sets, work_dir, moses=MosesInstallation.find(moses_home), models=loaded,
                                     rows=list(rows), systems=list(systems),
                                     options=options,

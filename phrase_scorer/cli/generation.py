@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import click
 
-from phrase_scorer.config import SampleOptions, TranslateOptions
+from phrase_scorer.config import SampleOptions, ScoringOptions, TranslateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
-    device_option, model_option, moses_home_option, overwrite_option, resume_option, threads_option,
+    device_option, model_option, moses_home_option, overwrite_option, precision_option, resume_option, threads_option,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -114,10 +114,12 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 @resume_option
 @overwrite_option
 @device_option
+@precision_option
 @threads_option
 @moses_home_option
 def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, moses_ini, reranker,
-              chunk_sentences, decoder_threads, working_dir, pipeline, resume, overwrite, device, threads, moses_home):
+              chunk_sentences, decoder_threads, working_dir, pipeline, resume, overwrite, device, precision, threads,
+              moses_home):
     """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search with
     a model (-m), or with the whole tuned system (--moses INI --reranker RERANKER).
 
@@ -141,6 +143,7 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
         try:
             result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,
                                         moses=MosesInstallation.find(moses_home), device=resolve_device(device),
+                                        scoring_options=ScoringOptions(precision=precision),
                                         chunk_sentences=chunk_sentences, threads=decoder_threads,
                                         working_dir=working_dir, pipeline=pipeline, resume=resume,
                                         overwrite=overwrite)
@@ -153,6 +156,8 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
         return
     if reranker is not None or resume:
         raise UserError("--reranker and --resume go with --moses")
+    if precision != ScoringOptions.precision:
+        raise UserError("--precision goes with --moses (how the reranker's models rescore the lists)")
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.generation.translate import translate_file
 

@@ -27,10 +27,11 @@ batch_tokens_option = click.option("--batch-tokens", type=click.IntRange(min=1),
                                         "(docs/benchmarks.md, 'On a GPU').")
 precision_option = click.option(
     "--precision", type=click.Choice(PRECISIONS), default=ScoringOptions.precision,
-    help="fp32 on every device by default. bf16/fp16 (GPU only): autocast, so the decoder state and "
-         "the output layer run in half precision and log p moves by 2.2-2.7e-3 (fp16) and 1.8-2.1e-2 (bf16) "
-         "nats on average, up to 0.15 on one pair (docs/precision.md); only the log-softmax stays fp32. "
-         "A CPU always scores in fp32.")
+    help="fp32 on every device by default. bf16/fp16 (GPU only; a CPU runs them in fp32): autocast, so the "
+         "decoder state and the output layer run in half precision and log p moves by 2.2-2.7e-3 (fp16) and "
+         "1.8-2.1e-2 (bf16) nats on average, up to 0.15 on one pair (docs/precision.md); only the log-softmax "
+         "stays fp32. int8 (CPU only): the output layer's product in 8-bit integers, everything else fp32 "
+         "(docs/precision.md, 'int8').")
 resume_option = click.option("--resume", is_flag=True,
                              help="Continue an interrupted run of the same command (starts afresh when there is "
                                   "nothing to resume).")

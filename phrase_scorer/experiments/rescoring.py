@@ -142,6 +142,12 @@ class RescoreExperimentReport:
 # --- steps ---------------------------------------------------------------------------------------
 
 
+def nbest_flags(options: RescoreExperimentOptions) -> str:
+    """The decoder options the n-best lists are made with, but the list itself: what ``rerank
+    --decoder-flags`` records, so that ``translate --moses --reranker`` decodes lists alike."""
+    return f"{options.decoder_flags} -n-best-factor {options.nbest_factor}".strip()
+
+
 def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstallation,
                   options: RescoreExperimentOptions) -> Path:
     """The set's n-best list: the one given, or decoded with ``ini`` (``N distinct``)."""
@@ -152,14 +158,15 @@ def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstalla
     nbest = folder / f"{eval_set.name}.nbest"
     step = Step(folder / f"{eval_set.name}.inputs.json",
                 {"moses.ini sha256": file_sha256(ini), "source": content_identity(eval_set.source),
-                 "size": options.nbest_size, "decoder": options.decoder, "decoder flags": options.decoder_flags},
+                 "size": options.nbest_size, "factor": options.nbest_factor, "decoder": options.decoder,
+                 "decoder flags": options.decoder_flags},
                 [nbest])
     if step.done:
         log.info("%s: n-best list already decoded", eval_set.name)
         return nbest
     with step:
         part = part_path(nbest)
-        flags = f"{options.decoder_flags} -n-best-list {part} {options.nbest_size} distinct".strip()
+        flags = f"{nbest_flags(options)} -n-best-list {part} {options.nbest_size} distinct".strip()
         log.info("%s: decoding %d-best lists", eval_set.name, options.nbest_size)
         decode(ini, eval_set.source, folder / f"{eval_set.name}.1best", moses=moses, threads=options.threads,
                decoder_flags=flags, decoder=options.decoder)
@@ -440,7 +447,7 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
         + ("; ".join(f"{s.name}: the n-best list `{s.nbest}`" for s in sets if s.nbest) + "; "
            if any(s.nbest for s in sets) else "")
         + (f"n-best lists decoded with {options.nbest_size} distinct hypotheses, decoder flags "
-           f"`{options.decoder_flags}`"
+           f"`{nbest_flags(options)}` (for `rerank --decoder-flags`)"
            if not all(s.nbest for s in sets) else f"oracle up to {options.nbest_size} hypotheses") + "\n"
         + "\n".join(model_lines) + "\n"
         f"- rescoring: {'log p per predicted token' if options.normalize else 'log p (natural log)'}; reranking: "

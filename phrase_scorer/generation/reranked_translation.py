@@ -230,7 +230,13 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     ``ini`` and the reranker file ``reranker`` into ``output``, one line per input line.
     ``pipeline``: Moses decodes the next chunk while the models rescore this one."""
     output = os.fspath(output)
+    import torch
+
+    from phrase_scorer.runtime.device import resolve_precision
+    from phrase_scorer.scoring.int8_output import int8_engine
+
     scoring_options = scoring_options or ScoringOptions()
+    precision = resolve_precision(torch.device(device), scoring_options.precision)  # refused before Moses starts
     tuned = Reranker.read(reranker)
     if not tuned.decoder.get("nbest_size"):
         raise PhraseScorerError("the reranker does not record the n-best size it was tuned with", path=reranker,
@@ -249,7 +255,8 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
         "decoder": os.fspath(program),
         "reranker sha256": file_sha256(reranker),
         "models": [m.describe() for m in models],  # those that run: not the features weighted 0
-        "scoring": asdict(scoring_options),
+        "scoring": {**asdict(scoring_options), "precision": precision,
+                    **({"int8_engine": int8_engine()} if precision == "int8" else {})},
         "chunk_sentences": chunk_sentences,
         "package_version": __version__,
     })

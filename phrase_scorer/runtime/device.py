@@ -1,8 +1,8 @@
 """Where the model runs and in which precision.
 
 Every command resolves ``--device`` and ``--precision`` here, so that what a run used can be
-named exactly (``cpu`` or ``cuda:<GPU name>``; ``fp32``, ``bf16`` or ``fp16``) in a model's
-checkpoint and in an annotated table's signature.
+named exactly (``cpu`` or ``cuda:<GPU name>``; ``fp32``, ``bf16``, ``fp16`` or ``int8``) in a
+model's checkpoint and in an output's signature.
 
 What each precision does (docs/precision.md has the measured effect on scores):
 
@@ -14,7 +14,10 @@ What each precision does (docs/precision.md has the measured effect on scores):
   pair's log-probabilities) is done in fp32. Training keeps fp32 weights and optimiser state,
   with loss scaling for fp16.
 
-On a CPU everything runs in fp32 whatever ``--precision`` says.
+- ``int8`` (CPU scoring only): the output layer's product in 8-bit integers, everything else in
+  fp32 (:mod:`phrase_scorer.scoring.int8_output`).
+
+Otherwise a CPU runs in fp32 whatever ``--precision`` says.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Iterator
 
 import torch
 
-from phrase_scorer.config import TRAIN_PRECISIONS
+from phrase_scorer.config import PRECISIONS, TRAIN_PRECISIONS
 from phrase_scorer.errors import PhraseScorerError, render, setting
 
 log = logging.getLogger(__name__)
@@ -51,13 +54,23 @@ def device_label(device: torch.device) -> str:
 
 
 def resolve_precision(device: torch.device, precision: str) -> str:
-    """The precision a run on ``device`` actually uses: fp32, bf16 or fp16.
+    """The precision a run on ``device`` actually uses: fp32, bf16, fp16 or int8.
 
-    ``auto`` (training only) is bf16 on a GPU that supports it, else fp16. A CPU always runs in
-    fp32; asking it for half precision is logged, not an error.
+    ``auto`` (training only) is bf16 on a GPU that supports it, else fp16. A CPU runs half
+    precision in fp32; asking it for half precision is logged, not an error. ``int8`` (scoring)
+    is a CPU's only, and refused on a GPU.
     """
-    if precision not in TRAIN_PRECISIONS:
-        raise PhraseScorerError(f"unknown precision {precision!r}; choose one of {', '.join(TRAIN_PRECISIONS)}")
+    known = list(dict.fromkeys((*TRAIN_PRECISIONS, *PRECISIONS)))
+    if precision not in known:
+        raise PhraseScorerError(f"unknown precision {precision!r}; choose one of {', '.join(known)}")
+    if precision == "int8":
+        if device.type == "cuda":
+            raise PhraseScorerError(f"{setting('precision', 'int8')} is for scoring on a CPU",
+                                    hint=f"on a GPU use {setting('precision', 'bf16')} or "
+                                         f"{setting('precision', 'fp16')}, or score on the CPU with "
+                                         f"{setting('device', 'cpu')}")
+        check_int8_kernels()
+        return "int8"
     if device.type != "cuda":
         if precision in _DTYPES:
             log.warning("%s applies on a GPU only; the CPU runs in fp32", render(setting("precision", precision)))
@@ -86,3 +99,20 @@ def precision_context(device: torch.device, precision: str) -> Iterator[None]:
     finally:
         for b, value in zip(backends, saved):
             b.allow_tf32 = value
+
+
+def int8_kernels_available() -> bool:
+    """Whether this PyTorch has the dynamic int8 linear kernels (fbgemm) the int8 product needs."""
+    ops = getattr(torch.ops, "quantized", None)
+    try:
+        return ops is not None and hasattr(ops, "linear_dynamic") and hasattr(ops, "linear_prepack") \
+            and "fbgemm" in torch.backends.quantized.supported_engines
+    except RuntimeError:
+        return False
+
+
+def check_int8_kernels() -> None:
+    if not int8_kernels_available():
+        raise PhraseScorerError(
+            f"{setting('precision', 'int8')} needs PyTorch's int8 CPU kernels (fbgemm), which this PyTorch "
+            f"({torch.__version__}) does not have", hint=f"use {setting('precision', 'fp32')}")

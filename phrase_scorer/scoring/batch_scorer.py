@@ -36,8 +36,9 @@ is counted on the device and handled by scoring that batch again.
 The scorer talks to the model only through :mod:`phrase_scorer.models.base`, so it scores with
 either architecture.
 
-It runs in ``options.precision`` on a GPU (fp32 by default; see :mod:`phrase_scorer.runtime.device` for
-what bf16 and fp16 change) and always in fp32 on a CPU.
+It runs in ``options.precision``: fp32 by default; on a GPU bf16 or fp16 autocast (see
+:mod:`phrase_scorer.runtime.device`), on a CPU int8 for the output layer's product
+(:mod:`phrase_scorer.scoring.int8_output`).
 
 The result equals the teacher-forced :meth:`TranslationModel.forward` pair by pair (the tests
 check it against step-by-step implementations of each paper's equations). Setting
@@ -59,6 +60,7 @@ from phrase_scorer.config import ScoringOptions
 from phrase_scorer.data.padding import NO_ID, IdRows, pad_ids
 from phrase_scorer.runtime.device import device_label, precision_context, resolve_precision
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel, TrieWalk, at_least_fp32
+from phrase_scorer.scoring.int8_output import Int8Product, int8_engine
 from phrase_scorer.vocab import EOS_ID, PAD_ID
 
 
@@ -164,7 +166,7 @@ class BatchScorer:
         self.model = model.eval()
         self.options = options
         self.device = next(model.parameters()).device
-        self.precision = resolve_precision(self.device, options.precision)  # fp32 | bf16 | fp16
+        self.precision = resolve_precision(self.device, options.precision)  # fp32 | bf16 | fp16 | int8
         self.chunk_rows = options.chunk_rows or default_chunk_rows(self.device, model.output_layer.out_features)
         self.stats = ScoringStats()
         self._softmax: Optional[OutputSoftmax] = None
@@ -185,6 +187,8 @@ class BatchScorer:
         products split their work by the thread count)."""
         described = {"device": device_label(self.device), "precision": self.precision,
                      "batch_tokens": self.options.batch_tokens, "chunk_rows": self.chunk_rows}
+        if self.precision == "int8":  # another engine's kernels may round otherwise
+            described["int8_engine"] = int8_engine()
         if self.model.inference_method is not None:
             described["inference_method"] = self.model.inference_method
         if not self.model.shares_source_prefixes:  # the batches' sources: :meth:`_batches`
@@ -418,7 +422,7 @@ class BatchScorer:
     @property
     def softmax(self) -> "OutputSoftmax":
         if self._softmax is None:
-            self._softmax = OutputSoftmax(self.model.output_layer)
+            self._softmax = OutputSoftmax(self.model.output_layer, int8=self.precision == "int8")
         return self._softmax
 
 
@@ -438,17 +442,22 @@ class OutputSoftmax:
     network, is tens of nats too high for a trained one). A row whose largest logit exceeds U by
     so much that exp overflows in fp32 (more than about 88 nats) is recomputed exactly. In half
     precision (bf16/fp16 autocast on a GPU) the exact log-sum-exp, in fp32, is used throughout.
+    In int8 (a CPU) the product is :class:`~phrase_scorer.scoring.int8_output.Int8Product`'s and U
+    still comes from the fp32 probe: a reference within a few hundredths of a nat of the int8
+    logits, not an exact bound, which only the overflow check relies on.
     """
 
     PROBE_COLUMNS = 64
 
-    def __init__(self, output_layer: torch.nn.Linear) -> None:
+    def __init__(self, output_layer: torch.nn.Linear, int8: bool = False) -> None:
         self.output_layer = output_layer
         weight, bias = output_layer.weight, output_layer.bias  # (V', R), (V',)
         with torch.no_grad():
             rows = torch.cat([weight, bias.unsqueeze(1)], 1)  # (V', R+1)
             self.probe_t = rows[: self.PROBE_COLUMNS].t().contiguous()  # (R+1, K)
             self.weight_t = torch.cat([rows, torch.ones_like(bias).unsqueeze(1)], 1).t().contiguous()  # (R+2, V')
+        # --precision int8 (a CPU): the logits' product in 8-bit integers (scoring/int8_output.py)
+        self.int8 = Int8Product(weight, bias) if int8 else None
 
     def exact(self, features: Tensor) -> Tensor:
         return torch.logsumexp(at_least_fp32(self.output_layer(features)), -1)
@@ -464,7 +473,10 @@ class OutputSoftmax:
             return logits[rows, classes] - torch.logsumexp(logits, -1)[rows], features.new_zeros((), dtype=torch.long)
         with_bias = torch.cat([features, features.new_ones((features.size(0), 1))], 1)  # (n, R+1)
         shift = (with_bias @ self.probe_t).amax(1, keepdim=True)  # (n, 1) = U
-        shifted = torch.cat([with_bias, -shift], 1) @ self.weight_t  # (n, V') = logits - U
+        if self.int8 is not None:  # U from fp32 logits is a reference point, not a bound, for int8 ones
+            shifted = self.int8(features).sub_(shift)  # (n, V') = logits - U
+        else:
+            shifted = torch.cat([with_bias, -shift], 1) @ self.weight_t  # (n, V') = logits - U
         picked = shifted[rows, classes]  # (k,)
         log_sum = shifted.exp_().sum(1).log_()  # (n,) = logsumexp - U, >= 0 unless it overflowed
         overflowed = ~torch.isfinite(log_sum)  # (n,)
