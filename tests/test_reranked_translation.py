@@ -148,6 +148,36 @@ def test_an_interrupted_run_resumes_to_the_same_bytes(system, tmp_path, monkeypa
         assert again.read_bytes() == whole.read_bytes()
 
 
+def test_int8_is_recorded_and_a_resumed_run_refuses_another_precision(system, tmp_path, monkeypatch):
+    import phrase_scorer.generation.reranked_translation as module
+
+    words_only(system)
+    args = ["translate", "--moses", system["ini"], "--reranker", system["reranker"], system["source"],
+            "--chunk-sentences", 3, "--moses-home", system["moses"].home]
+    whole = tmp_path / "whole.fr"
+    assert run(*args, "--precision", "int8", "-o", whole).exit_code == 0
+    scoring = json.loads(Path(f"{whole}.json").read_text())["scoring"]
+    assert scoring["precision"] == "int8" and scoring["int8_engine"]
+    assert len(whole.read_text(encoding="utf-8").splitlines()) == 7
+    real, calls = module.rerank_chunk, []
+
+    def interrupted(*a, **k):  # Ctrl-C while the second chunk is rescored
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, "rerank_chunk", interrupted)
+    out = tmp_path / "out.fr"
+    assert run(*args, "--precision", "int8", "-o", out).exit_code != 0 and not out.exists()
+    monkeypatch.setattr(module, "rerank_chunk", real)
+    result = run(*args, "-o", out, "--resume")  # fp32 now
+    assert result.exit_code == 1 and "scoring.precision: int8 -> fp32" in result.stderr, result.stderr
+    result = run(*args, "--precision", "int8", "-o", out, "--resume")
+    assert result.exit_code == 0, result.stderr
+    assert out.read_bytes() == whole.read_bytes()
+
+
 @pytest.mark.parametrize("pipeline", [True, False])
 def test_moses_decodes_the_next_chunk_while_this_one_is_rescored(system, tmp_path, monkeypatch, pipeline):
     """Pipelined, chunk k + 1 is decoded while chunk k is rescored and reranked, never further

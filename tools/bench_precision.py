@@ -453,6 +453,13 @@ def render(rows) -> str:
         "Every matrix product and GRU step runs in half precision, so the recurrent states are carried from "
         "step to step in half precision and the logits come out of a half-precision output layer; only the "
         "log-softmax and the sum over a phrase's words are fp32.",
+        "- **int8** (`--precision int8` of `rescore`, `annotate`, `rescore-experiment` "
+        "and `translate --moses`; a CPU only, refused on a GPU): the output layer's product W_o t_i in 8-bit "
+        "integers (PyTorch's fbgemm kernels: W_o int8 per output word, each row of t_i in 7 bits over its own "
+        "range, so a row's logits do not depend on the rows beside it), everything else fp32. What it does to "
+        "n-best scores, to the model's own choice of hypothesis, to BLEU and to the speed: docs/benchmarks.md, "
+        "\"int8 against fp32\". The signature records `precision: int8` and the kernels' engine; a resumed run "
+        "refuses another precision.",
         "- Training (`train --precision auto`, GPU only) uses bf16 autocast (fp16 with loss scaling where bf16 is "
         "not supported) with fp32 weights and optimiser state; its validation figures are computed in the same "
         "precision.",
