@@ -263,7 +263,7 @@ def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tin
     assert report.significance["test"][again.label] == [1.0]
     assert f"| {again.label} | its own tuned moses.ini |" in report.markdown
     # the lists' flags, for rerank --decoder-flags: Moses' -n-best-factor 100 by default
-    assert "decoder flags `-v 0 -n-best-factor 100` (for `rerank --decoder-flags`)" in report.markdown
+    assert "decoder flags `-v 0 -n-best-factor 100` (the decoder flags for `rerank` to record)" in report.markdown
     # with a factor of 1 Moses gives up on distinct hypotheses sooner: fewer of them
     (tmp_path / "factor1").mkdir()
     few = decoded_nbest(TUNED_INI, sets[1], tmp_path / "factor1", moses, replace(options, nbest_factor=1))

@@ -447,7 +447,7 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
         + ("; ".join(f"{s.name}: the n-best list `{s.nbest}`" for s in sets if s.nbest) + "; "
            if any(s.nbest for s in sets) else "")
         + (f"n-best lists decoded with {options.nbest_size} distinct hypotheses, decoder flags "
-           f"`{nbest_flags(options)}` (for `rerank --decoder-flags`)"
+           f"`{nbest_flags(options)}` (the decoder flags for `rerank` to record)"
            if not all(s.nbest for s in sets) else f"oracle up to {options.nbest_size} hypotheses") + "\n"
         + "\n".join(model_lines) + "\n"
         f"- rescoring: {'log p per predicted token' if options.normalize else 'log p (natural log)'}; reranking: "

@@ -229,12 +229,12 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     """Translate ``source`` (tokenised as for the Moses system, one sentence per line) with
     ``ini`` and the reranker file ``reranker`` into ``output``, one line per input line.
     ``pipeline``: Moses decodes the next chunk while the models rescore this one."""
-    output = os.fspath(output)
     import torch
 
     from phrase_scorer.runtime.device import resolve_precision
     from phrase_scorer.scoring.int8_output import int8_engine
 
+    output = os.fspath(output)
     scoring_options = scoring_options or ScoringOptions()
     precision = resolve_precision(torch.device(device), scoring_options.precision)  # refused before Moses starts
     tuned = Reranker.read(reranker)
