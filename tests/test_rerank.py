@@ -198,7 +198,10 @@ def test_rerank_recovers_the_oracle(moses, tmp_path, method):
                  "--test", tmp_path / "test.nbest.gz", "-o", out, "--ini", TUNED_INI, "--method", method,
                  "--moses-home", moses.home)
     assert result.exit_code == 0, result.stderr
+    # no --decoder-flags: the reranked system would decode with Moses' own options, and rerank says so
+    assert "--decoder-flags not given" in result.stderr
     signature = json.loads(Path(str(out) + ".json").read_text())
+    assert signature["decoder"]["decoder_flags"] is None
     assert [r["seed"] for r in signature["runs"]] == list(RerankOptions.seeds)
     assert signature["start_weights"]["Oracle"] == [0.0] and signature["weights"]["Oracle"][0] > 0
     assert signature["dev_bleu"] > signature["start_dev_bleu"] + 1
