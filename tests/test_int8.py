@@ -133,3 +133,9 @@ def test_translate_takes_a_precision_only_for_the_reranked_system(tiny_model, tm
     result = CliRunner().invoke(cli, ["translate", "-m", str(tiny_model), str(source), "-o", str(tmp_path / "out"),
                                       "--precision", "int8"])
     assert result.exit_code != 0 and "--precision goes with --moses" in result.output
+
+
+def test_a_pytorch_without_int8_kernels_is_told_to_use_fp32(monkeypatch):
+    monkeypatch.delattr(torch, "quantize_per_channel")  # as in a PyTorch that dropped its quantized tensors
+    with pytest.raises(PhraseScorerError, match=r"needs PyTorch's int8 CPU kernels .* \(use precision=fp32\)"):
+        resolve_precision(torch.device("cpu"), "int8")

@@ -106,7 +106,7 @@ def int8_kernels_available() -> bool:
     ops = getattr(torch.ops, "quantized", None)
     try:
         return ops is not None and hasattr(ops, "linear_dynamic") and hasattr(ops, "linear_prepack") \
-            and "fbgemm" in torch.backends.quantized.supported_engines
+            and hasattr(torch, "quantize_per_channel") and "fbgemm" in torch.backends.quantized.supported_engines
     except RuntimeError:
         return False
 
