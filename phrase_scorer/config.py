@@ -448,6 +448,10 @@ class TranslateOptions:
     # translate --moses --reranker: Moses decodes the next chunk while the models rescore this one
     # (False: one after the other); the output is the same bytes either way
     pipeline: bool = True
+    # translate --moses --reranker: a model scores a hypothesis only while its weighted sum, with
+    # the unscored log p's taken as 0, can still reach its sentence's best (generation/
+    # bounded_reranking.py); False: every hypothesis with every model. The same choices.
+    bound: bool = True
 
 
 @dataclass(frozen=True)

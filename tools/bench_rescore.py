@@ -24,7 +24,8 @@ the CPU, and where the time of the one-command path (``translate --moses --reran
    lists), rescoring and reranking, as the command reports them, and Moses' own n-best decoding
    of the same sentences (the reranker's list size and flags, the same decoder threads) in the
    same run; with --references, the BLEU of the translation (sacrebleu on the tokenised text).
-   With --precisions fp32,int8 the path runs once with each ``--precision``.
+   With --precisions fp32,int8 the path runs once with each ``--precision``, and with --bounds
+   bound,no-bound once with each of ``--bound`` and ``--no-bound``.
 3. int8 (``--parts int8``): each model's ``rescore`` of the list's head with ``--precision fp32``
    and ``--precision int8``: hypotheses/s of each, and how far int8 moves the hypotheses' log p
    and the model's own choice of the best hypothesis of each sentence.
@@ -274,11 +275,11 @@ def one_command(args, work: Path) -> str:
         with open_text(Path(args.references)) as lines:
             references = [line.rstrip("\n") for _, line in zip(range(args.translate_sentences), lines)]
     runs = []
-    for precision in args.precisions:  # each a whole translate run, then Moses alone once
-        translation = work / f"translation.{precision}.txt"
+    for precision, bound in [(p, b) for b in args.bounds for p in args.precisions]:  # each a whole translate run
+        translation = work / f"translation.{precision}.{bound}.txt"
         _, err, seconds, _ = benchlib.run_measured(benchlib.phrase_scorer_command(
             "translate", "--moses", args.moses_ini, "--reranker", args.reranker, source, "-o", translation,
-            "--overwrite", "--precision", precision, *decoder_threads, *chunks))
+            "--overwrite", "--precision", precision, f"--{bound}", *decoder_threads, *chunks))
         match = PHASES.search(err)
         if not match:
             raise SystemExit(f"translate did not report its phases:\n{err[-2000:]}")
@@ -289,7 +290,7 @@ def one_command(args, work: Path) -> str:
 
             hypotheses = translation.read_text(encoding="utf-8").splitlines()
             bleu = score(hypotheses, references, kind="tokenized", lang=args.lang).bleu
-        runs.append((precision, seconds, waiting, rescoring, reranking, bleu))
+        runs.append((f"{precision}, --{bound}", seconds, waiting, rescoring, reranking, bleu))
     alone = moses_alone(args, source, work)
     rows = [[precision, f"{seconds:.1f}", f"{args.translate_sentences / seconds:.1f}", f"{seconds / alone:.2f}",
              f"{waiting:.1f}", f"{rescoring:.1f}", f"{reranking:.1f}",
@@ -301,11 +302,12 @@ def one_command(args, work: Path) -> str:
         f"`phrase-scorer translate --moses {Path(args.moses_ini).name} --reranker {Path(args.reranker).name}` of the "
         f"first {args.translate_sentences} sentences of `{Path(args.source).name}` (decoder threads "
         f"{args.decoder_threads or 'as translate sets them'}, chunks of "
-        f"{args.chunk_sentences or 'the default'} sentences), each `--precision` a run of its own, on "
+        f"{args.chunk_sentences or 'the default'} sentences), each `--precision` and `--bound`/`--no-bound` a run "
+        "of its own, on "
         f"{info['cpu']} ({info['cores']} cores). Moses alone, the same lists of the same sentences with the same "
         f"flags in the same run: {alone:.1f} s ({args.translate_sentences / alone:.1f} sentences/s)."
         + (f" BLEU against `{Path(args.references).name}`." if references is not None else "") + "\n\n"
-        + benchlib.markdown_table(["precision", "seconds", "sentences/s", "x Moses alone", "waiting for Moses",
+        + benchlib.markdown_table(["run", "seconds", "sentences/s", "x Moses alone", "waiting for Moses",
                                    "rescoring", "reranking", "the rest", "BLEU"], rows)
         + f"\n\nCommand: `python tools/bench_rescore.py {' '.join(sys.argv[1:])}`.\n"
     )
@@ -333,6 +335,8 @@ def main() -> None:
                         help="throughput, int8 (each model in fp32 and int8), path (the path needs --reranker)")
     parser.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32"],
                         help="the path: translate's --precision of each run (fp32,int8: one run each)")
+    parser.add_argument("--bounds", type=lambda s: s.split(","), default=["bound"],
+                        help="the path: bound, no-bound or both (translate's --bound/--no-bound; one run each)")
     args = parser.parse_args()
     parts = args.parts.split(",")
     with benchlib.work_dir(args.work_dir, "bench-rescore-") as work:

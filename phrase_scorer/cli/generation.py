@@ -111,6 +111,9 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 @click.option("--pipeline/--no-pipeline", default=TranslateOptions.pipeline, show_default=True,
               help="With --moses: Moses decodes the next chunk while the models rescore this one "
                    "(--no-pipeline: one after the other; the same output either way).")
+@click.option("--bound/--no-bound", default=TranslateOptions.bound, show_default=True,
+              help="With --moses: a model scores a hypothesis only while it can still be its sentence's best "
+                   "(--no-bound: every hypothesis with every model; the same choices).")
 @resume_option
 @overwrite_option
 @device_option
@@ -118,8 +121,8 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 @threads_option
 @moses_home_option
 def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, moses_ini, reranker,
-              chunk_sentences, decoder_threads, working_dir, pipeline, resume, overwrite, device, precision, threads,
-              moses_home):
+              chunk_sentences, decoder_threads, working_dir, pipeline, bound, resume, overwrite, device, precision,
+              threads, moses_home):
     """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search with
     a model (-m), or with the whole tuned system (--moses INI --reranker RERANKER).
 
@@ -145,7 +148,7 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
                                         moses=MosesInstallation.find(moses_home), device=resolve_device(device),
                                         scoring_options=ScoringOptions(precision=precision),
                                         chunk_sentences=chunk_sentences, threads=decoder_threads,
-                                        working_dir=working_dir, pipeline=pipeline, resume=resume,
+                                        working_dir=working_dir, pipeline=pipeline, bound=bound, resume=resume,
                                         overwrite=overwrite)
         except KeyboardInterrupt:
             raise interrupted_resumable(output) from None

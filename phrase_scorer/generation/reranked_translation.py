@@ -4,8 +4,9 @@
 
     source, a chunk of sentences at a time
       --the user's Moses, -n-best-list N distinct (N and the decoder flags the reranker records)--> n-best list
-      --rescore with the reranker's models (checked by the SHA-256 of their weights)--> rescored list
-      --the reranker's weights (phrase_scorer.moses.rerank.apply_weights)--> one line per sentence
+      --the reranker's models (checked by the SHA-256 of their weights), each hypothesis scored by a
+        model only while it can still be its sentence's best (generation/bounded_reranking.py),
+        and the reranker's weights--> one line per sentence
 
 ``phrase-scorer translate --moses moses.tuned.ini --reranker RERANKER`` runs it. A chunk's files
 live in its own folder of the working directory (``chunk-K/``) only while the chunk is
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Tuple
 
 from phrase_scorer import __version__
-from phrase_scorer.config import RescoreOptions, ScoringOptions, TranslateOptions
+from phrase_scorer.config import ScoringOptions, TranslateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_sha256, text_lines
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
@@ -191,28 +192,27 @@ def decoded_chunks(chunks: Iterator[Tuple[int, List[str]]], decode_one: Callable
 
 
 def rerank_chunk(chunk: DecodedChunk, *, weights: Weights, ignore: Sequence[str], models: list, normalize: bool,
-                 scoring_options: ScoringOptions, phase_seconds: Dict[str, float]) -> bytes:
+                 scoring_options: ScoringOptions, phase_seconds: Dict[str, float], bound: bool = True) -> bytes:
     """One line per line of the chunk: the reranked translation of each non-empty line, empty for
-    an empty one; the chunk's folder is removed. The seconds of rescoring and reranking are added
-    to ``phase_seconds``."""
-    from phrase_scorer.scoring.rescore import rescore
+    an empty one; the chunk's folder is removed. The seconds of rescoring (with the models, the
+    choice included) and reranking (without models: the weights alone) are added to
+    ``phase_seconds``. ``bound``: a model scores a hypothesis only while it can still be its
+    sentence's best (:mod:`phrase_scorer.generation.bounded_reranking`)."""
+    from phrase_scorer.generation.bounded_reranking import best_hypotheses
 
     best: List[str] = [""] * len(chunk.lines)
     if chunk.directory is not None:
         work = chunk.directory
-        source, nbest, rescored, chosen = (work / "chunk.src", work / "chunk.nbest", work / "chunk.rescored",
-                                           work / "chunk.best")
+        source, nbest, chosen = work / "chunk.src", work / "chunk.nbest", work / "chunk.best"
         started = time.monotonic()
         if models:
-            rescore(nbest, source, rescored, models, RescoreOptions(normalize=normalize), scoring_options,
-                    overwrite=True)
+            chosen_lines = best_hypotheses(nbest, source, weights, ignore, models, normalize, scoring_options,
+                                           bound=bound)
+            phase_seconds[PHASES[1]] = phase_seconds.get(PHASES[1], 0.0) + time.monotonic() - started
         else:
-            rescored = nbest
-        scored = time.monotonic()
-        written = apply_weights(rescored, weights, chosen, ignore)
-        for phase, seconds in zip(PHASES[1:], (scored - started, time.monotonic() - scored)):
-            phase_seconds[phase] = phase_seconds.get(phase, 0.0) + seconds
-        chosen_lines = chosen.read_text(encoding="utf-8").split("\n")[:written]
+            written = apply_weights(nbest, weights, chosen, ignore)
+            chosen_lines = chosen.read_text(encoding="utf-8").split("\n")[:written]
+            phase_seconds[PHASES[2]] = phase_seconds.get(PHASES[2], 0.0) + time.monotonic() - started
         chosen_lines += [""] * (len(chunk.kept) - len(chosen_lines))  # sentences after the list's last id
         for i, line in zip(chunk.kept, chosen_lines):
             best[i] = line
@@ -224,8 +224,8 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
                        moses: MosesInstallation, scoring_options: Optional[ScoringOptions] = None,
                        device: Any = "cpu", chunk_sentences: int = TranslateOptions.chunk_sentences,
                        threads: Optional[int] = None, decoder: str = "moses", working_dir: Optional[PathLike] = None,
-                       pipeline: bool = TranslateOptions.pipeline, resume: bool = False,
-                       overwrite: bool = False) -> RerankedTranslation:
+                       pipeline: bool = TranslateOptions.pipeline, bound: bool = TranslateOptions.bound,
+                       resume: bool = False, overwrite: bool = False) -> RerankedTranslation:
     """Translate ``source`` (tokenised as for the Moses system, one sentence per line) with
     ``ini`` and the reranker file ``reranker`` into ``output``, one line per input line.
     ``pipeline``: Moses decodes the next chunk while the models rescore this one."""
@@ -258,6 +258,8 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
         "scoring": {**asdict(scoring_options), "precision": precision,
                     **({"int8_engine": int8_engine()} if precision == "int8" else {})},
         "chunk_sentences": chunk_sentences,
+        # the models score other subsets of the hypotheses in other batches: a score's last digits may move
+        "bound": bound,
         "package_version": __version__,
     })
     started = time.monotonic()
@@ -283,7 +285,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
                     phase_seconds[WAITING] = phase_seconds.get(WAITING, 0.0) + waited
                     writer.write(len(chunk.lines), rerank_chunk(
                         chunk, weights=weights, ignore=tuned.ignore_features, models=models, normalize=normalize,
-                        scoring_options=scoring_options, phase_seconds=phase_seconds))
+                        scoring_options=scoring_options, phase_seconds=phase_seconds, bound=bound))
                     chunks += 1
                     progress.update(len(chunk.lines))
                     log.info("translated %d sentences", writer.lines_done)

@@ -1,0 +1,199 @@
+"""Each sentence's best hypothesis under a reranker, scoring a model only where it can change the choice.
+
+``translate --moses --reranker`` needs one line per sentence, not every hypothesis's features.
+A model feature's value is a log p, or a mean or per-token share of log p's: never above 0. So
+while some of a hypothesis's models are still unscored, and the weights of their features are
+positive, its weighted sum can only fall as they are scored: the sum with every unscored log p
+taken as 0 is an upper bound. Per chunk of sentences (all in memory: a chunk holds at most
+``chunk_sentences`` x N hypotheses):
+
+1. the first model scores every hypothesis (the models score in the order of their features'
+   weights, largest first, after those of features weighted below 0, which bound nothing and
+   score every hypothesis);
+2. per sentence, the hypothesis with the highest bound is scored by every other model: its exact
+   sum T is a floor for the sentence's best;
+3. each further model scores only the hypotheses whose bound is still at least T (less a margin
+   far above the rounding of the sums); a hypothesis whose bound falls below T is out, and can
+   never have been the best: its exact sum is below its bound.
+
+The choice is then made as ``rerank --weights`` makes it on the fully rescored list (the same
+rows, the same :func:`~phrase_scorer.moses.weights.weighted_sum` and
+:func:`~phrase_scorer.moses.weights.best_of`, each row's values what ``rescore`` would print),
+with each hypothesis that was out given its bound in place of the values never computed: the
+same choice as on the list rescored with these scores. A feature with a negative weight has no
+such bound, so while one of its models is unscored every hypothesis stays in, and a sentence
+whose floor is not a finite number keeps every hypothesis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from phrase_scorer.config import ScoringOptions
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.nbest import (
+    NBestEntry, checked_dense_rows, dense_features, describe_layout, group_by_sentence, moses_rounded, read_nbest,
+)
+from phrase_scorer.moses.weights import Weights, best_of, weighted_sum
+from phrase_scorer.scoring.columns import check_finite, per_token
+from phrase_scorer.scoring.rescore import FeatureModel, feature_members, feature_names, model_inputs
+
+# A hypothesis is out only when its bound is below the floor by more than this share of the
+# floor's size (plus this much): far above the rounding of a sum of a few dozen terms.
+BOUND_MARGIN = 1e-9
+
+
+@dataclass
+class BoundedStats:
+    """How many (hypothesis, model) scores the chunk needed, of how many a full rescoring computes."""
+
+    scored: int = 0
+    full: int = 0
+
+
+def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequence[str],
+                    models: Sequence[FeatureModel], normalize: bool, scoring_options: ScoringOptions,
+                    stats: Optional[BoundedStats] = None, bound: bool = True) -> List[str]:
+    """The best hypothesis of each sentence id 0 .. the list's largest (``""`` for an id without
+    hypotheses), as ``rerank --weights`` picks it from ``nbest`` rescored with ``models``; see the
+    module docstring. ``bound`` False scores every hypothesis with every model (the same choice)."""
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
+
+    sentences = [line.split() for line in source.read_text(encoding="utf-8").splitlines()]
+    groups = [(sentence_id, list(entries)) for sentence_id, entries in group_by_sentence(read_nbest(nbest))]
+    if not groups:
+        raise PhraseScorerError("the n-best list is empty", path=nbest)
+    entries: List[NBestEntry] = [e for _, group in groups for e in group]
+    starts = np.cumsum([0] + [len(group) for _, group in groups])  # (S+1,) each sentence's first row
+    names, members = feature_names(models), feature_members(models)
+    w = np.asarray(weights.values, np.float64)
+    moses_values = moses_rows(entries, weights, ignore, names, nbest)  # (H, D - F)
+    words = [sentences[e.sentence_id] for e in entries]  # one list per sentence: looked up once per model
+
+    scores: List[Optional[np.ndarray]] = [None] * len(models)  # per model: (H,) log p (per token), NaN unscored
+    scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
+
+    def score(model: int, rows: np.ndarray) -> None:
+        if scores[model] is None:
+            scores[model] = np.full(len(entries), np.nan)
+        if not len(rows):
+            return
+        subset = [entries[i] for i in rows]
+        src_ids, tgt_ids, predicted = model_inputs(models[model], subset, [words[i] for i in rows], source, nbest)
+        log_probs = scorers[model].score(src_ids, tgt_ids)
+        check_finite(log_probs, str(nbest), subset[0].line_number)
+        scores[model][rows] = per_token(log_probs, predicted) if normalize else log_probs  # type: ignore[index]
+        if stats is not None:
+            stats.scored += len(rows)
+
+    def feature_rows(exact: bool) -> np.ndarray:
+        """(H, F): each feature's value as rescore prints it, or with ``exact`` False, its bound
+        where a member is unscored (0 for each unscored log p; NaN where no bound holds)."""
+        out = np.empty((len(entries), len(names)))
+        for f, model_indices in enumerate(members):
+            stacked = np.stack([scores[i] if scores[i] is not None else np.full(len(entries), np.nan)
+                                for i in model_indices])  # (members, H)
+            unscored = np.isnan(stacked)
+            mean = np.mean(np.where(unscored, 0.0, stacked), axis=0) if len(model_indices) > 1 else \
+                np.where(unscored[0], 0.0, stacked[0])
+            out[:, f] = [moses_rounded(float(v)) for v in mean]
+            if not exact and w[moses_values.shape[1] + f] < 0:
+                out[unscored.any(0), f] = np.nan  # a negative weight: no upper bound
+        return out
+
+    def sums(values: np.ndarray) -> np.ndarray:
+        return np.asarray(weighted_sum(np.concatenate([moses_values, values], 1), w), np.float64)
+
+    everything = np.arange(len(entries))
+    if stats is not None:
+        stats.full += len(entries) * len(models)
+    order = scoring_order(members, w[moses_values.shape[1]:])
+    first = full_prefix(order, members, w[moses_values.shape[1]:]) if bound else len(order)
+    for model in order[:first]:  # every hypothesis: the models without a bound, then the first with one
+        score(model, everything)
+    alive = np.ones(len(entries), bool)  # may still be its sentence's best
+    staged = order[first:]
+    if staged:
+        bounds = bounded_sums(sums, feature_rows)
+        picks = np.array([starts[s] + first_max(bounds[starts[s]:starts[s + 1]]) for s in range(len(groups))])
+        for model in staged:
+            score(model, picks)
+        floors = sums(feature_rows(True))[picks]  # (S,) exact sums of the picks
+        for model in staged:
+            bounds = bounded_sums(sums, feature_rows)
+            for s in range(len(groups)):
+                floor = floors[s]
+                if not np.isfinite(floor):
+                    continue
+                rows = slice(starts[s], starts[s + 1])
+                below = bounds[rows] < floor - BOUND_MARGIN * (1.0 + abs(floor))  # NaN bounds stay in
+                alive[rows] &= ~below
+            score(model, np.flatnonzero(alive & np.isnan(scores[model])))  # type: ignore[arg-type]  # picks: scored
+    values = feature_rows(True)
+    out_rows = ~alive
+    if out_rows.any():  # what was never computed: the bound, below the floor, so never chosen
+        values[out_rows] = feature_rows(False)[out_rows]
+    chosen: Dict[int, str] = {}
+    rows_all = np.concatenate([moses_values, values], 1)
+    for s, (sentence_id, group) in enumerate(groups):
+        block = checked_dense_rows(group, rows_all[starts[s]:starts[s + 1]], weights.layout, nbest)
+        chosen[sentence_id] = group[best_of(weighted_sum(block, w))].hypothesis.strip(" ")
+    return [chosen.get(i, "") for i in range(groups[-1][0] + 1)]
+
+
+def scoring_order(members: Sequence[Sequence[int]], feature_weights: np.ndarray) -> List[int]:
+    """The models in the order they score: those of features weighted below 0 first (they bound
+    nothing), then by their feature's weight, largest first (a large weight's log p moves the sums
+    most, so it rules most hypotheses out), the models of a feature together."""
+    features = sorted(range(len(members)), key=lambda f: (feature_weights[f] >= 0, -feature_weights[f]))
+    return [model for f in features for model in members[f]]
+
+
+def full_prefix(order: Sequence[int], members: Sequence[Sequence[int]], feature_weights: np.ndarray) -> int:
+    """How many models of ``order`` score every hypothesis: those of negatively weighted features
+    and the first model after them."""
+    negative = {model for f, models in enumerate(members) if feature_weights[f] < 0 for model in models}
+    count = 0
+    while count < len(order) and order[count] in negative:
+        count += 1
+    return min(count + 1, len(order))
+
+
+def bounded_sums(sums, feature_rows) -> np.ndarray:
+    """(H,) each hypothesis's weighted sum with every unscored log p taken as 0: an upper bound of
+    its sum; NaN where a feature with a negative weight is unscored."""
+    values = feature_rows(False)
+    bounds = sums(np.nan_to_num(values, nan=0.0))
+    bounds[np.isnan(values).any(1)] = np.nan
+    return bounds
+
+
+def first_max(values: np.ndarray) -> int:
+    """The first of the largest ``values``; NaN (no bound) counts as the largest."""
+    if np.isnan(values).any():
+        return int(np.flatnonzero(np.isnan(values))[0])
+    return int(np.argmax(values))
+
+
+def moses_rows(entries: Sequence[NBestEntry], weights: Weights, ignore: Sequence[str], names: Sequence[str],
+               nbest: Path) -> np.ndarray:
+    """(H, D - F): each hypothesis's decoder features, checked to be the weights' layout but for
+    the model features ``names`` (which rescore appends last, in that order)."""
+    rows = []
+    expected = tuple((name, count) for name, count in weights.layout if name not in names)
+    if tuple(name for name, _ in weights.layout[len(expected):]) != tuple(names):
+        raise PhraseScorerError(f"the reranker's features are {describe_layout(weights.layout)}, but its models add "
+                                f"{', '.join(names)} last", hint="tune the reranker again")
+    for entry in entries:
+        found, values = dense_features(entry, ignore)
+        if found != expected:
+            raise PhraseScorerError(
+                f"the dense features are {describe_layout(found)}, but the weights are for "
+                f"{describe_layout(weights.layout)}", path=nbest, line=entry.line_number,
+                hint="rerank lists made by the same decoder and rescored with the same models")
+        rows.append(values)
+    return np.array(rows, np.float64).reshape(len(entries), sum(count for _, count in expected))
