@@ -7,14 +7,13 @@ positive, its weighted sum can only fall as they are scored: the sum with every 
 taken as 0 is an upper bound. Per chunk of sentences (all in memory: a chunk holds at most
 ``chunk_sentences`` x N hypotheses):
 
-1. the first model scores every hypothesis (the models score in the order of their features'
-   weights, largest first, after those of features weighted below 0, which bound nothing and
-   score every hypothesis);
-2. per sentence, the hypothesis with the highest bound is scored by every other model: its exact
-   sum T is a floor for the sentence's best;
-3. each further model scores only the hypotheses whose bound is still at least T (less a margin
-   far above the rounding of the sums); a hypothesis whose bound falls below T is out, and can
-   never have been the best: its exact sum is below its bound.
+1. the models of features weighted below 0 score every hypothesis (they bound nothing); the
+   others score in the order of their features' weights, largest first;
+2. before each model, per sentence, the open hypothesis with the highest bound is scored by
+   every model left: the best exact sum so far, T, is a floor for the sentence's best;
+3. the model then scores only the hypotheses whose bound is still at least T (less a margin far
+   above the rounding of the sums); a hypothesis whose bound falls below T is out, and can never
+   have been the best: its exact sum is below its bound.
 
 The choice is then made as ``rerank --weights`` makes it on the fully rescored list (the same
 rows, the same :func:`~phrase_scorer.moses.weights.weighted_sum` and
@@ -117,22 +116,30 @@ def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequenc
         score(model, everything)
     alive = np.ones(len(entries), bool)  # may still be its sentence's best
     staged = order[first:]
-    if staged:
+    floors = np.full(len(groups), -np.inf)  # (S,) the best exact sum among each sentence's complete hypotheses
+    complete = np.zeros(len(entries), bool)  # scored by every model
+    for stage, model in enumerate(staged):
+        # the most promising hypothesis still open in each sentence, scored by every model left: a higher floor
         bounds = bounded_sums(sums, feature_rows)
-        picks = np.array([starts[s] + first_max(bounds[starts[s]:starts[s + 1]]) for s in range(len(groups))])
-        for model in staged:
-            score(model, picks)
-        floors = sums(feature_rows(True))[picks]  # (S,) exact sums of the picks
-        for model in staged:
-            bounds = bounded_sums(sums, feature_rows)
-            for s in range(len(groups)):
-                floor = floors[s]
-                if not np.isfinite(floor):
-                    continue
-                rows = slice(starts[s], starts[s + 1])
-                below = bounds[rows] < floor - BOUND_MARGIN * (1.0 + abs(floor))  # NaN bounds stay in
-                alive[rows] &= ~below
-            score(model, np.flatnonzero(alive & np.isnan(scores[model])))  # type: ignore[arg-type]  # picks: scored
+        open_bounds = np.where(alive & ~complete, bounds, -np.inf)
+        picks = np.array([starts[s] + first_max(open_bounds[starts[s]:starts[s + 1]]) for s in range(len(groups))])
+        picks = picks[alive[picks] & ~complete[picks]]
+        for later in staged[stage:]:
+            score(later, picks[np.isnan(scores[later][picks])] if scores[later] is not None else picks)
+        complete[picks] = True
+        exact = sums(feature_rows(True))
+        bounds = bounded_sums(sums, feature_rows)
+        for s in range(len(groups)):
+            rows = slice(starts[s], starts[s + 1])
+            if complete[rows].any():
+                floors[s] = max(floors[s], float(np.max(exact[rows][complete[rows]])))
+            floor = floors[s]
+            if not np.isfinite(floor):
+                continue
+            below = bounds[rows] < floor - BOUND_MARGIN * (1.0 + abs(floor))  # NaN bounds stay in
+            alive[rows] &= ~below
+        # the model scores what may still win and has not been scored by it (the picks have)
+        score(model, np.flatnonzero(alive & np.isnan(scores[model])))  # type: ignore[arg-type]
     values = feature_rows(True)
     out_rows = ~alive
     if out_rows.any():  # what was never computed: the bound, below the floor, so never chosen
@@ -154,13 +161,12 @@ def scoring_order(members: Sequence[Sequence[int]], feature_weights: np.ndarray)
 
 
 def full_prefix(order: Sequence[int], members: Sequence[Sequence[int]], feature_weights: np.ndarray) -> int:
-    """How many models of ``order`` score every hypothesis: those of negatively weighted features
-    and the first model after them."""
+    """How many models of ``order`` score every hypothesis: those of negatively weighted features."""
     negative = {model for f, models in enumerate(members) if feature_weights[f] < 0 for model in models}
     count = 0
     while count < len(order) and order[count] in negative:
         count += 1
-    return min(count + 1, len(order))
+    return count
 
 
 def bounded_sums(sums, feature_rows) -> np.ndarray:
