@@ -112,7 +112,7 @@ def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequenc
         stats.full += len(entries) * len(models)
     order = scoring_order(members, w[moses_values.shape[1]:])
     first = full_prefix(order, members, w[moses_values.shape[1]:]) if bound else len(order)
-    for model in order[:first]:  # every hypothesis: the models without a bound, then the first with one
+    for model in order[:first]:  # every hypothesis: the models of features that bound nothing (all, unbounded)
         score(model, everything)
     alive = np.ones(len(entries), bool)  # may still be its sentence's best
     staged = order[first:]
