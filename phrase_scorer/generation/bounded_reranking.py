@@ -35,9 +35,9 @@ import numpy as np
 from phrase_scorer.config import ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import (
-    NBestEntry, checked_dense_rows, dense_features, describe_layout, group_by_sentence, moses_rounded, read_nbest,
+    NBestEntry, dense_features, describe_layout, group_by_sentence, moses_rounded, read_nbest,
 )
-from phrase_scorer.moses.weights import Weights, best_of, weighted_sum
+from phrase_scorer.moses.weights import Weights, best_hypothesis, check_layout, weighted_sum
 from phrase_scorer.scoring.columns import check_finite, per_token
 from phrase_scorer.scoring.rescore import FeatureModel, feature_members, feature_names, model_inputs
 
@@ -147,8 +147,7 @@ def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequenc
     chosen: Dict[int, str] = {}
     rows_all = np.concatenate([moses_values, values], 1)
     for s, (sentence_id, group) in enumerate(groups):
-        block = checked_dense_rows(group, rows_all[starts[s]:starts[s + 1]], weights.layout, nbest)
-        chosen[sentence_id] = group[best_of(weighted_sum(block, w))].hypothesis.strip(" ")
+        chosen[sentence_id] = best_hypothesis(group, rows_all[starts[s]:starts[s + 1]], weights, w, nbest)
     return [chosen.get(i, "") for i in range(groups[-1][0] + 1)]
 
 
@@ -196,10 +195,6 @@ def moses_rows(entries: Sequence[NBestEntry], weights: Weights, ignore: Sequence
                                 f"{', '.join(names)} last", hint="tune the reranker again")
     for entry in entries:
         found, values = dense_features(entry, ignore)
-        if found != expected:
-            raise PhraseScorerError(
-                f"the dense features are {describe_layout(found)}, but the weights are for "
-                f"{describe_layout(weights.layout)}", path=nbest, line=entry.line_number,
-                hint="rerank lists made by the same decoder and rescored with the same models")
+        check_layout(found, expected, weights, nbest, entry)
         rows.append(values)
     return np.array(rows, np.float64).reshape(len(entries), sum(count for _, count in expected))

@@ -24,6 +24,7 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import AtomicOutput, PathLike
 from phrase_scorer.io.nbest import (
     Layout,
+    NBestEntry,
     check_sentence_order,
     checked_dense_rows,
     dense_features,
@@ -106,6 +107,25 @@ class Weights:
 
 
 
+def check_layout(found: Layout, expected: Layout, weights: Weights, nbest: PathLike, entry: NBestEntry) -> None:
+    """Refuse a line whose dense features (``found``) are not laid out as ``expected`` (the
+    weights' layout, or the part of it the line holds yet), naming the list and the line."""
+    if found != expected:
+        raise PhraseScorerError(
+            f"the dense features are {describe_layout(found)}, but the weights are for "
+            f"{describe_layout(weights.layout)}", path=nbest, line=entry.line_number,
+            hint="rerank lists made by the same decoder and rescored with the same models")
+
+
+def best_hypothesis(entries: Sequence[NBestEntry], rows: Sequence[Sequence[float]], weights: Weights,
+                    values: np.ndarray, nbest: PathLike) -> str:
+    """A sentence's best hypothesis (its field without the surrounding spaces): ``entries`` with
+    their dense values ``rows`` (the weights' layout), ranked by :func:`weighted_sum` with the
+    weights' ``values`` and :func:`best_of`."""
+    best = entries[best_of(weighted_sum(checked_dense_rows(entries, rows, weights.layout, nbest), values))]
+    return best.hypothesis.strip(" ")
+
+
 def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: Sequence[str] = ()) -> int:
     """Write the best hypothesis of each sentence of ``nbest`` under ``weights`` (the features in
     ``ignore`` left out); returns the number of lines written (largest sentence id + 1). Each
@@ -126,17 +146,12 @@ def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: S
             rows = []
             for entry in entries:
                 found, values = dense_features(entry, ignore)
-                if found != weights.layout:
-                    raise PhraseScorerError(
-                        f"the dense features are {describe_layout(found)}, but the weights are for "
-                        f"{describe_layout(weights.layout)}", path=nbest, line=entry.line_number,
-                        hint="rerank lists made by the same decoder and rescored with the same models")
+                check_layout(found, weights.layout, weights, nbest, entry)
                 rows.append(values)
             for _ in range(written, sentence_id):  # a sentence with no hypotheses
                 yield b"\n"
                 written += 1
-            best = entries[best_of(weighted_sum(checked_dense_rows(entries, rows, weights.layout, nbest), w))]
-            yield (best.hypothesis.strip(" ") + "\n").encode("utf-8")
+            yield (best_hypothesis(entries, rows, weights, w, nbest) + "\n").encode("utf-8")
             written += 1
 
     with AtomicOutput(output) as out:
