@@ -455,9 +455,10 @@ class OutputSoftmax:
         with torch.no_grad():
             rows = torch.cat([weight, bias.unsqueeze(1)], 1)  # (V', R+1)
             self.probe_t = rows[: self.PROBE_COLUMNS].t().contiguous()  # (R+1, K)
-            self.weight_t = torch.cat([rows, torch.ones_like(bias).unsqueeze(1)], 1).t().contiguous()  # (R+2, V')
-        # --precision int8 (a CPU): the logits' product in 8-bit integers (scoring/int8_output.py)
-        self.int8 = Int8Product(weight, bias) if int8 else None
+            # the logits' product: in fp32, or with --precision int8 (a CPU) in 8-bit integers (scoring/int8_output.py)
+            self.int8 = Int8Product(weight, bias) if int8 else None
+            self.weight_t = None if int8 else \
+                torch.cat([rows, torch.ones_like(bias).unsqueeze(1)], 1).t().contiguous()  # (R+2, V'); int8: unused
 
     def exact(self, features: Tensor) -> Tensor:
         return torch.logsumexp(at_least_fp32(self.output_layer(features)), -1)

@@ -1,8 +1,8 @@
 """``--precision int8`` on a CPU: the output layer's product in 8-bit integers.
 
-Forming the logits W_o t_i + b of every decoder step is about half of a CPU's scoring time
-(docs/benchmarks.md, "Rescoring"); in 8-bit integers (PyTorch's fbgemm kernels) it takes about
-half as long. Everything else (encoder, alignment, GRU, readout, the log-softmax and the sums)
+Forming the logits W_o t_i + b of every decoder step is about a third of a CPU's scoring time
+(docs/benchmarks.md, "int8 against fp32"); in 8-bit integers (PyTorch's fbgemm kernels) it takes
+less than half as long. Everything else (encoder, alignment, GRU, readout, the log-softmax and the sums)
 stays fp32. What changes in the product:
 
 - W_o (V', l): int8 per output word, symmetric: row v is stored as round(w_v / s_v) with
