@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import signal
@@ -151,6 +152,28 @@ def assert_translates(hypotheses: list, sources: list, references: list):
     system, copied = bleu.corpus_score(hypotheses, [references]), bleu.corpus_score(sources, [references])
     assert system.score > copied.score and system.precisions[0] >= 3 * copied.precisions[0], (system, copied)
     return system
+
+
+@contextlib.contextmanager
+def rescore_stopped_after(monkeypatch, windows: int):
+    """``rescore``'s writer stops with Ctrl-C (KeyboardInterrupt) when it would write window
+    ``windows`` + 1, as a run interrupted there; yields the first line of each window it wrote.
+    The writer is itself again after the block."""
+    from phrase_scorer.scoring.rescore import FeatureWriter
+
+    write, written = FeatureWriter.write_window, []
+
+    def stop(self, window):
+        if len(written) == windows:
+            raise KeyboardInterrupt
+        written.append(window.first_line)
+        write(self, window)
+
+    monkeypatch.setattr(FeatureWriter, "write_window", stop)
+    try:
+        yield written
+    finally:
+        monkeypatch.setattr(FeatureWriter, "write_window", write)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import DATA, EXAMPLE_TABLE, head_lines
+from conftest import DATA, EXAMPLE_TABLE, head_lines, rescore_stopped_after
 from phrase_scorer.cli import cli
 from phrase_scorer.config import PRECISIONS, TRAIN_PRECISIONS, AnnotateOptions, RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
@@ -22,7 +22,7 @@ from phrase_scorer.runtime.device import resolve_precision
 from phrase_scorer.scoring.annotate import annotate
 from phrase_scorer.scoring.batch_scorer import BatchScorer
 from phrase_scorer.scoring.int8_output import Int8Product
-from phrase_scorer.scoring.rescore import FeatureModel, FeatureWriter, rescore
+from phrase_scorer.scoring.rescore import FeatureModel, rescore
 
 NBEST = DATA / "val.nbest.head.gz"
 SOURCE = DATA / "val.tok.en.head"
@@ -97,19 +97,8 @@ def test_rescore_records_int8_and_resumes_only_in_int8(tmp_path, loaded_tiny, mo
     assert moved.max() > 0 and moved.max() < 0.02
 
     out = tmp_path / "cut.gz"
-    write = FeatureWriter.write_window
-    calls = []
-
-    def stop_after_two_windows(self, window):
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        calls.append(window.first_line)
-        write(self, window)
-
-    monkeypatch.setattr(FeatureWriter, "write_window", stop_after_two_windows)
-    with pytest.raises(KeyboardInterrupt):
+    with rescore_stopped_after(monkeypatch, 2), pytest.raises(KeyboardInterrupt):
         rescore(NBEST, SOURCE, out, models, options, int8)
-    monkeypatch.setattr(FeatureWriter, "write_window", write)
     with pytest.raises(PhraseScorerError, match=r"cannot resume: scoring changed since the interrupted run "
                                                 r"\(scoring.0.precision: int8 -> fp32"):
         rescore(NBEST, SOURCE, out, models, options, resume=True)

@@ -4,6 +4,7 @@ build (MOSES_HOME) and the shared Multi30k system."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -72,6 +73,25 @@ def words_only(system):
         pytest.skip("what this checks does not depend on the model's vocabulary: checked with the word model")
 
 
+@contextlib.contextmanager
+def second_chunk_interrupted(monkeypatch, module):
+    """Ctrl-C (KeyboardInterrupt) while the second chunk is reranked; ``rerank_chunk`` is itself
+    again after the block."""
+    real, calls = module.rerank_chunk, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, "rerank_chunk", interrupted)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(module, "rerank_chunk", real)
+
+
 def moses_threads() -> list:
     """The threads decoding chunks ahead that are still alive."""
     return [t for t in threading.enumerate() if t.name.startswith("phrase-scorer-moses")]
@@ -118,31 +138,20 @@ def test_an_interrupted_run_resumes_to_the_same_bytes(system, tmp_path, monkeypa
             "--chunk-sentences", 3, "--moses-home", system["moses"].home, pipeline]
     whole = tmp_path / "whole.fr"
     assert run(*args, "-o", whole).exit_code == 0
-    real, calls = module.rerank_chunk, []
-
-    def interrupted(*a, **k):  # Ctrl-C while the second chunk is rescored (and the third decoded, pipelined)
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(module, "rerank_chunk", interrupted)
     out = tmp_path / "out.fr"
-    result = run(*args, "-o", out)
+    with second_chunk_interrupted(monkeypatch, module):  # and the third decoded, pipelined
+        result = run(*args, "-o", out)
     assert result.exit_code != 0 and "--resume" in result.stderr and not out.exists()
     assert not moses_threads()  # the decoding ahead was waited for
     part = tmp_path / "out.fr.part"
     assert part.read_bytes() == b"".join(whole.read_bytes().splitlines(keepends=True)[:3])  # the first chunk
-    monkeypatch.setattr(module, "rerank_chunk", real)
     result = run(*args, "-o", out, "--resume")
     assert result.exit_code == 0, result.stderr
     assert out.read_bytes() == whole.read_bytes()
     if pipeline == "--pipeline":  # a run resumes whether or not it pipelines: not a setting of the output
         again = tmp_path / "again.fr"
-        monkeypatch.setattr(module, "rerank_chunk", interrupted)
-        calls.clear()
-        assert run(*args, "-o", again).exit_code != 0
-        monkeypatch.setattr(module, "rerank_chunk", real)
+        with second_chunk_interrupted(monkeypatch, module):
+            assert run(*args, "-o", again).exit_code != 0
         result = run(*args[:-1], "--no-pipeline", "-o", again, "--resume")
         assert result.exit_code == 0 and "resuming after 3 lines" in result.stderr, result.stderr
         assert again.read_bytes() == whole.read_bytes()
@@ -159,18 +168,9 @@ def test_int8_is_recorded_and_a_resumed_run_refuses_another_precision(system, tm
     scoring = json.loads(Path(f"{whole}.json").read_text())["scoring"]
     assert scoring["precision"] == "int8" and scoring["int8_engine"]
     assert len(whole.read_text(encoding="utf-8").splitlines()) == 7
-    real, calls = module.rerank_chunk, []
-
-    def interrupted(*a, **k):  # Ctrl-C while the second chunk is rescored
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(module, "rerank_chunk", interrupted)
     out = tmp_path / "out.fr"
-    assert run(*args, "--precision", "int8", "-o", out).exit_code != 0 and not out.exists()
-    monkeypatch.setattr(module, "rerank_chunk", real)
+    with second_chunk_interrupted(monkeypatch, module):
+        assert run(*args, "--precision", "int8", "-o", out).exit_code != 0 and not out.exists()
     result = run(*args, "-o", out, "--resume")  # fp32 now
     assert result.exit_code == 1 and "scoring.precision: int8 -> fp32" in result.stderr, result.stderr
     result = run(*args, "--precision", "int8", "-o", out, "--resume")

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import DATA
+from conftest import DATA, rescore_stopped_after
 from phrase_scorer.cli import cli
 from phrase_scorer.config import RescoreOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import read_nbest
 from phrase_scorer.io.phrase_table import split_words
-from phrase_scorer.scoring.rescore import FeatureModel, FeatureWriter, rescore
+from phrase_scorer.scoring.rescore import FeatureModel, rescore
 
 NBEST = DATA / "val.nbest.head.gz"
 SOURCE = DATA / "val.tok.en.head"
@@ -143,19 +143,8 @@ def test_resume_after_an_interruption_gives_the_same_bytes(tmp_path, loaded_tiny
     rescore(NBEST, SOURCE, reference, models, options)
 
     out = tmp_path / "cut.gz"
-    write = FeatureWriter.write_window
-    calls = []
-
-    def stop_after_two_windows(self, window):
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        calls.append(window.first_line)
-        write(self, window)
-
-    monkeypatch.setattr(FeatureWriter, "write_window", stop_after_two_windows)
-    with pytest.raises(KeyboardInterrupt):
+    with rescore_stopped_after(monkeypatch, 2) as calls, pytest.raises(KeyboardInterrupt):
         rescore(NBEST, SOURCE, out, models, options)
-    monkeypatch.setattr(FeatureWriter, "write_window", write)
     assert not out.exists()
     record = json.loads(Path(str(out) + ".part.json").read_text())
     # windows end at sentence boundaries: sentence 0 has 100 lines, sentence 1 has 33
