@@ -332,13 +332,22 @@ def valid_share(valid_pairs: int, pairs: int) -> float:
     return min(valid_pairs, MAX_VALID_SHARE * pairs) / max(pairs, 1)
 
 
+# Target tokens per scoring batch when none is given. A CPU gains nothing from larger batches; a
+# GPU waits on the host's launches, and 65,536 rescored 1.4-2.1 times as fast as 8,192 on an H100
+# and an H200 (docs/benchmarks.md, "On a GPU").
+CPU_BATCH_TOKENS = 8192
+GPU_BATCH_TOKENS = 65536
+
+
 @dataclass(frozen=True)
 class ScoringOptions:
     """How the scorer works. The batching settings change the scores only by fp32 rounding (a few
     units in the 7th significant digit), so outputs record them beside the device and precision
     (``BatchScorer.describe``); ``precision`` changes them by more (docs/precision.md)."""
 
-    batch_tokens: int = 8192  # target tokens (words + </s>) per decoder batch
+    # Target tokens (words + </s>) per decoder batch; None: the device's own (CPU_BATCH_TOKENS or
+    # GPU_BATCH_TOKENS: scoring.batch_scorer.default_batch_tokens).
+    batch_tokens: Optional[int] = None
     # Rows of the N x V logits formed at once; None: the device's own (scoring.default_chunk_rows:
     # cache-sized on a CPU, a few large kernels on a GPU).
     chunk_rows: Optional[int] = None
@@ -450,8 +459,17 @@ class TranslateOptions:
     pipeline: bool = True
     # translate --moses --reranker: a model scores a hypothesis only while its weighted sum, with
     # the unscored log p's taken as 0, can still reach its sentence's best (generation/
-    # bounded_reranking.py); False: every hypothesis with every model. The same choices.
-    bound: bool = True
+    # bounded_reranking.py); False: every hypothesis with every model. The same choices. None: the
+    # device's own (default_bound): on a CPU, where a model's time is its arithmetic, bound; on a
+    # GPU, where it is the host's launches, the staged scoring's extra batches cost more than the
+    # hypotheses it skips (English-French test 2016 on an H100: 25.7 s against 22.5 s; docs/benchmarks.md)
+    bound: Optional[bool] = None
+
+
+def default_bound(device_type: str) -> bool:
+    """Whether translate --moses --reranker bounds its scoring on a device of this type
+    (``TranslateOptions.bound`` None)."""
+    return device_type == "cpu"
 
 
 @dataclass(frozen=True)

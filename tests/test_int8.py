@@ -116,12 +116,14 @@ def test_annotate_in_int8_records_it(tmp_path, loaded_tiny):
     assert (scoring["device"], scoring["precision"]) == ("cpu", "int8")
 
 
-def test_translate_takes_a_precision_only_for_the_reranked_system(tiny_model, tmp_path):
+@pytest.mark.parametrize("setting", [["--precision", "int8"], ["--batch-tokens", "65536"]])
+def test_translate_takes_scoring_settings_only_for_the_reranked_system(tiny_model, tmp_path, setting):
     source = tmp_path / "in.txt"
     source.write_text("a man .\n", encoding="utf-8")
     result = CliRunner().invoke(cli, ["translate", "-m", str(tiny_model), str(source), "-o", str(tmp_path / "out"),
-                                      "--precision", "int8"])
-    assert result.exit_code != 0 and "--precision goes with --moses" in result.output
+                                      *setting])
+    assert result.exit_code != 0 and "--precision and --batch-tokens go with --moses" in result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_pytorch_without_int8_kernels_is_told_to_use_fp32(monkeypatch):

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from conftest import EXAMPLE_TABLE, SHARED_SYSTEM, SHARED_TABLE
 from phrase_scorer.cli import cli
+from phrase_scorer.config import CPU_BATCH_TOKENS
 from phrase_scorer.io.nbest import read_nbest
 from test_moses_integration import TEST_EN, decode, first_lines, table_for_sentences
 
@@ -110,6 +111,8 @@ def test_one_command_gives_what_the_steps_give_by_hand(system, tmp_path):
     signature = json.loads(Path(f"{out}.json").read_text())
     assert signature["lines"] == 8 and signature["models"][0]["name"] == "RNN0"
     assert signature["tool"] == "phrase-scorer translate --moses --reranker" and signature["output"] == str(out)
+    # the CPU's defaults, recorded as the values they are
+    assert (signature["bound"], signature["scoring"]["batch_tokens"]) == (True, CPU_BATCH_TOKENS)
     assert not Path(f"{out}.work").exists()  # the chunks' files are gone
     phases = re.search(r"\(Moses ([\d.]+) s, rescoring ([\d.]+) s, reranking ([\d.]+) s; waiting for Moses "
                        r"([\d.]+) s\)", result.stderr)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import A_MAN_TABLE
-from phrase_scorer.config import ModelConfig, RNNsearchConfig, ScoringOptions
+from phrase_scorer.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, ModelConfig, RNNsearchConfig, ScoringOptions
+from phrase_scorer.data.padding import IdRows
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.models.encdec import RNNEncoderDecoder
 from phrase_scorer.models.architectures import build_model
@@ -20,6 +21,7 @@ from phrase_scorer.scoring.batch_scorer import (
     GPU_CHUNK_BYTES,
     BatchScorer,
     build_trie,
+    default_batch_tokens,
     default_chunk_rows,
     log_probs_by_forward,
     pad,
@@ -326,6 +328,23 @@ def test_chunk_rows_default_to_the_devices_own(loaded_tiny):
     assert BatchScorer(model).describe()["chunk_rows"] == default_chunk_rows(cpu, model.output_layer.out_features)
     described = BatchScorer(model, ScoringOptions(batch_tokens=99, chunk_rows=7)).describe()
     assert (described["batch_tokens"], described["chunk_rows"]) == (99, 7)
+
+
+def test_batch_tokens_default_to_the_devices_own(loaded_tiny, tmp_path):
+    """8,192 target tokens a batch on a CPU, 65,536 on a GPU (where the host's launches, not the
+    arithmetic, bound a batch); the number used is what the signature records, and an explicit
+    ``batch_tokens`` wins everywhere."""
+    assert default_batch_tokens(torch.device("cpu")) == CPU_BATCH_TOKENS == 8192
+    assert default_batch_tokens(torch.device("cuda", 0)) == GPU_BATCH_TOKENS == 65536
+    model = loaded_tiny.model
+    assert BatchScorer(model).describe()["batch_tokens"] == CPU_BATCH_TOKENS
+    assert BatchScorer(model, ScoringOptions(batch_tokens=64)).describe()["batch_tokens"] == 64
+    # the batches follow the number used: 40 pairs of 9 target tokens (8 words + </s>) make one
+    # batch of the default 8,192 tokens, and 7 pairs a batch (6 batches) of 64
+    rows = IdRows.of([[5, 6, 7]] * 40)
+    lengths = IdRows.of([[5 + i % 7] * 8 for i in range(40)]).lengths
+    for options, batches in ((ScoringOptions(), 1), (ScoringOptions(batch_tokens=64), 6)):
+        assert len(list(BatchScorer(model, options)._batches(rows.rows, rows.lengths, lengths))) == batches
 
 
 @pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])

@@ -24,8 +24,10 @@ the CPU, and where the time of the one-command path (``translate --moses --reran
    lists), rescoring and reranking, as the command reports them, and Moses' own n-best decoding
    of the same sentences (the reranker's list size and flags, the same decoder threads) in the
    same run; with --references, the BLEU of the translation (sacrebleu on the tokenised text).
-   With --precisions fp32,int8 the path runs once with each ``--precision``, and with --bounds
-   bound,no-bound once with each of ``--bound`` and ``--no-bound``.
+   With --precisions fp32,int8 the path runs once with each ``--precision``, with --bounds
+   bound,no-bound once with each of ``--bound`` and ``--no-bound``, and with --batch-tokens
+   8192,65536 once with each ``--batch-tokens``; --device puts the models on that device
+   (translate's ``--device``; the table names the GPU).
 3. int8 (``--parts int8``): each model's ``rescore`` of the list's head with ``--precision fp32``
    and ``--precision int8``: hypotheses/s of each, and how far int8 moves the hypotheses' log p
    and the model's own choice of the best hypothesis of each sentence.
@@ -261,6 +263,15 @@ def moses_alone(args, source: Path, work: Path) -> float:
     return time.perf_counter() - started
 
 
+def gpu_name(device: str) -> str:
+    """The device's name as PyTorch reports it (a GPU's model), or the device as given."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(torch.device(device))} (torch {torch.__version__})"
+    return device
+
+
 def one_command(args, work: Path) -> str:
     source = work / f"translate{args.translate_sentences}.src"
     with open_text(Path(args.source)) as lines, open(source, "w", encoding="utf-8") as out:
@@ -274,12 +285,15 @@ def one_command(args, work: Path) -> str:
     if args.references:
         with open_text(Path(args.references)) as lines:
             references = [line.rstrip("\n") for _, line in zip(range(args.translate_sentences), lines)]
+    device = ["--device", args.device] if args.device else []
     runs = []
-    for precision, bound in [(p, b) for b in args.bounds for p in args.precisions]:  # each a whole translate run
-        translation = work / f"translation.{precision}.{bound}.txt"
+    for precision, bound, tokens in [(p, b, t) for t in args.batch_tokens for b in args.bounds
+                                     for p in args.precisions]:  # each a whole translate run
+        translation = work / f"translation.{precision}.{bound}.{tokens}.txt"
+        batch = ["--batch-tokens", tokens] if tokens else []
         _, err, seconds, _ = benchlib.run_measured(benchlib.phrase_scorer_command(
             "translate", "--moses", args.moses_ini, "--reranker", args.reranker, source, "-o", translation,
-            "--overwrite", "--precision", precision, f"--{bound}", *decoder_threads, *chunks))
+            "--overwrite", "--precision", precision, f"--{bound}", *decoder_threads, *chunks, *device, *batch))
         match = PHASES.search(err)
         if not match:
             raise SystemExit(f"translate did not report its phases:\n{err[-2000:]}")
@@ -290,7 +304,8 @@ def one_command(args, work: Path) -> str:
 
             hypotheses = translation.read_text(encoding="utf-8").splitlines()
             bleu = score(hypotheses, references, kind="tokenized", lang=args.lang).bleu
-        runs.append((f"{precision}, --{bound}", seconds, waiting, rescoring, reranking, bleu))
+        label = f"{precision}, --{bound}" + (f", --batch-tokens {tokens}" if tokens else "")
+        runs.append((label, seconds, waiting, rescoring, reranking, bleu))
     alone = moses_alone(args, source, work)
     rows = [[precision, f"{seconds:.1f}", f"{args.translate_sentences / seconds:.1f}", f"{seconds / alone:.2f}",
              f"{waiting:.1f}", f"{rescoring:.1f}", f"{reranking:.1f}",
@@ -304,7 +319,8 @@ def one_command(args, work: Path) -> str:
         f"{args.decoder_threads or 'as translate sets them'}, chunks of "
         f"{args.chunk_sentences or 'the default'} sentences), each `--precision` and `--bound`/`--no-bound` a run "
         "of its own, on "
-        f"{info['cpu']} ({info['cores']} cores). Moses alone, the same lists of the same sentences with the same "
+        f"{info['cpu']} ({info['cores']} cores)" + (f", the models on {gpu_name(args.device)}" if args.device else "")
+        + ". Moses alone, the same lists of the same sentences with the same "
         f"flags in the same run: {alone:.1f} s ({args.translate_sentences / alone:.1f} sentences/s)."
         + (f" BLEU against `{Path(args.references).name}`." if references is not None else "") + "\n\n"
         + benchlib.markdown_table(["run", "seconds", "sentences/s", "x Moses alone", "waiting for Moses",
@@ -335,6 +351,9 @@ def main() -> None:
                         help="throughput, int8 (each model in fp32 and int8), path (the path needs --reranker)")
     parser.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32"],
                         help="the path: translate's --precision of each run (fp32,int8: one run each)")
+    parser.add_argument("--batch-tokens", type=lambda s: [int(t) for t in s.split(",")], default=[0],
+                        help="the path: translate's --batch-tokens of each run (0: its default)")
+    parser.add_argument("--device", default=None, help="the path: translate's --device (default: its own)")
     parser.add_argument("--bounds", type=lambda s: s.split(","), default=["bound"],
                         help="the path: bound, no-bound or both (translate's --bound/--no-bound; one run each)")
     args = parser.parse_args()

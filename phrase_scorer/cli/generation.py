@@ -9,7 +9,8 @@ from phrase_scorer.config import SampleOptions, ScoringOptions, TranslateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
-    device_option, model_option, moses_home_option, overwrite_option, precision_option, resume_option, threads_option,
+    batch_tokens_option, device_option, model_option, moses_home_option, overwrite_option, precision_option,
+    resume_option, threads_option,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -111,18 +112,20 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 @click.option("--pipeline/--no-pipeline", default=TranslateOptions.pipeline, show_default=True,
               help="With --moses: Moses decodes the next chunk while the models rescore this one "
                    "(--no-pipeline: one after the other; the same output either way).")
-@click.option("--bound/--no-bound", default=TranslateOptions.bound, show_default=True,
+@click.option("--bound/--no-bound", default=TranslateOptions.bound,
               help="With --moses: a model scores a hypothesis only while it can still be its sentence's best "
-                   "(--no-bound: every hypothesis with every model; the same choices).")
+                   "(--no-bound: every hypothesis with every model; the same choices) [default: bound on a CPU, "
+                   "no bound on a GPU, where the staged scoring's extra batches cost more than they save].")
 @resume_option
 @overwrite_option
 @device_option
 @precision_option
+@batch_tokens_option
 @threads_option
 @moses_home_option
 def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, moses_ini, reranker,
               chunk_sentences, decoder_threads, working_dir, pipeline, bound, resume, overwrite, device, precision,
-              threads, moses_home):
+              batch_tokens, threads, moses_home):
     """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search with
     a model (-m), or with the whole tuned system (--moses INI --reranker RERANKER).
 
@@ -146,7 +149,7 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
         try:
             result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,
                                         moses=MosesInstallation.find(moses_home), device=resolve_device(device),
-                                        scoring_options=ScoringOptions(precision=precision),
+                                        scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision),
                                         chunk_sentences=chunk_sentences, threads=decoder_threads,
                                         working_dir=working_dir, pipeline=pipeline, bound=bound, resume=resume,
                                         overwrite=overwrite)
@@ -159,8 +162,8 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
         return
     if reranker is not None or resume:
         raise UserError("--reranker and --resume go with --moses")
-    if precision != ScoringOptions.precision:
-        raise UserError("--precision goes with --moses (how the reranker's models rescore the lists)")
+    if precision != ScoringOptions.precision or batch_tokens is not None:
+        raise UserError("--precision and --batch-tokens go with --moses (how the reranker's models rescore the lists)")
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.generation.translate import translate_file
 

@@ -9,7 +9,7 @@ import click
 
 from phrase_scorer.config import (
     ARCH_PRESETS, COLUMNS, INITS, LOSSES, OPTIMIZERS, PRECISIONS, RECIPES, TRAIN_PRECISIONS, UNK_SIDES, VALID_METRICS,
-    MAX_SHORTLIST, AnnotateOptions, ScoringOptions, TrainConfig,
+    CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, MAX_SHORTLIST, AnnotateOptions, ScoringOptions, TrainConfig,
     TuneOptions, VOCABULARIES,
 )
 from phrase_scorer.cli.group import Duration, explicit_options
@@ -21,10 +21,11 @@ threads_option = click.option("--threads", type=click.IntRange(min=1), default=N
                               help="CPU threads for the model [default: the cores this process may use, shared "
                                    "with the other ranks on the machine under torchrun; for score, annotate and "
                                    "rescore, one with a model of under a million parameters].")
-batch_tokens_option = click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
-                                   help="Target tokens per scoring batch. On a GPU a larger batch pays: "
-                                        "65536 rescored 1.6 times as fast as the default on an H200 "
-                                        "(docs/benchmarks.md, 'On a GPU').")
+batch_tokens_option = click.option(
+    "--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
+    help=f"Target tokens per scoring batch [default: {CPU_BATCH_TOKENS} on a CPU, {GPU_BATCH_TOKENS} on a GPU, "
+         f"where a larger batch pays: {GPU_BATCH_TOKENS} rescored 1.4-2.1 times as fast as {CPU_BATCH_TOKENS} on "
+         "an H100 and an H200 (docs/benchmarks.md, 'On a GPU')]. Recorded in the output's signature.")
 precision_option = click.option(
     "--precision", type=click.Choice(PRECISIONS), default=ScoringOptions.precision,
     help="fp32 on every device by default. bf16/fp16 (GPU only; a CPU runs them in fp32): autocast, so the "
@@ -161,8 +162,7 @@ def column_options(function):
                      help="Whose words outside the model's shortlists the unk column counts."),
         click.option("--length-normalize/--no-length-normalize", default=AnnotateOptions.length_normalize,
                      help="Write exp(log p / (target words + 1)), p per target token, instead of p(y|x)."),
-        click.option("--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
-                     help="Target tokens per scoring batch."),
+        batch_tokens_option,
         click.option("--window-lines", type=click.IntRange(min=1), default=AnnotateOptions.window_lines,
                      help="Lines read, scored and written at a time (also the resume granularity)."),
     ]

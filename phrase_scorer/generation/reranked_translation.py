@@ -5,8 +5,9 @@
     source, a chunk of sentences at a time
       --the user's Moses, -n-best-list N distinct (N and the decoder flags the reranker records)--> n-best list
       --the reranker's models (checked by the SHA-256 of their weights), each hypothesis scored by a
-        model only while it can still be its sentence's best (generation/bounded_reranking.py),
-        and the reranker's weights--> one line per sentence
+        model only while it can still be its sentence's best (generation/bounded_reranking.py;
+        on a CPU by default) or every hypothesis by every model (on a GPU by default), and the
+        reranker's weights--> one line per sentence
 
 ``phrase-scorer translate --moses moses.tuned.ini --reranker RERANKER`` runs it. A chunk's files
 live in its own folder of the working directory (``chunk-K/``) only while the chunk is
@@ -32,13 +33,13 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Tuple
 
 from phrase_scorer import __version__
-from phrase_scorer.config import ScoringOptions, TranslateOptions
+from phrase_scorer.config import ScoringOptions, TranslateOptions, default_bound
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_sha256, text_lines
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
@@ -224,19 +225,25 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
                        moses: MosesInstallation, scoring_options: Optional[ScoringOptions] = None,
                        device: Any = "cpu", chunk_sentences: int = TranslateOptions.chunk_sentences,
                        threads: Optional[int] = None, decoder: str = "moses", working_dir: Optional[PathLike] = None,
-                       pipeline: bool = TranslateOptions.pipeline, bound: bool = TranslateOptions.bound,
+                       pipeline: bool = TranslateOptions.pipeline, bound: Optional[bool] = TranslateOptions.bound,
                        resume: bool = False, overwrite: bool = False) -> RerankedTranslation:
     """Translate ``source`` (tokenised as for the Moses system, one sentence per line) with
     ``ini`` and the reranker file ``reranker`` into ``output``, one line per input line.
-    ``pipeline``: Moses decodes the next chunk while the models rescore this one."""
+    ``pipeline``: Moses decodes the next chunk while the models rescore this one; ``bound`` (None:
+    the device's own, ``config.default_bound``): a model scores only what can still win; a
+    ``scoring_options.batch_tokens`` of None is the device's own (``default_batch_tokens``)."""
     import torch
 
     from phrase_scorer.runtime.device import resolve_precision
+    from phrase_scorer.scoring.batch_scorer import default_batch_tokens
     from phrase_scorer.scoring.int8_output import int8_engine
 
     output = os.fspath(output)
     scoring_options = scoring_options or ScoringOptions()
     precision = resolve_precision(torch.device(device), scoring_options.precision)  # refused before Moses starts
+    batch_tokens = scoring_options.batch_tokens or default_batch_tokens(torch.device(device))
+    scoring_options = replace(scoring_options, batch_tokens=batch_tokens)  # recorded as the number it is
+    bound = default_bound(torch.device(device).type) if bound is None else bound
     tuned = Reranker.read(reranker)
     if not tuned.decoder.get("nbest_size"):
         raise PhraseScorerError("the reranker does not record the n-best size it was tuned with", path=reranker,

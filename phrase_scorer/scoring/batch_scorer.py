@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from phrase_scorer.config import ScoringOptions
+from phrase_scorer.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, ScoringOptions
 from phrase_scorer.data.padding import NO_ID, IdRows, pad_ids
 from phrase_scorer.runtime.device import device_label, precision_context, resolve_precision
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel, TrieWalk, at_least_fp32
@@ -144,6 +144,12 @@ def trie_of_rows(rows: np.ndarray, lengths: np.ndarray, share_prefixes: bool = T
     return PrefixTrie(keys=keys, parents=parents, node_of=list(node_of))
 
 
+def default_batch_tokens(device: torch.device) -> int:
+    """Target tokens per batch on ``device`` when ``ScoringOptions.batch_tokens`` is None
+    (config.CPU_BATCH_TOKENS, config.GPU_BATCH_TOKENS)."""
+    return CPU_BATCH_TOKENS if device.type == "cpu" else GPU_BATCH_TOKENS
+
+
 CPU_CHUNK_ROWS = 128  # at least this many rows of logits at once
 CPU_CHUNK_BYTES = 2 << 20  # on a CPU, more rows while a chunk's fp32 logits fit in this much cache
 GPU_CHUNK_BYTES = 256 << 20  # on a GPU, a chunk's fp32 logits fill this much: few, large kernels
@@ -168,6 +174,7 @@ class BatchScorer:
         self.device = next(model.parameters()).device
         self.precision = resolve_precision(self.device, options.precision)  # fp32 | bf16 | fp16 | int8
         self.chunk_rows = options.chunk_rows or default_chunk_rows(self.device, model.output_layer.out_features)
+        self.batch_tokens = options.batch_tokens or default_batch_tokens(self.device)
         self.stats = ScoringStats()
         self._softmax: Optional[OutputSoftmax] = None
 
@@ -186,7 +193,7 @@ class BatchScorer:
         signatures: each of these can change an fp32 score's last digits; a CPU's matrix
         products split their work by the thread count)."""
         described = {"device": device_label(self.device), "precision": self.precision,
-                     "batch_tokens": self.options.batch_tokens, "chunk_rows": self.chunk_rows}
+                     "batch_tokens": self.batch_tokens, "chunk_rows": self.chunk_rows}
         if self.precision == "int8":  # another engine's kernels may round otherwise
             described["int8_engine"] = int8_engine()
         if self.model.inference_method is not None:
@@ -266,7 +273,7 @@ class BatchScorer:
         opens_source = np.ones(len(order), bool)
         opens_source[1:] = (ordered[1:] != ordered[:-1]).any(1)
         tokens_through = np.cumsum(target_lengths[order] + 1)  # (n,) tokens of the sorted pairs up to each
-        budget = self.options.batch_tokens
+        budget = self.batch_tokens
         start = 0
         while start < len(order):
             before = int(tokens_through[start - 1]) if start else 0
