@@ -89,6 +89,8 @@ def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequenc
         if stats is not None:
             stats.scored += len(rows)
 
+    rounded: Dict[int, tuple] = {}  # per feature: (H,) the last means and (H,) their rounded values
+
     def feature_rows(exact: bool) -> np.ndarray:
         """(H, F): each feature's value as rescore prints it, or with ``exact`` False, its bound
         where a member is unscored (0 for each unscored log p; NaN where no bound holds)."""
@@ -99,7 +101,12 @@ def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequenc
             unscored = np.isnan(stacked)
             mean = np.mean(np.where(unscored, 0.0, stacked), axis=0) if len(model_indices) > 1 else \
                 np.where(unscored[0], 0.0, stacked[0])
-            out[:, f] = [moses_rounded(float(v)) for v in mean]
+            last_mean, values = rounded.get(f, (None, np.zeros(len(entries))))
+            changed = np.ones(len(entries), bool) if last_mean is None else last_mean != mean  # only scores move it
+            values = values.copy()
+            values[changed] = [moses_rounded(float(v)) for v in mean[changed]]
+            rounded[f] = (mean, values)
+            out[:, f] = values
             if not exact and w[moses_values.shape[1] + f] < 0:
                 out[unscored.any(0), f] = np.nan  # a negative weight: no upper bound
         return out
