@@ -18,8 +18,9 @@ from conftest import SHARED, SHARED_SYSTEM
 from phrase_scorer.config import RescoreExperimentOptions
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.moses.evaluate import score
+from phrase_scorer.moses.reranker import Reranker, apply_reranker
 from phrase_scorer.experiments.rescoring import (
-    MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, decoded_nbest, first_hypotheses, oracle_figures,
+    MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, decoded_nbest, default_rows, first_hypotheses, oracle_figures,
     run_rescore_experiment,
 )
 from phrase_scorer.experiments.statistics import ngram_stats, smoothed_sentence_bleu
@@ -213,6 +214,21 @@ def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_ti
     assert oracle["1"] == pytest.approx(moses_run.scores["test"]["bleu"])
     assert oracle["1"] < oracle["10"] <= oracle["100"]
     assert "| + all | RNN, RNNReverse |" in report.markdown and (work / "report.md").exists()
+    # each tuned row's reranker, as rerank writes one: the weights of its run with the best dev
+    # BLEU, the other rows' features left out, the models and size of the dev list; applied to the
+    # rescored test list it writes that run's test hypotheses
+    assert set(report.rerankers) == {"+ RNN", "+ RNNReverse", "+ all"}
+    rows_by_label = {row.label: row for row in default_rows(["RNN", "RNNReverse"])}
+    largest = max(len(g) for _, g in group_by_sentence(read_nbest(sets[0].nbest)))
+    for label, path in report.rerankers.items():
+        tuned = Reranker.read(path)
+        best = max((r for r in report.runs if r.row == label), key=lambda r: r.tuned_dev_bleu)
+        assert tuned.weights.by_name() == best.weights and set(tuned.models) == {"RNN", "RNNReverse"}
+        assert set(tuned.ignore_features) == {"RNN", "RNNReverse"} - set(rows_by_label[label].features)
+        assert tuned.decoder == {"nbest_size": largest, "decoder_flags": None}  # lists given: flags unknown
+        out = tmp_path / f"{Path(path).stem}.hyp"
+        assert apply_reranker(path, work / "rescored" / "test.nbest.gz", out) == 50
+        assert out.read_text(encoding="utf-8") == Path(best.hypotheses["test"]).read_text(encoding="utf-8")
 
     # run again: every step is reused
     stamps = {p: p.stat().st_mtime_ns for p in work.rglob("result.json")}
@@ -262,8 +278,13 @@ def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tin
         report.runs[0].hypotheses["test"]).read_text(encoding="utf-8")
     assert report.significance["test"][again.label] == [1.0]
     assert f"| {again.label} | its own tuned moses.ini |" in report.markdown
-    # the lists' flags, for rerank --decoder-flags: Moses' -n-best-factor 100 by default
-    assert "decoder flags `-v 0 -n-best-factor 100` (the decoder flags for `rerank` to record)" in report.markdown
+    # the lists' flags, Moses' -n-best-factor 100 by default, recorded in the row's reranker for translate
+    assert "decoder flags `-v 0 -n-best-factor 100`" in report.markdown
+    tuned = Reranker.read(report.rerankers["+ RNN"])
+    dev_groups = [g for _, g in group_by_sentence(read_nbest(tmp_path / "work" / "nbest" / "dev.nbest"))]
+    assert tuned.decoder == {"nbest_size": max(len(g) for g in dev_groups), "decoder_flags": "-v 0 -n-best-factor 100"}
+    assert f"- reranker of + RNN (its run with the best dev BLEU), for the whole system (`phrase-scorer translate` " \
+           f"with `moses.tuned.ini`): `{report.rerankers['+ RNN']}`" in report.markdown
     # with a factor of 1 Moses gives up on distinct hypotheses sooner: fewer of them
     (tmp_path / "factor1").mkdir()
     few = decoded_nbest(TUNED_INI, sets[1], tmp_path / "factor1", moses, replace(options, nbest_factor=1))

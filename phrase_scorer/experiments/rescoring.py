@@ -49,11 +49,12 @@ from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.evaluate import Evaluation, decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines, write_lines
 from phrase_scorer.moses.optimisers import learn_weights
-from phrase_scorer.moses.weights import apply_weights
+from phrase_scorer.moses.reranker import Reranker, rescored_models
+from phrase_scorer.moses.weights import Weights, apply_weights
 from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.experiments.report import NONE, closing_lines, mean_sd, p_values, table, two_decimals, write_report
 from phrase_scorer.experiments.statistics import ngram_stats, paired_bootstrap_p, smoothed_sentence_bleu
-from phrase_scorer.records import Step, read_record
+from phrase_scorer.records import Signature, Step, read_record
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,7 @@ class RescoreExperimentReport:
     significance: Dict[str, Dict[str, List[float]]]  # set -> row -> p per seed
     oracle: Dict[str, Dict[str, float]]  # set -> {"hypotheses per sentence", "1", "10", ..., "all"}
     signatures: Dict[str, str]
+    rerankers: Dict[str, str] = field(default_factory=dict)  # row label -> its reranker file (write_rerankers)
     markdown: str = ""
 
 
@@ -275,6 +277,34 @@ def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence
     return run
 
 
+def write_rerankers(runs: Sequence[RowRun], rows: Sequence[Row], dev_nbest: Path, work: Path,
+                    decoder_flags: Optional[str]) -> Dict[str, str]:
+    """Per tuned row, the reranker of its run with the best tuned dev BLEU (the first such seed),
+    as ``rerank`` writes one (weights, the features left out, the models behind the rescored
+    dev list's features, the n-best size and ``decoder_flags``): ``work/rerankers/<row>.json``,
+    what ``translate --moses INI --reranker`` takes. Row label -> path."""
+    models = rescored_models(dev_nbest)
+    largest = max((len(group) for _, group in group_by_sentence(read_nbest(dev_nbest))), default=0)
+    written: Dict[str, str] = {}
+    for row in rows:
+        tuned_runs = [r for r in runs if r.row == row.label and r.tuned_dev_bleu is not None]
+        if not tuned_runs:
+            continue
+        best = max(tuned_runs, key=lambda r: r.tuned_dev_bleu or 0.0)
+        layout = tuple((name, len(values)) for name, values in best.weights.items())
+        weights = Weights(layout, [v for values in best.weights.values() for v in values])
+        tuned = Reranker(weights, tuple(name for name in models if name not in row.features), models,
+                         nbest_size=largest, decoder_flags=decoder_flags)
+        path = work / "rerankers" / f"{row.folder}.json"
+        path.parent.mkdir(exist_ok=True)
+        record = Signature.build("phrase-scorer rescore-experiment", tuned.to_json(), row=row.label, seed=best.seed,
+                                 dev={"nbest": os.fspath(dev_nbest)}, dev_bleu=best.tuned_dev_bleu,
+                                 bleu="Moses' BleuScorer on the dev list (x 100)")
+        write_text_atomically(path, json.dumps(record.to_json(), indent=1) + "\n")
+        written[row.label] = os.fspath(path)
+    return written
+
+
 # --- what limits the gain ---------------------------------------------------------------------------
 
 
@@ -375,10 +405,12 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
         for seed in range(1, options.runs + 1):
             runs.append(tuned_row_run(row, seed, rescored, sets, features, ini, work, moses, options))
 
-    report = RescoreExperimentReport(runs, significance(runs, sets, options), oracle, signatures)
+    flags = None if sets[0].nbest else nbest_flags(options)  # a list given by the user: its flags are unknown
+    rerankers = write_rerankers(runs, rows, rescored[sets[0].name], work, flags)
+    report = RescoreExperimentReport(runs, significance(runs, sets, options), oracle, signatures, rerankers)
     report.markdown = markdown(report, ini, sets, models, rows, systems, options)
     write_report(work, report.markdown, {"runs": [asdict(r) for r in runs], "significance": report.significance,
-                                         "oracle": oracle, "signatures": signatures})
+                                         "oracle": oracle, "signatures": signatures, "rerankers": rerankers})
     return report
 
 
@@ -447,8 +479,12 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
         + ("; ".join(f"{s.name}: the n-best list `{s.nbest}`" for s in sets if s.nbest) + "; "
            if any(s.nbest for s in sets) else "")
         + (f"n-best lists decoded with {options.nbest_size} distinct hypotheses, decoder flags "
-           f"`{nbest_flags(options)}` (the decoder flags for `rerank` to record)"
+           f"`{nbest_flags(options)}`"
            if not all(s.nbest for s in sets) else f"oracle up to {options.nbest_size} hypotheses") + "\n"
+        + "".join(f"- reranker of {label} (its run with the best dev BLEU), for the whole system "
+                  f"(`phrase-scorer translate` with `{ini.name}`): `{path}`"
+                  + ("" if not sets[0].nbest else " (the dev list was given: it records no decoder flags)") + "\n"
+                  for label, path in report.rerankers.items())
         + "\n".join(model_lines) + "\n"
         f"- rescoring: {'log p per predicted token' if options.normalize else 'log p (natural log)'}; reranking: "
         f"{options.method}, {options.restarts} random restarts per run, starting from the moses.ini's weights\n"
