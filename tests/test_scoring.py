@@ -345,6 +345,8 @@ def test_batch_tokens_default_to_the_devices_own(loaded_tiny, tmp_path):
     lengths = IdRows.of([[5 + i % 7] * 8 for i in range(40)]).lengths
     for options, batches in ((ScoringOptions(), 1), (ScoringOptions(batch_tokens=64), 6)):
         assert len(list(BatchScorer(model, options)._batches(rows.rows, rows.lengths, lengths))) == batches
+    # and a call may ask for its own (the bounded reranking's small batches of floors)
+    assert len(list(BatchScorer(model)._batches(rows.rows, rows.lengths, lengths, 64))) == 6
 
 
 @pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])

@@ -10,7 +10,8 @@ taken as 0 is an upper bound. Per chunk of sentences (all in memory: a chunk hol
 1. the models of features weighted below 0 score every hypothesis (they bound nothing); the
    others score in the order of their features' weights, largest first;
 2. before each model, per sentence, the open hypothesis with the highest bound is scored by
-   every model left: the best exact sum so far, T, is a floor for the sentence's best;
+   every model left (in batches of PICK_BATCH_TOKENS: these share no source, and small batches
+   keep every thread busy): the best exact sum so far, T, is a floor for the sentence's best;
 3. the model then scores only the hypotheses whose bound is still at least T (less a margin far
    above the rounding of the sums); a hypothesis whose bound falls below T is out, and can never
    have been the best: its exact sum is below its bound.
@@ -44,6 +45,9 @@ from phrase_scorer.scoring.rescore import FeatureModel, feature_members, feature
 # A hypothesis is out only when its bound is below the floor by more than this share of the
 # floor's size (plus this much): far above the rounding of a sum of a few dozen terms.
 BOUND_MARGIN = 1e-9
+# Target tokens per batch of the floors' hypotheses (one per sentence, sharing no source): small
+# batches, so that a chunk's picks (about 1,500 tokens for 100 sentences) keep every thread busy.
+PICK_BATCH_TOKENS = 512
 
 
 @dataclass
@@ -76,14 +80,14 @@ def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequenc
     scores: List[Optional[np.ndarray]] = [None] * len(models)  # per model: (H,) log p (per token), NaN unscored
     scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
 
-    def score(model: int, rows: np.ndarray) -> None:
+    def score(model: int, rows: np.ndarray, batch_tokens: Optional[int] = None) -> None:
         if scores[model] is None:
             scores[model] = np.full(len(entries), np.nan)
         if not len(rows):
             return
         subset = [entries[i] for i in rows]
         src_ids, tgt_ids, predicted = model_inputs(models[model], subset, [words[i] for i in rows], source, nbest)
-        log_probs = scorers[model].score(src_ids, tgt_ids)
+        log_probs = scorers[model].score(src_ids, tgt_ids, batch_tokens)
         check_finite(log_probs, str(nbest), subset[0].line_number)
         scores[model][rows] = per_token(log_probs, predicted) if normalize else log_probs  # type: ignore[index]
         if stats is not None:
@@ -132,7 +136,8 @@ def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequenc
         picks = np.array([starts[s] + first_max(open_bounds[starts[s]:starts[s + 1]]) for s in range(len(groups))])
         picks = picks[alive[picks] & ~complete[picks]]
         for later in staged[stage:]:
-            score(later, picks[np.isnan(scores[later][picks])] if scores[later] is not None else picks)
+            score(later, picks[np.isnan(scores[later][picks])] if scores[later] is not None else picks,
+                  PICK_BATCH_TOKENS)
         complete[picks] = True
         exact = sums(feature_rows(True))
         bounds = bounded_sums(sums, feature_rows)

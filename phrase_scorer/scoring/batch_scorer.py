@@ -209,11 +209,11 @@ class BatchScorer:
         return described
 
     def score(self, sources: "Sequence[Sequence[int]] | IdRows",
-              targets: "Sequence[Sequence[int]] | IdRows") -> np.ndarray:
+              targets: "Sequence[Sequence[int]] | IdRows", batch_tokens: Optional[int] = None) -> np.ndarray:
         """Natural-log log p(target | source) for each pair, float64, in input order.
 
         Ids are vocabulary ids (unknown words as ``<unk>``), as sequences or :class:`IdRows`;
-        phrases must not be empty.
+        phrases must not be empty. ``batch_tokens``: this call's batches instead of the scorer's.
         """
         if len(sources) != len(targets):
             raise ValueError("sources and targets differ in length")
@@ -224,7 +224,7 @@ class BatchScorer:
         source_rows, source_lengths = sources.rows, sources.lengths  # (n, S), (n,)
         target_rows, target_lengths = targets.rows, targets.lengths  # (n, T), (n,)
         self.model.eval()  # no training dropout, whatever mode a caller left the model in
-        batches = list(self._batches(source_rows, source_lengths, target_lengths))
+        batches = list(self._batches(source_rows, source_lengths, target_lengths, batch_tokens))
 
         def score_batch(pair_index: np.ndarray, opens_source: np.ndarray) -> Tuple[np.ndarray, ScoringStats]:
             pair_source = np.cumsum(opens_source) - 1  # (k,) each pair's source among the batch's
@@ -253,8 +253,8 @@ class BatchScorer:
 
     # --- batching ------------------------------------------------------------------------------
 
-    def _batches(self, source_rows: np.ndarray, source_lengths: np.ndarray,
-                 target_lengths: np.ndarray) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    def _batches(self, source_rows: np.ndarray, source_lengths: np.ndarray, target_lengths: np.ndarray,
+                 batch_tokens: Optional[int] = None) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
         """Yield (pair indices (k,), whether each opens a new source (k,)) of about batch_tokens
         target tokens each: the pairs sorted by source (a source's pairs in input order), cut
         greedily (a batch takes pairs while their words + </s> fit, and at least one pair).
@@ -273,7 +273,7 @@ class BatchScorer:
         opens_source = np.ones(len(order), bool)
         opens_source[1:] = (ordered[1:] != ordered[:-1]).any(1)
         tokens_through = np.cumsum(target_lengths[order] + 1)  # (n,) tokens of the sorted pairs up to each
-        budget = self.batch_tokens
+        budget = batch_tokens or self.batch_tokens
         start = 0
         while start < len(order):
             before = int(tokens_through[start - 1]) if start else 0
