@@ -263,15 +263,6 @@ def moses_alone(args, source: Path, work: Path) -> float:
     return time.perf_counter() - started
 
 
-def gpu_name(device: str) -> str:
-    """The device's name as PyTorch reports it (a GPU's model), or the device as given."""
-    import torch
-
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(torch.device(device))} (torch {torch.__version__})"
-    return device
-
-
 def one_command(args, work: Path) -> str:
     source = work / f"translate{args.translate_sentences}.src"
     with open_text(Path(args.source)) as lines, open(source, "w", encoding="utf-8") as out:
@@ -319,7 +310,8 @@ def one_command(args, work: Path) -> str:
         f"{args.decoder_threads or 'as translate sets them'}, chunks of "
         f"{args.chunk_sentences or 'the default'} sentences), each `--precision` and `--bound`/`--no-bound` a run "
         "of its own, on "
-        f"{info['cpu']} ({info['cores']} cores)" + (f", the models on {gpu_name(args.device)}" if args.device else "")
+        f"{info['cpu']} ({info['cores']} cores)"
+        + (f", the models on {info.get('gpu', args.device)} (torch {info['torch']})" if args.device else "")
         + ". Moses alone, the same lists of the same sentences with the same "
         f"flags in the same run: {alone:.1f} s ({args.translate_sentences / alone:.1f} sentences/s)."
         + (f" BLEU against `{Path(args.references).name}`." if references is not None else "") + "\n\n"

@@ -107,7 +107,6 @@ def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequenc
                 np.where(unscored[0], 0.0, stacked[0])
             last_mean, values = rounded.get(f, (None, np.zeros(len(entries))))
             changed = np.ones(len(entries), bool) if last_mean is None else last_mean != mean  # only scores move it
-            values = values.copy()
             values[changed] = [moses_rounded(float(v)) for v in mean[changed]]
             rounded[f] = (mean, values)
             out[:, f] = values

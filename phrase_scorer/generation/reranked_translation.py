@@ -240,10 +240,11 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
 
     output = os.fspath(output)
     scoring_options = scoring_options or ScoringOptions()
-    precision = resolve_precision(torch.device(device), scoring_options.precision)  # refused before Moses starts
-    batch_tokens = scoring_options.batch_tokens or default_batch_tokens(torch.device(device))
+    where = torch.device(device)
+    precision = resolve_precision(where, scoring_options.precision)  # refused before Moses starts
+    batch_tokens = scoring_options.batch_tokens or default_batch_tokens(where)
     scoring_options = replace(scoring_options, batch_tokens=batch_tokens)  # recorded as the number it is
-    bound = default_bound(torch.device(device).type) if bound is None else bound
+    bound = default_bound(where.type) if bound is None else bound
     tuned = Reranker.read(reranker)
     if not tuned.decoder.get("nbest_size"):
         raise PhraseScorerError("the reranker does not record the n-best size it was tuned with", path=reranker,
