@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from conftest import A_MAN_TABLE, DATA, ROOT, SHARED_SYSTEM, require_shared
 from phrase_scorer.cli import cli
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.moses_ini import MosesIni, format_weight
+from phrase_scorer.io.moses_ini import KENLM_BINARY_MAGIC, MosesIni, format_weight, text_loaded_features
 from phrase_scorer.moses.ini_patch import patch_moses_ini
 from phrase_scorer.moses.binarise import binarize_command
 from phrase_scorer.io.phrase_table import read_phrase_table
@@ -104,6 +104,28 @@ def test_sections_features_and_weights_of_the_real_ini():
 def test_weight_line_of_the_tuned_ini():
     weights = MosesIni.read(TUNED).weight_line("TranslationModel0")
     assert weights.weights == [0.0731793, 0.00306417, 0.0673578, 0.0464722]
+
+
+def test_text_loaded_features_names_what_moses_parses_at_each_start(tmp_path):
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "compact.minlexr").write_bytes(b"x")
+    (tmp_path / "tables" / "binary.binlexr.idx").write_bytes(b"x")
+    (tmp_path / "lm.arpa.gz").write_bytes(gzip.compress(b"\\data\\\n"))
+    (tmp_path / "lm.bin").write_bytes(KENLM_BINARY_MAGIC + b"http://kheafield.com/code format version 5\n")
+    ini = tmp_path / "moses.ini"
+    ini.write_text("[feature]\n"
+                   "UnknownWordPenalty\n"
+                   "PhraseDictionaryMemory name=TextTable num-features=4 path=phrase-table.gz\n"
+                   "PhraseDictionaryCompact name=CompactTable num-features=4 path=tables/phrase-table\n"
+                   "LexicalReordering name=TextReordering num-features=6 path=tables/text\n"
+                   "LexicalReordering name=CompactReordering num-features=6 path=tables/compact\n"
+                   "LexicalReordering name=BinaryReordering num-features=6 path=tables/binary\n"
+                   "KENLM name=ArpaLM factor=0 path=lm.arpa.gz order=5\n"
+                   f"KENLM name=BinaryLM factor=0 path={tmp_path / 'lm.bin'} order=5\n"
+                   "KENLM name=MissingLM factor=0 path=absent.bin order=5\n", encoding="utf-8")
+    assert text_loaded_features(MosesIni.read(ini)) == ["TextTable", "TextReordering", "ArpaLM"]
+    # the bundled tuned ini's tables are text; its LM is not bundled (a file it cannot read is Moses' to report)
+    assert text_loaded_features(MosesIni.read(TUNED)) == ["TranslationModel0", "LexicalReordering0"]
 
 
 @pytest.mark.parametrize("weight, text", [(0.2, "0.2"), (1.0, "1"), (0, "0"), (-0.05, "-0.05"), (1e-7, "1e-07"),

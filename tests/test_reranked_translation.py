@@ -118,6 +118,8 @@ def test_one_command_gives_what_the_steps_give_by_hand(system, tmp_path):
                        r"([\d.]+) s\)", result.stderr)
     assert phases and float(phases.group(1)) > 0 and float(phases.group(2)) > 0  # where the time went
     assert float(phases.group(4)) > 0  # the first chunk's decoding is never hidden
+    # the system's text tables and ARPA model, which Moses parses before its first sentence, are named
+    assert "Moses parses the text files of TranslationModel0, LexicalReordering0, LM0 on one core" in result.stderr
 
 
 def test_a_model_changed_since_tuning_is_refused(system, tmp_path):

@@ -42,6 +42,7 @@ from phrase_scorer import __version__
 from phrase_scorer.config import ScoringOptions, TranslateOptions, default_bound
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_sha256, text_lines
+from phrase_scorer.io.moses_ini import MosesIni, text_loaded_features
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
 from phrase_scorer.moses.reranker import Reranker
@@ -249,6 +250,10 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     if not tuned.decoder.get("nbest_size"):
         raise PhraseScorerError("the reranker does not record the n-best size it was tuned with", path=reranker,
                                 hint="tune it again with this version's rerank")
+    parsed_at_start = text_loaded_features(MosesIni.read(ini))
+    if parsed_at_start:  # the models wait for it: the first chunk's lists come after it
+        log.info("Moses parses the text files of %s on one core before its first sentence; binarised, they "
+                 "load at once (docs/moses.md, 'Rescoring in production')", ", ".join(parsed_at_start))
     models, normalize = reranker_models(tuned, device)
     weights = tuned.weights.without(unweighted_models(tuned))  # the same choices on lists without them
     inputs = [("the source", source), ("the moses.ini", ini), ("the reranker", reranker)]

@@ -307,6 +307,40 @@ def format_weight(weight: float) -> str:
 # --- binarised tables ----------------------------------------------------------------------------
 
 
+#: How KenLM's binary files begin; an ARPA file (plain or gzip) does not.
+KENLM_BINARY_MAGIC = b"mmap lm "
+
+
+def text_loaded_features(ini: "MosesIni") -> List[str]:
+    """The features of ``ini`` whose files Moses parses from text each time it starts, on one
+    thread, before it decodes anything: a ``PhraseDictionaryMemory`` table, a ``LexicalReordering``
+    table with neither its compact (``P.minlexr``) nor its binary (``P.binlexr.idx``) form beside
+    ``path=P`` (Moses looks for those first), and a ``KENLM`` model in ARPA format. Relative paths
+    are read against the ini's folder, where Moses runs; a file that cannot be read is left to
+    Moses to report."""
+    folder = os.path.dirname(os.path.abspath(ini.path))
+    found = []
+    for feature in ini.features():
+        path = feature.get("path")
+        if path is None:
+            continue
+        path = os.path.join(folder, path)
+        if feature.type in TEXT_TABLE_TYPES:
+            found.append(feature.name)
+        elif feature.type == "LexicalReordering":
+            if not (os.path.exists(path + ".minlexr") or os.path.exists(path + ".binlexr.idx")):
+                found.append(feature.name)
+        elif feature.type == "KENLM":
+            try:
+                with open(path, "rb") as lm:
+                    head = lm.read(len(KENLM_BINARY_MAGIC))
+            except OSError:
+                continue
+            if head != KENLM_BINARY_MAGIC:
+                found.append(feature.name)
+    return found
+
+
 def binary_table_file(feature_type: str, path: PathLike) -> str:
     """The file or folder Moses opens for a binary table whose ``path=`` is ``path``."""
     path = os.fspath(path)
