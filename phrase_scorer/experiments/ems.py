@@ -129,8 +129,7 @@ def phrase_table_file(ini: MosesIni, path_value: str, line: int) -> str:
     EMS names tables by their stem (``model/phrase-table.N``) while train-model.perl writes
     ``model/phrase-table.N.gz``; Moses and the filter script try ``.gz`` when the stem is absent.
     """
-    path = (path_value if os.path.isabs(path_value)
-            else os.path.join(os.path.dirname(os.path.abspath(ini.path)), path_value))
+    path = ini.resolve(path_value)
     for candidate in (path, path + ".gz"):
         if os.path.isfile(candidate):
             return candidate

@@ -113,6 +113,11 @@ class MosesIni:
         self.lines = lines
         self.path = os.fspath(path)
 
+    def resolve(self, path: str) -> str:
+        """A ``path=`` value as Moses opens it when it runs in the ini's folder (as every verb runs
+        it): against that folder, unless absolute."""
+        return os.path.join(os.path.dirname(os.path.abspath(self.path)), path)
+
     @classmethod
     def read(cls, path: PathLike) -> "MosesIni":
         try:
@@ -318,13 +323,12 @@ def text_loaded_features(ini: "MosesIni") -> List[str]:
     ``path=P`` (Moses looks for those first), and a ``KENLM`` model in ARPA format. Relative paths
     are read against the ini's folder, where Moses runs; a file that cannot be read is left to
     Moses to report."""
-    folder = os.path.dirname(os.path.abspath(ini.path))
     found = []
     for feature in ini.features():
         path = feature.get("path")
         if path is None:
             continue
-        path = os.path.join(folder, path)
+        path = ini.resolve(path)
         if feature.type in TEXT_TABLE_TYPES:
             found.append(feature.name)
         elif feature.type == "LexicalReordering":
@@ -394,13 +398,12 @@ def count_table_scores(path: PathLike, lines: int = CHECK_LINES) -> int:
 def ini_inputs(ini: "MosesIni") -> List[Tuple[str, str]]:
     """The files a moses.ini reads (every feature's path=, as given and against the ini's folder),
     as inputs for :func:`~phrase_scorer.io.outputs.check_output`."""
-    folder = os.path.dirname(os.path.abspath(ini.path))
     found = [("the moses.ini", os.fspath(ini.path))]
     for feature in ini.features():
         path = feature.get("path")
         if path:
             found += [(f"the file of {feature.name}", path),
-                      (f"the file of {feature.name}", os.path.join(folder, path))]
+                      (f"the file of {feature.name}", ini.resolve(path))]
     return found
 
 

@@ -88,8 +88,7 @@ def _points_at(ini: "MosesIni", feature: "FeatureLine", table: PathLike) -> bool
     path = feature.get("path")
     if not path:
         return False
-    folder = os.path.dirname(os.path.abspath(ini.path))
-    return any(same_file(candidate, table) for candidate in (path, os.path.join(folder, path)))
+    return any(same_file(candidate, table) for candidate in (path, ini.resolve(path)))
 
 
 def new_column_weights(add_features: int, initial_weights: Union[None, float, Sequence[float]]) -> List[float]:
@@ -164,11 +163,10 @@ def patched_lines(ini: MosesIni, feature: FeatureLine, new_path: str, old: int, 
     with ``absolute_paths``, every other feature with a relative path=."""
     new_text: Dict[int, str] = {}
     if absolute_paths:
-        ini_dir = os.path.dirname(os.path.abspath(ini.path))
         for other in ini.features():
             value = other.get("path")
             if other is not feature and value and not os.path.isabs(value):
-                absolute = os.path.normpath(os.path.join(ini_dir, value))
+                absolute = os.path.normpath(ini.resolve(value))
                 new_text[other.line.number] = set_arguments(other.line, {"path": absolute})
     values = {"path": new_path, "num-features": str(new)}
     tuneable = feature.get("tuneable-components")
