@@ -240,7 +240,7 @@ def test_the_signature_records_the_batches_and_a_finished_output_is_kept_only_fo
     chunk_rows = default_chunk_rows(torch.device("cpu"), loaded_tiny.model.output_layer.out_features)
     assert chunk_rows > 128  # a small vocabulary: more rows at once
     assert scoring == {"device": "cpu", "precision": "fp32", "batch_tokens": 8192, "chunk_rows": chunk_rows,
-                       "threads": torch.get_num_threads()}
+                       "softmax": "base 2", "threads": torch.get_num_threads()}
     options = AnnotateOptions()
     assert finished_annotation(A_MAN_TABLE, out, loaded_tiny, options, BatchScorer(loaded_tiny.model).describe())
     other = BatchScorer(loaded_tiny.model, ScoringOptions(batch_tokens=64)).describe()

@@ -78,6 +78,7 @@ def test_int8_scores_stay_near_fp32_and_say_so(sentence_models, arch):
     assert float((moved / tokens).max()) < 0.02 and float((moved / tokens).mean()) < 0.005
     described = BatchScorer(loaded.model, ScoringOptions(precision="int8")).describe()
     assert described["precision"] == "int8" and described["int8_engine"] == torch.backends.quantized.engine
+    assert described["softmax"] == "base 2"
     assert "int8_engine" not in BatchScorer(loaded.model, ScoringOptions()).describe()
 
 

@@ -51,6 +51,7 @@ def test_signature_names_device_and_precision(tmp_path, loaded_tiny):
     signature = json.loads((tmp_path / "o.txt.json").read_text())
     scoring = signature["scoring"]
     assert (scoring["device"], scoring["precision"]) == ("cpu", "fp32") and scoring == result.signature["scoring"]
+    assert scoring["softmax"] == "base 2"  # the log-sum-exp's method (OutputSoftmax) moves last digits
 
 
 @pytest.mark.parametrize("key, saved", [("precision", "bf16"), ("device", "cuda:NVIDIA H100 80GB HBM3")])

@@ -255,6 +255,31 @@ def test_inference_without_autograd_computes_the_training_step():
 
 
 @pytest.mark.parametrize("arch", ["rnnsearch", "encdec"])
+def test_the_first_sources_read_in_place_step_as_selected_rows(arch):
+    """``memory.first(k)``, the rows a scorer reads when its rows at a depth are its first sources
+    in order, takes the same step as ``memory.select(arange(k))``: RNNsearch's context then comes
+    from a batched product over the sources' own rows instead of the sparse one, the same sums."""
+    for dtype, tolerance in ((torch.float32, 2e-6), (torch.float64, 1e-12)):
+        model = random_model(arch, dtype=dtype).eval()
+        src, src_len = pad([p[0] for p in PAIRS], "cpu")
+        torch.manual_seed(2)
+        prev = torch.tensor([3, 0, 5])  # <pad>: no previous word
+        with torch.no_grad():
+            memory = model.encode(src, src_len)
+            in_place, selected = memory.first(3), memory.select(torch.arange(3))
+            assert len(in_place) == len(selected) == 3
+            state = model.start(selected) + 0.1 * torch.randn(3, model.start(selected).size(1), dtype=dtype)
+            for want, got in zip(model.step(selected, state, prev), model.step(in_place, state, prev)):
+                np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=tolerance, atol=tolerance)
+            np.testing.assert_allclose(model.start(in_place).numpy(), model.start(selected).numpy(), rtol=0, atol=0)
+            # the first rows of rows already selected are selected rows again
+            again = memory.select(torch.tensor([4, 2, 2, 0])).first(2)
+            want = model.step(memory.select(torch.tensor([4, 2])), state[:2], prev[:2])
+            for w, g in zip(want, model.step(again, state[:2], prev[:2])):
+                np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("arch", ["rnnsearch", "encdec"])
 def test_padding_changes_nothing(arch):
     """More padding after a source, longer neighbours in the batch, or a pair on its own: the
     same log p; <pad>'s embedding rows are never read as words."""

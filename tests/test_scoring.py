@@ -152,7 +152,8 @@ def test_the_vectorised_trie_is_the_trie_built_one_sequence_at_a_time(share):
 def greedy_batches(sources, targets, budget, shortest_first=False):
     """Pairs grouped by source (sources in sorted order, or shortest first and then sorted; a
     source's pairs in input order), cut into batches of at most ``budget`` target tokens (words +
-    </s>), at least one pair each."""
+    </s>), at least one pair each; a batch whose sources each have one pair takes its pairs
+    longest target first (ties in the order before)."""
     by_source = {}
     for i, source in enumerate(sources):
         by_source.setdefault(tuple(source), []).append(i)
@@ -165,7 +166,9 @@ def greedy_batches(sources, targets, budget, shortest_first=False):
                 batch, tokens = [], 0
             batch.append((source, i))
             tokens += cost
-    return batches + [batch] if batch else batches
+    batches = batches + [batch] if batch else batches
+    return [sorted(b, key=lambda pair: -len(targets[pair[1]])) if len({source for source, _ in b}) == len(b) else b
+            for b in batches]
 
 
 @pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])
@@ -275,6 +278,28 @@ def test_rnnsearch_scores_equal_teacher_forcing(real_pairs, options, trained_ste
     want = log_probs_by_forward(model, sources, targets)
     got = BatchScorer(model, options).score(sources, targets)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+
+
+def test_rnnsearch_reads_the_sources_of_a_target_each_in_place(real_pairs, monkeypatch):
+    """A reverse model's pairs: each source (a hypothesis) with one target. A batch takes them
+    longest target first, so the decoder rows of every depth are the batch's first sources in
+    order, read where they are (``RNNsearchMemory.first``: views and a batched product, no
+    gathered rows); the scores still equal teacher forcing."""
+    from phrase_scorer.models.rnnsearch import RNNsearchMemory
+
+    one_target = {}
+    for source, target in zip(real_pairs[0], real_pairs[1]):
+        one_target.setdefault(tuple(source), target)
+    sources, targets = [list(s) for s in one_target][:300], list(one_target.values())[:300]
+    assert len({len(t) for t in targets}) > 2  # targets of several lengths
+    model = make_search_model(real_pairs)
+    read_in_place = []
+    first = RNNsearchMemory.first
+    monkeypatch.setattr(RNNsearchMemory, "first", lambda self, count: read_in_place.append(count) or first(self, count))
+    scorer = BatchScorer(model, ScoringOptions(batch_tokens=200))
+    got = scorer.score(sources, targets)
+    np.testing.assert_allclose(got, log_probs_by_forward(model, sources, targets), rtol=0, atol=1e-9)
+    assert sum(read_in_place) == scorer.stats.decoder_steps  # every row of every depth
 
 
 def test_rnnsearch_scorer_encodes_each_source_once_and_shares_target_prefixes(real_pairs):

@@ -76,6 +76,10 @@ class Memory:
         for the same values."""
         return type(self)(**{f.name: getattr(self, f.name).index_select(0, index) for f in fields(self)})
 
+    def first(self, count: int) -> "Memory":
+        """The first ``count`` rows, in order: ``select(arange(count))`` without copying (views)."""
+        return type(self)(**{f.name: getattr(self, f.name)[:count] for f in fields(self)})
+
     def __len__(self) -> int:
         return getattr(self, fields(self)[0].name).size(0)
 

@@ -34,7 +34,10 @@ projected rows (a sum over S rows of 2l + 3n numbers) instead of forming c_i and
 by the (2l + 3n) x 2n matrix: the same value up to the order of the additions, and about S/(S+2n)
 of the work. Decoder rows that read the same source share its memory: selecting rows
 (:meth:`RNNsearchMemory.select`) records which source each row reads, and without autograd the
-weighted sums of every row are one sparse x dense product over the sources' projected rows.
+weighted sums of every row are one sparse x dense product over the sources' projected rows. When
+a step's rows are the first sources themselves, in order (:meth:`RNNsearchMemory.first`: a reverse
+model's batch, one target per source, longest first), they are read in place: views of the
+sources' tensors, and the weighted sums one batched product.
 Likewise y_{i-1} enters only through W E y_{i-1} (+ b) and V_o E y_{i-1}: without autograd a step
 reads them from a table of the whole target vocabulary, computed once for the current weights
 (:meth:`RNNsearch.word_terms`), instead of multiplying its rows' embeddings.
@@ -187,6 +190,14 @@ class RNNsearchMemory(Memory):
     def select(self, index: Tensor) -> "RNNsearchMemory":
         return replace(self, rows=index if self.rows is None else self.rows.index_select(0, index))
 
+    def first(self, count: int) -> "RNNsearchMemory":
+        """The first ``count`` rows in order; of unselected sources, views of the sources' own
+        tensors (no rows recorded: a step reads them in place)."""
+        if self.rows is not None:
+            return self.select(torch.arange(count, device=self.mask.device))
+        return RNNsearchMemory(mask=self.mask[:count], keys=self.keys[:count], init_state=self.init_state[:count],
+                               context_terms=self.context_terms[:count])
+
     def __len__(self) -> int:
         return self.mask.size(0) if self.rows is None else self.rows.size(0)
 
@@ -220,7 +231,8 @@ class RNNsearch(TranslationModel):
     has_alignments = True
     shares_source_affixes = True
     # module docstring
-    inference_method = "context terms per source word; alignment by 2 sigmoid(2u); word terms per vocabulary word"
+    inference_method = ("context terms per source word; alignment by 2 sigmoid(2u); word terms per vocabulary word; "
+                        "the first sources' rows read in place")
 
     def __init__(self, config: RNNsearchConfig, source_vocab_size: int, target_vocab_size: int,
                  initialise: bool = True) -> None:

@@ -7,7 +7,8 @@ this scorer; nothing else computes one. Given a window of pairs it
    (``a man``, ``a man in``, ``a man in a``: a phrase table lists every sub-phrase) sit together
    (a model that pads its sources instead takes them shortest first: :meth:`BatchScorer._batches`);
 2. cuts the window into batches of about ``batch_tokens`` target tokens, keeping a source's
-   targets together;
+   targets together (a batch whose sources each have one target, a reverse model's, takes them
+   longest target first);
 3. encodes each distinct source of a batch once (``model.encode``: a memory of one row per
    source, holding every per-source term of the decoder); a model whose encoder reads left to
    right (``shares_source_prefixes``: the encoder-decoder) walks the *trie* of the sources depth
@@ -15,12 +16,13 @@ this scorer; nothing else computes one. Given a window of pairs it
    (``shares_source_affixes``: RNNsearch) walks the trie of the sources and that of their
    reversals, so a shared prefix and a shared suffix each run once (:meth:`_encode_by_affixes`);
 4. decodes the trie of each source's targets depth by depth (``memory.select`` the nodes'
-   sources, one ``model.step`` per depth): targets sharing a prefix share their decoder steps
-   and their softmax, and no step is spent on padding;
+   sources, or ``memory.first`` when they are the batch's first sources in order, which then
+   need not be gathered; one ``model.step`` per depth): targets sharing a prefix share their
+   decoder steps and their softmax, and no step is spent on padding;
 5. forms the N x V logits of ``model.output_layer`` in chunks of ``chunk_rows`` rows
-   (log-softmax in fp32; by default on a CPU 128 rows, or as many as fill 2 MiB for a small
-   vocabulary, and on a GPU as many as fill 256 MiB, so that a chunk's dozen operations are
-   few), and
+   (log-softmax in fp32, in base 2: :class:`OutputSoftmax`; by default on a CPU 128 rows, or as
+   many as fill 2 MiB for a small vocabulary, and on a GPU as many as fill 256 MiB, so that a
+   chunk's dozen operations are few), and
 6. returns the scores in the input order.
 
 On a CPU with several threads (``torch.get_num_threads()``) each thread scores whole batches
@@ -48,6 +50,7 @@ benchmarks; each distinct source is still encoded only once.
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -196,6 +199,8 @@ class BatchScorer:
                      "batch_tokens": self.batch_tokens, "chunk_rows": self.chunk_rows}
         if self.precision == "int8":  # another engine's kernels may round otherwise
             described["int8_engine"] = int8_engine()
+        if self.precision in ("fp32", "int8"):  # half precision takes the exact log-sum-exp (OutputSoftmax)
+            described["softmax"] = OutputSoftmax.METHOD
         if self.model.inference_method is not None:
             described["inference_method"] = self.model.inference_method
         if not self.model.shares_source_prefixes:  # the batches' sources: :meth:`_batches`
@@ -263,7 +268,9 @@ class BatchScorer:
         lexicographic order, so that prefixes sit together; any other model encodes a padded
         batch, so its sources come shortest first (then lexicographic), each batch padded to
         little more than its own lengths: the ``rescore`` of a reverse model encodes a hypothesis
-        per pair."""
+        per pair. A batch whose sources each have one pair (a reverse model's) then takes them
+        longest target first, so that the decoder rows of each depth are its first sources in
+        order (:meth:`_rows`)."""
         if self.model.shares_source_prefixes:
             order = sorted_rows(source_rows)  # (n,)
         else:
@@ -280,7 +287,10 @@ class BatchScorer:
             stop = max(int(np.searchsorted(tokens_through, before + budget, side="right")), start + 1)
             opens = opens_source[start:stop].copy()
             opens[0] = True
-            yield order[start:stop], opens
+            pairs = order[start:stop]
+            if opens.all():  # a target per source: longest first, so the rows at each depth are the first sources
+                pairs = pairs[np.argsort(-target_lengths[pairs], kind="stable")]
+            yield pairs, opens
             start = stop
 
     # --- the model, trie by trie -----------------------------------------------------------------
@@ -373,17 +383,15 @@ class BatchScorer:
         scores = torch.zeros(targets, dtype=torch.float64, device=self.device)
         overflowed = torch.zeros((), dtype=torch.long, device=self.device)
         states = None
-        node_source = None
+        node_sources = np.zeros(0, np.int64)
         for d, (keys, parents) in enumerate(zip(trie.keys, trie.parents)):
+            node_sources = keys if d == 0 else node_sources[parents]  # (n_d,) each node's source; a root's key is it
+            rows = self._rows(memory, node_sources)
             if d == 0:
-                node_source = self._tensor(keys)  # (n_0,) the node's source
-                rows = memory.select(node_source)
                 prev = torch.full((len(keys),), PAD_ID, dtype=torch.long, device=self.device)  # no y_0
                 parent_states = model.start(rows)  # (n_0, D)
             else:
                 parent_index = self._tensor(parents)
-                node_source = node_source[parent_index]
-                rows = memory.select(node_source)
                 prev = self._tensor(keys)  # (n_d,) y_d
                 parent_states = states[parent_index]  # (n_d, D)
             states, features = model.step(rows, parent_states, prev)  # (n_d, D), (n_d, R)
@@ -400,6 +408,16 @@ class BatchScorer:
         stats.target_steps += int(lengths.sum()) + targets
         stats.decoder_steps += trie.num_nodes
         return scores, overflowed
+
+    def _rows(self, memory: Memory, node_sources: np.ndarray) -> Memory:
+        """The memory's rows for decoder nodes reading ``node_sources`` (n,): when those are the
+        first n sources in order (a batch of one target per source, longest first, at every
+        depth: a reverse model's), the sources' own rows read in place (``memory.first``), else
+        the selected rows."""
+        n = len(node_sources)
+        if n and node_sources[0] == 0 and node_sources[-1] == n - 1 and bool((np.diff(node_sources) == 1).all()):
+            return memory.first(n)
+        return memory.select(self._tensor(node_sources))
 
     def _edge_log_probs(self, features: Tensor, edge_nodes: np.ndarray, labels: np.ndarray,
                         exact_overflow: bool) -> Tuple[Tensor, Tensor]:
@@ -433,13 +451,22 @@ class BatchScorer:
         return self._softmax
 
 
+LOG2_E = 1.0 / math.log(2.0)  # a logit in nats times this is in bits
+LN_2 = math.log(2.0)
+
+
 class OutputSoftmax:
     """log softmax(G_l f + b) at a few labels per row, with two passes over the logits, not six.
 
     Each row's logits are shifted by a reference value U folded into the product itself: with
     f' = (f, 1, -U) and g'_j = (g_j, b_j, 1), one matrix product gives logits - U, which are
     exponentiated in place and summed. This saves the bias copy, the max pass and the
-    subtraction of ``torch.logsumexp``.
+    subtraction of ``torch.logsumexp``. The pass runs in base 2: G and b are scaled by log2(e)
+    once, so the product gives the logits in bits, which ``exp2`` raises (torch's exp2 takes
+    about half the time of its exp on a CPU, and the exponential is a fifth of the softmax's
+    time there), and the picked logit less the row's log2-sum comes back to nats by one
+    multiplication by ln 2. log p moves by about 1e-06 nats (docs/precision.md); signatures
+    record ``softmax: base 2``.
 
     U is the row's largest logit among the first ``PROBE_COLUMNS`` outputs (``</s>``, ``<unk>``
     and the most frequent words, which hold the largest logit of almost every row), from a
@@ -455,11 +482,12 @@ class OutputSoftmax:
     """
 
     PROBE_COLUMNS = 64
+    METHOD = "base 2"  # what a signature records (BatchScorer.describe)
 
     def __init__(self, output_layer: torch.nn.Linear, int8: bool = False) -> None:
         self.output_layer = output_layer
-        weight, bias = output_layer.weight, output_layer.bias  # (V', R), (V',)
         with torch.no_grad():
+            weight, bias = output_layer.weight * LOG2_E, output_layer.bias * LOG2_E  # (V', R), (V',) in bits
             rows = torch.cat([weight, bias.unsqueeze(1)], 1)  # (V', R+1)
             self.probe_t = rows[: self.PROBE_COLUMNS].t().contiguous()  # (R+1, K)
             # the logits' product: in fp32, or with --precision int8 (a CPU) in 8-bit integers (scoring/int8_output.py)
@@ -480,17 +508,17 @@ class OutputSoftmax:
             logits = at_least_fp32(self.output_layer(features))  # (n, V')
             return logits[rows, classes] - torch.logsumexp(logits, -1)[rows], features.new_zeros((), dtype=torch.long)
         with_bias = torch.cat([features, features.new_ones((features.size(0), 1))], 1)  # (n, R+1)
-        shift = (with_bias @ self.probe_t).amax(1, keepdim=True)  # (n, 1) = U
+        shift = (with_bias @ self.probe_t).amax(1, keepdim=True)  # (n, 1) = U, in bits
         if self.int8 is not None:  # U from fp32 logits is a reference point, not a bound, for int8 ones
-            shifted = self.int8(features).sub_(shift)  # (n, V') = logits - U
+            shifted = self.int8(features).sub_(shift)  # (n, V') = logits - U, in bits
         else:
-            shifted = torch.cat([with_bias, -shift], 1) @ self.weight_t  # (n, V') = logits - U
+            shifted = torch.cat([with_bias, -shift], 1) @ self.weight_t  # (n, V') = logits - U, in bits
         picked = shifted[rows, classes]  # (k,)
-        log_sum = shifted.exp_().sum(1).log_()  # (n,) = logsumexp - U, >= 0 unless it overflowed
+        log_sum = shifted.exp2_().sum(1).log2_()  # (n,) = log2-sum-exp2 - U, >= 0 unless it overflowed
         overflowed = ~torch.isfinite(log_sum)  # (n,)
         if exact_overflow and bool(overflowed.any()):
-            log_sum[overflowed] = self.exact(features[overflowed]) - shift[overflowed, 0]
-        return picked - log_sum[rows], overflowed.sum()
+            log_sum[overflowed] = self.exact(features[overflowed]) * LOG2_E - shift[overflowed, 0]
+        return (picked - log_sum[rows]) * LN_2, overflowed.sum()
 
 
 def batches_on_threads(score_batch: Callable[[np.ndarray, np.ndarray], Any],
