@@ -134,7 +134,7 @@ def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathL
     module's docstring); otherwise they are made again."""
     ini = MosesIni.read(moses_ini)
     feature = ini.find_phrase_table()
-    original = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(moses_ini)), feature.get("path")))
+    original = os.path.normpath(ini.resolve(feature.get("path")))
     tables = work / "tables"
     tables.mkdir(parents=True, exist_ok=True)
     both = tables / "phrase-table.rnn+wp.gz"

@@ -49,7 +49,7 @@ def with_absolute_paths(ini: PathLike, output: PathLike) -> None:
     parsed = MosesIni.read(ini)
     table = parsed.find_phrase_table()
     table_path = table.get("path")
-    absolute_table = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(ini)), table_path))
+    absolute_table = os.path.normpath(parsed.resolve(table_path))
     patch_moses_ini(ini, output, phrase_table=absolute_table, add_features=0, absolute_paths=True,
                     feature_name=table.name, overwrite=True)
 
