@@ -45,6 +45,17 @@ def test_bench_precision_batching_compares_each_batching_with_its_reference(tiny
     assert "## Batching: how much a pair's fp32 score depends on its neighbours" in result.stdout
 
 
+def test_bench_precision_keeps_the_batching_block_and_the_sections_after_it():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_precision
+
+    text = "# generated\n\n<!-- batching:start -->\nB\n<!-- batching:end -->\n\n## By hand\n\nH\n"
+    assert bench_precision.kept_sections(text) == "\n" + text[text.index("<!-- batching:start"):]
+    assert bench_precision.kept_sections("# generated only\n") == ""
+    kept = bench_precision.kept_sections()  # the file as it stands: its hand-written sections survive a rewrite
+    assert "## RNNsearch's inference method" in kept and kept.count("<!-- batching:end -->") == 1
+
+
 def test_bench_learning_converts_a_loaded_run_to_idle_time(tmp_path):
     """Validation k of a run that shared the machine is placed at k idle intervals, measured on
     a run of the same command alone; the BLEU at a time is the best reached by then."""

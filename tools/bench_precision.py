@@ -18,8 +18,8 @@ log-softmax is fp32. The rounding points inside a fused GPU kernel can differ fr
 the emulated figures are estimates of the GPU's, not its exact values.
 
 Results go to stdout and, with ``--write``, to docs/precision.md (the whole file is generated,
-but for its batching section). Models can also be measured in parallel processes, each saving its
-rows, then written together:
+but for its batching section and the sections after it, which stay as they are). Models can also
+be measured in parallel processes, each saving its rows, then written together:
 
     python tools/bench_precision.py --model runs/small --lines 6000 --rows small.jsonl &
     python tools/bench_precision.py --model runs/paper --lines 800 --no-noise --rows paper.jsonl
@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -287,11 +286,13 @@ def benchmarks_table(rows) -> str:
     return benchlib.markdown_table(header, body)
 
 
-def kept_batching_section() -> str:
-    """docs/precision.md's batching block as it stands, kept when the rest of the file is written."""
-    match = re.search(r"<!-- batching:start -->.*?<!-- batching:end -->\n?", PRECISION_MD.read_text(), re.S) \
-        if PRECISION_MD.exists() else None
-    return "\n" + match.group(0) if match else ""
+def kept_sections(text: Optional[str] = None) -> str:
+    """What the half-precision table's rewrite of docs/precision.md keeps as it stands: the batching
+    block and every section after it (the measured changes of the scoring method, written by hand)."""
+    if text is None:
+        text = PRECISION_MD.read_text() if PRECISION_MD.exists() else ""
+    start = text.find("<!-- batching:start -->")
+    return "" if start < 0 else "\n" + text[start:]
 
 
 def describe_model(directory: Path) -> Dict[str, str]:
@@ -329,7 +330,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.from_rows:
         rows = [json.loads(line) for path in args.from_rows for line in path.read_text().splitlines() if line.strip()]
-        PRECISION_MD.write_text(render(rows) + kept_batching_section())
+        PRECISION_MD.write_text(render(rows) + kept_sections())
         print(f"wrote {PRECISION_MD}")
         return
     if not args.model:
@@ -383,7 +384,7 @@ def main() -> None:
                     f.write(json.dumps(row) + "\n")
 
     if args.write:
-        PRECISION_MD.write_text(render(rows) + kept_batching_section())
+        PRECISION_MD.write_text(render(rows) + kept_sections())
         print(f"wrote {PRECISION_MD}")
 
 
