@@ -299,7 +299,9 @@ class RNNsearch(TranslationModel):
         (``prefixes``) and that of their reversals (``suffixes``): each direction's GRU runs once
         per node, and so does each direction's half of U_a h_j and [C_o; C_z; C_r; C] h_j (a
         product with h_j = [->h_j; <-h_j] is the sum of the products with its halves), which a
-        position then gathers from its two nodes. Inference only (no dropout)."""
+        position then gathers from its two nodes: one bag of two rows per position
+        (``embedding_bag``'s sum, the same additions as gathering both halves and adding them,
+        with one pass over the result instead of three). Inference only (no dropout)."""
         n = self.config.hidden_dim
         forward_states = self._states_by_trie(self.encoder.forward_unit, prefixes)  # (nodes + 1, n), 0 last
         backward_states = self._states_by_trie(self.encoder.backward_unit, suffixes)  # (nodes' + 1, n)
@@ -307,11 +309,14 @@ class RNNsearch(TranslationModel):
         batch, width = prefixes.positions.shape
         forward_at, backward_at = prefixes.positions.reshape(-1), suffixes.positions.reshape(-1)  # (B*S,)
 
+        nodes = forward_states.size(0)
+        both_at = torch.stack([forward_at, backward_at + nodes], 1)  # (B*S, 2) rows of the two products stacked
+
         def at_positions(weight: Tensor) -> Tensor:  # weight (k, 2n) -> weight h_j of every position (B, S, k)
-            by_prefix = forward_states @ weight[:, :n].t()  # (nodes + 1, k)
-            by_suffix = backward_states @ weight[:, n:].t()  # (nodes' + 1, k)
-            return by_prefix.index_select(0, forward_at).add_(by_suffix.index_select(0, backward_at)).view(
-                batch, width, -1)
+            by_node = forward_states.new_empty((nodes + backward_states.size(0), weight.size(0)))
+            torch.mm(forward_states, weight[:, :n].t(), out=by_node[:nodes])  # (nodes + 1, k)
+            torch.mm(backward_states, weight[:, n:].t(), out=by_node[nodes:])  # (nodes' + 1, k)
+            return nn.functional.embedding_bag(both_at, by_node, mode="sum").view(batch, width, -1)
 
         first_backward = backward_states.index_select(0, suffixes.positions[:, 0])  # (B, n) <-h_1
         mask = torch.arange(width, device=src_len.device) < src_len.unsqueeze(1)  # (B, S)
