@@ -465,8 +465,8 @@ class OutputSoftmax:
     once, so the product gives the logits in bits, which ``exp2`` raises (torch's exp2 takes
     about half the time of its exp on a CPU, and the exponential is a fifth of the softmax's
     time there), and the picked logit less the row's log2-sum comes back to nats by one
-    multiplication by ln 2. log p moves by about 1e-06 nats (docs/precision.md); signatures
-    record ``softmax: base 2``.
+    multiplication by ln 2. log p moves by at most a few 1e-05 nats (docs/precision.md);
+    signatures record ``softmax: base 2``.
 
     U is the row's largest logit among the first ``PROBE_COLUMNS`` outputs (``</s>``, ``<unk>``
     and the most frequent words, which hold the largest logit of almost every row), from a
