@@ -34,6 +34,7 @@ from phrase_scorer.errors import PhraseScorerError, render, setting
 log = logging.getLogger(__name__)
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HALF_PRECISIONS = tuple(_DTYPES)  # the precisions a GPU runs under autocast
 
 
 def resolve_device(name: str) -> torch.device:

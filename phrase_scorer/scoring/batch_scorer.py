@@ -61,7 +61,7 @@ from torch import Tensor
 
 from phrase_scorer.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, ScoringOptions
 from phrase_scorer.data.padding import NO_ID, IdRows, pad_ids
-from phrase_scorer.runtime.device import device_label, precision_context, resolve_precision
+from phrase_scorer.runtime.device import HALF_PRECISIONS, device_label, precision_context, resolve_precision
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel, TrieWalk, at_least_fp32
 from phrase_scorer.scoring.int8_output import Int8Product, int8_engine
 from phrase_scorer.vocab import EOS_ID, PAD_ID
@@ -199,8 +199,9 @@ class BatchScorer:
                      "batch_tokens": self.batch_tokens, "chunk_rows": self.chunk_rows}
         if self.precision == "int8":  # another engine's kernels may round otherwise
             described["int8_engine"] = int8_engine()
-        if self.precision in ("fp32", "int8"):  # half precision takes the exact log-sum-exp (OutputSoftmax)
-            described["softmax"] = OutputSoftmax.METHOD
+        softmax = OutputSoftmax.method(self.precision)
+        if softmax is not None:
+            described["softmax"] = softmax
         if self.model.inference_method is not None:
             described["inference_method"] = self.model.inference_method
         if not self.model.shares_source_prefixes:  # the batches' sources: :meth:`_batches`
@@ -414,9 +415,8 @@ class BatchScorer:
         first n sources in order (a batch of one target per source, longest first, at every
         depth: a reverse model's), the sources' own rows read in place (``memory.first``), else
         the selected rows."""
-        n = len(node_sources)
-        if n and node_sources[0] == 0 and node_sources[-1] == n - 1 and bool((np.diff(node_sources) == 1).all()):
-            return memory.first(n)
+        if np.array_equal(node_sources, np.arange(len(node_sources))):
+            return memory.first(len(node_sources))
         return memory.select(self._tensor(node_sources))
 
     def _edge_log_probs(self, features: Tensor, edge_nodes: np.ndarray, labels: np.ndarray,
@@ -482,7 +482,12 @@ class OutputSoftmax:
     """
 
     PROBE_COLUMNS = 64
-    METHOD = "base 2"  # what a signature records (BatchScorer.describe)
+
+    @staticmethod
+    def method(precision: str) -> Optional[str]:
+        """How the log-sum-exp is computed in ``precision``, as a signature records it
+        (:meth:`BatchScorer.describe`): in base 2, or None for half precision's exact one."""
+        return None if precision in HALF_PRECISIONS else "base 2"
 
     def __init__(self, output_layer: torch.nn.Linear, int8: bool = False) -> None:
         self.output_layer = output_layer
