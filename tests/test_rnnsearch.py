@@ -24,7 +24,7 @@ from phrase_scorer.models.encdec import RNNEncoderDecoder
 from phrase_scorer.model_dir import SOURCE_VOCAB, TARGET_VOCAB, BEST_WEIGHTS, ModelDirectory, load_model
 from phrase_scorer.models.architectures import ARCHITECTURES, build_model
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, next_word_labels, previous_words
-from phrase_scorer.models.rnnsearch import RNNsearch
+from phrase_scorer.models.rnnsearch import Alignment, RNNsearch
 from phrase_scorer.scoring.batch_scorer import pad
 from phrase_scorer.vocab import EOS_ID, PAD_ID, Vocabulary
 
@@ -252,6 +252,26 @@ def test_inference_without_autograd_computes_the_training_step():
         alpha = trained[2]
         assert alpha[0, : len(PAIRS[3][0])].sum() == pytest.approx(1.0) and alpha[0, len(PAIRS[3][0]):].sum() == 0
         assert alpha[3].std() > 0.01  # the alignment is not uniform: the test sees it
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 3, 100])
+def test_alignment_energies_by_row_chunks_give_every_rows_weights(monkeypatch, rows_per_chunk):
+    """On a CPU without autograd the energies go through a buffer of a few rows at a time
+    (``Alignment.CHUNK_BYTES``): one row, three rows with a shorter last chunk, or every row at
+    once, each row gets the a_ij of the training step's tanh form over its real words."""
+    model = random_model(dtype=torch.float64).eval()
+    rows, width, units = 7, 5, TINY_SEARCH.alignment_dim
+    monkeypatch.setattr(Alignment, "CHUNK_BYTES", rows_per_chunk * width * units * 8)  # fp64
+    torch.manual_seed(3)
+    keys = torch.randn(rows, width, units, dtype=torch.float64)  # (N, S, n')
+    state = torch.randn(rows, TINY_SEARCH.hidden_dim, dtype=torch.float64)  # (N, n)
+    mask = torch.arange(width) < torch.tensor([5, 3, 1, 5, 2, 4, 5]).unsqueeze(1)  # (N, S)
+    with torch.enable_grad():
+        want = model.alignment(state, keys, mask).detach()
+    with torch.no_grad():
+        got = model.alignment(state, keys, mask)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
+    assert got[2, 1:].sum() == 0 and got[:, 0].std() > 0.01  # padding gets nothing; the weights vary by row
 
 
 @pytest.mark.parametrize("arch", ["rnnsearch", "encdec"])

@@ -37,7 +37,8 @@ of the work. Decoder rows that read the same source share its memory: selecting 
 weighted sums of every row are one sparse x dense product over the sources' projected rows. When
 a step's rows are the first sources themselves, in order (:meth:`RNNsearchMemory.first`: a reverse
 model's batch, one target per source, longest first), they are read in place: views of the
-sources' tensors, and the weighted sums one batched product.
+sources' tensors, and the weighted sums one batched product. On a CPU the alignment's energies
+go through one cache-sized buffer a few rows at a time (:meth:`Alignment._energy_by_chunks`).
 Likewise y_{i-1} enters only through W E y_{i-1} (+ b) and V_o E y_{i-1}: without autograd a step
 reads them from a table of the whole target vocabulary, computed once for the current weights
 (:meth:`RNNsearch.word_terms`), instead of multiplying its rows' embeddings.
@@ -133,6 +134,10 @@ class Alignment(nn.Module):
     softmax removes. The (N, S, n') elementwise function is a step's largest, and torch's sigmoid
     runs about four times faster than its tanh on a CPU; a_ij moves in its 7th significant digit."""
 
+    # On a CPU without autograd, the energies' (rows, S, n') buffer, within a core's L2 cache
+    # (docs/benchmarks.md, "Rescoring": chunks of 0.6-1 MiB ran fastest of 0.2-3.5 MiB)
+    CHUNK_BYTES = 768 << 10
+
     def __init__(self, config: RNNsearchConfig) -> None:
         super().__init__()
         n, n_a = config.hidden_dim, config.alignment_dim
@@ -145,11 +150,33 @@ class Alignment(nn.Module):
         query = self.query(s_prev).unsqueeze(1)  # (N, 1, n')
         if torch.is_grad_enabled():
             energy = self.score(torch.tanh(query + keys)).squeeze(2)  # (N, S) e_ij
+        elif keys.device.type == "cpu":  # one (rows, S, n') buffer within the cache, rows after rows
+            energy = self._energy_by_chunks(query, keys)  # (N, S) e_ij + sum(v_a)
         else:  # one (N, S, n') tensor, made and transformed in place
             hidden = torch.add(query * 2, keys, alpha=2).sigmoid_()  # (N, S, n') sigmoid(2u)
             energy = (hidden @ (self.score.weight.t() * 2)).squeeze(2)  # (N, S) e_ij + sum(v_a)
         energy = energy.masked_fill(~mask, float("-inf"))
         return torch.softmax(energy, 1)  # (N, S)
+
+    def _energy_by_chunks(self, query: Tensor, keys: Tensor) -> Tensor:
+        """2 v_a^T sigmoid(2 (W_a s_{i-1} + U_a h_j)) of query (N, 1, n') and keys (N, S, n') -> (N, S),
+        a few rows at a time through one (rows, S, n') buffer of about ``CHUNK_BYTES``: the sum,
+        the sigmoid and the product with v_a find it in the cache instead of passing three times
+        over an (N, S, n') tensor in memory. The sum and the sigmoid give the same values; the
+        product's kernel may add a row's n' terms in another order for a chunk's shape than for
+        the whole tensor's (a_ij within a few units of fp32's last place)."""
+        rows, width, units = keys.shape
+        chunk = max(1, self.CHUNK_BYTES // (keys.element_size() * width * units))
+        buffer = keys.new_empty((min(chunk, rows), width, units))  # (chunk, S, n')
+        weights = self.score.weight.t() * 2  # (n', 1) 2 v_a
+        twice_query = query * 2  # (N, 1, n')
+        energy = keys.new_empty((rows, width))  # (N, S)
+        for start in range(0, rows, chunk):
+            stop = min(rows, start + chunk)
+            hidden = buffer[: stop - start]
+            torch.add(twice_query[start:stop], keys[start:stop], alpha=2, out=hidden).sigmoid_()  # sigmoid(2u)
+            torch.mm(hidden.view(-1, units), weights, out=energy[start:stop].view(-1, 1))
+        return energy
 
 
 class MaxoutReadout(nn.Module):
@@ -232,7 +259,7 @@ class RNNsearch(TranslationModel):
     shares_source_affixes = True
     # module docstring
     inference_method = ("context terms per source word; alignment by 2 sigmoid(2u); word terms per vocabulary word; "
-                        "the first sources' rows read in place")
+                        "the first sources' rows read in place; alignment energies by row chunks on a CPU")
 
     def __init__(self, config: RNNsearchConfig, source_vocab_size: int, target_vocab_size: int,
                  initialise: bool = True) -> None:
