@@ -226,7 +226,9 @@ def test_compare_and_alignments_show_words(tmp_path, bpe_model):
         target)  # some words are cut into pieces here
     weights = alignment_weights(loaded, [(source, target)])[0]
     assert weights.shape == (len(target) + 1, len(source))
-    np.testing.assert_allclose(weights.sum(1), 1.0, atol=1e-9)
+    # an fp32 model's a_ij: each row sums to 1 within a few units of fp32's last place (~1e-7); a piece
+    # left out of its word or counted twice moves the rows' sums by its weight
+    np.testing.assert_allclose(weights.sum(1), 1.0, atol=1e-6)
 
 
 def test_a_changed_segmentation_is_refused(tmp_path, bpe_model):
