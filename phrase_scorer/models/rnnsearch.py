@@ -150,23 +150,22 @@ class Alignment(nn.Module):
         query = self.query(s_prev).unsqueeze(1)  # (N, 1, n')
         if torch.is_grad_enabled():
             energy = self.score(torch.tanh(query + keys)).squeeze(2)  # (N, S) e_ij
-        elif keys.device.type == "cpu":  # one (rows, S, n') buffer within the cache, rows after rows
+        else:  # a CPU: a few rows at a time in a buffer within the cache; a GPU: every row at once
             energy = self._energy_by_chunks(query, keys)  # (N, S) e_ij + sum(v_a)
-        else:  # one (N, S, n') tensor, made and transformed in place
-            hidden = torch.add(query * 2, keys, alpha=2).sigmoid_()  # (N, S, n') sigmoid(2u)
-            energy = (hidden @ (self.score.weight.t() * 2)).squeeze(2)  # (N, S) e_ij + sum(v_a)
         energy = energy.masked_fill(~mask, float("-inf"))
         return torch.softmax(energy, 1)  # (N, S)
 
     def _energy_by_chunks(self, query: Tensor, keys: Tensor) -> Tensor:
         """2 v_a^T sigmoid(2 (W_a s_{i-1} + U_a h_j)) of query (N, 1, n') and keys (N, S, n') -> (N, S),
-        a few rows at a time through one (rows, S, n') buffer of about ``CHUNK_BYTES``: the sum,
-        the sigmoid and the product with v_a find it in the cache instead of passing three times
-        over an (N, S, n') tensor in memory. The sum and the sigmoid give the same values; the
-        product's kernel may add a row's n' terms in another order for a chunk's shape than for
-        the whole tensor's (a_ij within a few units of fp32's last place)."""
+        made and transformed in place in one (rows, S, n') buffer. On a CPU the buffer holds a few
+        rows at a time, about ``CHUNK_BYTES``: the sum, the sigmoid and the product with v_a find
+        it in the cache instead of passing three times over an (N, S, n') tensor in memory. The
+        sum and the sigmoid give the same values; the product's kernel may add a row's n' terms
+        in another order for a chunk's shape than for the whole tensor's (a_ij within a few units
+        of fp32's last place). On a GPU the buffer holds every row: one kernel each."""
         rows, width, units = keys.shape
-        chunk = max(1, self.CHUNK_BYTES // (keys.element_size() * width * units))
+        per_chunk = self.CHUNK_BYTES // (keys.element_size() * width * units) if keys.device.type == "cpu" else rows
+        chunk = max(1, per_chunk)
         buffer = keys.new_empty((min(chunk, rows), width, units))  # (chunk, S, n')
         weights = self.score.weight.t() * 2  # (n', 1) 2 v_a
         twice_query = query * 2  # (N, 1, n')
