@@ -509,6 +509,10 @@ class ExperimentOptions:
     bootstrap_samples: int = 1000
 
 
+# Moses' own -n-best-factor, what it decodes with when not told another (moses/parameters/NBestOptions.cpp)
+MOSES_NBEST_FACTOR = 20
+
+
 @dataclass(frozen=True)
 class RescoreExperimentOptions:
     """``rescore-experiment``: the n-best lists, the rescoring, the reranking runs and the scoring."""
@@ -518,8 +522,8 @@ class RescoreExperimentOptions:
     # rescoring and 5 times less decoding (docs/results.md)
     nbest_size: int = 100
     # Moses' -n-best-factor: it extracts at most FACTOR x N paths to find N distinct hypotheses. Its
-    # own default, 20, leaves English-French 100-best lists 74 distinct hypotheses per sentence and
-    # the ensemble row at 62.65 test BLEU; 100 gives 94 and 63.01 (docs/results.md)
+    # own default, MOSES_NBEST_FACTOR, leaves English-French 100-best lists 74 distinct hypotheses
+    # per sentence and the ensemble row at 62.65 test BLEU; 100 gives 94 and 63.01 (docs/results.md)
     nbest_factor: int = 100
     decoder: str = TuneOptions.decoder
     decoder_flags: str = TuneOptions.decoder_flags

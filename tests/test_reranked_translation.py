@@ -120,6 +120,8 @@ def test_one_command_gives_what_the_steps_give_by_hand(system, tmp_path):
     assert float(phases.group(4)) > 0  # the first chunk's decoding is never hidden
     # the system's text tables and ARPA model, which Moses parses before its first sentence, are named
     assert "Moses parses the text files of TranslationModel0, LexicalReordering0, LM0 on one core" in result.stderr
+    # a reranker that records no decoder options (as this one, written by hand) is named once
+    assert result.stderr.count("records no decoder options") == 1 and "rerank's --decoder-flags" in result.stderr
 
 
 def test_a_model_changed_since_tuning_is_refused(system, tmp_path):

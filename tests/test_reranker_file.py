@@ -129,6 +129,25 @@ def test_a_damaged_reranker_is_one_line_naming_the_key(tmp_path, change, key):
     assert_one_line_error(result, str(reranker), key, output=out)
 
 
+@pytest.mark.parametrize("flags, warned", [(None, True), ("", False), ("-v 0 -n-best-factor 100", False)])
+def test_a_reranker_that_records_no_decoder_options_is_named_before_translating(tmp_path, flags, warned):
+    """``translate --moses`` decodes with the options the reranker records: one that records none
+    (tuned on lists it was given) is named, with its n-best size and the flag that records them;
+    one that records Moses' defaults (an empty string) or other options is not."""
+    from phrase_scorer.errors import render
+    from phrase_scorer.generation.reranked_translation import unrecorded_decoder_options
+
+    path = write_json(tmp_path / "r.json", Reranker(decoder_weights(), (), {}, nbest_size=100,
+                                                     decoder_flags=flags).to_json())
+    message = unrecorded_decoder_options(Reranker.read(path))
+    if not warned:
+        assert message is None
+        return
+    assert message is not None and message.startswith(f"{path} records no decoder options")
+    assert "its 100-best lists" in message and "-n-best-factor (20)" in message
+    assert render(message).endswith("with rerank's decoder_flags saying how")  # the CLI renders its flag
+
+
 # --- the n-best list it is applied to ---------------------------------------------------------------
 
 

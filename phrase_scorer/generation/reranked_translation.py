@@ -39,8 +39,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Tuple
 
 from phrase_scorer import __version__
-from phrase_scorer.config import ScoringOptions, TranslateOptions, default_bound
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.config import (
+    MOSES_NBEST_FACTOR, RescoreExperimentOptions, ScoringOptions, TranslateOptions, default_bound,
+)
+from phrase_scorer.errors import PhraseScorerError, render, setting
 from phrase_scorer.io.files import PathLike, file_sha256, text_lines
 from phrase_scorer.io.moses_ini import MosesIni, text_loaded_features
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
@@ -79,6 +81,21 @@ def unweighted_models(reranker: Reranker) -> List[str]:
     """The reranker's model features whose weights are all exactly 0 (every model of an
     ensemble): they change no sentence's choice, so their models need not run."""
     return [name for name in reranker.weights.unweighted() if name in reranker.models]
+
+
+def unrecorded_decoder_options(reranker: Reranker) -> Optional[str]:
+    """What to tell the user when ``reranker`` records no decoder options (tuned on n-best lists
+    it was given without being told how they were made): Moses then decodes with the moses.ini's
+    settings and its own ``-n-best-factor`` (MOSES_NBEST_FACTOR), and lists made with another
+    factor (``rescore-experiment``'s) hold other hypotheses than the weights were tuned on. None when
+    it records them (an empty string included: the lists were made with Moses' defaults)."""
+    if reranker.decoder_flags is not None:
+        return None
+    return (f"{reranker.path or 'the reranker'} records no decoder options: Moses decodes its "
+            f"{reranker.nbest_size}-best lists with the moses.ini's settings and its own -n-best-factor "
+            f"({MOSES_NBEST_FACTOR}); if the dev lists were decoded otherwise (rescore-experiment decodes with "
+            f"a factor of {RescoreExperimentOptions.nbest_factor}), "
+            f"tune it again with rerank's {setting('decoder_flags')} saying how")
 
 
 def reranker_models(reranker: Reranker, device: Any = "cpu") -> Tuple[list, bool]:
@@ -250,6 +267,9 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     if not tuned.decoder.get("nbest_size"):
         raise PhraseScorerError("the reranker does not record the n-best size it was tuned with", path=reranker,
                                 hint="tune it again with this version's rerank")
+    unrecorded = unrecorded_decoder_options(tuned)
+    if unrecorded:
+        log.warning("%s", render(unrecorded))
     parsed_at_start = text_loaded_features(MosesIni.read(ini))
     if parsed_at_start:  # the models wait for it: the first chunk's lists come after it
         log.info("Moses parses the text files of %s on one core before its first sentence; binarised, they "

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 
-from phrase_scorer.config import RerankOptions
+from phrase_scorer.config import MOSES_NBEST_FACTOR, RerankOptions
 from phrase_scorer.errors import PhraseScorerError, render, setting
 from phrase_scorer.io.files import STDIO, PathLike
 from phrase_scorer.moses.installation import MosesInstallation
@@ -74,8 +74,9 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
     mert_programs(moses, options)  # before any work
     if decoder_flags is None:
         log.warning("%s not given: the reranker records no decoder options, so the reranked system will decode "
-                    "its n-best lists with Moses' own (an n-best factor of 20); give the options the lists were "
-                    "decoded with (a rescoring report prints them)", render(setting("decoder_flags")))
+                    "its n-best lists with Moses' own (an n-best factor of %d); give the options the lists were "
+                    "decoded with (a rescoring report prints them)", render(setting("decoder_flags")),
+                    MOSES_NBEST_FACTOR)
     dev_models = rescored_models(dev_nbest)  # a stale signature is refused before the optimisers run
     work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="rerank")
     learned = learn_weights(dev_nbest, dev_reference, work, moses=moses, options=options, start_ini=start_ini)
