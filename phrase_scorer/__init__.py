@@ -34,7 +34,7 @@ MOVED = {
     "distributed": "runtime.distributed",
     "threads": "runtime.threads",
     "progress": "runtime.progress",
-    "resumable": "runtime.resumable",
+    "resumable": "runtime.job",
     "io.parallel": "runtime.workers",
     "io.programs": "runtime.programs",
 }

@@ -17,7 +17,17 @@ the SHA-256 of each vocabulary (``vocab_sha256``: ``source`` and ``target``, of 
 checked at every load, so vocabularies swapped for another model's of the same size are refused
 instead of scoring garbage. A config.json without the key (written by earlier versions) loads
 as before. Every size of the model section is a whole number in its range
-(:class:`~phrase_scorer.config.ModelConfig`), checked before anything is allocated.
+(:class:`~phrase_scorer.config.ModelConfig`), checked before anything is allocated. A config.json
+of a newer ``version`` than this package reads is refused (upgrade the package).
+
+Every weights file training writes (``model.pt``, ``checkpoint.pt``, ``recent/step-N.pt``)
+records the model its weights were trained as (``trained_as``, :func:`weights_identity`: the
+architecture and its sizes, the target's reading order, the SHA-256s of the vocabularies and of
+a subword model's sentencepiece models), and every load checks it against the directory's config
+and vocabularies (:func:`check_trained_as`): another model's weights of the same shapes copied
+into the directory (a reverse or a right-to-left model's) are refused instead of scoring
+garbage. In ``model.pt`` and ``recent/`` it is one more entry of the state dict; in a checkpoint
+an entry beside ``model``. Weights written before the record existed load as they did.
 """
 
 from __future__ import annotations
@@ -44,14 +54,16 @@ from phrase_scorer.subwords import SubwordVocabulary, load_vocabulary, segmentat
 from phrase_scorer.vocab import Vocabulary
 
 from phrase_scorer.io.model_layout import (  # noqa: F401  (the names of a model directory's files)
-    BEST_WEIGHTS, CACHE, CHECKPOINT, CONFIG, MODEL_FILES, MODEL_STATE_FILES, RECENT_WEIGHTS, SOURCE_SUBWORDS,
-    SOURCE_VOCAB, TARGET_SUBWORDS, TARGET_VOCAB, TRAIN_LOG,
+    BEST_WEIGHTS, CACHE, CHECKPOINT, CONFIG, CONFIG_VERSION, MODEL_FILES, MODEL_STATE_FILES, RECENT_WEIGHTS,
+    SOURCE_SUBWORDS, SOURCE_VOCAB, TARGET_SUBWORDS, TARGET_VOCAB, TRAIN_LOG, refuse_newer_version,
 )
 
 MODEL_FORMAT = "phrase-scorer-model"
 VOCAB_HASHES = "vocab_sha256"  # config.json's record of the vocabularies: {"source": sha256, "target": sha256}
 VOCAB_FILES = {"source": SOURCE_VOCAB, "target": TARGET_VOCAB}
 SUBWORDS = "subwords"  # config.json's record of a subword model's sentencepiece models: {side: {file, sha256, ...}}
+TRAINED_AS = "trained_as"  # a weights file's record of the model its weights were trained as (weights_identity)
+COPY_WHOLE = "copy the whole model directory, not one file"
 
 
 def vocab_hashes(source_vocab: Vocabulary, target_vocab: Vocabulary) -> Dict[str, str]:
@@ -76,6 +88,64 @@ def config_record(*, preset: str, model: AnyModelConfig, source_vocab: Vocabular
         "training": training,
         data_kind: data_info,
     }
+
+
+def weights_identity(model: AnyModelConfig, source_vocab: Vocabulary, target_vocab: Vocabulary) -> Dict[str, Any]:
+    """What gives weights their meaning, as a weights file records it (``trained_as``): the
+    architecture and its sizes (the whole-number settings of the model section), whether the
+    target is read right to left, and the SHA-256s of the two vocabularies (a reverse model's are
+    this model's, swapped) and of a subword model's sentencepiece models."""
+    sides = (("source", source_vocab), ("target", target_vocab))
+    return {
+        "arch": model.arch,
+        "sizes": {name: value for name, value in model.to_dict().items() if type(value) is int},
+        "right_to_left": bool(target_vocab.right_to_left),
+        "vocab_sha256": vocab_hashes(source_vocab, target_vocab),
+        "subwords_sha256": {side: vocab.model_sha256() for side, vocab in sides
+                            if isinstance(vocab, SubwordVocabulary)},
+    }
+
+
+_IDENTITY_TYPES = {"arch": str, "sizes": dict, "right_to_left": bool, "vocab_sha256": dict, "subwords_sha256": dict}
+
+
+def check_trained_as(record: Any, expected: Dict[str, Any], path: PathLike) -> None:
+    """Refuse weights (at ``path``) whose record of the model they were trained as (``record``,
+    None: written before weights recorded it, which load as they did) differs from what the
+    directory's config and vocabularies describe (``expected``, :func:`weights_identity`). A
+    setting the record does not hold is not compared."""
+    if record is None:
+        return
+    if not isinstance(record, dict) or any(key in record and type(record[key]) is not kind
+                                           for key, kind in _IDENTITY_TYPES.items()):
+        raise PhraseScorerError(f"damaged: its record of the model the weights were trained as ({TRAINED_AS}) is not "
+                                "readable", path=path, hint="restore the file, or train the model again")
+    found = {**expected, **{key: record[key] for key in _IDENTITY_TYPES if key in record}}
+
+    def refuse(what: str) -> None:
+        raise PhraseScorerError(f"the weights were trained {what}", path=path, hint=COPY_WHOLE)
+
+    if found["arch"] != expected["arch"]:
+        a = {arch: "an" if arch[:1] in "aeiou" else "a" for arch in (found["arch"], expected["arch"])}
+        refuse(f"as {a[found['arch']]} {found['arch']} model, but config.json describes "
+               f"{a[expected['arch']]} {expected['arch']} model")
+    if found["right_to_left"] != expected["right_to_left"]:
+        order = {True: "a right-to-left model (the target read last word first)", False: "a left-to-right model"}
+        refuse(f"as {order[found['right_to_left']]}, but config.json describes {order[expected['right_to_left']]}")
+    hashes, ours = {side: found["vocab_sha256"].get(side) for side in VOCAB_FILES}, expected["vocab_sha256"]
+    if hashes != ours:
+        if hashes == {"source": ours["target"], "target": ours["source"]}:
+            refuse("as a reverse model (target to source), but config.json describes a forward model "
+                   "(source to target)")
+        sides = " and ".join(VOCAB_FILES[side] for side in VOCAB_FILES if hashes.get(side) != ours[side])
+        refuse(f"with other vocabularies (they do not match {sides})")
+    if found["subwords_sha256"] != expected["subwords_sha256"]:
+        refuse("with another subword segmentation (its sentencepiece models differ from this directory's)")
+    sizes = [name for name, value in found["sizes"].items()
+             if name in expected["sizes"] and value != expected["sizes"][name]]
+    if sizes:
+        refuse("with other sizes (" + ", ".join(f"{name} {found['sizes'][name]}, config.json "
+                                                f"{expected['sizes'][name]}" for name in sizes) + ")")
 
 
 def check_zip_crcs(path: PathLike) -> None:
@@ -137,6 +207,7 @@ class LoadedModel:
 class ModelDirectory:
     def __init__(self, path: PathLike) -> None:
         self.path = Path(path)
+        self._trained_as: Optional[Dict[str, Any]] = None  # weights_identity of config.json, once read
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -151,7 +222,8 @@ class ModelDirectory:
     # --- writing -----------------------------------------------------------------------------
 
     def write_config(self, data: Dict[str, Any]) -> None:
-        data = {"format": MODEL_FORMAT, "version": 1, "package_version": __version__, **data}
+        data = {"format": MODEL_FORMAT, "version": CONFIG_VERSION, "package_version": __version__, **data}
+        self._trained_as = None
         write_text_atomically(self.path / CONFIG, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
     def update_config(self, **sections: Any) -> None:
@@ -159,11 +231,16 @@ class ModelDirectory:
         write_text_atomically(self.path / CONFIG, json.dumps({**self.read_config(), **sections}, indent=2) + "\n")
 
     def save_weights(self, state: Dict[str, Any], name: str) -> None:
-        """Save a state dict (or checkpoint dict) atomically."""
+        """Save a state dict (or checkpoint dict) atomically, with the record of the model the
+        weights are trained as (``trained_as``: :meth:`trained_as`) as one more entry."""
+        saved = type(state)(state)
+        if hasattr(state, "_metadata"):  # what load_state_dict reads of a module's own version
+            saved._metadata = state._metadata  # type: ignore[attr-defined]
+        saved[TRAINED_AS] = self.trained_as()
         target = self.path / name
         tmp = target.with_name(target.name + ".part")
         try:
-            torch.save(state, tmp)
+            torch.save(saved, tmp)
             os.replace(tmp, target)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
@@ -209,7 +286,17 @@ class ModelDirectory:
             raise PhraseScorerError(f"config is not valid JSON ({exc})", path=path) from None
         if not isinstance(data, dict) or data.get("format") != MODEL_FORMAT:
             raise PhraseScorerError("not a phrase-scorer model config", path=path)
+        refuse_newer_version(data.get("version"), CONFIG_VERSION, path=path, what="config",
+                             damaged_hint="use the config.json saved with this model")
         return data
+
+    def trained_as(self) -> Dict[str, Any]:
+        """What config.json and the vocabularies say the directory's weights were trained as
+        (:func:`weights_identity`), checked as every load checks them."""
+        if self._trained_as is None:
+            data = self.read_config()
+            self._trained_as = weights_identity(self.model_config(data), *self.vocabularies(data))
+        return self._trained_as
 
     def model_config(self, data: Optional[Dict[str, Any]] = None) -> AnyModelConfig:
         """The model section, as its architecture's config ("arch"; none: the encoder-decoder)."""
@@ -283,13 +370,16 @@ class ModelDirectory:
                     else "train the model first")
             raise PhraseScorerError("the model has no trained weights", path=weights_path, hint=hint)
         state = safe_torch_load(weights_path)
-        if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
-            state = state["model"]  # a training checkpoint
         if not isinstance(state, dict):
             raise PhraseScorerError("weights file does not hold a state dict", path=weights_path)
+        trained_as = state.pop(TRAINED_AS, None)
+        if "model" in state and isinstance(state["model"], dict):
+            state = state["model"]  # a training checkpoint
         # the shapes the config calls for, without allocating a weight
         skeleton = uninitialised_model(config, len(source_vocab), len(target_vocab), "meta")
         check_state_matches(skeleton, state, weights_path)
+        # weights of the same shapes may still be another model's (a reverse or right-to-left one)
+        check_trained_as(trained_as, weights_identity(config, source_vocab, target_vocab), weights_path)
         model = uninitialised_model(config, len(source_vocab), len(target_vocab))  # every weight loaded next
         model.load_state_dict(state)
         model.to(device)
@@ -337,13 +427,17 @@ def recent_weight_files(folder: Path) -> list:
     return sorted(folder.glob("step-*.pt"), key=lambda p: int(p.stem.split("-")[1])) if folder.is_dir() else []
 
 
-def average_weights(paths) -> Dict[str, torch.Tensor]:
+def average_weights(paths, trained_as: Optional[Dict[str, Any]] = None) -> Dict[str, torch.Tensor]:
     """The element-wise mean of the state dicts in ``paths`` (summed in fp64, each tensor back
-    in its own dtype)."""
+    in its own dtype), each file's record of the model it was trained as checked against
+    ``trained_as`` (a directory's :meth:`~ModelDirectory.trained_as`) when given."""
     total: Dict[str, torch.Tensor] = {}
     dtypes: Dict[str, torch.dtype] = {}
     for path in paths:
         state = safe_torch_load(path)
+        record = state.pop(TRAINED_AS, None)
+        if trained_as is not None:
+            check_trained_as(record, trained_as, path)
         for name, tensor in state.items():
             dtypes[name] = tensor.dtype
             total[name] = total.get(name, 0) + tensor.double()

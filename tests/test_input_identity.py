@@ -230,27 +230,34 @@ def test_train_cli_resumes_on_a_corpus_copied_to_another_path(tmp_path):
 
 
 def test_the_resume_record_of_rescore_and_translate_knows_a_source_by_its_bytes(tmp_path):
-    """``rescore`` and ``translate --moses --reranker`` record their inputs as start_resumable
-    does: a copied source resumes, a same-size change is refused naming source.sha256."""
-    from phrase_scorer.runtime.resumable import ChunkWriter, input_identity, resumable_output, start_resumable
+    """``rescore`` and ``translate --moses --reranker`` record their inputs as every resumable
+    job does: a copied source resumes, a same-size change is refused naming source.sha256."""
+    from phrase_scorer.runtime.job import OutputJob, input_identity, record_path
+
+    class Stop(Exception):
+        pass
 
     source = tmp_path / "src.txt"
     source.write_text("a man\nthe dog\n")
     out = str(tmp_path / "out.txt")
     settings = {"source": input_identity(source), "options": {"beam": 5}}
-    done_lines, done_bytes, record = start_resumable(source, out, settings, False, overwrite=False)
-    with resumable_output(out, done_bytes, record) as part:
-        ChunkWriter(part, record, settings, done_lines).write(1, b"un homme\n")
-    saved = json.loads(record.read_text())["settings"]["source"]
+    with pytest.raises(Stop), OutputJob(out, resumable=True, settings=settings, source=source) as job:
+        job.write(1, b"un homme\n")
+        raise Stop
+    saved = json.loads(record_path(out).read_text())["settings"]["source"]
     assert len(saved["sha256"]) == 64 and "path" in saved
 
     copy = tmp_path / "copy.txt"
     shutil.copyfile(source, copy)
-    assert start_resumable(copy, out, {"source": input_identity(copy), "options": {"beam": 5}}, True,
-                           overwrite=False)[:2] == (1, len(b"un homme\n"))
+    with pytest.raises(Stop), OutputJob(out, resume=True, resumable=True, source=copy,
+                                        settings={"source": input_identity(copy), "options": {"beam": 5}}) as job:
+        assert (job.done_lines, job.out.tell()) == (1, len(b"un homme\n"))
+        raise Stop
     change_one_byte_text(copy)
     with pytest.raises(PhraseScorerError, match=r"source changed since the interrupted run \(source.sha256: "):
-        start_resumable(copy, out, {"source": input_identity(copy), "options": {"beam": 5}}, True, overwrite=False)
+        with OutputJob(out, resume=True, resumable=True, source=copy,
+                       settings={"source": input_identity(copy), "options": {"beam": 5}}):
+            pass
 
 
 def change_one_byte_text(path: Path) -> None:

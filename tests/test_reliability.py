@@ -422,6 +422,97 @@ def test_fuzz_aliased_output_long(tmp_path_factory, tiny_model, data, verb, alia
     fuzz_aliased_output(tmp_path_factory.mktemp("a"), tiny_model, data, verb, alias)
 
 
+# --- the files beside an output, and resume state ----------------------------------------------------
+
+COMPANIONS = ["", ".lock", ".part", ".part.json", ".json"]
+STATES = ["absent", "user file", "link to a user file", "dangling link", "directory", "stale lock of this tool",
+          "garbled record"]
+KEPT_BYTES = b"bytes that belong to the user\n"
+
+
+def fuzz_companions(tmp_path, model, data: bytes, verb: str, states: dict, overwrite: bool, resume: bool) -> None:
+    """Whatever stands where a command writes its output and the files beside it (a user's file,
+    a link to one, a dangling link, a folder, a stale lock, a garbled resume record), with or
+    without --overwrite and --resume: the command succeeds or fails with one line, every file it
+    did not create keeps its bytes (only OUT and OUT.json may be replaced, and only with
+    --overwrite, a link among them replaced as a link), and it leaves nothing of its own behind
+    but a finished output."""
+    from phrase_scorer.io.files import LOCK_MAGIC
+
+    folder, outside = tmp_path / "run", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    source = folder / "t.txt"
+    source.write_bytes(data)
+    out = folder / "o.txt"
+    kept = {}  # path -> bytes it must keep
+    for suffix, state in states.items():
+        path = Path(f"{out}{suffix}")
+        target = outside / f"target{suffix or '.out'}"
+        if state == "user file":
+            path.write_bytes(KEPT_BYTES)
+        elif state == "link to a user file":
+            target.write_bytes(KEPT_BYTES)
+            path.symlink_to(target)
+            kept[target] = KEPT_BYTES
+        elif state == "dangling link":
+            path.symlink_to(outside / f"nothing{suffix}")
+        elif state == "directory":
+            path.mkdir()
+        elif state == "stale lock of this tool":
+            path.write_bytes(LOCK_MAGIC + b"pid 999999\n")
+        elif state == "garbled record":
+            path.write_bytes(b"{\"lines_done\": 3, \"bytes")
+        if state in ("user file", "garbled record") and suffix not in ("", ".json"):
+            kept[path] = path.read_bytes()
+        if suffix in ("", ".json") and state == "user file" and not overwrite:
+            kept[path] = KEPT_BYTES
+    before = {p.name for p in folder.iterdir()}
+    args = {"score": ["score", "-m", str(model), str(source)],
+            "annotate": ["annotate", str(source), "-m", str(model)],
+            "translate": ["translate", "-m", str(model), str(source)]}[verb]
+    flags = [*(["--overwrite"] if overwrite else []), *(["--resume"] if resume and verb == "annotate" else [])]
+    result = CliRunner().invoke(cli, [*args, "-o", str(out), *flags])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code in (0, 1, 2), result.stderr  # 2: the option parser's usage error (OUT is a folder)
+    assert "Traceback" not in result.stderr
+    if result.exit_code:
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith("phrase-scorer: error: " if result.exit_code == 1 else "Error: "), result.stderr
+    for path, saved in kept.items():
+        assert path.read_bytes() == saved, (path, states, result.stderr)
+    for path in outside.iterdir():
+        assert path.read_bytes() == KEPT_BYTES, (path, states)
+    left = {p.name for p in folder.iterdir()} - before
+    assert left <= {"o.txt", "o.txt.json"}, (left, states, result.stderr)
+    if result.exit_code == 0:
+        assert out.is_file() and not out.is_symlink()
+    record("fuzz", reader=f"companion files ({verb})", outcome="error" if result.exit_code else "ok")
+
+
+companion_states = st.fixed_dictionaries({suffix: st.sampled_from(
+    [s for s in STATES if (s != "stale lock of this tool" or suffix == ".lock")
+     and (s != "garbled record" or suffix == ".part.json")]) for suffix in COMPANIONS})
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=valid_table, verb=st.sampled_from(["score", "annotate", "translate"]), states=companion_states,
+       overwrite=st.booleans(), resume=st.booleans())
+def test_fuzz_companion_files_and_resume_state(tmp_path_factory, tiny_model, data, verb, states, overwrite, resume):
+    fuzz_companions(tmp_path_factory.mktemp("c"), tiny_model, data, verb, states, overwrite, resume)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=1000, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=valid_table, verb=st.sampled_from(["score", "annotate", "translate"]), states=companion_states,
+       overwrite=st.booleans(), resume=st.booleans())
+def test_fuzz_companion_files_and_resume_state_long(tmp_path_factory, tiny_model, data, verb, states, overwrite,
+                                                     resume):
+    fuzz_companions(tmp_path_factory.mktemp("c"), tiny_model, data, verb, states, overwrite, resume)
+
+
 # --- interruptions -----------------------------------------------------------------------------------
 
 

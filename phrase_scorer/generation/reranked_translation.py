@@ -45,7 +45,7 @@ from phrase_scorer.config import (
 from phrase_scorer.errors import PhraseScorerError, render, setting
 from phrase_scorer.io.files import PathLike, file_sha256, text_lines
 from phrase_scorer.io.moses_ini import MosesIni, text_loaded_features
-from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
+from phrase_scorer.io.outputs import model_files
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
 from phrase_scorer.moses.reranker import Reranker
 from phrase_scorer.moses.streaming import NBestStream
@@ -54,9 +54,7 @@ from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.runtime.heap import steady_heap
 from phrase_scorer.runtime.progress import step_bar
 from phrase_scorer.records import Signature, as_recorded
-from phrase_scorer.runtime.resumable import (
-    ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable,
-)
+from phrase_scorer.runtime.job import OutputJob, input_identity
 
 log = logging.getLogger(__name__)
 
@@ -298,36 +296,34 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     started = time.monotonic()
     chunks = 0
     phase_seconds: Dict[str, float] = {}
-    with check_output(output, inputs, overwrite=overwrite, resume=resume, companions=RESUMABLE_COMPANIONS):
-        done_lines, done_bytes, progress_path = start_resumable(source, output, settings, resume, overwrite=overwrite)
+    with OutputJob(output, inputs, overwrite=overwrite, resume=resume, resumable=True, settings=settings,
+                   source=settings["source"]["path"]) as job:
+        done_lines = job.done_lines
         work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="translate")
         numbered = enumerate(source_chunks(source, chunk_sentences, done_lines), done_lines // chunk_sentences)
-        with resumable_output(output, done_bytes, progress_path) as out:
-            writer = ChunkWriter(out, progress_path, settings, done_lines)
-            # one Moses for the whole run (its tables load once), stopped before the decoding thread
-            # is waited for, so that a failure does not wait for the chunk Moses is decoding
-            stream = NBestStream(program, ini, kept_sentences(source, chunk_sentences, done_lines),
-                                 size=tuned.decoder["nbest_size"], threads=threads or os.cpu_count() or 1,
-                                 flags=tuned.decoder.get("decoder_flags") or "", log_path=work / "moses.log")
-            decode_one = partial(decode_chunk, work=work, stream=stream)
-            with step_bar("translating", None, initial=done_lines, unit="sentence") as progress, \
-                    closing(decoded_chunks(numbered, decode_one, ahead=pipeline)) as decoded, closing(stream), \
-                    steady_heap():  # the lists of a chunk in flight: collect them less often
-                for chunk, waited in decoded:
-                    phase_seconds[PHASES[0]] = phase_seconds.get(PHASES[0], 0.0) + chunk.seconds
-                    phase_seconds[WAITING] = phase_seconds.get(WAITING, 0.0) + waited
-                    writer.write(len(chunk.lines), rerank_chunk(
-                        chunk, weights=weights, ignore=tuned.ignore_features, models=models, normalize=normalize,
-                        scoring_options=scoring_options, phase_seconds=phase_seconds, bound=bound))
-                    chunks += 1
-                    progress.update(len(chunk.lines))
-                    log.info("translated %d sentences", writer.lines_done)
-            if writer.lines_done == 0:
-                raise PhraseScorerError("the source is empty", path=source)
-            record = Signature.build("phrase-scorer translate --moses --reranker", settings, output=output,
-                                     lines=writer.lines_done, **{"moses.ini": os.path.abspath(ini),
-                                                                 "reranker": os.path.abspath(reranker)})
-            out.commit()
-        finish_resumable(output, progress_path, record)
+        # one Moses for the whole run (its tables load once), stopped before the decoding thread
+        # is waited for, so that a failure does not wait for the chunk Moses is decoding
+        stream = NBestStream(program, ini, kept_sentences(source, chunk_sentences, done_lines),
+                             size=tuned.decoder["nbest_size"], threads=threads or os.cpu_count() or 1,
+                             flags=tuned.decoder.get("decoder_flags") or "", log_path=work / "moses.log")
+        decode_one = partial(decode_chunk, work=work, stream=stream)
+        with step_bar("translating", None, initial=done_lines, unit="sentence") as progress, \
+                closing(decoded_chunks(numbered, decode_one, ahead=pipeline)) as decoded, closing(stream), \
+                steady_heap():  # the lists of a chunk in flight: collect them less often
+            for chunk, waited in decoded:
+                phase_seconds[PHASES[0]] = phase_seconds.get(PHASES[0], 0.0) + chunk.seconds
+                phase_seconds[WAITING] = phase_seconds.get(WAITING, 0.0) + waited
+                job.write(len(chunk.lines), rerank_chunk(
+                    chunk, weights=weights, ignore=tuned.ignore_features, models=models, normalize=normalize,
+                    scoring_options=scoring_options, phase_seconds=phase_seconds, bound=bound))
+                chunks += 1
+                progress.update(len(chunk.lines))
+                log.info("translated %d sentences", job.lines_done)
+        if job.lines_done == 0:
+            raise PhraseScorerError("the source is empty", path=source)
+        record = Signature.build("phrase-scorer translate --moses --reranker", settings, output=output,
+                                 lines=job.lines_done, **{"moses.ini": os.path.abspath(ini),
+                                                          "reranker": os.path.abspath(reranker)})
+        job.commit(record)
         shutil.rmtree(work, ignore_errors=True)
-    return RerankedTranslation(output, writer.lines_done, chunks, time.monotonic() - started, phase_seconds)
+    return RerankedTranslation(output, job.lines_done, chunks, time.monotonic() - started, phase_seconds)

@@ -20,6 +20,7 @@ fast as zlib's level 6 (figures in docs/benchmarks.md), and writes plain gzip. W
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import hashlib
 import fcntl
@@ -215,6 +216,75 @@ def describe_os_error(exc: OSError, path: PathLike) -> PhraseScorerError:
     return PhraseScorerError(f"cannot write: {exc.strerror or exc}", path=path)
 
 
+def _no_follow() -> int:
+    return getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def create_new(path: PathLike, mode: int = 0o666) -> int:
+    """Create ``path`` for writing and return its descriptor; never an existing file.
+
+    The one way a command makes a file beside its output (a ``.part``, a lock, a record's
+    temporary file): ``O_EXCL`` with ``O_NOFOLLOW``, so that a file already there, or a symbolic
+    link planted there, is never opened, truncated or followed (:class:`FileExistsError`)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _no_follow(), mode)
+
+
+def open_own(path: PathLike) -> int:
+    """Open an existing regular file for reading and writing without following a link (a
+    symbolic link raises :class:`OSError`, ELOOP); for companions this tool made earlier."""
+    fd = os.open(path, os.O_RDWR | _no_follow())
+    if not S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(errno.EISDIR, "not a regular file", os.fspath(path))
+    return fd
+
+
+def file_key(info: os.stat_result) -> Tuple[int, int]:
+    """A file as the operating system knows it: (device, inode)."""
+    return info.st_dev, info.st_ino
+
+
+def remove_if_same(path: PathLike, key: Optional[Tuple[int, int]]) -> None:
+    """Remove ``path`` only when it is still the file this run created (``key``, from
+    :func:`file_key`): a file put there since, or a link, is left alone."""
+    if key is None:
+        return
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return
+    if file_key(info) == key and S_ISREG(info.st_mode):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def new_temporary(path: PathLike) -> Tuple[int, str]:
+    """A new file beside ``path`` to write it under before the rename: ``NAME.XXXXXXXX.part``
+    (a random part, created exclusively: no file there is ever written over). Returns its
+    descriptor and name."""
+    folder, name = os.path.split(os.path.abspath(path))
+    for _ in range(100):
+        candidate = os.path.join(os.path.dirname(os.fspath(path)), f"{name}.{os.urandom(4).hex()}.part")
+        try:
+            return create_new(candidate), candidate
+        except FileExistsError:
+            continue
+    raise PhraseScorerError("cannot create a temporary file beside the output", path=path)  # pragma: no cover
+
+
+def keep_mode_of(target: PathLike, fd: int) -> None:
+    """Give the new file ``fd`` the permission bits of the file it will replace at ``target``
+    (a 0600 output stays 0600); a new output keeps the umask's."""
+    try:
+        info = os.stat(target)
+    except OSError:
+        return
+    if S_ISREG(info.st_mode):
+        os.fchmod(fd, stat.S_IMODE(info.st_mode))
+
+
 class AtomicOutput:
     """Write a file under a temporary name and rename it into place on :meth:`commit`.
 
@@ -222,32 +292,54 @@ class AtomicOutput:
     the temporary file unless ``keep_on_failure`` is set and, where ``resume_record`` is given,
     that record exists (then a later run can resume from it). ``-`` writes to stdout directly;
     a character device or FIFO is opened and written directly too (``direct``), never renamed over.
+
+    The temporary file is created exclusively and never through a link: a new
+    ``NAME.XXXXXXXX.part`` (:func:`new_temporary`), or, for a resumable output, ``part`` (``OUT.part``),
+    which the caller has made free first or, with ``append``, opened as its own
+    (:mod:`phrase_scorer.runtime.job`). The file that replaces an existing one takes its
+    permission bits (:func:`keep_mode_of`); what is removed on failure is only the file this
+    object created or was given.
     """
 
     def __init__(self, path: PathLike, *, append: bool = False, keep_on_failure: bool = False,
-                 resume_record: Optional[Path] = None) -> None:
+                 resume_record: Optional[Path] = None, part: Optional[PathLike] = None) -> None:
         self.path = os.fspath(path)
         self.to_stdout = self.path == STDIO
         self.direct = writes_directly(self.path)
         self.keep_on_failure = keep_on_failure
         self.resume_record = resume_record
         self.committed = False
+        self._key: Optional[Tuple[int, int]] = None
+        self.tmp_path: Optional[Path] = None
         if self.to_stdout:
-            self.tmp_path = None
             self.file: BinaryIO = sys.stdout.buffer
         elif self.direct:
-            self.tmp_path = None
             try:
                 self.file = open(self.path, "wb")
             except OSError as exc:
                 raise describe_os_error(exc, self.path) from None
         else:
-            self.tmp_path = part_path(self.path)
-            require_output_folder(self.tmp_path)
+            require_output_folder(self.path)
             try:
-                self.file = open(self.tmp_path, "ab" if append else "wb")
+                if part is None:
+                    fd, name = new_temporary(self.path)
+                    self.tmp_path = Path(name)
+                else:
+                    self.tmp_path = Path(part)
+                    fd = open_own(part) if append else create_new(part)
+            except FileExistsError:
+                raise PhraseScorerError("a file is in the way of the partial output", path=part,
+                                        hint="it was not left by this command: move it away or choose another "
+                                             "output") from None
             except OSError as exc:
-                raise describe_os_error(exc, self.tmp_path) from None
+                if exc.errno == errno.ELOOP:
+                    raise PhraseScorerError("the partial output is a symbolic link: refusing to follow it", path=part,
+                                            hint="remove the link or choose another output") from None
+                raise describe_os_error(exc, self.tmp_path or self.path) from None
+            self._key = file_key(os.fstat(fd))
+            self.file = os.fdopen(fd, "r+b" if append else "wb")
+            if append:
+                self.file.seek(0, os.SEEK_END)
 
     def write(self, data: bytes) -> None:
         try:
@@ -275,8 +367,9 @@ class AtomicOutput:
             self.committed = True
             return
         self.flush()
-        self.file.close()
         assert self.tmp_path is not None  # set whenever the output is not written directly
+        keep_mode_of(self.path, self.file.fileno())
+        self.file.close()
         os.replace(self.tmp_path, self.path)
         fsync_dir(Path(self.path).parent)
         self.committed = True
@@ -293,10 +386,7 @@ class AtomicOutput:
         keep = self.keep_on_failure and (self.resume_record is None or self.resume_record.exists())
         if not keep:
             assert self.tmp_path is not None  # set whenever the output is not written directly
-            try:
-                os.unlink(self.tmp_path)
-            except FileNotFoundError:
-                pass
+            remove_if_same(self.tmp_path, self._key)
 
     def __enter__(self) -> "AtomicOutput":
         return self
@@ -325,6 +415,16 @@ def write_bytes_atomically(path: PathLike, data: bytes) -> None:
         out.commit()
 
 
+LOCK_MAGIC = b"phrase-scorer output lock\n"  # the first line of every lock this tool writes
+
+
+def _is_own_lock(content: bytes) -> bool:
+    """Whether a lock file's bytes are this tool's: its first line, or the process number alone
+    that versions before it wrote."""
+    return content.startswith(LOCK_MAGIC) or (content.endswith(b"\n") and content[:-1].isdigit()
+                                              and len(content) < 16)
+
+
 class OutputLock:
     """An exclusive, advisory lock on ``PATH.lock`` held while a run writes ``PATH``.
 
@@ -335,6 +435,13 @@ class OutputLock:
     the writer takes it again around its own work) shares the held lock, which is released when
     the last of them lets go. ``-``, a character device and a FIFO take no lock (no file is made
     beside them).
+
+    The lock file is this tool's own or it is not touched: it is made whole under a temporary
+    name and linked into place (so it never exists without its first line, ``LOCK_MAGIC``); a
+    file already at ``PATH.lock`` is taken over only when it is a regular file (not a link) that
+    holds a lock this tool wrote and no process holds (a run that was killed); anything else
+    there is refused with one line, and never opened for writing, truncated or removed. At the
+    end the lock file is removed only while it is still the one this run held.
     """
 
     def __init__(self, path: PathLike) -> None:
@@ -344,10 +451,60 @@ class OutputLock:
         self._users = 0  # acquisitions of this held lock not released yet (the holder's)
         self._holder: Optional["OutputLock"] = None  # the lock this one shares (the same file, held before)
         self._pid = 0
+        self._key: Optional[Tuple[int, int]] = None
 
     @property
     def held(self) -> bool:
         return self._fd is not None or self._holder is not None
+
+    def _refuse(self, problem: str) -> PhraseScorerError:
+        return PhraseScorerError(f"{self.lock_path} {problem}, not a lock of this tool", path=self.path,
+                                 hint=f"move {self.lock_path} away, or choose another output")
+
+    def _create(self) -> Optional[int]:
+        """The new lock file, made whole and linked into place; None when a file is there."""
+        content = LOCK_MAGIC + f"pid {os.getpid()}\n".encode()
+        fd, temporary = new_temporary(self.lock_path)
+        try:
+            os.write(fd, content)
+            try:
+                os.link(temporary, self.lock_path)
+            except FileExistsError:
+                os.close(fd)
+                return None
+            except OSError:  # a file system without hard links: create it exclusively instead
+                try:
+                    os.close(fd)
+                    fd = create_new(self.lock_path, 0o644)
+                except FileExistsError:
+                    return None
+                os.write(fd, content)
+            os.close(fd)
+            return os.open(self.lock_path, os.O_RDONLY | _no_follow())
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+    def _open_existing(self) -> Optional[int]:
+        """The lock file already there, opened for reading without following a link, when it is
+        this tool's; None when it went away meanwhile."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDONLY | _no_follow() | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise self._refuse("is a symbolic link") from None
+            raise describe_os_error(exc, self.lock_path) from None
+        info = os.fstat(fd)
+        if not S_ISREG(info.st_mode):
+            os.close(fd)
+            raise self._refuse("is not a regular file")
+        content = os.read(fd, 256)
+        if not _is_own_lock(content):
+            os.close(fd)
+            raise self._refuse("holds something else")
+        return fd
 
     def acquire(self) -> None:
         if self.held:
@@ -363,9 +520,15 @@ class OutputLock:
         require_output_folder(self.path)
         while True:
             try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:
+                fd = self._create()
+                if fd is None:
+                    fd = self._open_existing()
+            except FileNotFoundError:
+                fd = None
+            except PermissionError as exc:
                 raise describe_os_error(exc, self.lock_path) from None
+            if fd is None:
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -378,15 +541,14 @@ class OutputLock:
             # The holder before us unlinks the file as it releases it; if we locked such an
             # orphaned file, try again on the file that now stands under the name.
             try:
-                same = os.stat(self.lock_path).st_ino == os.fstat(fd).st_ino
+                same = file_key(os.lstat(self.lock_path)) == file_key(os.fstat(fd))
             except FileNotFoundError:
                 same = False
             if same:
                 break
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
+        self._key = file_key(os.fstat(fd))
         self._users = 1
         self._pid = os.getpid()
         _HELD[key] = self
@@ -405,10 +567,7 @@ class OutputLock:
         if _HELD.get(os.path.abspath(self.lock_path)) is self:
             del _HELD[os.path.abspath(self.lock_path)]
         if self._pid == os.getpid():  # not a forked child's copy: the file is ours to remove
-            try:
-                os.unlink(self.lock_path)
-            except FileNotFoundError:
-                pass
+            remove_if_same(self.lock_path, self._key)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
@@ -524,9 +683,26 @@ def read_failure(exc: BaseException, path: PathLike, lines: int) -> PhraseScorer
     return PhraseScorerError(f"cannot read after line {lines}: {reason or exc}", path=path)
 
 
-def line_text(raw: bytes) -> bytes:
+def line_text(raw: bytes, path: PathLike = STDIO, number: int = 0) -> bytes:
     """A line without its line end: ``\\n`` or ``\\r\\n`` (a file written on Windows), so that no
-    reader takes the carriage return for part of the last word."""
+    reader takes the carriage return for part of the last word.
+
+    Line 1 (``number``) of every text input may not start with a UTF-8 byte-order mark: a reader
+    would take it for part of the first word (``<unk>`` for a model, another phrase for Moses).
+    It is an error naming ``path`` that says how to remove the mark."""
+    if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        import shlex
+
+        strip = "sed '1s/^\\xEF\\xBB\\xBF//'"
+        name = os.fspath(path)
+        if name == STDIO:
+            how = f"remove it from the input with {strip}"
+        elif is_gzip_name(name):
+            how = f"remove it: zcat {shlex.quote(name)} | {strip} | gzip > {shlex.quote(name + '.new')}"
+        else:
+            how = f"remove it: {strip.replace('sed ', 'sed -i ')} {shlex.quote(name)}"
+        raise PhraseScorerError("starts with a UTF-8 byte-order mark, which would be read as part of its first word",
+                                path=path, line=1, hint=how)
     if raw.endswith(b"\n"):
         raw = raw[:-1]
     return raw[:-1] if raw.endswith(b"\r") else raw
@@ -535,8 +711,8 @@ def line_text(raw: bytes) -> bytes:
 class TextLines(ReadProgress):
     """The one reader of text inputs (sentences, references, corpora, lists of phrases): (line
     number, text without its line end, :func:`line_text`) for each line of a plain or gzip file
-    (``-``: stdin), decoded as UTF-8. A line that is not UTF-8, or damaged gzip data, is an error
-    naming the file and the line (``hint`` says what to give instead). ``size`` and
+    (``-``: stdin), decoded as UTF-8. A line that is not UTF-8, a byte-order mark, or damaged gzip
+    data, is an error naming the file and the line (``hint`` says what to give instead). ``size`` and
     ``bytes_read`` tell a progress bar how far the reading has got."""
 
     def __init__(self, path: PathLike, hint: Optional[str] = None) -> None:
@@ -559,7 +735,7 @@ class TextLines(ReadProgress):
                     return
                 number += 1
                 try:
-                    text = line_text(raw).decode("utf-8")
+                    text = line_text(raw, path, number).decode("utf-8")
                 except UnicodeDecodeError as exc:
                     raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
                                             hint=self.hint) from None
@@ -571,20 +747,27 @@ def text_lines(path: PathLike, hint: Optional[str] = None) -> Iterator[Tuple[int
     return iter(TextLines(path, hint))
 
 
+IDENTITY_STAT = ("device", "inode", "size", "mtime_ns", "ctime_ns")  # what must all match to reuse a hash
+
+
 def file_identity(path: PathLike) -> dict:
-    """The one identity of an input file: ``{"path", "size", "mtime_ns", "sha256"}``.
+    """The one identity of an input file: ``{"path", "size", "mtime_ns", "sha256", "device",
+    "inode", "ctime_ns"}``.
 
     Two identities are the same input when they hold the same bytes (:func:`identity_change`): the
-    size decides first; when the sizes match and the modification times do not (``touch``, a copy,
-    the same file at another path), the SHA-256 of the bytes decides. The path is there to be
-    read by people, never compared. The SHA-256 is ``None`` until it is needed: a record that is
-    written (a resume record, a signature, a cache's description) holds it
-    (:func:`hash_identities`), and a file whose size and time still match its record's takes its
-    hash from the record instead of being read again. A pipe or a device, which reading would
-    consume, is known by its path, size and time alone."""
-    stat = os.stat(path)
-    identity = {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    return {**identity, "sha256": None} if S_ISREG(stat.st_mode) else identity
+    size decides first; when the sizes match, the SHA-256 of the bytes decides. The path is there
+    to be read by people, never compared. The SHA-256 is ``None`` until it is needed: a record
+    that is written (a resume record, a signature, a cache's description) holds it
+    (:func:`hash_identities`), and a file takes its hash from the record instead of being read
+    again only when it is still the same file with nothing done to it since: its device, inode,
+    size, modification time and change time all as recorded (the change time moves with every
+    write, and with ``touch -r``, ``cp -p`` or ``rsync -t`` restoring a modification time). A
+    pipe or a device, which reading would consume, is known by its path, size and time alone."""
+    info = os.stat(path)
+    identity = {"path": os.path.abspath(path), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
+    if not S_ISREG(info.st_mode):
+        return identity
+    return {**identity, "sha256": None, "device": info.st_dev, "inode": info.st_ino, "ctime_ns": info.st_ctime_ns}
 
 
 def is_file_identity(value: Any) -> bool:
@@ -599,14 +782,20 @@ def identity_sha256(identity: dict) -> str:
     return identity["sha256"]
 
 
+def untouched(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """Whether ``current`` is the very file ``saved`` recorded with nothing done to it since
+    (:data:`IDENTITY_STAT` all equal; a record without them never is)."""
+    return all(saved.get(key) is not None and saved.get(key) == current.get(key) for key in IDENTITY_STAT)
+
+
 def identity_change(saved: Mapping[str, Any], current: dict) -> Optional[Tuple[str, Any, Any]]:
     """None when the file ``current`` identifies holds the bytes ``saved`` recorded; else what
     differs, as ``(key, saved value, current value)``: its ``size``, or its ``sha256`` (same size,
-    other bytes). The file is hashed only when the sizes match and the times do not; when both
-    match, ``current`` takes the recorded hash."""
+    other bytes). The file is hashed unless it is :func:`untouched` since the record, when
+    ``current`` takes the recorded hash."""
     if saved.get("size") != current.get("size"):
         return "size", saved.get("size"), current.get("size")
-    if saved.get("mtime_ns") == current.get("mtime_ns") and current.get("sha256") is None:
+    if current.get("sha256") is None and saved.get("sha256") is not None and untouched(saved, current):
         current["sha256"] = saved.get("sha256")
         return None
     digest = identity_sha256(current)

@@ -22,7 +22,7 @@ encoding is described in :mod:`phrase_scorer.scoring.annotate_work`.
 Under torchrun each rank annotates a contiguous run of whole windows into a shard file and rank
 0 joins the shards (:func:`annotate_sharded`), byte for byte what one process writes.
 
-Resuming: the output is resumable (:mod:`phrase_scorer.runtime.resumable`). A resumed run must use the
+Resuming: the output is resumable (:mod:`phrase_scorer.runtime.job`). A resumed run must use the
 same input, model, options, device, precision and gzip library (a chunk scored in bf16 next to
 one in fp32 would differ silently): :func:`annotation_settings` defines them once, for the
 resume record, the signature and the check that an output is already finished; ``--resume`` of
@@ -45,23 +45,13 @@ from phrase_scorer.runtime import distributed
 from phrase_scorer.scoring.columns import column_encoding
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import (
-    GZIP_LIBRARY,
-    STDIO,
-    AtomicOutput,
-    OutputLock,
-    PathLike,
-    is_gzip_name,
-)
+from phrase_scorer.io.files import GZIP_LIBRARY, STDIO, PathLike, is_gzip_name
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files, refuse_existing, writes_directly
 from phrase_scorer.runtime.workers import Pipeline, WorkerPool
 from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_count
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.records import Signature, SignedModel, as_recorded, describe_difference, finished
-from phrase_scorer.runtime.resumable import (
-    ChunkWriter, finish_resumable, input_identity, keep_or_remove_partial, resumable_output,
-    start_resumable,
-)
+from phrase_scorer.runtime.job import OutputJob, input_identity
 
 log = logging.getLogger(__name__)
 
@@ -217,29 +207,20 @@ class AnnotateJob:
         docstring for the resume record. ``settings`` replaces the job's in the record and the
         signature (a shard's record names its shard)."""
         settings = settings or self.settings
-        to_stdout = writes_directly(output)
         started = time.monotonic()
         first, stop = lines if lines is not None else (0, None)
-        with OutputLock(output):
-            done_lines, done_bytes, progress_path = start_resumable(self.table, output, settings, resume,
-                                                                    overwrite=overwrite)
-            with resumable_output(output, done_bytes, progress_path) as out:
-                windows = RawWindows(self.table, self.options.window_lines, first + done_lines, stop)
-                writer = ChunkWriter(out, progress_path, settings, done_lines)
-                try:
-                    num_scores = self._stream(windows, writer)
-                except PhraseScorerError as exc:
-                    if to_stdout:
-                        raise
-                    raise keep_or_remove_partial(exc, out, progress_path, settings["input"]["path"]) from None
-                total_lines = writer.lines_done
-                if total_lines == 0 and lines is None:
-                    raise PhraseScorerError("the phrase table is empty", path=self.table)
-                signature = self.signature(output, total_lines, num_scores)
-                if "shard" in settings:
-                    signature.fields["shard"] = settings["shard"]
-                out.commit()
-            finish_resumable(output, progress_path, signature)
+        with OutputJob(output, [("the phrase table", self.table), *model_files(self.loaded.directory)],
+                       overwrite=overwrite, resume=resume, resumable=True, settings=settings,
+                       source=settings["input"]["path"], lock=True) as out:
+            windows = RawWindows(self.table, self.options.window_lines, first + out.done_lines, stop)
+            num_scores = self._stream(windows, out)
+            total_lines = out.lines_done
+            if total_lines == 0 and lines is None:
+                raise PhraseScorerError("the phrase table is empty", path=self.table)
+            signature = self.signature(output, total_lines, num_scores)
+            if "shard" in settings:
+                signature.fields["shard"] = settings["shard"]
+            out.commit(signature)
         return AnnotateResult(
             output=output,
             lines=total_lines,
@@ -249,7 +230,7 @@ class AnnotateJob:
             seconds=time.monotonic() - started,
         )
 
-    def _stream(self, windows: RawWindows, writer: "ChunkWriter") -> Optional[int]:
+    def _stream(self, windows: RawWindows, writer: OutputJob) -> Optional[int]:
         """Read, prepare (workers), score (here, or in the workers: :func:`scoring_in_workers`),
         finish (workers) and write every window, in order. Returns the table's score count (None
         if no window was read)."""
@@ -372,16 +353,14 @@ def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
             raise PhraseScorerError(f"found {count} scores where the first line has {num_scores}", path=job.table,
                                     line=first_line,
                                     hint="every line of a phrase table needs the same number of scores")
-    with OutputLock(output), AtomicOutput(output) as out:
+    with OutputJob(output, [("the phrase table", job.table)], overwrite=True, signed=True) as out:
         for p in parts:
             with open(p, "rb") as f:
                 while block := f.read(1 << 22):
-                    out.write(block)
+                    out.write(0, block)
         if lines == 0:
             raise PhraseScorerError("the phrase table is empty", path=job.table)
-        signature = job.signature(output, lines, num_scores, ranks=len(parts))
-        out.commit()
-    signature.write(output)
+        out.commit(job.signature(output, lines, num_scores, ranks=len(parts)))
     remove_shards(parts)
 
 

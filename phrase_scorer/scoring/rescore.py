@@ -51,15 +51,13 @@ from phrase_scorer.io.files import (
     is_gzip_name,
     text_lines,
 )
-from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files
+from phrase_scorer.io.outputs import model_files
 from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order, moses_rounded
 from phrase_scorer.runtime.workers import Pipeline
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.records import Signature, SignedModel, as_recorded
-from phrase_scorer.runtime.resumable import (
-    ChunkWriter, finish_resumable, input_identity, resumable_output, start_resumable,
-)
+from phrase_scorer.runtime.job import OutputJob, input_identity
 
 log = logging.getLogger(__name__)
 
@@ -265,44 +263,42 @@ def rescore(
     }
     settings = as_recorded(settings)  # as the resume record will hold it
     started = time.monotonic()
-    with check_output(output, inputs, overwrite=overwrite, resume=resume, companions=RESUMABLE_COMPANIONS):
-        done_lines, done_bytes, progress_path = start_resumable(nbest, output, settings, resume, overwrite=overwrite)
-        with resumable_output(output, done_bytes, progress_path) as out:
-            reader = NBestReader(nbest, skip=done_lines)
-            sources = SourceSentences(source, nbest)
-            writer = FeatureWriter(out, progress_path, settings, options, compress, done_lines, names,
-                                   feature_members(models))
-            counts = {"sentences": 0}
+    with OutputJob(output, inputs, overwrite=overwrite, resume=resume, resumable=True, settings=settings,
+                   source=settings["input"]["path"]) as job:
+        done_lines = job.done_lines
+        reader = NBestReader(nbest, skip=done_lines)
+        sources = SourceSentences(source, nbest)
+        writer = FeatureWriter(job, options, compress, names, feature_members(models))
+        counts = {"sentences": 0}
 
-            def work(window: NBestWindow) -> NBestWindow:
-                for scorer, (src_ids, tgt_ids, tgt_words) in zip(scorers, window.inputs):
-                    log_probs = scorer.score(src_ids, tgt_ids)
-                    check_finite(log_probs, settings["input"]["path"], window.first_line)
-                    window.scores.append(per_token(log_probs, tgt_words) if options.normalize else log_probs)
-                window.inputs = []  # the ids are not needed any more
-                return window
+        def work(window: NBestWindow) -> NBestWindow:
+            for scorer, (src_ids, tgt_ids, tgt_words) in zip(scorers, window.inputs):
+                log_probs = scorer.score(src_ids, tgt_ids)
+                check_finite(log_probs, settings["input"]["path"], window.first_line)
+                window.scores.append(per_token(log_probs, tgt_words) if options.normalize else log_probs)
+            window.inputs = []  # the ids are not needed any more
+            return window
 
-            try:
-                with progress_bar("rescoring", reader) as progress:
-                    Pipeline().run(
-                        lambda put: read_windows(reader, sources, models, options.window_lines, done_lines, put,
-                                                 progress, counts),
-                        work,
-                        writer.write_window,
-                    )
-            finally:
-                sources.close()
-            total_lines = writer.lines_done
-            if total_lines == 0:
-                raise PhraseScorerError("the n-best list is empty", path=nbest)
-            out.flush()  # the signature records the bytes' size and SHA-256
-            record = Signature.build(
-                "phrase-scorer rescore", settings, output=output, lines=total_lines, content=out.tmp_path,
-                features=names,
-                value="log p per predicted token (words + </s>)" if options.normalize else "log p (natural log)",
-                value_format=VALUE_FORMAT)
-            out.commit()
-        finish_resumable(output, progress_path, record)
+        try:
+            with progress_bar("rescoring", reader) as progress:
+                Pipeline().run(
+                    lambda put: read_windows(reader, sources, models, options.window_lines, done_lines, put,
+                                             progress, counts),
+                    work,
+                    writer.write_window,
+                )
+        finally:
+            sources.close()
+        total_lines = job.lines_done
+        if total_lines == 0:
+            raise PhraseScorerError("the n-best list is empty", path=nbest)
+        job.flush()  # the signature records the bytes' size and SHA-256
+        record = Signature.build(
+            "phrase-scorer rescore", settings, output=output, lines=total_lines, content=job.temporary,
+            features=names,
+            value="log p per predicted token (words + </s>)" if options.normalize else "log p (natural log)",
+            value_format=VALUE_FORMAT)
+        job.commit(record)
     log.info("rescored %d lines with %s", total_lines, ", ".join(names))
     return RescoreResult(output=output, lines=total_lines, sentences=counts["sentences"], features=names,
                          signature=record.to_json(), seconds=time.monotonic() - started,
@@ -382,12 +378,12 @@ def model_inputs(model: FeatureModel, lines: List[NBestEntry], sentence_words: L
     return (from_hypothesis, from_sentence, predicted) if model.reverse else (from_sentence, from_hypothesis, predicted)
 
 
-class FeatureWriter(ChunkWriter):
+class FeatureWriter:
     """Writer thread body: appends the features to each line of a window and writes it as one chunk."""
 
-    def __init__(self, out, progress_path, settings, options: RescoreOptions, compress: bool, lines_done: int,
-                 names: Sequence[str], members: Sequence[Sequence[int]]) -> None:
-        super().__init__(out, progress_path, settings, lines_done)
+    def __init__(self, job: OutputJob, options: RescoreOptions, compress: bool, names: Sequence[str],
+                 members: Sequence[Sequence[int]]) -> None:
+        self.job = job
         self.options = options
         self.compress = compress
         self.names = list(names)
@@ -408,4 +404,4 @@ class FeatureWriter(ChunkWriter):
         data = self.format(window)
         if self.compress:
             data = gzip_member(data, self.options.compress_level)
-        self.write(len(window.lines), data)
+        self.job.write(len(window.lines), data)

@@ -31,7 +31,7 @@ def average_recent_weights(model: torch.nn.Module, directory: ModelDirectory, co
     if len(files) < 2:
         return
     trained = {k: v.clone() for k, v in model.state_dict().items()}
-    averaged = average_weights(files)
+    averaged = average_weights(files, directory.trained_as())  # each file's record checked
     model.load_state_dict(averaged)
     metrics = measure()
     kept = improves(config.valid_metric, state, metrics["valid_nll_token"], metrics.get("valid_bleu"))

@@ -11,7 +11,8 @@ from phrase_scorer import __version__
 from phrase_scorer.runtime import distributed
 from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.model_dir import (
-    CHECKPOINT, RECENT_WEIGHTS, ModelDirectory, check_state_matches, recent_weight_files, safe_torch_load,
+    CHECKPOINT, RECENT_WEIGHTS, TRAINED_AS, ModelDirectory, check_state_matches, check_trained_as,
+    recent_weight_files, safe_torch_load,
 )
 
 
@@ -37,10 +38,13 @@ class TrainState:
 
 
 def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> TrainState:
+    """Load ``checkpoint.pt`` into the model, the optimiser and the scaler; its record of the model
+    it was trained as must be the directory's (a checkpoint written before it was recorded has none)."""
     path = directory.file(CHECKPOINT)
     checkpoint = safe_torch_load(path)
     try:
         check_state_matches(model, checkpoint["model"], path)
+        check_trained_as(checkpoint.get(TRAINED_AS), directory.trained_as(), path)  # same shapes, another model?
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         if checkpoint.get("scaler"):
@@ -53,7 +57,8 @@ def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> Trai
 
 
 def save_checkpoint(directory: ModelDirectory, model, optimizer, scaler, state: TrainState) -> None:
-    """``checkpoint.pt`` (rank 0 alone writes it)."""
+    """``checkpoint.pt`` (rank 0 alone writes it), with the record of the model it is trained as
+    (:meth:`~phrase_scorer.model_dir.ModelDirectory.save_weights` adds it)."""
     if not distributed.world().is_main:
         return
     directory.save_weights(
