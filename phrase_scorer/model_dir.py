@@ -33,7 +33,6 @@ an entry beside ``model``. Weights written before the record existed load as the
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import re
 import struct
@@ -237,15 +236,14 @@ class ModelDirectory:
         if hasattr(state, "_metadata"):  # what load_state_dict reads of a module's own version
             saved._metadata = state._metadata  # type: ignore[attr-defined]
         saved[TRAINED_AS] = self.trained_as()
-        target = self.path / name
-        tmp = target.with_name(target.name + ".part")
-        try:
-            torch.save(saved, tmp)
-            os.replace(tmp, target)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            from phrase_scorer.io.files import describe_os_error
+        from phrase_scorer.io.files import AtomicOutput, describe_os_error
 
+        target = self.path / name
+        try:
+            with AtomicOutput(target) as out:  # a new temporary file, never one already there
+                torch.save(saved, out.file)
+                out.commit()
+        except OSError as exc:
             raise describe_os_error(exc, target) from None
 
     def truncate_log(self, last_step: int) -> None:

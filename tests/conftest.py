@@ -234,3 +234,41 @@ def _quiet_progress(monkeypatch):
 
     monkeypatch.setattr(progress, "show_bars", False)
     monkeypatch.setenv("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED", "0"))
+
+
+def process_state(pid: int):
+    """Process ``pid``'s state letter from /proc (``R``, ``S``, ``Z`` for one dead and not yet
+    reaped, ...), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def child_processes(pid: int) -> dict:
+    """The processes whose parent is ``pid`` (Linux /proc): {pid: command line}."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            children[int(entry)] = command
+    return children
+
+
+def kill_and_see_it_dead(pid: int, timeout: float = 120.0) -> None:
+    """SIGKILL process ``pid`` and return once it is dead (a zombie, or gone); ``timeout`` only
+    bounds a hang."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while process_state(pid) not in ("Z", "X", None):
+        assert time.monotonic() < deadline, f"process {pid} did not die"
+        time.sleep(0.02)

@@ -109,7 +109,6 @@ def test_other_layouts_round_trip(tmp_path, line):
         " A= 1 2B= 3 ",  # a label that starts with digits
         " a=b= 1 ",  # a label with '=' inside
         " L= inf -INFINITY nan +Inf ",
-        " L= \u0663 1 ",  # digits of another script, as Python reads them
         " L=\u00a01 M= 2\r\v",  # spaces of other kinds
         " TranslationModel0_unk= 1 LM0= -7 ",  # a sparse feature
         "L= 1   M= 2",  # no outer spaces, several between
@@ -152,7 +151,7 @@ def test_changed_fields_are_written_like_moses_and_the_rest_is_kept():
     [
         ("0 ||| a  ||| LM0= -3", "expected at least 4 fields separated by '|||', found 3"),
         ("x ||| a  ||| LM0= -3 ||| -1", "sentence id 'x' is not a whole number"),
-        ("-1 ||| a  ||| LM0= -3 ||| -1", "sentence id '-1' is not a whole number"),
+        ("-1 ||| a  ||| LM0= -3 ||| -1", "sentence id -1 is negative"),
         ("0 ||| a  ||| -3 LM0= -3 ||| -1", "feature value '-3' comes before any 'Name=' label"),
         ("0 ||| a  ||| LM0= -3x ||| -1", "feature value '-3x' of LM0 is not a number"),
         ("0 ||| a  ||| LM0= 1_0 ||| -1", "feature value '1_0' of LM0 is not a number"),

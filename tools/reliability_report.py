@@ -32,8 +32,9 @@ What phrase-scorer is tested against, and what it lost. The tests are in
 [`tests/test_writer_locks.py`](../tests/test_writer_locks.py),
 [`tests/test_reranker_file.py`](../tests/test_reranker_file.py),
 [`tests/test_model_files.py`](../tests/test_model_files.py),
-[`tests/test_input_identity.py`](../tests/test_input_identity.py) and
-[`tests/test_line_endings.py`](../tests/test_line_endings.py) (with the phrase-table cases of
+[`tests/test_input_identity.py`](../tests/test_input_identity.py),
+[`tests/test_line_endings.py`](../tests/test_line_endings.py) and the five files of round four
+below (with the phrase-table cases of
 `tests/test_phrase_table.py` and `tests/test_cli.py`); they run in the default suite with
 bounded effort, and `make test-fuzz` runs the fuzz properties with many more cases.
 `python tools/reliability_report.py [--fuzz]` reruns them and rewrites this page.
@@ -52,7 +53,11 @@ What each kind of test checks:
   same tables as inputs of `score`, `annotate` and `translate` whose output is that input (by
   the same path, `./` or `dir/../` in it, a symbolic or a hard link, or with the input at
   `OUT.part`), even with `--overwrite`, it refuses with one line naming both and the input keeps
-  every byte.
+  every byte. And whatever stands at `OUT`, `OUT.lock`, `OUT.part`, `OUT.part.json` and `OUT.json`
+  (nothing, a user's file, a link to one, a dangling link, a folder, a stale lock, a garbled
+  resume record), with or without `--overwrite` and `--resume`: `score`, `annotate` and
+  `translate` succeed or fail with one line, every file they did not create keeps its bytes, and
+  nothing of theirs is left but a finished output (the companion-file fuzz).
 - **Edge cases**: 1 MB lines, BOM, CRLF, empty files, gzip files cut at random offsets.
 - **Kills**: `annotate` and `train` killed with SIGKILL at random moments and resumed with
   `--resume` until they finish; the result must equal an uninterrupted run (annotate: the same
@@ -123,7 +128,7 @@ What each kind of test checks:
       `TextLines`): `rescore --source`, `score`, references, corpora and sources with CRLF line
       ends give what their LF twins give.
   15. An input file is known by its bytes (`io/files.py`, `file_identity`): size, then the SHA-256
-      when the size matches and the time does not. `--resume` of `train`, `annotate` and
+      (a recorded one reused only for the untouched file: 21). `--resume` of `train`, `annotate` and
       `translate` goes on after a `touch`, a copy, or the same file at another path; a changed
       byte is refused. A resume refusal names each changed setting and shows the two values from
       where they differ.
@@ -137,6 +142,47 @@ What each kind of test checks:
       job with one line naming the rank and the `--resume` command.
   18. `compare` with no source phrase to show says so in one line instead of printing a blank
       line.
+- **Nothing lost, round four** (one test or more per case, each failing on the code before it;
+  every writer goes through one job, `phrase_scorer/runtime/job.py`, `OutputJob`, library
+  callers included; `tests/test_companion_files.py`, `tests/test_supervision.py`,
+  `tests/test_input_rules.py`, `tests/test_weights_identity.py`, `tests/test_library_guards.py`):
+  19. A file this run did not create is never opened for writing, truncated or removed. `OUT.lock`
+      that is a symbolic link (to a user's file, or to the command's own input), a user's own file
+      named `OUT.lock` or `DIR.lock` beside a model folder, or anything that is not a lock this
+      tool wrote: refused in one line naming it, and kept byte for byte. A lock is made whole
+      under a temporary name and linked into place; a stale one of a killed run is taken over; at
+      the end it is removed only while it is the file this run held.
+  20. The temporary file of an output is created exclusively and never through a link: a new
+      `OUT.XXXXXXXX.part` for outputs that cannot resume, `OUT.part` for those that can. A link or
+      a user's file at `OUT.part` is left alone (and refused where `OUT.part` is the resumable
+      output's name); `OUT` never becomes a link. A stale `OUT.part` is removed only when its
+      resume record names that very file (device and inode); a resume record that is not the
+      tool's is refused and kept.
+  21. `--resume` trusts nothing it does not check. An input's recorded SHA-256 is reused only
+      when its device, inode, size, modification and change time all match, so bytes changed at
+      the same size with the time put back (`touch -r`, `cp -p`, `rsync -t`) are refused by
+      `annotate`, `rescore` and `train`. `OUT.part` is checked against the SHA-256 of the bytes its
+      record holds before it is continued.
+  22. Weights record what they were trained as (architecture, sizes, reading order, the
+      vocabularies' and segmentations' SHA-256): a reverse or right-to-left model's `model.pt` or
+      checkpoint copied into another model's folder is refused at load, on `train --resume` and
+      when averaging; weights written before the record load as before. A config.json of a newer
+      version than the package reads is refused.
+  23. `--overwrite` keeps the permission bits of the file it replaces (a 0600 output stays 0600).
+  24. Supervision: a worker killed with SIGKILL (what the out-of-memory killer does) ends
+      `annotate --workers 2` with one line naming the worker and the signal, every worker reaped,
+      the finished part kept for `--resume`; a killed resource-tracker process does not end the
+      run; SIGTERM and SIGHUP end every verb as Ctrl-C does (one line, the `--resume` hint where it
+      can resume, exit 143 and 129, no `.part` that cannot be resumed, no lock).
+  25. One rule each, applied by every verb: an empty file name (an unset shell variable) is
+      refused naming the option; a name ending in `.gz` is written gzipped (`score` too); a UTF-8
+      byte-order mark at the start of a text input, phrase table, n-best list or moses.ini is
+      refused naming the file, line 1 and how to remove it; whole numbers in files are ASCII
+      digits, and a negative one is named as negative; a damaged pair cache is named as damaged,
+      not as a changed corpus, and never gives a traceback.
+  26. `rerank`, `tune`, `evaluate`, `moses-ini`, the plots and the experiments' reports check their
+      output in the library function, not only on the command line: a library caller gets the
+      same refusals; their files beside the output are made as in 20.
 """
 
 
@@ -151,7 +197,8 @@ def main() -> None:
         start = time.monotonic()
         tests = ["tests/test_reliability.py", "tests/test_outputs.py", "tests/test_writer_locks.py",
                  "tests/test_reranker_file.py", "tests/test_model_files.py", "tests/test_input_identity.py",
-                 "tests/test_line_endings.py"]
+                 "tests/test_line_endings.py", "tests/test_companion_files.py", "tests/test_supervision.py",
+                 "tests/test_input_rules.py", "tests/test_weights_identity.py", "tests/test_library_guards.py"]
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, *tests],
                               cwd=ROOT, env=env, capture_output=True, text=True)
         minutes = (time.monotonic() - start) / 60

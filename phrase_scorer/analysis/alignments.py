@@ -154,8 +154,9 @@ def output_for_line(output: PathLike, line: int) -> Path:
     return output.with_name(f"{output.stem}-{line}{output.suffix or '.png'}")
 
 
-def plot_alignment(pair: AlignedPair, output: PathLike, *, dpi: int = 100) -> None:
-    """One pair's heat map: source words along the top, target words (and </s>) down the left."""
+def plot_alignment(pair: AlignedPair, output: PathLike, *, dpi: int = 100, job=None) -> None:
+    """One pair's heat map: source words along the top, target words (and </s>) down the left;
+    ``job``: the output's :class:`~phrase_scorer.runtime.job.OutputJob`, written through."""
     from phrase_scorer.analysis.plots import require_matplotlib, save_figure
     from phrase_scorer.generation.sampling import display
 
@@ -170,7 +171,7 @@ def plot_alignment(pair: AlignedPair, output: PathLike, *, dpi: int = 100) -> No
     ax.set_xlabel(f"line {pair.line}", fontsize=9)
     ax.tick_params(length=0)
     fig.tight_layout()
-    save_figure(fig, output)
+    save_figure(fig, output, job)
     plt.close(fig)
 
 
@@ -179,23 +180,24 @@ def plot_alignments(loaded, source: PathLike, target: PathLike, output: PathLike
                     max_words: int = DEFAULT_MAX_WORDS, overwrite: bool = False,
                     inputs: Sequence = ()) -> List[AlignmentPlot]:
     """Heat maps of the chosen pairs of ``source`` and ``target`` (see :func:`choose_pairs`), one
-    PNG per pair, named by :func:`output_for_line`. Every PNG is checked against ``inputs`` and
-    for an existing file (replaced only with ``overwrite``) before the first is drawn."""
-    from phrase_scorer.analysis.plots import require_matplotlib
-    from phrase_scorer.io.outputs import check_output
+    PNG per pair, named by :func:`output_for_line`. Every PNG is checked against the source, the
+    target, the model's files and any other ``inputs``, and for an existing file (replaced only
+    with ``overwrite``) before the first is drawn."""
+    from phrase_scorer.analysis.plots import figure_job, require_matplotlib
+    from phrase_scorer.io.outputs import model_files
 
     require_alignments(loaded)
     require_matplotlib()
     chosen = choose_pairs(source, target, lines=lines, count=count, seed=seed, max_words=max_words)
+    inputs = [("the source", source), ("the target", target), *model_files(loaded.directory), *inputs]
     with contextlib.ExitStack() as claims:
-        for line, _, _ in chosen:
-            claims.enter_context(check_output(output_for_line(output, line), inputs, overwrite=overwrite,
-                                              what="the figure"))
+        jobs = [claims.enter_context(figure_job(output_for_line(output, line), inputs, overwrite))
+                for line, _, _ in chosen]
         weights = alignment_weights(loaded, [(s, t) for _, s, t in chosen])
         plots = []
-        for (line, source_words, target_words), alpha in zip(chosen, weights):
+        for (line, source_words, target_words), alpha, job in zip(chosen, weights, jobs):
             pair = AlignedPair(line, source_words, target_words, alpha)
             png = output_for_line(output, line)
-            plot_alignment(pair, png)
+            plot_alignment(pair, png, job=job)
             plots.append(AlignmentPlot(pair, str(png)))
     return plots

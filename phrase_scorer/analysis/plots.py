@@ -6,9 +6,11 @@ and asked for).
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +20,10 @@ import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.outputs import Input
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.records import Signature
+from phrase_scorer.runtime.job import OutputJob
 
 INSTALL_HINT = "pip install 'phrase-scorer[plots]'"
 
@@ -35,18 +39,29 @@ def require_matplotlib():
     return plt
 
 
-def save_figure(fig, output: PathLike) -> None:
+def save_figure(fig, output: PathLike, job: Optional[OutputJob] = None) -> None:
     """Write ``fig`` to ``output`` under a temporary name, renamed into place when complete; the
-    format is the name's extension (PNG without one)."""
+    format is the name's extension (PNG without one). ``job``: the output's job (checked and
+    claimed), which the figure is written through; without one the caller has checked ``output``."""
     import io
 
     from phrase_scorer.io.files import AtomicOutput
 
     buffer = io.BytesIO()
     fig.savefig(buffer, format=Path(output).suffix.lstrip(".").lower() or "png")
+    if job is not None:
+        job.write(0, buffer.getvalue())
+        job.commit()
+        return
     with AtomicOutput(output) as out:
         out.write(buffer.getvalue())
         out.commit()
+
+
+def figure_job(output: PathLike, inputs: Sequence[Input], overwrite: bool, what: str = "the figure") -> OutputJob:
+    """The job of a figure (or page) of the ``plot`` verbs: never one of ``inputs``, an existing
+    one replaced only with ``overwrite``."""
+    return OutputJob(output, inputs, overwrite=overwrite, what=what)
 
 
 # --- Fig. 3: scores ----------------------------------------------------------------------------------
@@ -122,8 +137,18 @@ def rank(values: np.ndarray) -> np.ndarray:
 
 def plot_scores(table: PathLike, output: PathLike, *, table_column: int = 0, model_column: Optional[int] = None,
                 max_points: int = 2_000_000, seed: int = 1, table_label: str = "log p(f|e), phrase table",
-                width: float = 7.0, height: float = 6.0, dpi: int = 100) -> ScoreStats:
-    """Hexbin density of model log p(y|x) against a table column (Fig. 3)."""
+                width: float = 7.0, height: float = 6.0, dpi: int = 100, overwrite: bool = False) -> ScoreStats:
+    """Hexbin density of model log p(y|x) against a table column (Fig. 3). ``output`` is never
+    the table (nor a link to it); an existing one is replaced only with ``overwrite``."""
+    with figure_job(output, [("the table", table)], overwrite) as job:
+        return _plot_scores(table, output, job, table_column=table_column, model_column=model_column,
+                            max_points=max_points, seed=seed, table_label=table_label, width=width, height=height,
+                            dpi=dpi)
+
+
+def _plot_scores(table: PathLike, output: PathLike, job: OutputJob, *, table_column: int,
+                 model_column: Optional[int], max_points: int, seed: int, table_label: str, width: float,
+                 height: float, dpi: int) -> ScoreStats:
     plt = require_matplotlib()
     from matplotlib.colors import LogNorm
 
@@ -140,7 +165,7 @@ def plot_scores(table: PathLike, output: PathLike, *, table_column: int = 0, mod
     ax.set_title(f"{len(x):,} of {lines:,} phrase pairs: Pearson r = {pearson:.3f}, Spearman ρ = {spearman:.3f}",
                  fontsize=10)
     fig.tight_layout()
-    save_figure(fig, output)
+    save_figure(fig, output, job)
     plt.close(fig)
     return ScoreStats(points=len(x), lines=lines, pearson=pearson, spearman=spearman, table_column=table_column,
                       model_column=model_column)
@@ -246,7 +271,7 @@ def phrase_vectors(loaded, phrases: Sequence[Sequence[str]]) -> np.ndarray:
 
 
 def plot_map(coords: np.ndarray, labels: Sequence[str], output: PathLike, *, title: str, labelled: Sequence[int],
-             width: float = 10.0, height: float = 8.0, dpi: int = 100) -> None:
+             width: float = 10.0, height: float = 8.0, dpi: int = 100, job: Optional[OutputJob] = None) -> None:
     plt = require_matplotlib()
     fig, ax = plt.subplots(figsize=(width, height), dpi=dpi)
     ax.scatter(coords[:, 0], coords[:, 1], s=4, alpha=0.35, color="#31688e", linewidths=0)
@@ -256,7 +281,7 @@ def plot_map(coords: np.ndarray, labels: Sequence[str], output: PathLike, *, tit
     ax.set_xticks([])
     ax.set_yticks([])
     fig.tight_layout()
-    save_figure(fig, output)
+    save_figure(fig, output, job)
     plt.close(fig)
 
 
@@ -298,20 +323,47 @@ document.title = data.title + " (" + data.points.length + " points)";
 """
 
 
-def write_html(coords: np.ndarray, labels: Sequence[str], output: PathLike, *, title: str, subtitle: str) -> None:
+def write_html(coords: np.ndarray, labels: Sequence[str], output: PathLike, *, title: str, subtitle: str,
+               job: Optional[OutputJob] = None) -> None:
+    """The interactive page; ``job`` as for :func:`save_figure`."""
     data = {"title": title, "points": [[round(float(x), 4), round(float(y), 4)] for x, y in coords],
             "labels": list(labels)}
     payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
     from phrase_scorer.io.files import write_text_atomically
 
-    write_text_atomically(output, HTML_PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle),
-                                                   data=payload))
+    page = HTML_PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), data=payload)
+    if job is not None:
+        job.write(0, page.encode("utf-8"))
+        job.commit()
+    else:
+        write_text_atomically(output, page)
 
 
 def plot_embeddings(loaded, output: PathLike, *, kind: str = "words", table: Optional[PathLike] = None,
                     words: int = 1000, phrases: int = 2000, min_words: int = 4, method: str = "auto", seed: int = 1,
-                    labels: int = 60, html_output: Optional[PathLike] = None) -> MapResult:
-    """A 2-D map of word embeddings (Fig. 4) or of phrase representations c (Fig. 5)."""
+                    labels: int = 60, html_output: Optional[PathLike] = None, overwrite: bool = False) -> MapResult:
+    """A 2-D map of word embeddings (Fig. 4) or of phrase representations c (Fig. 5), and with
+    ``html_output`` an interactive page of it. Neither is the table or a file of the model (nor a
+    link to one), nor are they the same file; an existing one is replaced only with ``overwrite``."""
+    from phrase_scorer.io.outputs import model_files, same_file
+
+    inputs = [("the table", table), *model_files(loaded.directory)]
+    with contextlib.ExitStack() as jobs:
+        figure = jobs.enter_context(figure_job(output, inputs, overwrite))
+        page = None
+        if html_output is not None:
+            if os.path.abspath(html_output) == os.path.abspath(output) or same_file(html_output, output):
+                raise PhraseScorerError(f"{setting('html_output', html_output)} is the figure "
+                                        f"{setting('output', output)}: give it another name")
+            page = jobs.enter_context(figure_job(html_output, inputs, overwrite, what="the page"))
+        return _plot_embeddings(loaded, output, figure, kind=kind, table=table, words=words, phrases=phrases,
+                                min_words=min_words, method=method, seed=seed, labels=labels,
+                                html_output=html_output, page=page)
+
+
+def _plot_embeddings(loaded, output: PathLike, figure: OutputJob, *, kind: str, table: Optional[PathLike], words: int,
+                     phrases: int, min_words: int, method: str, seed: int, labels: int,
+                     html_output: Optional[PathLike], page: Optional[OutputJob]) -> MapResult:
     from phrase_scorer.generation.sampling import display
 
     require_matplotlib()
@@ -336,9 +388,9 @@ def plot_embeddings(loaded, output: PathLike, *, kind: str = "words", table: Opt
     coords, used = project(np.asarray(vectors, np.float64), method, seed)
     title = f"{used} of {what}"
     plot_map(coords, [display([n]) if kind == "words" else n for n in names], output, title=title,
-             labelled=spread_labels(coords, priority, labels))
+             labelled=spread_labels(coords, priority, labels), job=figure)
     if html_output:
         write_html(coords, [display([n]) if kind == "words" else n for n in names], html_output, title=title,
-                   subtitle=f"Model: {loaded.directory}.")
+                   subtitle=f"Model: {loaded.directory}.", job=page)
     return MapResult(kind=kind, points=len(coords), method=used, png=str(output),
                      html=None if html_output is None else str(html_output))

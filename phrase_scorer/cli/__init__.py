@@ -4,8 +4,9 @@ One module per group of verbs (training, scoring, generation, analysis, moses, e
 the group, its error handling and the shared options live in ``group`` and ``options``.
 
 Library errors (:class:`PhraseScorerError`) become one line on stderr and exit status 1; an
-interrupted long job says how to resume and exits with 130. torch is imported only inside the
-verbs that need it, so ``--help`` and the Moses-config verbs start at once.
+interrupted long job says how to resume and exits with 130. SIGTERM and SIGHUP end a run as
+Ctrl-C does, with 128 + the signal's number (``group.ending_like_ctrl_c``). torch is imported
+only inside the verbs that need it, so ``--help`` and the Moses-config verbs start at once.
 """
 
 from __future__ import annotations

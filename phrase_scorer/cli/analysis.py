@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import click
 
 from phrase_scorer.cli.group import UserError, cli
 from phrase_scorer.cli.options import (
-    device_option, model_option, overwrite_option, threads_option,
+    PathName, device_option, model_option, overwrite_option, threads_option,
 )
 from phrase_scorer.runtime.threads import set_threads
 
 
 @cli.command()
 @model_option
-@click.argument("table", type=click.Path(dir_okay=False, exists=True))
+@click.argument("table", type=PathName(dir_okay=False, exists=True))
 @click.option("--frequent", type=click.IntRange(min=0), default=5, help="Long sources with the largest counts.")
 @click.option("--rare", type=click.IntRange(min=0), default=5, help="Long sources with the smallest counts.")
 @click.option("--source", "sources", multiple=True,
@@ -52,8 +51,8 @@ def plot():
 
 
 @plot.command("scores")
-@click.argument("table", type=click.Path(dir_okay=False, exists=True))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
+@click.argument("table", type=PathName(dir_okay=False, exists=True))
+@click.option("-o", "--output", required=True, type=PathName(dir_okay=False), help="PNG file to write.")
 @click.option("--table-column", type=click.IntRange(min=0), default=0, help="Table score on the x axis (0: p(f|e)).")
 @click.option("--model-column", type=click.IntRange(min=0), default=None,
               help="The model's p(y|x) column [default: from the table's signature, else the second last].")
@@ -64,24 +63,23 @@ def plot():
 def plot_scores(table, output, table_column, model_column, max_points, seed, overwrite):
     """Density of model log p(y|x) against a table score for an annotated TABLE."""
     from phrase_scorer.analysis.plots import plot_scores as run
-    from phrase_scorer.io.outputs import check_output
 
     names = {0: "log p(f|e)", 1: "log lex(f|e)", 2: "log p(e|f)", 3: "log lex(e|f)"}
-    with check_output(output, [("the table", table)], overwrite=overwrite, what="the figure"):
-        stats = run(table, output, table_column=table_column, model_column=model_column, max_points=max_points,
-                    seed=seed, table_label=f"{names.get(table_column, f'log column {table_column}')}, phrase table")
+    stats = run(table, output, table_column=table_column, model_column=model_column, max_points=max_points,
+                seed=seed, table_label=f"{names.get(table_column, f'log column {table_column}')}, phrase table",
+                overwrite=overwrite)
     click.echo(f"{output}: {stats.points:,} of {stats.lines:,} pairs; correlation of model and table scores: "
                f"Pearson {stats.pearson:.3f}, Spearman {stats.spearman:.3f}")
 
 
 @plot.command("embeddings")
 @model_option
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
-@click.option("--html", "html_output", type=click.Path(dir_okay=False), default=None,
+@click.option("-o", "--output", required=True, type=PathName(dir_okay=False), help="PNG file to write.")
+@click.option("--html", "html_output", type=PathName(dir_okay=False), default=None,
               help="Also write an interactive page (hover to read labels).")
 @click.option("--kind", type=click.Choice(["words", "phrases"]), default="words",
               help="Word embeddings e(x) (Fig. 4) or phrase representations c (Fig. 5).")
-@click.option("--table", type=click.Path(dir_okay=False, exists=True), default=None,
+@click.option("--table", type=PathName(dir_okay=False, exists=True), default=None,
               help="Phrase table to take source phrases from (for --kind phrases).")
 @click.option("--words", type=click.IntRange(min=5), default=1000, help="Most frequent source words to map.")
 @click.option("--phrases", type=click.IntRange(min=5), default=2000, help="Source phrases to map.")
@@ -96,32 +94,27 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
                     overwrite, device):
     """A 2-D map of the model's word or phrase representations."""
     from phrase_scorer.analysis.plots import plot_embeddings as run
-    from phrase_scorer.io.outputs import check_output, model_files, same_file
+    from phrase_scorer.io.outputs import same_file
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.runtime.device import resolve_device
 
-    inputs = [("the table", table), *model_files(model_dir)]
-    with contextlib.ExitStack() as claims:
-        claims.enter_context(check_output(output, inputs, overwrite=overwrite, what="the figure"))
-        if html_output is not None:
-            if os.path.abspath(html_output) == os.path.abspath(output) or same_file(html_output, output):
-                raise UserError(f"--html {html_output} is the figure -o {output}: give it another name")
-            claims.enter_context(check_output(html_output, inputs, overwrite=overwrite, what="the page"))
-
-        loaded = load_model(model_dir, resolve_device(device))
-        result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,
-                     method=method, seed=seed, labels=labels, html_output=html_output)
+    if html_output is not None and (os.path.abspath(html_output) == os.path.abspath(output)
+                                    or same_file(html_output, output)):
+        raise UserError(f"--html {html_output} is the figure -o {output}: give it another name")
+    loaded = load_model(model_dir, resolve_device(device))
+    result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,
+                 method=method, seed=seed, labels=labels, html_output=html_output, overwrite=overwrite)
     click.echo(f"{output}: {result.method} map of {result.points:,} {kind}"
                + (f"; {html_output}" if html_output else ""))
 
 
 @plot.command("alignments")
 @model_option
-@click.option("--source", "source", required=True, type=click.Path(dir_okay=False, exists=True),
+@click.option("--source", "source", required=True, type=PathName(dir_okay=False, exists=True),
               help="Tokenised source sentences (plain or gzip), one per line.")
-@click.option("--target", "target", required=True, type=click.Path(dir_okay=False, exists=True),
+@click.option("--target", "target", required=True, type=PathName(dir_okay=False, exists=True),
               help="Their translations, line n translating line n: references or 'translate' output.")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--output", required=True, type=PathName(dir_okay=False),
               help="OUT.png: each pair is drawn into OUT-LINE.png.")
 @click.option("--lines", default=None, help="Plot these lines (numbers from 1, comma-separated), e.g. 1,5,9.")
 @click.option("--count", type=click.IntRange(min=1), default=None,
@@ -141,7 +134,6 @@ def plot_alignments(model_dir, source, target, output, lines, count, seed, max_w
     """
     from phrase_scorer.analysis.alignments import DEFAULT_COUNT, parse_line_numbers, plot_alignments as run
     from phrase_scorer.runtime.device import resolve_device
-    from phrase_scorer.io.outputs import model_files
     from phrase_scorer.model_dir import load_model
 
     if lines is not None and count is not None:
@@ -149,7 +141,6 @@ def plot_alignments(model_dir, source, target, output, lines, count, seed, max_w
     numbers = parse_line_numbers(lines) if lines is not None else None
     loaded = load_model(model_dir, resolve_device(device))
     plots = run(loaded, source, target, output, lines=numbers, count=count or DEFAULT_COUNT, seed=seed,
-                max_words=max_words, overwrite=overwrite, inputs=[("the source", source), ("the target", target),
-                                                                  *model_files(model_dir)])
+                max_words=max_words, overwrite=overwrite)
     for p in plots:
         click.echo(f"{p.png}: line {p.pair.line}, {len(p.pair.source)} source and {len(p.pair.target)} target words")

@@ -9,29 +9,29 @@ from phrase_scorer.config import AnnotateOptions, ExperimentOptions, SYSTEMS, Re
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import cli, explicit_options
 from phrase_scorer.cli.options import (
-    batch_tokens_option, check_report, column_options, device_option, make_training_settings, make_tune_options,
-    NamedDirectory, RowType, SystemType, moses_home_option, precision_option, threads_option, training_options,
-    tune_options,
+    batch_tokens_option, column_options, device_option, make_training_settings, make_tune_options,
+    NamedDirectory, PathName, RowType, SystemType, moses_home_option, precision_option, threads_option,
+    training_options, tune_options,
 )
 from phrase_scorer.runtime.threads import set_threads
 
 
 @cli.command()
-@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
-@click.option("-m", "--model", "model_dir", type=click.Path(file_okay=False), default=None,
+@click.argument("moses_ini", type=PathName(dir_okay=False, exists=True))
+@click.option("-m", "--model", "model_dir", type=PathName(file_okay=False), default=None,
               help="Model to annotate the system's phrase table with.")
-@click.option("--annotated", type=click.Path(dir_okay=False, exists=True), default=None,
+@click.option("--annotated", type=PathName(dir_okay=False, exists=True), default=None,
               help="Or: the system's phrase table already annotated (both columns).")
-@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+@click.option("--dev", nargs=2, required=True, type=PathName(dir_okay=False, exists=True),
               help="Dev source and reference.")
-@click.option("--test", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+@click.option("--test", nargs=2, required=True, type=PathName(dir_okay=False, exists=True),
               help="Test source and reference.")
-@click.option("-o", "--output", "work_dir", required=True, type=click.Path(file_okay=False),
+@click.option("-o", "--output", "work_dir", required=True, type=PathName(file_okay=False),
               help="Working directory (resumable: finished tuning runs are kept).")
 @click.option("--runs", type=click.IntRange(min=1), default=ExperimentOptions.runs, help="Tuning runs per system.")
 @click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=ExperimentOptions.references)
 @click.option("--lang", default=ExperimentOptions.lang, help="Target language.")
-@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown report here.")
+@click.option("--report", type=PathName(dir_okay=False), default=None, help="Also write the Markdown report here.")
 @click.option("--system", "systems", multiple=True, type=click.Choice([s.name for s in SYSTEMS]),
               help="Tune and report only this system (repeatable) [default: all three].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --report file.")
@@ -41,33 +41,26 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
                moses_home, **options):
     """The paper's Table 1: baseline, + p(y|x), + p(y|x) + unknown words, each tuned --runs times."""
     from phrase_scorer.experiments.table1 import run_experiment
-    from phrase_scorer.moses.installation import MosesInstallation
 
     if (model_dir is None) == (annotated is None):
         raise PhraseScorerError("give exactly one of --model and --annotated")
-    check_report(report, overwrite, [("the moses.ini", moses_ini), ("the annotated table", annotated),
-                                     ("the dev source", dev[0]), ("the dev reference", dev[1]),
-                                     ("the test source", test[0]), ("the test reference", test[1])])
-    result = run_experiment(moses_ini, dev, test, work_dir, moses=MosesInstallation.find(moses_home),
+    result = run_experiment(moses_ini, dev, test, work_dir, moses_home=moses_home,
                             model_dir=model_dir, annotated=annotated, tune_options=make_tune_options(**options),
                             options=ExperimentOptions(runs=runs, references=references, lang=lang),
-                            systems=[s for s in SYSTEMS if not systems or s.name in systems])
-    if report:
-        from phrase_scorer.io.files import write_text_atomically
-
-        write_text_atomically(report, result.markdown)
+                            systems=[s for s in SYSTEMS if not systems or s.name in systems],
+                            report=report, overwrite=overwrite)
     click.echo(result.markdown)
 
 
 @cli.command("rescore-experiment")
-@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
-@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+@click.argument("moses_ini", type=PathName(dir_okay=False, exists=True))
+@click.option("--dev", nargs=2, required=True, type=PathName(dir_okay=False, exists=True),
               help="Dev source and reference: the optimiser tunes on its n-best list.")
-@click.option("--test", "tests", nargs=2, multiple=True, required=True, type=click.Path(dir_okay=False, exists=True),
+@click.option("--test", "tests", nargs=2, multiple=True, required=True, type=PathName(dir_okay=False, exists=True),
               help="A test source and reference (repeatable).")
-@click.option("--dev-nbest", type=click.Path(dir_okay=False, exists=True), default=None,
+@click.option("--dev-nbest", type=PathName(dir_okay=False, exists=True), default=None,
               help="The dev n-best list, already decoded with MOSES_INI [default: decode it].")
-@click.option("--test-nbest", "test_nbests", multiple=True, type=click.Path(dir_okay=False, exists=True),
+@click.option("--test-nbest", "test_nbests", multiple=True, type=PathName(dir_okay=False, exists=True),
               help="The n-best list of each --test, in their order, already decoded with MOSES_INI.")
 @click.option("-m", "--model", "models", multiple=True, type=NamedDirectory(), metavar="NAME=DIR",
               help="A model scoring the hypothesis given the source, as feature NAME (repeatable; models given "
@@ -81,7 +74,7 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
               help="Another decoder system in the report (e.g. Moses with the phrase columns, as `experiment` "
                    "tunes it): the tuned moses.ini of each of its tuning runs, each decoded and scored as a run "
                    "(repeatable).")
-@click.option("-o", "--output", "work_dir", required=True, type=click.Path(file_okay=False),
+@click.option("-o", "--output", "work_dir", required=True, type=PathName(file_okay=False),
               help="Working directory (the lists, the runs, report.md and results.json); resumable.")
 @click.option("--nbest-size", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_size,
               help="Distinct hypotheses per sentence.")
@@ -104,7 +97,7 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
               help="Threads of the decoder and of mert [default: all cores].")
 @click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags, help="More decoder options.")
 @click.option("--decoder", default=RescoreExperimentOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
-@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown report here.")
+@click.option("--report", type=PathName(dir_okay=False), default=None, help="Also write the Markdown report here.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --report file.")
 @batch_tokens_option
 @device_option
@@ -119,7 +112,6 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     and paired bootstrap tests against Moses' 1-best."""
     set_threads(threads)
     from phrase_scorer.runtime.device import resolve_device
-    from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.scoring.rescore import ensembles_by_name, feature_models
     from phrase_scorer.experiments.rescoring import (
         EvalSet, run_rescore_experiment, set_name,
@@ -128,10 +120,6 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     if test_nbests and len(test_nbests) != len(tests):
         raise PhraseScorerError(f"{len(test_nbests)} --test-nbest for {len(tests)} --test",
                                 hint="give one --test-nbest per --test, in the same order, or none")
-    check_report(report, overwrite, [("the moses.ini", moses_ini), ("the dev source", dev[0]),
-                                     ("the dev reference", dev[1]), ("the dev n-best list", dev_nbest),
-                                     *[("a test file", path) for pair in tests for path in pair],
-                                     *[("a test n-best list", path) for path in test_nbests]])
     sets = [EvalSet(set_name(dev[0]), dev[0], dev[1], dev_nbest)]
     sets += [EvalSet(set_name(src), src, ref, test_nbests[i] if test_nbests else None)
              for i, (src, ref) in enumerate(tests)]
@@ -146,24 +134,21 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
         nbest_size=nbest_size, nbest_factor=nbest_factor, decoder=decoder, decoder_flags=decoder_flags,
         threads=decoder_threads, normalize=normalize, runs=runs, method=method, restarts=restarts,
         references=references, lang=lang)
-    result = run_rescore_experiment(moses_ini, sets, work_dir, moses=MosesInstallation.find(moses_home), models=loaded,
+    result = run_rescore_experiment(moses_ini, sets, work_dir, moses_home=moses_home, models=loaded,
                                     rows=list(rows), systems=list(systems),
                                     options=options,
-                                    scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision))
-    if report:
-        from phrase_scorer.io.files import write_text_atomically
-
-        write_text_atomically(report, result.markdown)
+                                    scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision),
+                                    report=report, overwrite=overwrite)
     click.echo(result.markdown)
 
 
 @cli.command("ems-config")
-@click.argument("ini_in", metavar="IN", type=click.Path(dir_okay=False, exists=True))
-@click.argument("ini_out", metavar="OUT", type=click.Path(dir_okay=False))
+@click.argument("ini_in", metavar="IN", type=PathName(dir_okay=False, exists=True))
+@click.argument("ini_out", metavar="OUT", type=PathName(dir_okay=False))
 @click.option("-Binarizer", "binarizer", default=None, metavar="CMD",
               help="EMS's ttable-binarizer: '' or none for a text table, else processPhraseTableMin, "
                    "CreateProbingPT or CreateOnDiskPt with its path (its own arguments are replaced).")
-@click.option("-m", "--model", "model_dir", type=click.Path(file_okay=False, exists=True), default=None,
+@click.option("-m", "--model", "model_dir", type=PathName(file_okay=False, exists=True), default=None,
               help="Use this trained model instead of training one on IN's phrase table.")
 @click.option("--feature-name", default=None,
               help="The phrase-table feature's name= [default: the first phrase table].")

@@ -9,7 +9,7 @@ from phrase_scorer.config import SampleOptions, ScoringOptions, TranslateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
-    batch_tokens_option, device_option, model_option, moses_home_option, overwrite_option, precision_option,
+    PathName, batch_tokens_option, device_option, model_option, moses_home_option, overwrite_option, precision_option,
     resume_option, threads_option,
 )
 from phrase_scorer.runtime.threads import set_threads
@@ -18,7 +18,7 @@ from phrase_scorer.runtime.threads import set_threads
 @cli.command()
 @model_option
 @click.argument("phrases", nargs=-1)
-@click.option("-i", "--input", "input_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+@click.option("-i", "--input", "input_file", type=PathName(dir_okay=False, allow_dash=True), default=None,
               help="Read source phrases from this file, one per line ('-': stdin).")
 @click.option("-n", "--samples", type=click.IntRange(min=1), default=SampleOptions.samples,
               help="Ancestral samples per source.")
@@ -33,7 +33,7 @@ from phrase_scorer.runtime.threads import set_threads
 @click.option("--lowercase/--no-lowercase", default=None,
               help="Lowercase the input [default: when the model's source words have no capitals].")
 @click.option("--allow-unk/--no-allow-unk", default=SampleOptions.allow_unk, help="May <unk> be generated?")
-@click.option("--lm", "lm_path", type=click.Path(dir_okay=False, exists=True), default=None,
+@click.option("--lm", "lm_path", type=PathName(dir_okay=False, exists=True), default=None,
               help="Target language model (ARPA or KenLM binary): adds its log-probability.")
 @click.option("--rank-by", type=click.Choice(["model", "model+lm"]), default=SampleOptions.rank_by)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -84,10 +84,10 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 
 
 @cli.command()
-@click.option("-m", "--model", "model_dir", type=click.Path(file_okay=False), default=None,
+@click.option("-m", "--model", "model_dir", type=PathName(file_okay=False), default=None,
               help="Model directory made by 'phrase-scorer train': translate with it alone, by beam search.")
-@click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+@click.argument("input", type=PathName(dir_okay=False, allow_dash=True), default="-")
+@click.option("-o", "--output", type=PathName(dir_okay=False, allow_dash=True), default="-",
               help="Where to write the translations (a name ending in .gz is gzipped).")
 @click.option("--beam", type=click.IntRange(min=1), default=TranslateOptions.beam,
               help="Beam width (1: greedy search).")
@@ -98,16 +98,16 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
               help="A translation has at most ceil(RATIO * source words) words.")
 @click.option("--batch-sentences", type=click.IntRange(min=1), default=TranslateOptions.batch_sentences,
               help="Sentences searched together.")
-@click.option("--moses", "moses_ini", type=click.Path(dir_okay=False, exists=True), default=None,
+@click.option("--moses", "moses_ini", type=PathName(dir_okay=False, exists=True), default=None,
               help="Or: translate with this (tuned) moses.ini and --reranker: Moses' n-best lists, rescored by the "
                    "reranker's models and reranked by its weights.")
-@click.option("--reranker", type=click.Path(dir_okay=False, exists=True), default=None,
+@click.option("--reranker", type=PathName(dir_okay=False, exists=True), default=None,
               help="With --moses: the reranker 'rerank --dev ...' wrote (its OUTPUT.json).")
 @click.option("--chunk-sentences", type=click.IntRange(min=1), default=TranslateOptions.chunk_sentences,
               help="With --moses: sentences decoded, rescored and reranked at a time (also the resume granularity).")
 @click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
               help="With --moses: the decoder's threads [default: all cores].")
-@click.option("--working-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--working-dir", type=PathName(file_okay=False), default=None,
               help="With --moses: for the chunks being translated, made fresh [default: OUTPUT.work].")
 @click.option("--pipeline/--no-pipeline", default=TranslateOptions.pipeline, show_default=True,
               help="With --moses: Moses decodes the next chunk while the models rescore this one "

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
 import sys
-from typing import Optional
+import threading
+from typing import Iterator, Optional
 
 import click
 
@@ -26,7 +29,59 @@ class UserError(click.ClickException):
         self.exit_code = exit_code
 
     def show(self, file=None) -> None:
-        click.echo(f"phrase-scorer: error: {self.format_message()}", err=True)
+        try:
+            click.echo(f"phrase-scorer: error: {self.format_message()}", err=True)
+        except OSError:  # standard error is gone (a closed terminal: SIGHUP): nobody reads the line
+            pass
+
+
+#: The signals that end a run as Ctrl-C does: what a scheduler (Slurm), ``kill`` or a closed
+#: terminal sends.
+TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class Terminated(KeyboardInterrupt):
+    """A termination signal (:data:`TERMINATION_SIGNALS`), raised where Ctrl-C raises
+    KeyboardInterrupt: every clean-up of an interrupted run applies to it unchanged."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(number)
+        self.number = number
+
+
+def _terminate(number: int, frame) -> None:
+    for other in TERMINATION_SIGNALS:  # the first one ends the run; its clean-up is not interrupted
+        signal.signal(other, signal.SIG_IGN)
+    raise Terminated(number)
+
+
+@contextlib.contextmanager
+def ending_like_ctrl_c() -> Iterator[None]:
+    """While a command runs, a termination signal ends it exactly as Ctrl-C does (the same
+    clean-up, kept partial output and message, :func:`interrupted`) instead of killing the
+    process where it stands. A signal that was ignored when the command started (``nohup``)
+    stays ignored, and a handler of the caller's own is kept; the handlers are restored after."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for number in TERMINATION_SIGNALS:
+            if signal.getsignal(number) is signal.SIG_DFL:
+                previous[number] = signal.signal(number, _terminate)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def interrupted(rest: str = "") -> UserError:
+    """The error that ends a run interrupted by Ctrl-C or a termination signal (called while
+    handling its KeyboardInterrupt): ``interrupted`` + ``rest``, exit status 130 for Ctrl-C; for a
+    termination signal it names the signal and exits with 128 + its number, as a shell reports a
+    process the signal killed, so that a scheduler still sees how the run ended."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, Terminated):
+        return UserError(f"interrupted by {signal.Signals(exc.number).name}{rest}", exit_code=128 + exc.number)
+    return UserError(f"interrupted{rest}", exit_code=130)
 
 
 #: The flags whose spelling is not ``--`` + the setting's library name with ``-`` for ``_``, as the
@@ -66,13 +121,13 @@ class Group(click.Group):
         from phrase_scorer.io.files import held_output_locks, release_output_locks
 
         held_before = held_output_locks()  # a caller's own, kept
-        with renderer(flag):  # library messages name the flags
+        with renderer(flag), ending_like_ctrl_c():  # library messages name the flags
             try:
                 return super().invoke(ctx)
             except PhraseScorerError as exc:
                 raise UserError(str(exc)) from None
             except KeyboardInterrupt:
-                raise UserError("interrupted", exit_code=130) from None
+                raise interrupted() from None
             except OSError as exc:  # an I/O failure the library did not anticipate: still one line
                 from phrase_scorer.io.files import describe_os_error
 
@@ -112,14 +167,13 @@ class Duration(click.ParamType):
 
 
 def interrupted_resumable(output: str) -> UserError:
-    """Ctrl-C during a resumable run: say whether a finished part was kept for --resume."""
+    """Ctrl-C or a termination signal during a resumable run (:func:`interrupted`): say whether a
+    finished part was kept for --resume."""
     from phrase_scorer.io.files import part_path
 
     if output != "-" and os.path.exists(f"{part_path(output)}.json"):
-        message = "interrupted; the finished part is kept. Resume with the same command and --resume"
-    else:
-        message = "interrupted before the first chunk was finished; nothing kept, run the command again"
-    return UserError(message, exit_code=130)
+        return interrupted("; the finished part is kept. Resume with the same command and --resume")
+    return interrupted(" before the first chunk was finished; nothing kept, run the command again")
 
 
 def setup_logging(verbosity: int) -> None:

@@ -7,15 +7,15 @@ import click
 from phrase_scorer.config import ExperimentOptions, RerankOptions, TuneOptions
 from phrase_scorer.cli.group import UserError, cli
 from phrase_scorer.cli.options import (
-    make_tune_options, moses_home_option, overwrite_option, parse_weights, tune_options,
+    PathName, make_tune_options, moses_home_option, overwrite_option, parse_weights, tune_options,
 )
 
 
 @cli.command("moses-ini")
-@click.argument("moses_ini", type=click.Path(exists=True, dir_okay=False))
-@click.option("--phrase-table", required=True, type=click.Path(),
+@click.argument("moses_ini", type=PathName(exists=True, dir_okay=False))
+@click.option("--phrase-table", required=True, type=PathName(),
               help="The new table, written into the feature's path= (the binary table with --binarize-from).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("-o", "--output", required=True, type=PathName(dir_okay=False, allow_dash=True),
               help="The patched moses.ini to write ('-' for stdout).")
 @click.option("--add-features", type=click.IntRange(min=0), default=2, help="Score columns added to the table.")
 @click.option("--initial-weights", "--initial-weight", "initial_weights", callback=parse_weights, default=None,
@@ -27,9 +27,9 @@ from phrase_scorer.cli.options import (
               help="Also make every relative path= absolute (against the ini's folder), so Moses runs from anywhere.")
 @click.option("--check-table/--no-check-table", default=True,
               help="Check that the text table's score count on its first lines matches the new num-features.")
-@click.option("--binarize-from", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option("--binarize-from", type=PathName(exists=True, dir_okay=False), default=None,
               help="Build the binary table (Compact, ProbingPT, OnDisk) at --phrase-table from this text table.")
-@click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
+@click.option("--moses-home", type=PathName(file_okay=False), envvar="MOSES_HOME", default=None,
               help="Moses folder whose bin/ holds the binarisers [default: $MOSES_HOME].")
 @overwrite_option
 def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_weights, feature_name,
@@ -56,12 +56,12 @@ def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_wei
 
 
 @cli.command()
-@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
-@click.option("--dev", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+@click.argument("moses_ini", type=PathName(dir_okay=False, exists=True))
+@click.option("--dev", nargs=2, required=True, type=PathName(dir_okay=False, exists=True),
               help="Dev source and reference (tokenised as the system's training data; plain or gzip).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--output", required=True, type=PathName(dir_okay=False),
               help="Where to write the tuned moses.ini.")
-@click.option("--working-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--working-dir", type=PathName(file_okay=False), default=None,
               help="mert-moses.pl's working directory, made fresh [default: OUTPUT.work].")
 @click.option("--seed", type=int, default=TuneOptions.seed, help="Seed of the optimiser's random restarts.")
 @overwrite_option
@@ -69,31 +69,27 @@ def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_wei
 @moses_home_option
 def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **options):
     """Re-tune MOSES_INI's weights with the user's mert-moses.pl."""
-    from phrase_scorer.io.outputs import check_output
-    from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.moses.tune import tune as run_tune
 
-    with check_output(output, [("the moses.ini", moses_ini), ("the dev source", dev[0]), ("the dev reference", dev[1])],
-                      overwrite=overwrite, what="the tuned moses.ini", regular_only=True):
-        result = run_tune(moses_ini, dev[0], dev[1], output, moses=MosesInstallation.find(moses_home),
-                          options=make_tune_options(seed=seed, **options), working_dir=working_dir)
+    result = run_tune(moses_ini, dev[0], dev[1], output, moses_home=moses_home,
+                      options=make_tune_options(seed=seed, **options), working_dir=working_dir, overwrite=overwrite)
     history = ", ".join(f"{it}: {bleu:.2f}" for it, bleu in result.iterations)
     click.echo(f"tuned config: {output} (dev BLEU by iteration: {history}; "
                f"kept: {'?' if result.dev_bleu is None else f'{result.dev_bleu:.2f}'})", err=True)
 
 
 @cli.command()
-@click.option("--dev", nargs=2, default=None, type=click.Path(dir_okay=False, exists=True),
+@click.option("--dev", nargs=2, default=None, type=PathName(dir_okay=False, exists=True),
               help="Dev n-best list (rescored; plain or gzip) and its references (tokenised like the output): "
                    "tune the weights on it.")
-@click.option("--weights", "reranker", type=click.Path(dir_okay=False, exists=True), default=None,
+@click.option("--weights", "reranker", type=PathName(dir_okay=False, exists=True), default=None,
               help="Or: apply a reranker tuned before (the OUTPUT.json of a 'rerank --dev' run), without Moses.")
-@click.option("--test", "test_nbest", required=True, type=click.Path(dir_okay=False, exists=True, allow_dash=True),
+@click.option("--test", "test_nbest", required=True, type=PathName(dir_okay=False, exists=True, allow_dash=True),
               help="Test n-best list with the same features, to rerank.")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("-o", "--output", required=True, type=PathName(dir_okay=False, allow_dash=True),
               help="Where to write the test set's new 1-best, one line per sentence; when tuning, the reranker "
                    "(weights and models) goes to OUTPUT.json.")
-@click.option("--ini", "start_ini", type=click.Path(dir_okay=False, exists=True), default=None,
+@click.option("--ini", "start_ini", type=PathName(dir_okay=False, exists=True), default=None,
               help="The decoder's moses.ini: its [weight] section gives the starting weights "
                    "[default: fitted to the dev list's totals].")
 @click.option("--method", type=click.Choice(["mert", "mira"]), default=RerankOptions.method,
@@ -105,9 +101,9 @@ def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **opt
 @click.option("--iterations", "mira_iterations", type=click.IntRange(min=1), default=RerankOptions.mira_iterations,
               help="kbmira's epochs per run.")
 @click.option("--threads", type=click.IntRange(min=1), default=RerankOptions.threads, help="mert's threads.")
-@click.option("--working-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--working-dir", type=PathName(file_okay=False), default=None,
               help="For the extractor's files and the optimiser runs, made fresh [default: OUTPUT.work].")
-@click.option("--mertdir", type=click.Path(file_okay=False, exists=True), default=None,
+@click.option("--mertdir", type=PathName(file_okay=False, exists=True), default=None,
               help="Folder of extractor, mert and kbmira [default: MOSES_HOME/bin].")
 @click.option("--ignore-feature", "ignore_features", multiple=True,
               help="A dense feature of the lists to leave out, neither tuned nor used (repeatable).")
@@ -124,8 +120,6 @@ def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts
     """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
     then write the best hypothesis of each sentence of the test n-best list; or, with --weights,
     apply weights tuned before to a new list."""
-    from phrase_scorer.io.outputs import check_output
-    from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.moses.rerank import rerank as run_rerank
     from phrase_scorer.moses.reranker import apply_reranker
 
@@ -138,22 +132,15 @@ def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts
         if given:
             raise UserError(f"{', '.join(given)} only apply when tuning (--dev); "
                             "the reranker holds what it was tuned with")
-        with check_output(output, [("the test n-best list", test_nbest), ("the reranker", reranker)],
-                          overwrite=overwrite):
-            sentences = apply_reranker(reranker, test_nbest, output)
+        sentences = apply_reranker(reranker, test_nbest, output, overwrite=overwrite)
         click.echo(f"test 1-best: {output} ({sentences} sentences), weights from {reranker}", err=True)
         return
-    inputs = [("the dev n-best list", dev[0]), ("the dev references", dev[1]), ("the test n-best list", test_nbest),
-              ("the moses.ini", start_ini)]
+    options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
+                            threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features),
+                            min_feature_gain=min_feature_gain)
     # the reranker goes to OUTPUT.json: one the user keeps there without OUTPUT is replaced only with --overwrite
-    with check_output(output, inputs, overwrite=overwrite, companions=(".part", ".json"), what="the reranked output",
-                      regular_only=True):
-        moses = MosesInstallation.find(moses_home) if moses_home or not mertdir else None
-        options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
-                                threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features),
-                                min_feature_gain=min_feature_gain)
-        result = run_rerank(dev[0], dev[1], test_nbest, output, moses=moses, options=options, start_ini=start_ini,
-                            working_dir=working_dir, decoder_flags=decoder_flags)
+    result = run_rerank(dev[0], dev[1], test_nbest, output, moses_home=moses_home, options=options,
+                        start_ini=start_ini, working_dir=working_dir, decoder_flags=decoder_flags, overwrite=overwrite)
     runs = ", ".join(f"seed {r.seed}: {r.dev_bleu:.2f}" for r in result.runs)
     click.echo(f"dev BLEU {result.start_dev_bleu:.2f} with the starting weights; after {method}: {runs}; "
                f"kept seed {result.best_seed}", err=True)
@@ -166,10 +153,10 @@ def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts
 
 
 @cli.command()
-@click.argument("moses_ini", type=click.Path(dir_okay=False, exists=True))
-@click.option("--test", nargs=2, required=True, type=click.Path(dir_okay=False, exists=True),
+@click.argument("moses_ini", type=PathName(dir_okay=False, exists=True))
+@click.option("--test", nargs=2, required=True, type=PathName(dir_okay=False, exists=True),
               help="Test source (tokenised as for the system) and reference (tokenised or raw).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+@click.option("-o", "--output", type=PathName(dir_okay=False), default=None,
               help="Where to keep the decoder output [default: MOSES_INI's name + .test.hyp].")
 @click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=ExperimentOptions.references,
               help="Tokenised references are compared as they are (--tokenize none); raw ones after detokenising "
@@ -186,17 +173,12 @@ def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, 
     """Decode a test set with MOSES_INI and report sacrebleu BLEU and chrF with their signatures."""
     import json
 
-    from phrase_scorer.io.outputs import check_output
     from phrase_scorer.moses.evaluate import evaluate as run_evaluate
-    from phrase_scorer.moses.installation import MosesInstallation
 
     output = output or f"{moses_ini}.test.hyp"
-    with check_output(output, [("the moses.ini", moses_ini), ("the test source", test[0]),
-                               ("the test reference", test[1])], overwrite=overwrite,
-                      companions=(".part", ".input", ".log"), what="the decoder output", regular_only=True):
-        result = run_evaluate(moses_ini, test[0], test[1], output,
-                              moses=MosesInstallation.find(moses_home), threads=threads, decoder_flags=decoder_flags,
-                              decoder=decoder, kind=references, lang=lang)
+    result = run_evaluate(moses_ini, test[0], test[1], output, moses_home=moses_home, threads=threads,
+                          decoder_flags=decoder_flags, decoder=decoder, kind=references, lang=lang,
+                          overwrite=overwrite)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:

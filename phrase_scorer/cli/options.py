@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Optional
 
 import click
 
@@ -13,6 +12,31 @@ from phrase_scorer.config import (
     TuneOptions, VOCABULARIES,
 )
 from phrase_scorer.cli.group import Duration, explicit_options
+from phrase_scorer.errors import PhraseScorerError
+
+
+def parameter_name(param: click.Parameter) -> str:
+    """How the command line names a parameter: an option by its long flag, an argument by its metavar."""
+    if isinstance(param, click.Option):
+        return max(param.opts, key=len)
+    return param.human_readable_name
+
+
+def refuse_empty(value, param: click.Parameter, what: str = "a file name") -> None:
+    """An empty name given for a file or folder is an error naming the option: it is what an unset
+    shell variable gives (``-o "$OUT"``), and would otherwise be read as the current folder or
+    fail deep inside a verb."""
+    if isinstance(value, (str, bytes)) and not value:
+        raise PhraseScorerError(f"{parameter_name(param)} is empty", hint=f"an unset shell variable? give {what}")
+
+
+class PathName(click.Path):
+    """The type of every file and folder name a verb takes: :class:`click.Path`, and never empty
+    (:func:`refuse_empty`)."""
+
+    def convert(self, value, param, ctx):
+        refuse_empty(value, param, "a file name" if self.file_okay or not self.dir_okay else "a folder name")
+        return super().convert(value, param, ctx)
 
 
 device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=TrainConfig.device,
@@ -38,9 +62,9 @@ resume_option = click.option("--resume", is_flag=True,
                                   "nothing to resume).")
 overwrite_option = click.option("--overwrite", is_flag=True,
                                 help="Replace OUTPUT if it exists (never when it is one of the inputs).")
-moses_home_option = click.option("--moses-home", type=click.Path(file_okay=False), envvar="MOSES_HOME", default=None,
+moses_home_option = click.option("--moses-home", type=PathName(file_okay=False), envvar="MOSES_HOME", default=None,
                                  help="Moses installation (bin/, scripts/) [default: $MOSES_HOME].")
-model_option = click.option("-m", "--model", "model_dir", required=True, type=click.Path(file_okay=False),
+model_option = click.option("-m", "--model", "model_dir", required=True, type=PathName(file_okay=False),
                             help="Model directory made by 'phrase-scorer train'.")
 
 
@@ -185,7 +209,7 @@ def tune_options(function):
                      help="More decoder options, e.g. '-v 0 -search-algorithm 1 -s 400'."),
         click.option("--nbest", type=click.IntRange(min=1), default=TuneOptions.nbest),
         click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin."),
-        click.option("--mertdir", type=click.Path(file_okay=False, exists=True), default=None,
+        click.option("--mertdir", type=PathName(file_okay=False, exists=True), default=None,
                      help="Folder of mert's programs (extractor, mert, kbmira, pro, evaluator) "
                           "[default: MOSES_HOME/bin]."),
     ]
@@ -198,16 +222,6 @@ def make_tune_options(method, max_iterations, return_best_dev, threads, decoder_
                       seed=1):
     return TuneOptions(method=method, max_iterations=max_iterations, return_best_dev=return_best_dev, seed=seed,
                        threads=threads, decoder_flags=decoder_flags, nbest=nbest, decoder=decoder, mertdir=mertdir)
-
-
-def check_report(report: Optional[str], overwrite: bool, inputs):
-    """An experiment's --report is checked before hours of tuning, not when it is written; it is
-    claimed from then on, until the command ends (see :mod:`phrase_scorer.io.outputs`)."""
-    from phrase_scorer.io.outputs import OutputClaim, check_output
-
-    if report is None:
-        return OutputClaim()
-    return check_output(report, inputs, overwrite=overwrite, what="the report")
 
 
 class LabelledList(click.ParamType):
@@ -250,7 +264,7 @@ class SystemType(LabelledList):
         if isinstance(value, DecodedSystem):
             return value
         label, inis = self.items(value, param, ctx)
-        existing = click.Path(exists=True, dir_okay=False)
+        existing = PathName(exists=True, dir_okay=False)
         return DecodedSystem(label, tuple(existing.convert(ini, param, ctx) for ini in inis))
 
 
@@ -263,6 +277,8 @@ class NamedDirectory(click.ParamType):
         if isinstance(value, tuple):
             return value
         name, sep, directory = value.partition("=")
+        if sep and name:
+            refuse_empty(directory, param, "a folder name")
         if not sep or not name or not directory:
             self.fail(f"{value!r} is not NAME=DIR (e.g. RNNsearch=models/rnnsearch)", param, ctx)
         return name, directory

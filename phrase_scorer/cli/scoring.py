@@ -10,7 +10,7 @@ from phrase_scorer.config import AnnotateOptions, RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import cli, interrupted_resumable
 from phrase_scorer.cli.options import (
-    batch_tokens_option, column_options, device_option, model_option, overwrite_option, precision_option,
+    PathName, batch_tokens_option, column_options, device_option, model_option, overwrite_option, precision_option,
     resume_option, threads_option,
 )
 from phrase_scorer.runtime.threads import set_threads
@@ -18,9 +18,9 @@ from phrase_scorer.runtime.threads import set_threads
 
 @cli.command()
 @model_option
-@click.argument("input", type=click.Path(dir_okay=False, allow_dash=True), default="-")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
-              help="Where to write the scores.")
+@click.argument("input", type=PathName(dir_okay=False, allow_dash=True), default="-")
+@click.option("-o", "--output", type=PathName(dir_okay=False, allow_dash=True), default="-",
+              help="Where to write the scores (a name ending in .gz is gzipped).")
 @overwrite_option
 @batch_tokens_option
 @device_option
@@ -40,9 +40,9 @@ def score(model_dir, input, output, overwrite, batch_tokens, device, threads):
 
 
 @cli.command()
-@click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("table", type=PathName(dir_okay=False, allow_dash=True))
 @model_option
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("-o", "--output", required=True, type=PathName(dir_okay=False, allow_dash=True),
               help="Annotated table ('.gz' for gzip, '-' for stdout).")
 @column_options
 @device_option
@@ -53,9 +53,9 @@ def score(model_dir, input, output, overwrite, batch_tokens, device, threads):
                    "(0: none, all in one process) [default: the cores, at most 8].")
 @resume_option
 @overwrite_option
-@click.option("--ini", "moses_ini", type=click.Path(dir_okay=False, exists=True), default=None,
+@click.option("--ini", "moses_ini", type=PathName(dir_okay=False, exists=True), default=None,
               help="Also write this moses.ini, patched for the new table, to --ini-output.")
-@click.option("--ini-output", type=click.Path(dir_okay=False), default=None,
+@click.option("--ini-output", type=PathName(dir_okay=False), default=None,
               help="Where --ini writes the patched moses.ini [default: OUTPUT's name + .moses.ini].")
 def annotate(table, model_dir, output, columns, unk_side, length_normalize, batch_tokens, window_lines,
              device, precision, threads, workers, resume, overwrite, moses_ini, ini_output):
@@ -112,12 +112,12 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
 
 
 @cli.command()
-@click.argument("nbest", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--source", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+@click.argument("nbest", type=PathName(dir_okay=False, allow_dash=True))
+@click.option("--source", required=True, type=PathName(dir_okay=False, allow_dash=True),
               help="The sentences the n-best list was decoded from, one per line (plain or gzip).")
-@click.option("-m", "--model", "models", multiple=True, type=click.Path(file_okay=False),
+@click.option("-m", "--model", "models", multiple=True, type=PathName(file_okay=False),
               help="Model scoring log p(hypothesis | source); repeatable, one feature each.")
-@click.option("-r", "--reverse-model", "reverse_models", multiple=True, type=click.Path(file_okay=False),
+@click.option("-r", "--reverse-model", "reverse_models", multiple=True, type=PathName(file_okay=False),
               help="Model trained target->source, scoring log p(source | hypothesis); repeatable.")
 @click.option("--name", "names", multiple=True,
               help="Feature name of each -m model, in order [default: RNN0, RNN1, ...].")
@@ -127,7 +127,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
               help="Add the -m models as one feature NAME: the mean of their log p (one weight to tune).")
 @click.option("--reverse-ensemble", default=None, metavar="NAME",
               help="Add the --reverse-model models as one feature NAME, the mean of their log p.")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("-o", "--output", required=True, type=PathName(dir_okay=False, allow_dash=True),
               help="Rescored n-best list ('.gz' for gzip, '-' for stdout).")
 @click.option("--normalize/--no-normalize", default=RescoreOptions.normalize,
               help="Write log p divided by the predicted tokens (words + 1) instead of log p.")

@@ -11,16 +11,16 @@ import click
 from phrase_scorer.runtime import progress
 from phrase_scorer.cli.group import UserError, cli, log
 from phrase_scorer.cli.options import (
-    make_training_settings, threads_option, training_options,
+    PathName, make_training_settings, threads_option, training_options,
 )
 from phrase_scorer.runtime.threads import set_threads
 
 
 @cli.command()
-@click.argument("table", type=click.Path(dir_okay=False), required=False)
-@click.option("--corpus", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
+@click.argument("table", type=PathName(dir_okay=False), required=False)
+@click.option("--corpus", nargs=2, type=PathName(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
               help="Train on the sentence pairs of two aligned files (plain or gzip, tokenised) instead of a TABLE.")
-@click.option("--dev", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
+@click.option("--dev", nargs=2, type=PathName(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
               help="With --corpus: validate on these sentence pairs "
                    "[default: hold out about --valid-pairs training pairs].")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
@@ -29,7 +29,7 @@ from phrase_scorer.runtime.threads import set_threads
 @click.option("--right-to-left", is_flag=True, default=False,
               help="Read the target side last word first (a right-to-left model, a second opinion for rescoring). "
                    "The model keeps it: score, rescore, annotate and translate reverse the words for it by themselves.")
-@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Model directory to create.")
+@click.option("-o", "--output", required=True, type=PathName(file_okay=False), help="Model directory to create.")
 @training_options
 @threads_option
 @click.option("--processes", type=click.IntRange(min=1), default=1,

@@ -53,7 +53,7 @@ from typing import List, Optional, Set
 
 from phrase_scorer.config import AnnotateOptions, ModelConfig, ScoringOptions, TrainConfig
 from phrase_scorer.errors import PhraseScorerError, setting
-from phrase_scorer.io.files import PathLike, part_path
+from phrase_scorer.io.files import PathLike, file_key, new_temporary, part_path, remove_if_same
 from phrase_scorer.io.outputs import check_output
 from phrase_scorer.io.moses_ini import TEXT_TABLE_TYPES, MosesIni, binary_table_file
 from phrase_scorer.moses.ini_patch import patch_moses_ini
@@ -251,17 +251,20 @@ def build_ems_config(
             opened = binary_table_file(target.feature_type, binary)
             fresh = annotation == "finished before" and os.path.exists(opened) and \
                 os.path.getmtime(opened) >= os.path.getmtime(annotated)
-            declared = ini_out + ".declared.ini"  # the input with the binary table type, for patch_moses_ini
+            # the input with the binary table type, for patch_moses_ini: a new file beside OUT, made by this run
             start, end, _ = feature.line.tokens()[0]
             feature.line.text = feature.line.text[:start] + target.feature_type + feature.line.text[end:]
-            ini.write(declared)
+            fd, declared = new_temporary(ini_out + ".declared.ini")
+            key = file_key(os.fstat(fd))
+            with os.fdopen(fd, "wb") as f:
+                f.write(ini.text().encode("utf-8"))
             try:
                 result = patch_moses_ini(declared, ini_out, phrase_table=binary, add_features=added,
                                          feature_name=feature.name, absolute_paths=True,
                                          binarize_from=None if fresh else annotated, moses_home=target.moses_home,
                                          overwrite=True)
             finally:
-                os.unlink(declared)
+                remove_if_same(declared, key)
             binarized = "built before" if fresh else "built"
         return EmsResult(
             config=ini_out, table=table, model_dir=os.fspath(model_dir), annotated=annotated,

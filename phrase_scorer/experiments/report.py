@@ -1,15 +1,19 @@
 """The parts both experiments' Markdown reports share: tables, mean ± sd cells, p-value cells,
-the closing lines, and writing report.md and results.json together."""
+the closing lines, writing report.md and results.json together, and the report a caller asks for
+(``report``): checked and claimed before hours of work, written when the experiment ends."""
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, ContextManager, Iterable, Mapping, Optional, Sequence
 
 from phrase_scorer import __version__
-from phrase_scorer.io.files import write_text_atomically
+from phrase_scorer.io.files import PathLike, write_text_atomically
+from phrase_scorer.io.outputs import Input
+from phrase_scorer.runtime.job import OutputJob
 
 NONE = "–"  # the cell of a figure that does not apply
 
@@ -50,3 +54,20 @@ def write_report(work: Path, markdown: str, results: Mapping[str, Any]) -> None:
     """``report.md`` and ``results.json`` in ``work``, each written atomically."""
     write_text_atomically(work / "report.md", markdown)
     write_text_atomically(work / "results.json", json.dumps(results, indent=1) + "\n")
+
+
+def report_job(report: Optional[PathLike], inputs: Sequence[Input],
+               overwrite: bool) -> ContextManager[Optional[OutputJob]]:
+    """The job of the report a caller asks for (None: no report), entered before the experiment
+    runs: never one of ``inputs``, an existing one replaced only with ``overwrite``, claimed until
+    :func:`finish_report` writes it or the experiment fails."""
+    if report is None:
+        return contextlib.nullcontext()
+    return OutputJob(report, inputs, overwrite=overwrite, what="the report")
+
+
+def finish_report(job: Optional[OutputJob], markdown: str) -> None:
+    """Write ``markdown`` as the report ``job`` holds (nothing without one)."""
+    if job is not None:
+        job.write(0, markdown.encode("utf-8"))
+        job.commit()

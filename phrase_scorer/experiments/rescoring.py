@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import statistics
+import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,12 +48,14 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, content_identity, file_sha256, part_path, write_text_atomically
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.evaluate import Evaluation, decode, score
-from phrase_scorer.moses.installation import MosesInstallation, read_lines, write_lines
+from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.moses.optimisers import learn_weights
 from phrase_scorer.moses.reranker import Reranker, rescored_models
 from phrase_scorer.moses.weights import Weights, apply_weights
 from phrase_scorer.moses.tune import fresh_directory
-from phrase_scorer.experiments.report import NONE, closing_lines, mean_sd, p_values, table, two_decimals, write_report
+from phrase_scorer.experiments.report import (
+    NONE, closing_lines, finish_report, mean_sd, p_values, report_job, table, two_decimals, write_report,
+)
 from phrase_scorer.experiments.statistics import ngram_stats, paired_bootstrap_p, smoothed_sentence_bleu
 from phrase_scorer.records import Signature, Step, read_record
 
@@ -167,12 +170,17 @@ def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstalla
         log.info("%s: n-best list already decoded", eval_set.name)
         return nbest
     with step:
-        part = part_path(nbest)
-        flags = f"{nbest_flags(options)} -n-best-list {part} {options.nbest_size} distinct".strip()
-        log.info("%s: decoding %d-best lists", eval_set.name, options.nbest_size)
-        decode(ini, eval_set.source, folder / f"{eval_set.name}.1best", moses=moses, threads=options.threads,
-               decoder_flags=flags, decoder=options.decoder)
-        os.replace(part, nbest)
+        # Moses writes the list into a folder made for this run (never through a file or link already there)
+        building = Path(tempfile.mkdtemp(prefix=f"{eval_set.name}.nbest.", suffix=".part", dir=folder))
+        try:
+            part = building / nbest.name
+            flags = f"{nbest_flags(options)} -n-best-list {part} {options.nbest_size} distinct".strip()
+            log.info("%s: decoding %d-best lists", eval_set.name, options.nbest_size)
+            decode(ini, eval_set.source, folder / f"{eval_set.name}.1best", moses=moses, threads=options.threads,
+                   decoder_flags=flags, decoder=options.decoder, overwrite=True)
+            os.replace(part, nbest)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
     return nbest
 
 
@@ -234,8 +242,8 @@ def decoded_system_run(system: DecodedSystem, run: int, sets: Sequence[EvalSet],
         else:
             with step:
                 decoded = decode(ini, s.source, folder / f"{s.name}.1best", moses=moses, threads=options.threads,
-                                 decoder_flags=options.decoder_flags, decoder=options.decoder)
-                write_lines(hyp, [line.strip(" ") for line in decoded])
+                                 decoder_flags=options.decoder_flags, decoder=options.decoder, overwrite=True)
+                write_text_atomically(hyp, "".join(line.strip(" ") + "\n" for line in decoded))
         result.add(s, hyp, options)
     log.info("%s, run %d: %s", system.label, run,
              ", ".join(f"{name} BLEU {v['bleu']:.2f}" for name, v in result.scores.items()))
@@ -355,13 +363,34 @@ def significance(runs: Sequence[RowRun], sets: Sequence[EvalSet],
 
 
 def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_dir: PathLike, *,
-                           moses: MosesInstallation, models: Sequence, rows: Sequence[Row] = (),
-                           systems: Sequence[DecodedSystem] = (),
+                           moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None,
+                           models: Sequence, rows: Sequence[Row] = (), systems: Sequence[DecodedSystem] = (),
                            options: RescoreExperimentOptions = RescoreExperimentOptions(),
-                           scoring_options: ScoringOptions = ScoringOptions()) -> RescoreExperimentReport:
+                           scoring_options: ScoringOptions = ScoringOptions(), report: Optional[PathLike] = None,
+                           overwrite: bool = False) -> RescoreExperimentReport:
     """Run (or resume) the experiment. ``sets[0]`` is the dev set (the optimiser tunes on it);
     ``models`` are :class:`phrase_scorer.scoring.rescore.FeatureModel`s; ``systems`` other decoder
-    systems reported beside Moses."""
+    systems reported beside Moses. The Markdown report is also written to ``report`` when given,
+    which is checked before anything runs (never one of the inputs, an existing one replaced only
+    with ``overwrite``); Moses is ``moses``, else found from ``moses_home`` (default: ``MOSES_HOME``)."""
+    inputs = [("the moses.ini", moses_ini)]
+    for i, s in enumerate(sets):
+        inputs += ([("the dev source", s.source), ("the dev reference", s.reference), ("the dev n-best list", s.nbest)]
+                   if i == 0 else [("a test file", s.source), ("a test file", s.reference),
+                                   ("a test n-best list", s.nbest)])
+    with report_job(report, inputs, overwrite) as job:
+        result = _run_rescore_experiment(moses_ini, sets, work_dir, moses=moses, moses_home=moses_home, models=models,
+                                         rows=rows, systems=systems, options=options,
+                                         scoring_options=scoring_options)
+        finish_report(job, result.markdown)
+    return result
+
+
+def _run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_dir: PathLike, *,
+                            moses: Optional[MosesInstallation], moses_home: Optional[PathLike], models: Sequence,
+                            rows: Sequence[Row], systems: Sequence[DecodedSystem], options: RescoreExperimentOptions,
+                            scoring_options: ScoringOptions) -> RescoreExperimentReport:
+    moses = moses or MosesInstallation.find(moses_home)
     if len(sets) < 2:
         raise PhraseScorerError("the experiment needs a dev set and at least one test set")
     names = [s.name for s in sets]
@@ -392,7 +421,7 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
     oracle: Dict[str, Dict[str, float]] = {}
     for s in sets:
         hyp = moses_dir / f"{s.name}.hyp"
-        write_lines(hyp, first_hypotheses(lists[s.name]))
+        write_text_atomically(hyp, "".join(line + "\n" for line in first_hypotheses(lists[s.name])))
         evaluation = baseline.add(s, hyp, options)
         signatures = {"BLEU": evaluation.bleu_signature, "chrF": evaluation.chrf_signature}
         oracle[s.name] = oracle_figures(lists[s.name], read_lines(s.reference), options)

@@ -57,7 +57,9 @@ from phrase_scorer.moses.evaluate import decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.moses.tune import tune, with_absolute_paths
 from phrase_scorer.runtime.progress import progress_bar
-from phrase_scorer.experiments.report import closing_lines, mean_sd, p_values, table, two_decimals, write_report
+from phrase_scorer.experiments.report import (
+    closing_lines, finish_report, mean_sd, p_values, report_job, table, two_decimals, write_report,
+)
 from phrase_scorer.experiments.statistics import paired_bootstrap_p
 from phrase_scorer.records import Signature, Step, as_recorded, changed, read_record
 
@@ -182,10 +184,29 @@ def system_ini(moses_ini: PathLike, system: System, table: str, out: Path) -> Pa
 
 
 def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike], work_dir: PathLike, *,
-                   moses: MosesInstallation, model_dir: Optional[PathLike] = None, annotated: Optional[PathLike] = None,
+                   moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None,
+                   model_dir: Optional[PathLike] = None, annotated: Optional[PathLike] = None,
                    tune_options: TuneOptions = TuneOptions(), options: ExperimentOptions = ExperimentOptions(),
-                   systems: Sequence[System] = SYSTEMS) -> ExperimentReport:
-    """Run (or resume) the comparison; returns the results and a Markdown report."""
+                   systems: Sequence[System] = SYSTEMS, report: Optional[PathLike] = None,
+                   overwrite: bool = False) -> ExperimentReport:
+    """Run (or resume) the comparison; returns the results and a Markdown report, also written to
+    ``report`` when given. ``report`` is checked before anything runs (never one of the inputs,
+    an existing one replaced only with ``overwrite``); Moses is ``moses``, else found from
+    ``moses_home`` (default: ``MOSES_HOME``)."""
+    inputs = [("the moses.ini", moses_ini), ("the annotated table", annotated), ("the dev source", dev[0]),
+              ("the dev reference", dev[1]), ("the test source", test[0]), ("the test reference", test[1])]
+    with report_job(report, inputs, overwrite) as job:
+        result = _run_experiment(moses_ini, dev, test, work_dir, moses=moses or MosesInstallation.find(moses_home),
+                                 model_dir=model_dir, annotated=annotated, tune_options=tune_options,
+                                 options=options, systems=systems)
+        finish_report(job, result.markdown)
+    return result
+
+
+def _run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike], work_dir: PathLike, *,
+                    moses: MosesInstallation, model_dir: Optional[PathLike], annotated: Optional[PathLike],
+                    tune_options: TuneOptions, options: ExperimentOptions,
+                    systems: Sequence[System]) -> ExperimentReport:
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     tables = prepare_tables(moses_ini, work, model_dir=model_dir, annotated=annotated)
@@ -211,10 +232,11 @@ def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[
             with step:
                 tuned = run_dir / "tuned.ini"
                 result = tune(ini, dev[0], dev[1], tuned, moses=moses, options=replace(tune_options, seed=seed),
-                              working_dir=run_dir / "tune")
+                              working_dir=run_dir / "tune", overwrite=True)
                 # the test set is decoded as the tuning decoded the dev set: with the same decoder flags
                 hypotheses = decode(tuned, test[0], run_dir / "test.hyp", moses=moses, threads=tune_options.threads,
-                                    decoder_flags=tune_options.decoder_flags, decoder=tune_options.decoder)
+                                    decoder_flags=tune_options.decoder_flags, decoder=tune_options.decoder,
+                                    overwrite=True)
                 evaluation = score(hypotheses, test_references, kind=options.references, lang=options.lang,
                                    hypotheses_path=os.fspath(run_dir / "test.hyp"))
                 run = RunResult(system=system.name, seed=seed, dev_bleu=result.dev_bleu, test_bleu=evaluation.bleu,

@@ -525,8 +525,10 @@ class OutputLock:
                     fd = self._open_existing()
             except FileNotFoundError:
                 fd = None
-            except PermissionError as exc:
-                raise describe_os_error(exc, self.lock_path) from None
+            except PermissionError:
+                folder = os.path.dirname(os.path.abspath(self.path))
+                raise PhraseScorerError("cannot create files in the output folder (permission denied)", path=folder,
+                                        hint="write the output to a folder you may write in") from None
             if fd is None:
                 continue
             try:
@@ -700,7 +702,7 @@ def line_text(raw: bytes, path: PathLike = STDIO, number: int = 0) -> bytes:
         elif is_gzip_name(name):
             how = f"remove it: zcat {shlex.quote(name)} | {strip} | gzip > {shlex.quote(name + '.new')}"
         else:
-            how = f"remove it: {strip.replace('sed ', 'sed -i ')} {shlex.quote(name)}"
+            how = f"remove it: {strip.replace('sed ', 'sed --in-place ')} {shlex.quote(name)}"
         raise PhraseScorerError("starts with a UTF-8 byte-order mark, which would be read as part of its first word",
                                 path=path, line=1, hint=how)
     if raw.endswith(b"\n"):

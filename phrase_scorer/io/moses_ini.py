@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, write_text_atomically
+from phrase_scorer.io.files import PathLike, line_text, write_text_atomically
 from phrase_scorer.io.phrase_table import PhraseTableReader
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,7 @@ class MosesIni:
             line = data.count(b"\n", 0, exc.start) + 1
             raise PhraseScorerError("invalid UTF-8", path=path, line=line,
                                     hint="save the file as UTF-8 text") from None
+        line_text(data[:3], path, 1)  # refuses a byte-order mark
         return cls.parse(text, path)
 
     @classmethod
@@ -249,6 +250,8 @@ class MosesIni:
                 values = []
                 for _, _, token in tokens[1:]:
                     try:
+                        if not token.isascii() or "_" in token:  # float() reads '١' and '1_0'; Moses does not
+                            raise ValueError(token)
                         value = float(token)
                     except ValueError:
                         raise self.error(f"weight {token!r} of {name} is not a number", line.number,
@@ -369,7 +372,7 @@ def binary_table_num_scores(feature_type: str, path: PathLike) -> Optional[int]:
         with open(os.path.join(os.fspath(path), name), encoding="utf-8", errors="replace") as f:
             for text in f:
                 parts = text.split()
-                if len(parts) == 2 and parts[0] == key and parts[1].isdigit():
+                if len(parts) == 2 and parts[0] == key and parts[1].isascii() and parts[1].isdigit():
                     return int(parts[1])
     except OSError:
         return None

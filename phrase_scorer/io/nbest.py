@@ -27,14 +27,14 @@ import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import (
-    AtomicOutput, PathLike, ReadProgress, gzip_member, is_gzip_name, open_input, read_failure,
+    AtomicOutput, PathLike, ReadProgress, gzip_member, is_gzip_name, line_text, open_input, read_failure,
 )
 
 SEPARATOR = "|||"
 
-# What Moses prints for a float: digits, exponents, inf and nan.
-_NUMBER = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)", re.IGNORECASE)
-_ID = re.compile(r"\d+")
+# What Moses prints for a float: digits (ASCII ones: Python's float() also reads '١'), exponents, inf and nan.
+_NUMBER = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)", re.IGNORECASE | re.ASCII)
+_WHOLE_NUMBER = re.compile(r"-?[0-9]+")
 
 Features = List[Tuple[str, List[float]]]
 
@@ -147,6 +147,20 @@ def check_sentence_order(entry: NBestEntry, last_id: int, path: PathLike) -> Non
                                                              "increasing order, as Moses writes it")
 
 
+def whole_number(text: str, what: str, path: PathLike, line: Optional[int], hint: Optional[str] = None) -> int:
+    """``text`` (spaces around it aside) as the non-negative whole number ``what`` of an input file:
+    the digits 0-9 only (Python's int() also reads '١' and '1_000', which no program writing these
+    files does); a negative number is named as negative (``hint``: what the number counts)."""
+    text = text.strip(" ")
+    if not _WHOLE_NUMBER.fullmatch(text):
+        raise PhraseScorerError(f"{what} {text!r} is not a whole number", path=path, line=line,
+                                hint="write it in the digits 0-9")
+    value = int(text)
+    if value < 0:
+        raise PhraseScorerError(f"{what} {text} is negative", path=path, line=line, hint=hint)
+    return value
+
+
 def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = None) -> NBestEntry:
     """One n-best line (without its newline); errors name ``path`` and ``number``."""
 
@@ -162,9 +176,8 @@ def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = No
         raise error(f"expected at least 4 fields separated by '|||', found {len(fields)}",
                     "an n-best line is 'id ||| hypothesis ||| features ||| total'")
     id_field, hypothesis, feature_field, total_field, *extra = fields
-    if not _ID.fullmatch(id_field.strip()):
-        raise error(f"sentence id {id_field.strip()!r} is not a whole number")
-    sentence_id = int(id_field)
+    sentence_id = whole_number(id_field, "sentence id", path, number,
+                               hint="Moses numbers the input sentences from 0")
     tokens = feature_field.split()
     try:
         frozen = _plain_features(tokens, feature_field)
@@ -182,7 +195,7 @@ def parse_nbest_line(text: str, path: PathLike = "-", number: Optional[int] = No
 def _plain_features(tokens: List[str], feature_field: str) -> Tuple[Tuple[str, Tuple[float, ...]], ...]:
     """The features of a field's ``tokens`` when each label ends in ``=`` and has values that
     Python reads as numbers; ValueError for anything else. A number Python reads that Moses does
-    not write (``1_0``) is also refused."""
+    not write (``1_0``, ``١``) is also refused."""
     starts = [i for i, token in enumerate(tokens) if token[-1] == "="]  # the labels
     if (starts[0] if starts else len(tokens)) != 0:
         raise ValueError("a value before the first label")
@@ -194,6 +207,8 @@ def _plain_features(tokens: List[str], feature_field: str) -> Tuple[Tuple[str, T
         features.append((tokens[a][:-1], tuple(map(float, tokens[a + 1:b]))))
     if "_" in feature_field and any("_" in token for token in tokens if token[-1] != "="):
         raise ValueError("an underscore in a value")
+    if not feature_field.isascii() and any(not token.isascii() for token in tokens if token[-1] != "="):
+        raise ValueError("a value in digits other than 0-9")
     return tuple(features)
 
 
@@ -242,6 +257,8 @@ class NBestReader(ReadProgress):
                 for number, data in enumerate(source, 1):
                     if number <= self.skip:
                         continue
+                    if number == 1:
+                        line_text(data, path, number)  # refuses a byte-order mark
                     if data.endswith(b"\n"):
                         raw, eol = data[:-1], "\n"
                     else:

@@ -24,10 +24,11 @@ from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import PathLike, ReadProgress, line_text, open_input, read_failure
 
 FIELD_SEPARATOR = "|||"
-BOM = "\ufeff"
+BOM = "\ufeff"  # refused on line 1 of every text input (:func:`~phrase_scorer.io.files.line_text`)
 
 # What Moses' double-conversion parser and we agree is a number (no '_', no hex, no 'nan').
-_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[+]?inf(?:inity)?", re.IGNORECASE)
+# ASCII digits only: Python's float() also reads other scripts' digits ('١'), Moses does not.
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[+]?inf(?:inity)?", re.IGNORECASE | re.ASCII)
 
 
 def split_words(phrase: str) -> List[str]:
@@ -149,7 +150,8 @@ class PhraseTableReader(ReadProgress):
             raise self.error("the file is empty", hint="expected a Moses phrase table")
 
     def parse(self, data: bytes, number: int) -> TableLine:
-        raw = line_text(data)  # a CRLF line's CR is part of its line end, not of its last field's word
+        # a CRLF line's CR is part of its line end, not of its last field's word; a byte-order mark is refused
+        raw = line_text(data, self.path, number)
         eol = data[len(raw):]
         try:
             text = raw.decode("utf-8")
@@ -157,12 +159,6 @@ class PhraseTableReader(ReadProgress):
             raise self.error(
                 f"invalid UTF-8 at byte {exc.start + 1}", number, "phrase tables must be UTF-8 text"
             ) from None
-        if number == 1 and text.startswith(BOM):
-            raise self.error(
-                "starts with a UTF-8 byte-order mark, which Moses would read as part of the first word",
-                number,
-                "remove the first three bytes of the file",
-            )
         fields = text.split(FIELD_SEPARATOR)
         if len(fields) < self.min_fields:
             raise self.error(

@@ -65,9 +65,11 @@ def run_binarizer(feature_type: str, text_table: PathLike, output: PathLike, num
                   moses_home: Optional[PathLike]) -> List[str]:
     """Binarise ``text_table`` into ``output`` (the feature's ``path=``) and return the command run.
 
-    The table is built under a temporary name and moved into place only when the program
-    succeeds, so a failure leaves any previous table untouched. See :func:`binarize_command` for
-    the programs and what they expect of their input (sorted for Compact, grouped for ProbingPT).
+    The table is built under a temporary name (``OUTPUT.part``; anything already there is refused,
+    never removed) and moved into place only when the program succeeds, so a failure leaves any
+    previous table untouched. The program's log is appended to ``OUTPUT.log``, never through a
+    link. See :func:`binarize_command` for the programs and what they expect of their input
+    (sorted for Compact, grouped for ProbingPT).
     """
     if not moses_home:
         raise PhraseScorerError("binarising needs the Moses programs",
@@ -90,7 +92,9 @@ def run_binarizer(feature_type: str, text_table: PathLike, output: PathLike, num
         raise PhraseScorerError("no such program", path=program,
                                 hint="MOSES_HOME must be the Moses folder whose bin/ holds "
                                      f"{os.path.basename(program)}")
-    _remove(built)
+    if os.path.lexists(built):  # not this run's: never removed, nor written through (a link)
+        raise PhraseScorerError("a file is in the way of the table being built", path=built,
+                                hint="it may be yours or left by an interrupted run: move it away, then run again")
     log.info("binarising: %s", " ".join(command))
     try:
         run_logged(command, final + ".log")  # appended to, each run after its command line

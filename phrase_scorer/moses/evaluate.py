@@ -13,14 +13,16 @@ from __future__ import annotations
 import logging
 import os
 import re
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike
+from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.programs import run_logged
-from phrase_scorer.moses.installation import MosesInstallation, read_lines, write_lines
+from phrase_scorer.moses.installation import MosesInstallation, read_lines
 
 log = logging.getLogger(__name__)
 
@@ -48,26 +50,44 @@ def references_kind(references: Sequence[str], kind: str = "auto") -> str:
     return "tokenized" if any(_ESCAPES.search(line) for line in references) else "raw"
 
 
+DECODED_COMPANIONS = (".part", ".log")  # the decoder's log goes beside its output
+
+
 def decode(ini: PathLike, source: PathLike, output: PathLike, *, moses: MosesInstallation,
            threads: Optional[int] = None, decoder_flags: str = "", decoder: str = "moses",
-           log_path: Optional[PathLike] = None) -> List[str]:
-    """Translate ``source`` (plain or gzip) with ``ini``; returns the hypotheses, also written to ``output``."""
+           log_path: Optional[PathLike] = None, overwrite: bool = False) -> List[str]:
+    """Translate ``source`` (plain or gzip) with ``ini``; returns the hypotheses, also written to
+    ``output`` (an existing one is replaced only with ``overwrite``; never one of the inputs)."""
+    with OutputJob(output, [("the moses.ini", ini), ("the source", source)], overwrite=overwrite,
+                   companions=DECODED_COMPANIONS, what="the decoder output", regular_only=True) as job:
+        return decode_into(job, ini, source, moses=moses, threads=threads, decoder_flags=decoder_flags,
+                           decoder=decoder, log_path=log_path)
+
+
+def decode_into(job: OutputJob, ini: PathLike, source: PathLike, *, moses: MosesInstallation,
+                threads: Optional[int] = None, decoder_flags: str = "", decoder: str = "moses",
+                log_path: Optional[PathLike] = None) -> List[str]:
+    """:func:`decode` into the output ``job`` holds (a regular file): the decoder writes its
+    temporary file, which is put in place once it has one line per sentence. Moses reads the
+    sentences from an anonymous temporary file; its log goes to ``log_path`` (default OUT.log)."""
     ini = Path(ini).resolve()
     lines = read_lines(source)
-    output = Path(output)
-    plain = output.with_name(output.name + ".input")
-    write_lines(plain, lines)
+    output = Path(job.output)
     threads = threads or os.cpu_count() or 1
     args = [moses.decoder(decoder), "-f", ini, "-threads", str(threads), *decoder_flags.split()]
     log.info("decoding %d sentences with %s", len(lines), ini)
-    part = output.with_name(output.name + ".part")
-    with open(plain, "r", encoding="utf-8") as stdin, open(part, "w", encoding="utf-8") as stdout:
-        run_logged(args, log_path or output.with_name(output.name + ".log"), cwd=ini.parent, stdin=stdin, stdout=stdout)
-    hypotheses = read_lines(part)
+    assert job.out is not None and job.temporary is not None  # a regular file: written under a temporary name
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as stdin:
+        stdin.writelines(line + "\n" for line in lines)
+        stdin.flush()
+        stdin.seek(0)
+        run_logged(args, log_path or output.with_name(output.name + ".log"), cwd=ini.parent, stdin=stdin,
+                   stdout=job.out.file)
+    hypotheses = read_lines(job.temporary)
     if len(hypotheses) != len(lines):
-        raise PhraseScorerError(f"the decoder wrote {len(hypotheses)} lines for {len(lines)} sentences", path=part)
-    os.replace(part, output)
-    plain.unlink()
+        raise PhraseScorerError(f"the decoder wrote {len(hypotheses)} lines for {len(lines)} sentences",
+                                path=job.temporary)
+    job.commit()
     return hypotheses
 
 
@@ -96,14 +116,24 @@ def score(hypotheses: Sequence[str], references: Sequence[str], *, kind: str = "
     )
 
 
-def evaluate(ini: PathLike, source: PathLike, reference: PathLike, output: PathLike, *, moses: MosesInstallation,
+def evaluate(ini: PathLike, source: PathLike, reference: PathLike, output: PathLike, *,
+             moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None,
              threads: Optional[int] = None, decoder_flags: str = "", decoder: str = "moses", kind: str = "auto",
-             lang: str = "fr") -> Evaluation:
-    """Decode ``source`` with ``ini`` into ``output`` and score it against ``reference``."""
-    references = read_lines(reference)
-    sources = read_lines(source)
-    if len(sources) != len(references):
-        raise PhraseScorerError(f"the test source has {len(sources)} lines but the reference has {len(references)}",
-                                path=reference)
-    hypotheses = decode(ini, source, output, moses=moses, threads=threads, decoder_flags=decoder_flags, decoder=decoder)
+             lang: str = "fr", overwrite: bool = False) -> Evaluation:
+    """Decode ``source`` with ``ini`` into ``output`` and score it against ``reference``.
+
+    ``output`` is checked before anything runs: never one of the inputs (nor its log beside it),
+    an existing one replaced only with ``overwrite``. Moses is ``moses``, else found from
+    ``moses_home`` (default: ``MOSES_HOME``) once the output is known to be writable."""
+    inputs = [("the moses.ini", ini), ("the test source", source), ("the test reference", reference)]
+    with OutputJob(output, inputs, overwrite=overwrite, companions=DECODED_COMPANIONS, what="the decoder output",
+                   regular_only=True) as job:
+        moses = moses or MosesInstallation.find(moses_home)
+        references = read_lines(reference)
+        sources = read_lines(source)
+        if len(sources) != len(references):
+            raise PhraseScorerError(f"the test source has {len(sources)} lines but the reference has "
+                                    f"{len(references)}", path=reference)
+        hypotheses = decode_into(job, ini, source, moses=moses, threads=threads, decoder_flags=decoder_flags,
+                                 decoder=decoder)
     return score(hypotheses, references, kind=kind, lang=lang, hypotheses_path=os.fspath(output))

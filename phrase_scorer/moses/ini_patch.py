@@ -32,8 +32,9 @@ from phrase_scorer.io.moses_ini import (
     insert_argument,
     set_arguments,
 )
-from phrase_scorer.io.outputs import check_output, same_file
+from phrase_scorer.io.outputs import same_file
 from phrase_scorer.moses.binarise import run_binarizer
+from phrase_scorer.runtime.job import OutputJob
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ def patch_moses_ini(
     weights_added = new_column_weights(add_features, initial_weights)
     ini = MosesIni.read(ini_path)
     inputs = [*ini_inputs(ini), ("the phrase table", phrase_table), ("the text table", binarize_from)]
-    with check_output(output_path, inputs, overwrite=overwrite, what="the patched moses.ini"):
+    with OutputJob(output_path, inputs, overwrite=overwrite, what="the patched moses.ini") as job:
         feature = ini.find_phrase_table(feature_name)
         old = declared_scores(ini, feature)
         new = old + add_features
@@ -256,7 +257,8 @@ def patch_moses_ini(
             if line.number in new_text and new_text[line.number] != line.text:
                 changes.append(LineChange(line.number, line.text, new_text[line.number]))
                 line.text = new_text[line.number]
-        ini.write(output_path)
+        job.write(len(ini.lines), ini.text().encode("utf-8"))
+        job.commit()
         return PatchResult(
             ini_path=ini.path,
             output_path=os.fspath(output_path),

@@ -29,7 +29,8 @@ from phrase_scorer.moses.tune import fresh_directory
 from phrase_scorer.records import Signature
 from phrase_scorer.moses.optimisers import OptimiserRun, drop_unhelpful, learn_weights, mert_programs
 from phrase_scorer.moses.reranker import Reranker, rescored_models
-from phrase_scorer.moses.weights import apply_weights
+from phrase_scorer.moses.weights import write_best_hypotheses
+from phrase_scorer.runtime.job import OutputJob
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +59,36 @@ class RerankResult:
 
 
 
+RERANK_COMPANIONS = (".part", ".json")  # the reranker goes to OUTPUT.json
+
+
 def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, output: PathLike, *,
-           moses: Optional[MosesInstallation], options: RerankOptions = RerankOptions(),
-           start_ini: Optional[PathLike] = None, working_dir: Optional[PathLike] = None,
-           decoder_flags: Optional[str] = None) -> RerankResult:
+           moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None,
+           options: RerankOptions = RerankOptions(), start_ini: Optional[PathLike] = None,
+           working_dir: Optional[PathLike] = None, decoder_flags: Optional[str] = None,
+           overwrite: bool = False) -> RerankResult:
     """Tune the weights on the dev list, then write the test list's 1-best to ``output`` and the
     reranker (weights, the models behind the features, runs and dev BLEU) to ``output.json``;
-    ``decoder_flags`` (the decoder options the lists were made with) is recorded there."""
-    output = os.fspath(output)
-    if output == STDIO:
-        raise PhraseScorerError("rerank needs a named output file (its weights go beside it, in OUTPUT.json)")
+    ``decoder_flags`` (the decoder options the lists were made with) is recorded there.
+
+    ``output`` is checked before anything runs: a regular file, never one of the inputs (nor is
+    ``output.json``), an existing one (or an ``output.json`` kept without it) replaced only with
+    ``overwrite``. Moses' programs are those of ``options.mertdir``, else of ``moses``, else of
+    the installation found from ``moses_home`` (default: ``MOSES_HOME``)."""
+    inputs = [("the dev n-best list", dev_nbest), ("the dev references", dev_reference),
+              ("the test n-best list", test_nbest), ("the moses.ini", start_ini)]
+    with OutputJob(output, inputs, overwrite=overwrite, companions=RERANK_COMPANIONS, what="the reranked output",
+                   regular_only=True) as job:
+        if moses is None and (moses_home or not options.mertdir):
+            moses = MosesInstallation.find(moses_home)
+        return _rerank(job, dev_nbest, dev_reference, test_nbest, moses=moses, options=options, start_ini=start_ini,
+                       working_dir=working_dir, decoder_flags=decoder_flags)
+
+
+def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, *,
+            moses: Optional[MosesInstallation], options: RerankOptions, start_ini: Optional[PathLike],
+            working_dir: Optional[PathLike], decoder_flags: Optional[str]) -> RerankResult:
+    output = job.output  # a regular file: the job refuses '-', a device and a pipe
     for path in (dev_nbest, test_nbest):
         if os.fspath(path) == STDIO:
             raise PhraseScorerError("rerank reads its n-best lists twice; give them as files, not '-'")
@@ -87,7 +108,7 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
     for name, bleu in dropped.items():
         log.info("feature %s buys at most %.2f dev BLEU (%.2f without it, %.2f with): weighted 0, its model "
                  "is not run", name, options.min_feature_gain, bleu, learned.best.dev_bleu)
-    sentences = apply_weights(test_nbest, weights, output, options.ignore_features)
+    sentences = write_best_hypotheses(test_nbest, weights, lambda data: job.write(0, data), options.ignore_features)
     result = RerankResult(
         output=output, sentences=sentences, weights=weights.by_name(), start_weights=learned.start.by_name(),
         start_from=learned.start_from, start_dev_bleu=learned.start_dev_bleu, dev_bleu=learned.best.dev_bleu,
@@ -96,10 +117,10 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
     tuned = Reranker(weights, tuple(options.ignore_features), dev_models,
                      nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags)
     run = {k: v for k, v in result.to_dict().items() if k != "output"}  # the signature names the output itself
-    Signature.build("phrase-scorer rerank", tuned.to_json(), output=output,
-                    dev={"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
-                    test={"nbest": os.path.abspath(test_nbest)}, options=asdict(options),
-                    bleu="Moses' BleuScorer on the dev list (x 100)", **run).write(output)
+    job.commit(Signature.build("phrase-scorer rerank", tuned.to_json(), output=output,
+                               dev={"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
+                               test={"nbest": os.path.abspath(test_nbest)}, options=asdict(options),
+                               bleu="Moses' BleuScorer on the dev list (x 100)", **run))
     log.info("test 1-best: %s (%d sentences); weights of seed %d, dev BLEU %.2f (start %.2f), in %s.json",
              output, sentences, result.best_seed, result.dev_bleu, result.start_dev_bleu, output)
     return result

@@ -24,7 +24,8 @@ from phrase_scorer.io.nbest import (
     describe_layout,
 )
 from phrase_scorer.records import Signature
-from phrase_scorer.moses.weights import Weights, apply_weights
+from phrase_scorer.moses.weights import Weights, write_best_hypotheses
+from phrase_scorer.runtime.job import OutputJob
 
 log = logging.getLogger(__name__)
 
@@ -316,11 +317,17 @@ def check_rescored_with_same_models(reranker: Reranker, nbest: PathLike) -> None
 
 
 
-def apply_reranker(reranker: PathLike, nbest: PathLike, output: PathLike) -> int:
+def apply_reranker(reranker: PathLike, nbest: PathLike, output: PathLike, *, overwrite: bool = False) -> int:
     """Write the best hypothesis of each sentence of ``nbest`` under the weights of the reranker
     file ``reranker``: the lines ``rerank`` wrote for the list when it tuned them. Returns the
-    number of lines written."""
-    loaded = Reranker.read(reranker)
-    check_rescored_with_same_models(loaded, nbest)
-    return apply_weights(nbest, loaded.weights, output, loaded.ignore_features)
+    number of lines written. ``output`` (``-``: standard output) is never the list or the
+    reranker, nor a link to one; an existing one is replaced only with ``overwrite``."""
+    with OutputJob(output, [("the test n-best list", nbest), ("the reranker", reranker)],
+                   overwrite=overwrite) as job:
+        loaded = Reranker.read(reranker)
+        check_rescored_with_same_models(loaded, nbest)
+        sentences = write_best_hypotheses(nbest, loaded.weights, lambda data: job.write(0, data),
+                                          loaded.ignore_features)
+        job.commit()
+    return sentences
 

@@ -25,6 +25,7 @@ from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.ini_patch import patch_moses_ini
+from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.programs import run_logged
 from phrase_scorer.moses.installation import MosesInstallation, parse_mert_progress, read_lines, write_lines
 
@@ -71,9 +72,29 @@ _DEV_BLEU = re.compile(r"^# BLEU ([-\d.eE]+) on dev")
 
 
 def tune(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, output_ini: PathLike, *,
-         moses: MosesInstallation, options: TuneOptions = TuneOptions(),
-         working_dir: Optional[PathLike] = None) -> TuneResult:
-    """Tune ``ini``'s weights on the dev set; the tuned config is written to ``output_ini``."""
+         moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None,
+         options: TuneOptions = TuneOptions(), working_dir: Optional[PathLike] = None,
+         overwrite: bool = False) -> TuneResult:
+    """Tune ``ini``'s weights on the dev set; the tuned config is written to ``output_ini``.
+
+    ``output_ini`` is checked before anything runs: a regular file, never one of the inputs, an
+    existing one replaced only with ``overwrite``. Moses is ``moses``, else found from
+    ``moses_home`` (default: ``MOSES_HOME``) once the output is known to be writable."""
+    inputs = [("the moses.ini", ini), ("the dev source", dev_source), ("the dev reference", dev_reference)]
+    with OutputJob(output_ini, inputs, overwrite=overwrite, what="the tuned moses.ini", regular_only=True) as job:
+        moses = moses or MosesInstallation.find(moses_home)
+        result = run_tuning(ini, dev_source, dev_reference, output_ini, moses=moses, options=options,
+                            working_dir=working_dir)
+        job.write(0, (Path(result.working_dir) / "mert" / "moses.ini").read_bytes())
+        job.commit()
+    log.info("tuned config: %s (dev BLEU %s)", output_ini, "?" if result.dev_bleu is None else f"{result.dev_bleu:.2f}")
+    return result
+
+
+def run_tuning(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, output_ini: PathLike, *,
+               moses: MosesInstallation, options: TuneOptions, working_dir: Optional[PathLike]) -> TuneResult:
+    """mert-moses.pl on the dev set, in a fresh working directory (default ``output_ini.work``);
+    the tuned config is left in its ``mert/moses.ini``."""
     if options.method not in ("mert", "mira"):
         raise PhraseScorerError(f"{setting('method')} takes mert or mira (PRO downloads its optimiser at run time)")
     mertdir = moses.check_mert(options.mertdir)
@@ -127,7 +148,4 @@ def tune(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, output_in
         match = _DEV_BLEU.match(line)
         if match:
             result.dev_bleu = 100 * float(match.group(1))
-    shutil.copyfile(tuned, str(output_ini) + ".part")
-    os.replace(str(output_ini) + ".part", output_ini)
-    log.info("tuned config: %s (dev BLEU %s)", output_ini, "?" if result.dev_bleu is None else f"{result.dev_bleu:.2f}")
     return result

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -129,7 +129,19 @@ def best_hypothesis(entries: Sequence[NBestEntry], rows: Sequence[Sequence[float
 def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: Sequence[str] = ()) -> int:
     """Write the best hypothesis of each sentence of ``nbest`` under ``weights`` (the features in
     ``ignore`` left out); returns the number of lines written (largest sentence id + 1). Each
-    sentence's best is chosen by :func:`weighted_sum` and :func:`better`: never none."""
+    sentence's best is chosen by :func:`weighted_sum` and :func:`better`: never none. The output is
+    written under a temporary name and renamed into place (the caller has checked it: see
+    :func:`write_best_hypotheses` for a command's own output)."""
+    with AtomicOutput(output) as out:
+        written = write_best_hypotheses(nbest, weights, out.write, ignore)
+        out.commit()
+    return written
+
+
+def write_best_hypotheses(nbest: PathLike, weights: Weights, write: Callable[[bytes], None],
+                          ignore: Sequence[str] = ()) -> int:
+    """:func:`apply_weights`, the lines given to ``write`` in chunks (an output a job holds):
+    returns the number of lines; an empty list is an error, raised before the output is finished."""
     w = np.asarray(weights.values, np.float64)
     if not np.isfinite(w).all():
         name = weights.value_names()[int(np.argmax(~np.isfinite(w)))]
@@ -154,16 +166,13 @@ def apply_weights(nbest: PathLike, weights: Weights, output: PathLike, ignore: S
             yield (best_hypothesis(entries, rows, weights, w, nbest) + "\n").encode("utf-8")
             written += 1
 
-    with AtomicOutput(output) as out:
-        chunk: List[bytes] = []
-        for line in best_lines():
-            chunk.append(line)
-            if len(chunk) == 4096:
-                out.write(b"".join(chunk))
-                chunk = []
-        out.write(b"".join(chunk))
-        if written == 0:
-            raise PhraseScorerError("the n-best list is empty", path=nbest)
-        out.commit()
+    chunk: List[bytes] = []
+    for line in best_lines():
+        chunk.append(line)
+        if len(chunk) == 4096:
+            write(b"".join(chunk))
+            chunk = []
+    write(b"".join(chunk))
+    if written == 0:
+        raise PhraseScorerError("the n-best list is empty", path=nbest)
     return written
-

@@ -1,18 +1,24 @@
 """Running an external program (Moses' decoder, mert-moses.pl, mert, a binariser): an argument
 list, never a shell string; its output appended to a log file; a failure as one line that quotes
-the end of the log and names the whole log."""
+the end of the log and names the whole log.
+
+The log is never written through a link: it is created when missing, and an existing one is
+appended to only when it is a regular file of its own (no symbolic link, no other name), so a
+link planted at a log's fixed name (``OUT.log``) never reaches the file it points at."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 import subprocess
 from collections import deque
 from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional, Sequence
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.files import PathLike, describe_os_error
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +30,27 @@ def last_lines(path: PathLike, lines: int = 5) -> List[str]:
             return [line.strip() for line in deque((l for l in f if l.strip()), maxlen=lines)]
     except OSError:
         return []
+
+
+def open_log(path: PathLike) -> IO[str]:
+    """``path`` opened for appending (see the module docstring): created when missing, never
+    followed through a symbolic link, refused when it is not a regular file of its own."""
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+             | getattr(os, "O_NONBLOCK", 0))  # a FIFO is refused, not waited on
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PhraseScorerError("the log is a symbolic link: refusing to write through it", path=path,
+                                    hint="move the link away, or choose another output") from None
+        raise describe_os_error(exc, path) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        problem = "is not a regular file" if not stat.S_ISREG(info.st_mode) else "has another name (a hard link)"
+        raise PhraseScorerError(f"the log {problem}: refusing to write to it", path=path,
+                                hint="move it away, or choose another output")
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def run_logged(
@@ -44,7 +71,7 @@ def run_logged(
     """
     argv = [os.fspath(a) for a in args]
     log.debug("running %s", " ".join(argv))
-    with open(log_path, "a", encoding="utf-8") as log_file:
+    with open_log(log_path) as log_file:
         log_file.write(f"$ {' '.join(argv)}\n")
         log_file.flush()
         try:

@@ -13,7 +13,8 @@
 Workers are started with ``spawn``: they import only what their handler needs (torch only if it
 scores), and nothing of the parent's threads or locks is copied into them. ``workers=0`` runs
 the same handler in the calling threads, one item after another: the same code, without
-processes.
+processes. The parent supervises its workers: a worker that dies is reported at once, naming it
+and how it ended, and a run that ends for any reason stops and reaps every worker.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import queue
 import signal
 import threading
 import time
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from phrase_scorer.errors import PhraseScorerError, setting
@@ -132,17 +134,31 @@ class Pipeline:
             raise self.error
 
 
-def _serve(factory: Callable[..., Any], args: Tuple, inbox, outboxes: Dict[str, Any], parent: int) -> None:
-    """A worker process: build the handler, then answer tasks in the order they come; leave
-    when told to, or when the parent process is gone (killed). Ctrl-C is the parent's to
-    handle: it stops the pool (the worker starts with SIGINT blocked, see :func:`_start_without_sigint`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+class _Inbox:
+    """A worker's end of its task pipe, read as a queue: ``get`` waits at most ``timeout`` seconds."""
+
+    def __init__(self, connection) -> None:
+        self.connection = connection
+
+    def get(self, timeout: float):
+        if not self.connection.poll(timeout):
+            raise queue.Empty
+        return self.connection.recv()
+
+
+def _serve(factory: Callable[..., Any], args: Tuple, inbox, answers, parent: int) -> None:
+    """A worker process: build the handler, then answer tasks in the order they come, each as
+    ``(method, status, index, value)`` on ``answers``; leave when told to, or when the parent
+    process is gone (killed). The signals that end a whole run (:data:`RUN_SIGNALS`) are the
+    parent's to handle: it stops the pool (the worker starts with them blocked, see
+    :func:`_start_guarded`), and only the parent says how the run ended."""
+    for number in RUN_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
     threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
     try:
         handler = factory(*args)
     except BaseException as exc:
-        for box in outboxes.values():
-            box.put(("error", None, exc))
+        _answer(answers, (None, "error", None, exc))  # every waiting method gets it
         return
     while True:
         try:
@@ -151,15 +167,32 @@ def _serve(factory: Callable[..., Any], args: Tuple, inbox, outboxes: Dict[str, 
             if os.getppid() != parent:
                 break
             continue
+        except (EOFError, OSError):  # the parent closed the pipe: nothing more will come
+            break
         if task is None:
             break
         method, index, payload = task
         try:
-            outboxes[method].put(("ok", index, getattr(handler, method)(index, *payload)))
+            answer = (method, "ok", index, getattr(handler, method)(index, *payload))
         except BaseException as exc:  # reported; later tasks are still answered, in order
-            outboxes[method].put(("error", index, exc))
-    for box in outboxes.values():  # asked to stop: answers nobody will read must not hold up the exit
-        box.cancel_join_thread()
+            answer = (method, "error", index, exc)
+        if not _answer(answers, answer):
+            break
+
+
+def _answer(answers, answer: Tuple) -> bool:
+    """Send ``answer`` to the parent; False when the parent no longer reads (it is gone).
+    An answer that cannot be pickled is sent as the error it raised."""
+    method, _, index, _ = answer
+    try:
+        data = ForkingPickler.dumps(answer)
+    except Exception as exc:
+        data = ForkingPickler.dumps((method, "error", index, RuntimeError(f"the answer cannot be sent: {exc!r}")))
+    try:
+        answers.send_bytes(data)
+        return True
+    except OSError:
+        return False
 
 
 def _exit_when_orphaned(parent: int) -> None:
@@ -171,19 +204,52 @@ def _exit_when_orphaned(parent: int) -> None:
     os._exit(1)
 
 
-def _start_without_sigint(process) -> None:
-    """Start ``process`` with SIGINT blocked in this thread, so the new interpreter inherits the
-    blocked signal: a Ctrl-C in a terminal (sent to every process of the group) then reaches
-    only this process, never a worker still importing its modules (which would print a
-    traceback). A SIGINT that comes meanwhile stays pending here and is delivered right after."""
+#: The signals that end a whole run: Ctrl-C's SIGINT and the termination signals a scheduler or
+#: ``kill`` sends (the command line ends a run the same way for each: :mod:`phrase_scorer.cli.group`).
+#: A terminal or a scheduler sends them to every process of the run; workers leave them to the parent.
+RUN_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _start_guarded(process) -> None:
+    """Start ``process`` with :data:`RUN_SIGNALS` blocked in this thread, so the new interpreter
+    inherits them blocked: a Ctrl-C in a terminal (sent to every process of the group) then
+    reaches only this process, never a worker still importing its modules (which would print a
+    traceback). A signal that comes meanwhile stays pending here and is delivered right after.
+
+    SIGPIPE is blocked too: starting a process writes to multiprocessing's resource tracker,
+    and a tracker that was killed (by the OOM killer, say) would otherwise end this process
+    silently (the command line restores SIGPIPE's default action); blocked, the write fails
+    and multiprocessing starts a new tracker."""
     if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
         process.start()
         return
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    import warnings
+
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {*RUN_SIGNALS, signal.SIGPIPE})
     try:
-        process.start()
+        with warnings.catch_warnings():  # a new tracker is no concern of the user's
+            warnings.simplefilter("ignore")
+            process.start()
     finally:
+        if signal.SIGPIPE not in blocked:
+            signal.sigtimedwait({signal.SIGPIPE}, 0)  # one raised by a write to a dead tracker
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def how_it_ended(exitcode: Optional[int]) -> str:
+    """How a process that stopped ended, from its exit code (negative: the signal that killed it)."""
+    if exitcode is None:
+        return "stopped answering"
+    if exitcode >= 0:
+        return f"exited with status {exitcode}"
+    number = -exitcode
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"was killed by signal {number}"
+    if number == getattr(signal, "SIGKILL", None):
+        name += ": out of memory?"  # what the kernel's OOM killer sends
+    return f"was killed by signal {number} ({name})"
 
 
 class WorkerPool:
@@ -193,7 +259,17 @@ class WorkerPool:
     ``result(method, i)`` returns that call's value (or raises its exception). For each method,
     results must be collected in the order the items were submitted. ``stopping`` (an Event) makes
     a waiting ``result`` give up with :class:`Stopped`.
+
+    Each worker has a task pipe and an answer pipe, and two threads here: one sends the tasks
+    (``submit`` never blocks), one receives the answers as they come (a worker never waits to
+    hand one over) and waits on the worker's exit as well. A worker that dies (killed by the
+    OOM killer, say) is seen at once, whatever it was doing, even in the middle of an answer:
+    ``result`` then raises an error naming the worker and how it ended. The pool uses plain
+    pipes, no locks or semaphores shared between processes, so nothing depends on
+    multiprocessing's resource tracker once the workers have started.
     """
+
+    GONE = "gone"  # an answer's status: the worker has ended
 
     def __init__(self, factory: Callable[..., Any], args: Tuple, methods: List[str], workers: int,
                  stopping: Optional[threading.Event] = None) -> None:
@@ -202,23 +278,75 @@ class WorkerPool:
         self._inline = factory(*args) if workers == 0 else None
         self._inline_results: Dict[str, "queue.Queue"] = {m: queue.Queue() for m in methods}
         self._processes: List[Any] = []
-        self._inboxes: List[Any] = []
-        self._outboxes: List[Dict[str, Any]] = []
+        self._tasks: List["queue.Queue"] = []  # per worker: pickled tasks for its sender thread
+        self._answers: List[Dict[str, "queue.Queue"]] = []  # per worker and method: its answers
+        self._connections: List[Any] = []
+        self._threads: List[threading.Thread] = []
+        self._reaping = threading.Lock()  # one thread at a time waits for a worker's exit status
         if workers:
             context = multiprocessing.get_context("spawn")
             try:
                 for n in range(workers):
-                    inbox = context.Queue()
-                    outboxes = {m: context.Queue() for m in methods}
-                    process = context.Process(target=_serve, args=(factory, args, inbox, outboxes, os.getpid()),
-                                              name=f"phrase-scorer-worker-{n}", daemon=True)
-                    self._inboxes.append(inbox)
-                    self._outboxes.append(outboxes)
-                    _start_without_sigint(process)
+                    task_out, task_in = context.Pipe(duplex=False)  # (reader, writer)
+                    answer_out, answer_in = context.Pipe(duplex=False)
+                    process = context.Process(target=_serve,
+                                              args=(factory, args, _Inbox(task_out), answer_in, os.getpid()),
+                                              name=f"phrase-scorer-worker-{n + 1}", daemon=True)
+                    self._connections += [task_in, answer_out, task_out, answer_in]
+                    _start_guarded(process)
                     self._processes.append(process)
+                    task_out.close()  # the worker's ends: a worker that dies closes them for good
+                    answer_in.close()
+                    self._tasks.append(queue.Queue())
+                    self._answers.append({m: queue.Queue() for m in methods})
+                    self._threads += [
+                        threading.Thread(target=self._send, args=(task_in, self._tasks[n]),
+                                         name=f"phrase-scorer-tasks-{n + 1}", daemon=True),
+                        threading.Thread(target=self._receive, args=(answer_out, process, self._answers[n]),
+                                         name=f"phrase-scorer-answers-{n + 1}", daemon=True),
+                    ]
+                    for thread in self._threads[-2:]:
+                        thread.start()
             except BaseException:  # Ctrl-C or a failed start: stop the workers already running
                 self.close(failed=True)
                 raise
+
+    @staticmethod
+    def _send(connection, tasks: "queue.Queue") -> None:
+        """A worker's sender thread: its tasks, in order, until told to stop (None) or the worker
+        is gone. SIGPIPE is blocked in this thread, so a write to a dead worker fails here instead
+        of ending the process (the command line restores SIGPIPE's default action)."""
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+        while True:
+            data = tasks.get()
+            if data is None:
+                return
+            try:
+                connection.send_bytes(data)
+            except OSError:  # the worker is gone; its answers' thread says so
+                if hasattr(signal, "sigtimedwait"):
+                    signal.sigtimedwait({signal.SIGPIPE}, 0)
+                return
+
+    @classmethod
+    def _receive(cls, connection, process, answers: Dict[str, "queue.Queue"]) -> None:
+        """A worker's answers' thread: hand each answer to its method's queue as it comes, and
+        once the worker has ended (its pipe is closed, or its process has exited with nothing
+        left to read) tell every method's queue so."""
+        from multiprocessing.connection import wait
+
+        while True:
+            try:
+                if connection not in wait([connection, process.sentinel]):
+                    break  # the process has exited and nothing is left to read
+                method, status, index, value = connection.recv()
+            except (EOFError, OSError):  # closed: the worker has ended, maybe in the middle of an answer
+                break
+            for name in answers if method is None else [method]:
+                answers[name].put((status, index, value))
+        for box in answers.values():
+            box.put((cls.GONE, None, None))
 
     def submit(self, method: str, index: int, *payload) -> None:
         if self._inline is not None:
@@ -227,13 +355,11 @@ class WorkerPool:
             except Exception as exc:
                 self._inline_results[method].put(("error", index, exc))
             return
-        self._inboxes[index % self.workers].put((method, index, payload))
+        self._tasks[index % self.workers].put(ForkingPickler.dumps((method, index, payload)))
 
     def result(self, method: str, index: int):
-        if self._inline is not None:
-            box, process = self._inline_results[method], None
-        else:
-            box, process = self._outboxes[index % self.workers][method], self._processes[index % self.workers]
+        n = index % self.workers if self._inline is None else None
+        box = self._inline_results[method] if n is None else self._answers[n][method]
         while True:
             try:
                 status, got, value = box.get(timeout=POLL_SECONDS)
@@ -241,46 +367,54 @@ class WorkerPool:
             except queue.Empty:
                 if self.stopping.is_set():
                     raise Stopped() from None
-                if process is not None and not process.is_alive():
-                    raise PhraseScorerError(
-                        f"a worker process stopped unexpectedly (exit code {process.exitcode})",
-                        hint=f"out of memory? run again with {setting('resume', True)}, "
-                             f"or with fewer {setting('workers')}",
-                    ) from None
+        if status == self.GONE:
+            box.put((status, got, value))  # for any later reader of this method
+            raise self._ended(n)
         if status == "error":
             raise value
         if got != index:  # would be a bug in the caller's order of submit/result
             raise RuntimeError(f"{method} result for item {got} where item {index} was expected")
         return value
 
+    def _ended(self, n: int) -> PhraseScorerError:
+        """The error of worker ``n``'s end, once its answers' thread has seen it."""
+        process = self._processes[n]
+        with self._reaping:
+            process.join(timeout=WRITER_STOP_SECONDS)  # its pipe closes as it exits: the status comes at once
+            exitcode = process.exitcode
+        hint = (f"if memory is short, run with fewer {setting('workers')}"
+                if exitcode == -getattr(signal, "SIGKILL", 9) else None)
+        return PhraseScorerError(f"worker {n + 1} {how_it_ended(exitcode)}", hint=hint)
+
     def close(self, failed: bool = False) -> None:
-        """Stop the workers and release the queues. After a success each worker is told to
-        leave and finishes; after a failure or Ctrl-C (``failed``) the workers' results are of
-        no use, so they are terminated at once. Either way no queue thread is left to hold up
-        or disturb this process's exit."""
-        for inbox in self._inboxes:
-            try:
-                inbox.put(None)
-            except (OSError, ValueError):
-                pass
-        for process in self._processes:
-            if failed:
-                process.terminate()
-            process.join(timeout=5)
-            if process.is_alive():
-                process.terminate()
+        """Stop the workers and release the pipes. After a success each worker is told to leave
+        and finishes; after a failure or Ctrl-C (``failed``) the workers' results are of no use,
+        so they are killed at once (a worker ignores the signals that end a run: the pool stops
+        it). Either way every worker is reaped, and no thread is left to hold up or disturb this
+        process's exit."""
+        for tasks in self._tasks:
+            if not failed:
+                tasks.put(ForkingPickler.dumps(None))  # the task that tells the worker to leave
+            tasks.put(None)  # the sender thread's end
+        with self._reaping:
+            for process in self._processes:
+                if failed:
+                    process.kill()
                 process.join(timeout=5)
-        for boxes in [self._inboxes, *[list(o.values()) for o in self._outboxes]]:
-            for box in boxes:
-                box.cancel_join_thread()
-                box.close()
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+        for thread in self._threads:  # the pipes' other ends are closed: each ends at once
+            thread.join(timeout=5)
+        for connection in self._connections:
+            connection.close()
         for process in self._processes:
-            if not process.is_alive():
-                process.close()  # its pipes and sentinel
-        self._processes, self._inboxes, self._outboxes = [], [], []
+            process.close()  # its sentinel
+        self._processes, self._tasks, self._answers, self._connections, self._threads = [], [], [], [], []
 
     def __enter__(self) -> "WorkerPool":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(failed=exc_type is not None)
+

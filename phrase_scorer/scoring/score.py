@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from phrase_scorer.scoring.annotate_work import PhraseIds
 from phrase_scorer.config import ScoringOptions
-from phrase_scorer.io.files import AtomicOutput, PathLike
-from phrase_scorer.io.outputs import check_output, model_files
+from phrase_scorer.io.files import PathLike, gzip_member, is_gzip_name
+from phrase_scorer.io.outputs import model_files
+from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.workers import Pipeline
 from phrase_scorer.io.table_windows import RawWindows, parse_window
 from phrase_scorer.runtime.progress import progress_bar
@@ -23,16 +24,17 @@ from phrase_scorer.runtime.progress import progress_bar
 def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None, window_lines: int = 20000, *,
                overwrite: bool = False) -> int:
     """Write one natural-log log p(y|x) per line of ``source`` (``src ||| tgt`` lines or a whole
-    phrase table), in order. Returns the number of lines. An existing ``output`` is replaced
-    only with ``overwrite``."""
+    phrase table), in order; a name ending in .gz is gzipped. Returns the number of lines. An
+    existing ``output`` is replaced only with ``overwrite``."""
     from phrase_scorer.scoring.batch_scorer import BatchScorer
 
-    claim = check_output(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
+    job = OutputJob(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite)
     scorer = BatchScorer(loaded.model, scoring_options or ScoringOptions())
     lookup = PhraseIds(loaded.source_vocab, loaded.target_vocab)
     windows = RawWindows(source, window_lines)
+    gzipped = is_gzip_name(output)
     lines = 0
-    with claim, AtomicOutput(output) as out:
+    with job as out:
 
         def read(put) -> None:
             for window in windows:
@@ -42,10 +44,13 @@ def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None,
 
         def write(log_probs) -> None:
             nonlocal lines
-            out.write("".join("%.9g\n" % v for v in log_probs).encode("ascii"))
+            data = "".join("%.9g\n" % v for v in log_probs).encode("ascii")
+            out.write(len(log_probs), gzip_member(data) if gzipped else data)
             lines += len(log_probs)
 
         with progress_bar("scoring", windows) as progress:
             Pipeline().run(read, lambda ids: scorer.score(*ids), write)
+        if gzipped and lines == 0:  # an empty gzip file is not gzip: one empty member
+            out.write(0, gzip_member(b""))
         out.commit()
     return lines
