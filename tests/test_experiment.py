@@ -14,6 +14,7 @@ import torch
 
 from conftest import A_MAN_TABLE
 from phrase_scorer.config import ExperimentOptions, TuneOptions
+from phrase_scorer.io.files import hash_identities
 from phrase_scorer.experiments.table1 import (
     RUN_INPUTS, RunResult, prepare_tables, result_of, run_inputs, run_step, system_inputs,
 )
@@ -89,7 +90,7 @@ def finished_run(run_dir: Path, inputs: dict) -> RunResult:
     result = RunResult(system="RNN", seed=1, dev_bleu=50.0, test_bleu=51.0, test_chrf=70.0, iterations=3,
                        tuned_ini=str(run_dir / "tuned.ini"), hypotheses=str(run_dir / "test.hyp"),
                        bleu_signature="b", chrf_signature="c")
-    (run_dir / RUN_INPUTS).write_text(json.dumps(inputs))
+    (run_dir / RUN_INPUTS).write_text(json.dumps(hash_identities(inputs)))  # as a step records them
     (run_dir / "result.json").write_text(json.dumps(asdict(result)))
     return result
 

@@ -94,41 +94,41 @@ def test_a_step_is_reused_for_the_same_bytes_and_redone_for_new_ones(tmp_path):
     (data unpacked again) reuses the step's output; other bytes of the same size redo it."""
     import os
 
-    from phrase_scorer.io.files import content_identity
+    from phrase_scorer.io.files import file_identity
 
     source, output, record = tmp_path / "val.en", tmp_path / "val.out", tmp_path / "val.inputs.json"
     source.write_text("a man .\n", encoding="utf-8")
-    step = Step(record, {"source": content_identity(source)}, [output])
+    step = Step(record, {"source": file_identity(source)}, [output])
     assert not step.done
     with step:
         output.write_text("done\n", encoding="utf-8")
     stat = source.stat()
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**10))
-    assert Step(record, {"source": content_identity(source)}, [output]).done
+    assert Step(record, {"source": file_identity(source)}, [output]).done
     assert output.exists()
     source.write_text("a dog .\n", encoding="utf-8")  # the same size, other bytes
-    assert not Step(record, {"source": content_identity(source)}, [output]).done
+    assert not Step(record, {"source": file_identity(source)}, [output]).done
     assert not output.exists()
 
 
 def test_an_interrupted_step_keeps_its_partial_output_for_the_resume(tmp_path):
     """The same inputs and no finished output: the step was interrupted, and what it wrote so far
     stays for it to go on from; other inputs remove it. A step that fails is not recorded as finished."""
-    from phrase_scorer.io.files import content_identity, part_path
+    from phrase_scorer.io.files import file_identity, part_path
 
     source, output, record = tmp_path / "val.en", tmp_path / "val.nbest.gz", tmp_path / "val.inputs.json"
     source.write_text("a man .\n", encoding="utf-8")
     partial, partial_record = part_path(output), Path(str(part_path(output)) + ".json")
     with pytest.raises(KeyboardInterrupt):
-        with Step(record, {"source": content_identity(source)}, [output]):
+        with Step(record, {"source": file_identity(source)}, [output]):
             partial.write_bytes(b"half")
             partial_record.write_text("{}", encoding="utf-8")
             raise KeyboardInterrupt
     assert json.loads(record.read_text())["finished"] is False
-    assert not Step(record, {"source": content_identity(source)}, [output]).done
+    assert not Step(record, {"source": file_identity(source)}, [output]).done
     assert partial.read_bytes() == b"half" and partial_record.exists()
     source.write_text("a dog .\n", encoding="utf-8")
-    assert not Step(record, {"source": content_identity(source)}, [output]).done
+    assert not Step(record, {"source": file_identity(source)}, [output]).done
     assert not partial.exists() and not partial_record.exists()
 
 

@@ -218,10 +218,15 @@ def test_resume_with_nothing_to_resume_starts_afresh_and_says_so(tmp_path, loade
     annotate(A_MAN_TABLE, out, loaded_tiny, resume=True, workers=0)  # no earlier run at all
     assert "nothing to resume" in caplog.text and "starting afresh" in caplog.text
     assert out.read_bytes() == reference.read_bytes()
-    # a run killed before its first chunk leaves a part file and no record (and no signature)
+    # a run killed before its first chunk leaves its part file and a record of no lines done (no signature)
+    from phrase_scorer.runtime.job import OutputJob
+
     out.unlink()
     Path(str(out) + ".json").unlink()
-    Path(str(out) + ".part").write_bytes(b"\x1f\x8b half a member")
+    killed = OutputJob(out, resumable=True, settings={"another": "run"})
+    killed.__enter__()  # and killed there: nothing of it is cleaned up but its lock
+    killed.claim.release()
+    assert Path(str(out) + ".part").exists() and Path(str(out) + ".part.json").exists()
     caplog.clear()
     annotate(A_MAN_TABLE, out, loaded_tiny, resume=True, workers=0)
     assert "starting afresh" in caplog.text and out.read_bytes() == reference.read_bytes()

@@ -76,10 +76,11 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
             state = run_training(data, output, config, resume=resume, overwrite=overwrite,
                                  model_config=model_config, explicit=explicit)
     except TrainingInterrupted as stop:
+        status = 128 + stop.number  # 130 for Ctrl-C, 143 for SIGTERM: how a scheduler sees the run end
         if not current.is_main:  # rank 0 says where the job stopped, once
-            raise SystemExit(130) from None
+            raise SystemExit(status) from None
         raise UserError(f"stopped at step {stop.step}, checkpoint saved; resume with: {resume_command}",
-                        exit_code=130) from None
+                        exit_code=status) from None
     except KeyboardInterrupt:
         if not current.is_main:
             raise SystemExit(130) from None

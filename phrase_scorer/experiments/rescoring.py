@@ -45,7 +45,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from phrase_scorer.config import RerankOptions, RescoreExperimentOptions, RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, content_identity, file_sha256, part_path, write_text_atomically
+from phrase_scorer.io.files import PathLike, file_identity, file_sha256, part_path, write_text_atomically
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.evaluate import Evaluation, decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
@@ -162,7 +162,7 @@ def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstalla
     folder.mkdir(exist_ok=True)
     nbest = folder / f"{eval_set.name}.nbest"
     step = Step(folder / f"{eval_set.name}.inputs.json",
-                {"moses.ini sha256": file_sha256(ini), "source": content_identity(eval_set.source),
+                {"moses.ini sha256": file_sha256(ini), "source": file_identity(eval_set.source),
                  "size": options.nbest_size, "factor": options.nbest_factor, "decoder": options.decoder,
                  "decoder flags": options.decoder_flags},
                 [nbest])
@@ -195,7 +195,7 @@ def rescored_nbest(nbest: Path, eval_set: EvalSet, work: Path, models: Sequence,
     out = folder / f"{eval_set.name}.nbest.gz"
     rescore_options = RescoreOptions(normalize=options.normalize)
     step = Step(folder / f"{eval_set.name}.inputs.json",
-                {"nbest": content_identity(nbest), "source": content_identity(eval_set.source),
+                {"nbest": file_identity(nbest), "source": file_identity(eval_set.source),
                  "models": [m.describe() for m in models], "options": asdict(rescore_options),
                  "scoring": [BatchScorer(m.loaded.model, scoring_options).describe() for m in models]},
                 [out])
@@ -234,7 +234,7 @@ def decoded_system_run(system: DecodedSystem, run: int, sets: Sequence[EvalSet],
     for s in sets:
         hyp = folder / f"{s.name}.hyp"
         step = Step(folder / f"{s.name}.inputs.json",
-                    {"moses.ini sha256": ini_sha256, "source": content_identity(s.source),
+                    {"moses.ini sha256": ini_sha256, "source": file_identity(s.source),
                      "decoder": options.decoder, "decoder flags": options.decoder_flags},
                     [hyp])
         if step.done:
@@ -260,8 +260,8 @@ def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence
                                    mertdir=options.mertdir)
     result_path = run_dir / "result.json"
     step = Step(run_dir / "inputs.json",
-                {"row": asdict(row), "lists": {s.name: content_identity(rescored[s.name]) for s in sets},
-                 "references": {s.name: content_identity(s.reference) for s in sets},
+                {"row": asdict(row), "lists": {s.name: file_identity(rescored[s.name]) for s in sets},
+                 "references": {s.name: file_identity(s.reference) for s in sets},
                  "start ini sha256": file_sha256(ini), "rerank options": asdict(rerank_options),
                  "scoring": {"references": options.references, "lang": options.lang}},
                 [result_path])

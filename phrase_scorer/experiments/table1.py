@@ -47,7 +47,7 @@ from typing import Dict, List, Optional, Sequence
 from phrase_scorer.config import COLUMNS, SYSTEMS, ExperimentOptions, System, TuneOptions, start_weights
 from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import (
-    AtomicOutput, PathLike, content_identity, file_identity, file_sha256, write_text_atomically,
+    AtomicOutput, PathLike, file_identity, file_sha256, write_text_atomically,
 )
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.ini_patch import patch_moses_ini
@@ -262,9 +262,9 @@ def system_inputs(system_ini_path: PathLike, table: PathLike, dev: Sequence[Path
     """What every tuning run of a system depends on: its files, read (and hashed) once per system."""
     return as_recorded({
         "system ini sha256": file_sha256(system_ini_path),
-        "phrase table": content_identity(table),  # a table annotated again into the same bytes keeps the runs
-        "dev": [content_identity(p) for p in dev],
-        "test": [content_identity(p) for p in test],
+        "phrase table": file_identity(table),  # a table annotated again into the same bytes keeps the runs
+        "dev": [file_identity(p) for p in dev],
+        "test": [file_identity(p) for p in test],
         "test decoded with": "the tuning's decoder flags",
         "scoring options": {"references": options.references, "lang": options.lang},
     })

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Iterator, List, Sequence
 
 from phrase_scorer.config import TranslateOptions
-from phrase_scorer.io.files import PathLike, TextLines, gzip_member, is_gzip_name
+from phrase_scorer.io.files import PathLike, TextLines
 from phrase_scorer.io.outputs import model_files
 from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.progress import progress_bar
@@ -59,14 +59,13 @@ def translate_file(source: PathLike, output: PathLike, loaded, options: Translat
     """Translate each line of ``source`` (plain or gzip; ``-``: stdin) into ``output`` (``-``:
     stdout; a name ending in .gz is gzipped). Returns the number of lines."""
     lines = 0
-    gzipped = is_gzip_name(output)
     reader = TextLines(source, hint="give UTF-8 text, tokenised like the model's training data")
     with OutputJob(output, [("the input", source), *model_files(loaded.directory)], overwrite=overwrite) as out, \
             progress_bar("translating", reader) as progress:
         for batch in _line_batches(reader, options.batch_sentences * 4):
             translations = translate_sentences(loaded, batch, options)
             data = "".join(t.text + "\n" for t in translations).encode("utf-8")
-            out.write(len(batch), gzip_member(data) if gzipped else data)
+            out.write_text(len(batch), data)
             lines += len(batch)
             progress.advance(len(batch))
         out.commit()

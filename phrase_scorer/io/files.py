@@ -773,8 +773,9 @@ def file_identity(path: PathLike) -> dict:
 
 
 def is_file_identity(value: Any) -> bool:
-    """Whether ``value`` is a :func:`file_identity` (as recorded: a mapping with its keys)."""
-    return isinstance(value, Mapping) and {"size", "mtime_ns", "sha256"} <= value.keys()
+    """Whether ``value`` is a :func:`file_identity` as recorded: a mapping with its size and
+    SHA-256 (records of experiment steps before the identity had times hold no more)."""
+    return isinstance(value, Mapping) and {"size", "sha256"} <= value.keys()
 
 
 def identity_sha256(identity: dict) -> str:
@@ -816,13 +817,6 @@ def hash_identities(value: Any) -> Any:
         for item in value:
             hash_identities(item)
     return value
-
-
-def content_identity(path: PathLike) -> dict:
-    """What tells one version of a file from another by its bytes: its absolute path, size and
-    SHA-256. For the records of experiment steps, whose inputs are small next to the work they
-    save: a copy of the same bytes with a new modification time is the same input."""
-    return {"path": os.path.abspath(path), "size": os.path.getsize(path), "sha256": file_sha256(path)}
 
 
 def file_sha256(path: PathLike) -> str:

@@ -120,7 +120,7 @@ def declared_scores(ini: MosesIni, feature: FeatureLine) -> int:
     declared = feature.get("num-features")
     if declared is None:
         old = 1  # Moses' default
-    elif declared.isdigit():
+    elif declared.isascii() and declared.isdigit():
         old = int(declared)
     else:
         raise ini.error(f"num-features={declared} is not a whole number", number,

@@ -109,7 +109,7 @@ class MertData:
 
 
 
-_BEGIN = re.compile(r"^(FEATURES|SCORES)_TXT_BEGIN_0 (\S+) (\d+) (\d+)")
+_BEGIN = re.compile(r"^(FEATURES|SCORES)_TXT_BEGIN_0 (\S+) (\d+) (\d+)", re.ASCII)
 
 
 

@@ -83,7 +83,7 @@ _BEST_POINT = re.compile(r"^Best point:(.*)=>\s*(\S+)")
 
 
 
-_MIRA_WEIGHT = re.compile(r"^F(\d+) (\S+)$")
+_MIRA_WEIGHT = re.compile(r"^F(\d+) (\S+)$", re.ASCII)
 
 
 

@@ -108,7 +108,8 @@ def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_n
     for name, bleu in dropped.items():
         log.info("feature %s buys at most %.2f dev BLEU (%.2f without it, %.2f with): weighted 0, its model "
                  "is not run", name, options.min_feature_gain, bleu, learned.best.dev_bleu)
-    sentences = write_best_hypotheses(test_nbest, weights, lambda data: job.write(0, data), options.ignore_features)
+    sentences = write_best_hypotheses(test_nbest, weights, lambda data: job.write_text(0, data),
+                                      options.ignore_features)
     result = RerankResult(
         output=output, sentences=sentences, weights=weights.by_name(), start_weights=learned.start.by_name(),
         start_from=learned.start_from, start_dev_bleu=learned.start_dev_bleu, dev_bleu=learned.best.dev_bleu,

@@ -326,7 +326,7 @@ def apply_reranker(reranker: PathLike, nbest: PathLike, output: PathLike, *, ove
                    overwrite=overwrite) as job:
         loaded = Reranker.read(reranker)
         check_rescored_with_same_models(loaded, nbest)
-        sentences = write_best_hypotheses(nbest, loaded.weights, lambda data: job.write(0, data),
+        sentences = write_best_hypotheses(nbest, loaded.weights, lambda data: job.write_text(0, data),
                                           loaded.ignore_features)
         job.commit()
     return sentences

@@ -76,7 +76,7 @@ class NBestStream:
         if not text:
             return None
         head, separator, rest = text.partition(" ||| ")
-        if not separator or not head.strip().isdigit():
+        if not separator or not (head.strip().isascii() and head.strip().isdigit()):
             self._fail(f"Moses wrote a line that is not an n-best entry: {text[:80]!r}")
         return int(head), rest
 

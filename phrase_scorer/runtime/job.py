@@ -47,8 +47,8 @@ from typing import Any, Dict, Iterable, Optional, Sequence
 
 from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import (
-    STDIO, AtomicOutput, PathLike, file_identity, file_key, hash_identities, open_own, part_path, remove_if_same,
-    write_text_atomically, writes_directly,
+    STDIO, AtomicOutput, PathLike, file_identity, file_key, gzip_member, hash_identities, is_gzip_name, open_own,
+    part_path, remove_if_same, write_text_atomically, writes_directly,
 )
 from phrase_scorer.io.outputs import (
     ATOMIC_COMPANIONS, RESUMABLE_COMPANIONS, Input, OutputClaim, check_output, refuse_existing,
@@ -156,8 +156,10 @@ class OutputJob:
             companions = RESUMABLE_COMPANIONS if resumable else (*ATOMIC_COMPANIONS, ".json") if signed \
                 else ATOMIC_COMPANIONS
         self.companions = tuple(companions)
+        self.gzipped = is_gzip_name(self.output)  # the one rule: a name ending in .gz is written gzipped
         self.claim: Optional[OutputClaim] = None
         self.out: Optional[AtomicOutput] = None
+        self._written = 0  # bytes this run wrote
         self.lines_done = 0
         self.recorded_lines = 0  # lines the resume record on disk holds
         self._record: Optional[Path] = None  # OUT.part.json, for a resumable output written to a file
@@ -193,9 +195,9 @@ class OutputJob:
         self._record = record_path(self.output)
         part = part_path(self.output)
         record = ResumeRecord.read(self._record)
-        if self.resume and record is not None and os.path.lexists(part):
+        if self.resume and record is not None and record.lines_done > 0 and os.path.lexists(part):
             return self._continue(record, part)
-        if self.resume:
+        if self.resume:  # no record, or one of a run killed before its first chunk
             log.warning("nothing to resume for %s (no interrupted run left a record): starting afresh", self.output)
         if os.path.lexists(self.output):
             if not self.overwrite:
@@ -264,11 +266,18 @@ class OutputJob:
         output records it (``--resume`` goes on after it)."""
         assert self.out is not None, "write inside the job's with block"
         self.out.write(data)
+        self._written += len(data)
         self.lines_done += lines
         if self._record is not None:
             self._hash.update(data)
             self.out.flush()
             self._write_record(self.out)
+
+    def write_text(self, lines: int, data: bytes) -> None:
+        """:meth:`write` text, gzipped as one member when the output's name ends in ``.gz``
+        (writers that compress in their own threads, annotate's and rescore's, ask
+        :attr:`gzipped` and call :meth:`write`)."""
+        self.write(lines, gzip_member(data) if self.gzipped else data)
 
     def _write_record(self, out: AtomicOutput) -> None:
         assert self._record is not None and out._key is not None
@@ -289,6 +298,8 @@ class OutputJob:
         """Put the output in place, drop the resume record, and write ``signature`` beside it
         (not for ``-``, a device or a pipe)."""
         assert self.out is not None
+        if self.gzipped and self._written == 0 and self.recorded_lines == 0:
+            self.out.write(gzip_member(b""))  # no bytes is not a gzip file: one empty member is
         self.out.commit()
         if self._record is not None:
             remove_if_same(self._record, _key_or_none(self._record))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from phrase_scorer.scoring.annotate_work import PhraseIds
 from phrase_scorer.config import ScoringOptions
-from phrase_scorer.io.files import PathLike, gzip_member, is_gzip_name
+from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.outputs import model_files
 from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.workers import Pipeline
@@ -32,7 +32,6 @@ def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None,
     scorer = BatchScorer(loaded.model, scoring_options or ScoringOptions())
     lookup = PhraseIds(loaded.source_vocab, loaded.target_vocab)
     windows = RawWindows(source, window_lines)
-    gzipped = is_gzip_name(output)
     lines = 0
     with job as out:
 
@@ -45,12 +44,10 @@ def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None,
         def write(log_probs) -> None:
             nonlocal lines
             data = "".join("%.9g\n" % v for v in log_probs).encode("ascii")
-            out.write(len(log_probs), gzip_member(data) if gzipped else data)
+            out.write_text(len(log_probs), data)
             lines += len(log_probs)
 
         with progress_bar("scoring", windows) as progress:
             Pipeline().run(read, lambda ids: scorer.score(*ids), write)
-        if gzipped and lines == 0:  # an empty gzip file is not gzip: one empty member
-            out.write(0, gzip_member(b""))
         out.commit()
     return lines

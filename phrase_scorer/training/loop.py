@@ -169,7 +169,7 @@ class TrainingLoop:
                         # the step is complete, so the checkpoint resumes exactly here
                         self.save_checkpoint()
                         distributed.barrier()  # no rank leaves before the checkpoint is written
-                        raise TrainingInterrupted(st.step)
+                        raise TrainingInterrupted(st.step, stop_requests.number)
                     reason = self.stop_reason()
                     if reason:
                         self.finish(reason)

@@ -30,27 +30,31 @@ def stop_reason(config: TrainConfig, state, batches_per_epoch: int) -> str:
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Training stopped on request after step ``step``, with a checkpoint saved there."""
+    """Training stopped on request after step ``step``, with a checkpoint saved there;
+    ``number`` is the signal that asked (SIGINT for Ctrl-C)."""
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, number: int = signal.SIGINT) -> None:
         super().__init__(step)
         self.step = step
+        self.number = int(number)
 
 
 class StopRequests:
-    """Turns the first Ctrl-C (or SIGTERM) into a request to stop after the current step; a
-    second one interrupts at once."""
+    """Turns the first Ctrl-C (or SIGTERM, SIGHUP) into a request to stop after the current step
+    (``number``: the signal that asked); a second one interrupts at once."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.requested = False
+        self.number = int(signal.SIGINT)
         self._previous: Dict[int, Any] = {}
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        self.number = int(signum)
         if world().is_main:  # a terminal's Ctrl-C reaches every rank: one of them says it
             log.warning("stopping after this step; press Ctrl-C again to stop at once (without a checkpoint)")
 
