@@ -63,8 +63,10 @@ def error_line(result) -> str:
 def default_sigint() -> None:
     """``preexec_fn`` of a child a test interrupts with SIGINT. A test run started in the
     background by a script (``make test &``) has SIGINT ignored, and a child inherits that: it
-    would then ignore Ctrl-C as every program started that way does, and the test would wait."""
+    would then ignore Ctrl-C as every program started that way does, and the test would wait.
+    SIGHUP likewise: a test run under ``nohup`` has it ignored."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def ignored_sigint() -> None:

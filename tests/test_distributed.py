@@ -102,7 +102,7 @@ def test_train_processes_starts_the_same_job_as_torchrun(tmp_path, one_process):
 
 def test_train_processes_passes_a_sigterm_on_and_says_once_where_the_job_stopped(tmp_path):
     """A SIGTERM to `train --processes 2` reaches both ranks: they stop after the same step with
-    a checkpoint, the job exits 130 with one line naming the resume command, and it resumes."""
+    a checkpoint, the job exits 143 (128 + SIGTERM) with one line naming the resume command, and it resumes."""
     out = tmp_path / "stopped"
     env = job_env()
     command = [sys.executable, "-m", "phrase_scorer", *map(str, ARGS), "-o", str(out), "--processes", "2"]
@@ -115,7 +115,7 @@ def test_train_processes_passes_a_sigterm_on_and_says_once_where_the_job_stopped
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     err = proc.stderr.read()
-    assert proc.wait(timeout=600) == 130, err
+    assert proc.wait(timeout=600) == 128 + signal.SIGTERM, err
     assert err.count("stopped at step") == 1 and "--processes 2 --resume" in err
     step = int(err.split("stopped at step ")[1].split(",")[0])
     assert (out / "checkpoint.pt").exists()

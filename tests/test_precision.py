@@ -26,21 +26,33 @@ def test_scoring_defaults_to_fp32_and_a_cpu_always_computes_in_fp32():
         resolve_precision(cpu, "fp8")
 
 
-SETTINGS = ("input", "model", "options", "scoring", "gzip", "package_version")  # what a resume record keeps
 
 
 def interrupted_annotation(tmp_path: Path, loaded) -> tuple:
-    """An annotation interrupted before its first chunk, as a run on this machine would leave it:
+    """An annotation interrupted after its first chunk, as a run on this machine leaves it:
     (table, output, record, the uninterrupted output)."""
+    from phrase_scorer.runtime.job import OutputJob
+
     table = tmp_path / "t.txt"
     table.write_bytes(b"".join(head_lines(EXAMPLE_TABLE, 600)))
     whole = tmp_path / "whole.gz"
     annotate(table, whole, loaded, AnnotateOptions(window_lines=200))
-    signature = json.loads(Path(str(whole) + ".json").read_text())
     out = tmp_path / "o.gz"
-    Path(str(out) + ".part").write_bytes(b"")
+    write = OutputJob.write
+
+    def first_chunk_only(self, lines, data):
+        if self.lines_done:
+            raise KeyboardInterrupt
+        write(self, lines, data)
+
+    OutputJob.write = first_chunk_only  # type: ignore[method-assign]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            annotate(table, out, loaded, AnnotateOptions(window_lines=200), workers=0)
+    finally:
+        OutputJob.write = write  # type: ignore[method-assign]
     record = Path(str(out) + ".part.json")
-    record.write_text(json.dumps({"lines_done": 0, "bytes_done": 0, "settings": {k: signature[k] for k in SETTINGS}}))
+    assert json.loads(record.read_text())["lines_done"] == 200
     return table, out, record, whole
 
 

@@ -281,6 +281,13 @@ def test_torchrun_shards_join_to_the_one_process_bytes_and_resume(tmp_path, tiny
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    gone_by = time.monotonic() + 120  # every rank and worker of the killed job has exited (and let go of the lock)
+    while time.monotonic() < gone_by:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
     resumed = subprocess.run(torchrun_annotate(tiny_model, out, "--resume"), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert out.read_bytes() == reference.read_bytes()

@@ -60,9 +60,14 @@ def ending_like_ctrl_c() -> Iterator[None]:
     """While a command runs, a termination signal ends it exactly as Ctrl-C does (the same
     clean-up, kept partial output and message, :func:`interrupted`) instead of killing the
     process where it stands. A signal that was ignored when the command started (``nohup``)
-    stays ignored, and a handler of the caller's own is kept; the handlers are restored after."""
+    stays ignored, and a handler of the caller's own is kept; the handlers are restored after.
+    A rank of a job of several processes (torchrun) keeps the default: a rank waiting in a
+    collective runs no Python handler, and its launcher ends the job with SIGTERM then SIGKILL
+    after a grace period, which a handler would only lengthen (its output stays resumable)."""
+    from phrase_scorer.runtime.distributed import world
+
     previous = {}
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread() and not world().is_distributed:
         for number in TERMINATION_SIGNALS:
             if signal.getsignal(number) is signal.SIG_DFL:
                 previous[number] = signal.signal(number, _terminate)
