@@ -99,10 +99,13 @@ def test_the_top_level_holds_only_what_every_package_shares():
         "errors", "shared", "model_dir", "__main__"}
 
 
-def test_a_moved_module_names_its_new_place():
-    done = subprocess.run([sys.executable, "-c", "import phrase_scorer.rescore"], capture_output=True, text=True,
-                          cwd=PACKAGE.parent)
-    assert "phrase_scorer.rescore moved to phrase_scorer.scoring.rescore" in done.stderr
+def test_importing_the_package_installs_no_import_hook():
+    """The package changes nothing of Python's import machinery: a module is where docs/layout.md
+    says, and nowhere else."""
+    done = subprocess.run([sys.executable, "-c", "import sys; before = list(sys.meta_path); import phrase_scorer; "
+                           "assert sys.meta_path == before; import phrase_scorer.rescore"],
+                          capture_output=True, text=True, cwd=PACKAGE.parent)
+    assert "No module named 'phrase_scorer.rescore'" in done.stderr, done.stderr
 
 
 def test_moses_and_io_never_reach_torch_not_even_lazily():

@@ -64,102 +64,145 @@ def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequenc
     """The best hypothesis of each sentence id 0 .. the list's largest (``""`` for an id without
     hypotheses), as ``rerank --weights`` picks it from ``nbest`` rescored with ``models``; see the
     module docstring. ``bound`` False scores every hypothesis with every model (the same choice)."""
-    from phrase_scorer.scoring.batch_scorer import BatchScorer
+    chunk = BoundedChunk(nbest, source, weights, ignore, models, normalize, scoring_options, stats)
+    staged = chunk.score_unbounded(bound)
+    for stage, model in enumerate(staged):
+        chunk.score_the_picks(staged[stage:])
+        chunk.rule_out_below_the_floors()
+        chunk.score_what_may_win(model)
+    return chunk.choose()
 
-    sentences = [line.split() for line in source.read_text(encoding="utf-8").splitlines()]
-    groups = [(sentence_id, list(entries)) for sentence_id, entries in group_by_sentence(read_nbest(nbest))]
-    if not groups:
-        raise PhraseScorerError("the n-best list is empty", path=nbest)
-    entries: List[NBestEntry] = [e for _, group in groups for e in group]
-    starts = np.cumsum([0] + [len(group) for _, group in groups])  # (S+1,) each sentence's first row
-    names, members = feature_names(models), feature_members(models)
-    w = np.asarray(weights.values, np.float64)
-    moses_values = moses_rows(entries, weights, ignore, names, nbest)  # (H, D - F)
-    words = [sentences[e.sentence_id] for e in entries]  # one list per sentence: looked up once per model
 
-    scores: List[Optional[np.ndarray]] = [None] * len(models)  # per model: (H,) log p (per token), NaN unscored
-    scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
+class BoundedChunk:
+    """The state of :func:`best_hypotheses` over one n-best list (a chunk of sentences), step by
+    step: its H hypotheses in S sentences, each model's scores so far, which hypotheses may still
+    be their sentence's best, and each sentence's floor."""
 
-    def score(model: int, rows: np.ndarray, batch_tokens: Optional[int] = None) -> None:
-        if scores[model] is None:
-            scores[model] = np.full(len(entries), np.nan)
+    def __init__(self, nbest: Path, source: Path, weights: Weights, ignore: Sequence[str],
+                 models: Sequence[FeatureModel], normalize: bool, scoring_options: ScoringOptions,
+                 stats: Optional[BoundedStats] = None) -> None:
+        from phrase_scorer.scoring.batch_scorer import BatchScorer
+
+        self.nbest, self.source, self.weights, self.models = nbest, source, weights, models
+        self.normalize, self.stats = normalize, stats
+        sentences = [line.split() for line in source.read_text(encoding="utf-8").splitlines()]
+        self.groups = [(sentence_id, list(entries)) for sentence_id, entries in group_by_sentence(read_nbest(nbest))]
+        if not self.groups:
+            raise PhraseScorerError("the n-best list is empty", path=nbest)
+        self.entries: List[NBestEntry] = [e for _, group in self.groups for e in group]
+        self.starts = np.cumsum([0] + [len(group) for _, group in self.groups])  # (S+1,) each sentence's first row
+        self.names, self.members = feature_names(models), feature_members(models)
+        self.w = np.asarray(weights.values, np.float64)
+        self.moses_values = moses_rows(self.entries, weights, ignore, self.names, nbest)  # (H, D - F)
+        self.feature_weights = self.w[self.moses_values.shape[1]:]  # (F,)
+        self.words = [sentences[e.sentence_id] for e in self.entries]  # a list per sentence: looked up once a model
+        self.scores: List[Optional[np.ndarray]] = [None] * len(models)  # per model: (H,) log p, NaN unscored
+        self.scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
+        self.rounded: Dict[int, tuple] = {}  # per feature: (H,) the last means and (H,) their rounded values
+        self.alive = np.ones(len(self.entries), bool)  # (H,) may still be its sentence's best
+        self.complete = np.zeros(len(self.entries), bool)  # (H,) scored by every model
+        self.floors = np.full(len(self.groups), -np.inf)  # (S,) the best exact sum among each sentence's complete ones
+
+    # --- the steps ---------------------------------------------------------------------------------
+
+    def score_unbounded(self, bound: bool) -> List[int]:
+        """Step 1: the models of features that bound nothing (all of them without ``bound``) score
+        every hypothesis; returns the other models, in the order they score."""
+        if self.stats is not None:
+            self.stats.full += len(self.entries) * len(self.models)
+        order = scoring_order(self.members, self.feature_weights)
+        first = full_prefix(order, self.members, self.feature_weights) if bound else len(order)
+        for model in order[:first]:
+            self.score(model, np.arange(len(self.entries)))
+        return order[first:]
+
+    def score_the_picks(self, models: Sequence[int]) -> None:
+        """Step 2: the most promising hypothesis still open in each sentence, scored by every model
+        in ``models`` (those left): a higher floor."""
+        bounds = bounded_sums(self.sums, self.feature_rows)
+        open_bounds = np.where(self.alive & ~self.complete, bounds, -np.inf)
+        starts = self.starts
+        picks = np.array([starts[s] + first_max(open_bounds[starts[s]:starts[s + 1]])
+                          for s in range(len(self.groups))])
+        picks = picks[self.alive[picks] & ~self.complete[picks]]
+        for later in models:
+            scored = self.scores[later]
+            self.score(later, picks[np.isnan(scored[picks])] if scored is not None else picks, PICK_BATCH_TOKENS)
+        self.complete[picks] = True
+
+    def rule_out_below_the_floors(self) -> None:
+        """Step 3a: each sentence's floor from its complete hypotheses; every hypothesis whose
+        bound is below it (less the margin) is out."""
+        exact = self.sums(self.feature_rows(True))
+        bounds = bounded_sums(self.sums, self.feature_rows)
+        for s in range(len(self.groups)):
+            rows = slice(self.starts[s], self.starts[s + 1])
+            if self.complete[rows].any():
+                self.floors[s] = max(self.floors[s], float(np.max(exact[rows][self.complete[rows]])))
+            floor = self.floors[s]
+            if not np.isfinite(floor):
+                continue
+            below = bounds[rows] < floor - BOUND_MARGIN * (1.0 + abs(floor))  # NaN bounds stay in
+            self.alive[rows] &= ~below
+
+    def score_what_may_win(self, model: int) -> None:
+        """Step 3b: ``model`` scores what may still win and it has not scored (the picks it has)."""
+        self.score(model, np.flatnonzero(self.alive & np.isnan(self.scores[model])))  # type: ignore[arg-type]
+
+    def choose(self) -> List[str]:
+        """Each sentence's best, as ``rerank --weights`` chooses on the rescored rows; a hypothesis
+        that is out gets its bound in place of the values never computed."""
+        values = self.feature_rows(True)
+        out_rows = ~self.alive
+        if out_rows.any():  # what was never computed: the bound, below the floor, so never chosen
+            values[out_rows] = self.feature_rows(False)[out_rows]
+        chosen: Dict[int, str] = {}
+        rows_all = np.concatenate([self.moses_values, values], 1)
+        for s, (sentence_id, group) in enumerate(self.groups):
+            chosen[sentence_id] = best_hypothesis(group, rows_all[self.starts[s]:self.starts[s + 1]], self.weights,
+                                                  self.w, self.nbest)
+        return [chosen.get(i, "") for i in range(self.groups[-1][0] + 1)]
+
+    # --- what the steps share --------------------------------------------------------------------
+
+    def score(self, model: int, rows: np.ndarray, batch_tokens: Optional[int] = None) -> None:
+        """``model``'s log p (per token) of the hypotheses ``rows``."""
+        if self.scores[model] is None:
+            self.scores[model] = np.full(len(self.entries), np.nan)
         if not len(rows):
             return
-        subset = [entries[i] for i in rows]
-        src_ids, tgt_ids, predicted = model_inputs(models[model], subset, [words[i] for i in rows], source, nbest)
-        log_probs = scorers[model].score(src_ids, tgt_ids, batch_tokens)
-        check_finite(log_probs, str(nbest), subset[0].line_number)
-        scores[model][rows] = per_token(log_probs, predicted) if normalize else log_probs  # type: ignore[index]
-        if stats is not None:
-            stats.scored += len(rows)
+        subset = [self.entries[i] for i in rows]
+        src_ids, tgt_ids, predicted = model_inputs(self.models[model], subset, [self.words[i] for i in rows],
+                                                   self.source, self.nbest)
+        log_probs = self.scorers[model].score(src_ids, tgt_ids, batch_tokens)
+        check_finite(log_probs, str(self.nbest), subset[0].line_number)
+        self.scores[model][rows] = per_token(log_probs, predicted) if self.normalize else log_probs  # type: ignore[index]
+        if self.stats is not None:
+            self.stats.scored += len(rows)
 
-    rounded: Dict[int, tuple] = {}  # per feature: (H,) the last means and (H,) their rounded values
-
-    def feature_rows(exact: bool) -> np.ndarray:
+    def feature_rows(self, exact: bool) -> np.ndarray:
         """(H, F): each feature's value as rescore prints it, or with ``exact`` False, its bound
         where a member is unscored (0 for each unscored log p; NaN where no bound holds)."""
-        out = np.empty((len(entries), len(names)))
-        for f, model_indices in enumerate(members):
-            stacked = np.stack([scores[i] if scores[i] is not None else np.full(len(entries), np.nan)
+        size = len(self.entries)
+        out = np.empty((size, len(self.names)))
+        for f, model_indices in enumerate(self.members):
+            stacked = np.stack([self.scores[i] if self.scores[i] is not None else np.full(size, np.nan)
                                 for i in model_indices])  # (members, H)
             unscored = np.isnan(stacked)
             mean = np.mean(np.where(unscored, 0.0, stacked), axis=0) if len(model_indices) > 1 else \
                 np.where(unscored[0], 0.0, stacked[0])
-            last_mean, values = rounded.get(f, (None, np.zeros(len(entries))))
-            changed = np.ones(len(entries), bool) if last_mean is None else last_mean != mean  # only scores move it
+            last_mean, values = self.rounded.get(f, (None, np.zeros(size)))
+            changed = np.ones(size, bool) if last_mean is None else last_mean != mean  # only scores move it
             values[changed] = [moses_rounded(float(v)) for v in mean[changed]]
-            rounded[f] = (mean, values)
+            self.rounded[f] = (mean, values)
             out[:, f] = values
-            if not exact and w[moses_values.shape[1] + f] < 0:
+            if not exact and self.feature_weights[f] < 0:
                 out[unscored.any(0), f] = np.nan  # a negative weight: no upper bound
         return out
 
-    def sums(values: np.ndarray) -> np.ndarray:
-        return np.asarray(weighted_sum(np.concatenate([moses_values, values], 1), w), np.float64)
-
-    everything = np.arange(len(entries))
-    if stats is not None:
-        stats.full += len(entries) * len(models)
-    order = scoring_order(members, w[moses_values.shape[1]:])
-    first = full_prefix(order, members, w[moses_values.shape[1]:]) if bound else len(order)
-    for model in order[:first]:  # every hypothesis: the models of features that bound nothing (all, unbounded)
-        score(model, everything)
-    alive = np.ones(len(entries), bool)  # may still be its sentence's best
-    staged = order[first:]
-    floors = np.full(len(groups), -np.inf)  # (S,) the best exact sum among each sentence's complete hypotheses
-    complete = np.zeros(len(entries), bool)  # scored by every model
-    for stage, model in enumerate(staged):
-        # the most promising hypothesis still open in each sentence, scored by every model left: a higher floor
-        bounds = bounded_sums(sums, feature_rows)
-        open_bounds = np.where(alive & ~complete, bounds, -np.inf)
-        picks = np.array([starts[s] + first_max(open_bounds[starts[s]:starts[s + 1]]) for s in range(len(groups))])
-        picks = picks[alive[picks] & ~complete[picks]]
-        for later in staged[stage:]:
-            score(later, picks[np.isnan(scores[later][picks])] if scores[later] is not None else picks,
-                  PICK_BATCH_TOKENS)
-        complete[picks] = True
-        exact = sums(feature_rows(True))
-        bounds = bounded_sums(sums, feature_rows)
-        for s in range(len(groups)):
-            rows = slice(starts[s], starts[s + 1])
-            if complete[rows].any():
-                floors[s] = max(floors[s], float(np.max(exact[rows][complete[rows]])))
-            floor = floors[s]
-            if not np.isfinite(floor):
-                continue
-            below = bounds[rows] < floor - BOUND_MARGIN * (1.0 + abs(floor))  # NaN bounds stay in
-            alive[rows] &= ~below
-        # the model scores what may still win and has not been scored by it (the picks have)
-        score(model, np.flatnonzero(alive & np.isnan(scores[model])))  # type: ignore[arg-type]
-    values = feature_rows(True)
-    out_rows = ~alive
-    if out_rows.any():  # what was never computed: the bound, below the floor, so never chosen
-        values[out_rows] = feature_rows(False)[out_rows]
-    chosen: Dict[int, str] = {}
-    rows_all = np.concatenate([moses_values, values], 1)
-    for s, (sentence_id, group) in enumerate(groups):
-        chosen[sentence_id] = best_hypothesis(group, rows_all[starts[s]:starts[s + 1]], weights, w, nbest)
-    return [chosen.get(i, "") for i in range(groups[-1][0] + 1)]
+    def sums(self, values: np.ndarray) -> np.ndarray:
+        """(H,) the weighted sums of the decoder's features and ``values`` (H, F)."""
+        return np.asarray(weighted_sum(np.concatenate([self.moses_values, values], 1), self.w), np.float64)
 
 
 def scoring_order(members: Sequence[Sequence[int]], feature_weights: np.ndarray) -> List[int]:
