@@ -1,5 +1,6 @@
 # Two commands set everything up on a fresh machine:
-#   make example   install into .venv, then train a small model on the bundled table, annotate it, sample
+#   make example   install into .venv, then on bundled data: train a small sentence model and rescore Moses
+#                  n-best lists with it, train a small phrase model and annotate a phrase table (examples/run.sh)
 #   make test      install into .venv (with the test tools), then lint (ruff, and mypy on the typed packages) and
 #                  run the test suite (and the torchrun tests)
 # Others: make test-slow | test-moses (needs MOSES_HOME) | test-fuzz | bench
