@@ -458,8 +458,8 @@ class TranslateOptions:
     # (False: one after the other); the output is the same bytes either way
     pipeline: bool = True
     # translate --moses --reranker: a model scores a hypothesis only while its weighted sum, with
-    # the unscored log p's taken as 0, can still reach its sentence's best (generation/
-    # bounded_reranking.py); False: every hypothesis with every model. The same choices. None: the
+    # the unscored log p's taken as 0, can still reach its sentence's best
+    # (rescoring/bounded.py); False: every hypothesis with every model. The same choices. None: the
     # device's own (default_bound): on a CPU, where a model's time is its arithmetic, bound; on a
     # GPU, where it is the host's launches, the staged scoring's extra batches cost more than the
     # hypotheses it skips (English-French test 2016 on an H100: 25.7 s against 22.5 s; docs/benchmarks.md)

@@ -161,7 +161,7 @@ def rescore_stopped_after(monkeypatch, windows: int):
     """``rescore``'s writer stops with Ctrl-C (KeyboardInterrupt) when it would write window
     ``windows`` + 1, as a run interrupted there; yields the first line of each window it wrote.
     The writer is itself again after the block."""
-    from phrase_scorer.scoring.rescore import FeatureWriter
+    from phrase_scorer.rescoring.features import FeatureWriter
 
     write, written = FeatureWriter.write_window, []
 

@@ -15,11 +15,11 @@ import pytest
 
 from conftest import DATA
 from phrase_scorer.config import RescoreOptions, ScoringOptions, TranslateOptions, default_bound
-from phrase_scorer.generation.bounded_reranking import BoundedStats, best_hypotheses
+from phrase_scorer.rescoring.bounded import BoundedStats, best_hypotheses
 from phrase_scorer.io.nbest import dense_layout, read_nbest
 from phrase_scorer.model_dir import load_model
-from phrase_scorer.moses.weights import Weights, apply_weights
-from phrase_scorer.scoring.rescore import FeatureModel, feature_names, rescore
+from phrase_scorer.rescoring.weights import Weights, apply_weights
+from phrase_scorer.rescoring.features import FeatureModel, feature_names, rescore
 
 NBEST = DATA / "val.nbest.head.gz"
 SOURCE = DATA / "val.tok.en.head"

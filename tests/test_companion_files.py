@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import os
 import stat
 from pathlib import Path
@@ -289,3 +290,99 @@ def test_a_failed_run_leaves_no_temporary_file(tmp_path, tiny_model):
     bad.write_bytes(b"a ||| b\n\xff\xfe ||| c\n")
     error_line(run("score", "-m", tiny_model, bad, "-o", tmp_path / "out.txt"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt"]
+
+
+# --- what a hostile reading of the rules above found --------------------------------------------------
+
+
+def test_resume_never_replaces_a_users_file_where_the_patched_ini_goes(tmp_path, tiny_model, table):
+    """The patched moses.ini is written after the table: an interrupted run never wrote one, so
+    one found by --resume is not the run's own and is replaced only with --overwrite."""
+    ini = tmp_path / "moses.ini"
+    ini.write_text("[feature]\nPhraseDictionaryMemory name=TranslationModel0 num-features=4 path=pt.txt "
+                   "input-factor=0 output-factor=0\n\n[weight]\nTranslationModel0= 0.2 0.2 0.2 0.2\n")
+    out = tmp_path / "out.gz"
+    mine = Path(f"{out}.moses.ini")
+    mine.write_bytes(PRECIOUS)
+    line = error_line(run("annotate", table, "-m", tiny_model, "-o", out, "--ini", ini, "--resume"))
+    assert "already exists" in line and mine.read_bytes() == PRECIOUS
+
+
+@pytest.mark.parametrize("content", [b"phrase-scorer output lock\nmy notes: keep them\n", b"4242\n",
+                                     b"phrase-scorer output lock\npid 12x\n"])
+def test_a_file_that_only_looks_like_a_lock_is_refused_and_kept(tmp_path, tiny_model, table, content):
+    out = tmp_path / "scores"
+    mine = Path(f"{out}.lock")
+    mine.write_bytes(content)
+    line = error_line(run("score", "-m", tiny_model, table, "-o", out))
+    assert "not a lock of this tool" in line and mine.read_bytes() == content
+
+
+def test_files_at_a_shards_names_that_no_annotate_run_wrote_are_neither_replaced_nor_removed(tmp_path):
+    from phrase_scorer.scoring.annotate import own_shard, remove_shards
+
+    first, second = str(tmp_path / "out.gz.shard-00001-of-00002"), str(tmp_path / "out.gz.shard-00002-of-00002")
+    Path(first).write_bytes(PRECIOUS)
+    Path(second + ".json").write_bytes(PRECIOUS)
+    assert not own_shard(first) and not own_shard(second)
+    remove_shards([first, second])
+    assert Path(first).read_bytes() == PRECIOUS and Path(second + ".json").read_bytes() == PRECIOUS
+
+
+def test_a_shard_an_annotate_run_wrote_is_its_own(tmp_path, loaded_tiny, table):
+    from phrase_scorer.config import AnnotateOptions
+    from phrase_scorer.scoring.annotate import annotate, own_shard, remove_shards
+
+    shard = str(tmp_path / "out.gz.shard-00001-of-00001")
+    annotate(table, shard, loaded_tiny, AnnotateOptions(window_lines=300), workers=0)
+    signature = Path(shard + ".json")
+    data = json.loads(signature.read_text())
+    data["shard"] = {"rank": 0, "ranks": 1, "lines": [0, 900]}
+    signature.write_text(json.dumps(data))
+    assert own_shard(shard)
+    remove_shards([shard])
+    assert not Path(shard).exists() and not signature.exists()
+
+
+def test_train_never_replaces_a_users_files_that_carry_a_models_names(tmp_path):
+    model = tmp_path / "m"
+    (model / "cache").mkdir(parents=True)
+    (model / "vocab.source.json").write_bytes(PRECIOUS)
+    (model / "cache" / "notes.txt").write_bytes(PRECIOUS)
+    line = error_line(run("train", EXAMPLE_TABLE, "-o", model, "--preset", "tiny", "--max-steps", 2))
+    assert "holds no phrase-scorer model" in line and "vocab.source.json" in line
+    assert (model / "vocab.source.json").read_bytes() == PRECIOUS
+    assert (model / "cache" / "notes.txt").read_bytes() == PRECIOUS
+
+
+def test_resume_refuses_a_partial_output_with_another_name(tmp_path, tiny_model, table, monkeypatch):
+    """Continuing OUT.part cuts it to its recorded size: never while another name shares its bytes."""
+    out = tmp_path / "out.txt"
+    with interrupted_after(monkeypatch, 1):
+        assert run("annotate", table, "-m", tiny_model, "-o", out, "--window-lines", 300).exit_code == 130
+    part = Path(f"{out}.part")
+    with part.open("ab") as f:
+        f.write(b"a torn chunk")
+    backup = tmp_path / "backup"
+    os.link(part, backup)
+    saved = backup.read_bytes()
+    line = error_line(run("annotate", table, "-m", tiny_model, "-o", out, "--window-lines", 300, "--resume"))
+    assert "has other names" in line
+    assert backup.read_bytes() == saved
+
+
+def test_overwrite_through_a_link_takes_no_mode_from_the_links_target(tmp_path, tiny_model, table):
+    target = tmp_path / "private"
+    target.write_bytes(PRECIOUS)
+    target.chmod(0o600)
+    out = tmp_path / "out.txt"
+    out.symlink_to(target)
+    assert run("score", "-m", tiny_model, table, "-o", out, "--overwrite").exit_code == 0
+    assert target.read_bytes() == PRECIOUS and stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert not out.is_symlink() and stat.S_IMODE(out.stat().st_mode) == 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,7 +1,7 @@
 """The package's import rules (docs/layout.md): which package may import which, at module level or
-inside a function; phrase_scorer.moses and phrase_scorer.io (the Moses drivers and the file formats)
-never reach torch, so the Moses-side commands start at once and run where torch cannot be imported;
-the top of phrase_scorer/ holds only what every package shares."""
+inside a function; phrase_scorer.moses, phrase_scorer.io (the Moses drivers and the file formats)
+and the reranker's tuning and use never reach torch, so the Moses-side commands start at once and
+run where torch cannot be imported; the top of phrase_scorer/ holds only what every package shares."""
 import ast
 import re
 import subprocess
@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "phrase_scorer"
-TORCH_FREE = ("moses", "io")
+# The Moses drivers, the file formats, and tuning and applying a reranker: never torch.
+TORCH_FREE = ("moses", "io", "rescoring.weights", "rescoring.mert_files", "rescoring.optimisers",
+              "rescoring.reranker", "rescoring.tuning")
 
 #: What each part of the package may import (besides itself and the version in phrase_scorer/__init__.py).
 #: "shared" is the top level's config, records, vocab and subwords; model_dir stands apart because it builds models.
@@ -22,9 +24,10 @@ LOWER["data"] = LOWER["runtime"] | {"runtime"}
 LOWER["moses"] = LOWER["runtime"] | {"runtime"}
 LOWER["scoring"] = LOWER["data"] | LOWER["model_dir"] | {"data", "model_dir"}
 LOWER["generation"] = LOWER["scoring"] | LOWER["moses"] | {"scoring", "moses"}
+LOWER["rescoring"] = LOWER["scoring"] | LOWER["moses"] | {"scoring", "moses"}
 LOWER["training"] = LOWER["generation"] | {"generation"}
 LOWER["analysis"] = LOWER["generation"] | {"generation"}
-LOWER["experiments"] = LOWER["training"] | {"training"}
+LOWER["experiments"] = LOWER["training"] | LOWER["rescoring"] | {"training", "rescoring"}
 LOWER["cli"] = LOWER["experiments"] | LOWER["analysis"] | {"experiments", "analysis", "training"}
 LOWER["__main__"] = {"cli"}
 TOP_LEVEL = {"__init__", "__main__", "errors", "config", "records", "vocab", "subwords", "model_dir"}
@@ -144,7 +147,7 @@ def test_inference_reaches_no_training_data_code():
     sources = {module_name(p): set(imported_modules(p, package_of(p))) for p in PACKAGE.rglob("*.py")}
     training_data = {f"phrase_scorer.data.{m}" for m in ("cache", "batches", "phrase_pairs", "sentence_pairs")}
     for name in ("phrase_scorer.scoring.batch_scorer", "phrase_scorer.scoring.annotate_work",
-                 "phrase_scorer.scoring.rescore"):
+                 "phrase_scorer.rescoring.features"):
         assert "phrase_scorer.data.padding" in reachable(name, sources) or name != "phrase_scorer.scoring.batch_scorer"
         assert not reachable(name, sources) & training_data, f"{name} reaches the training data's code"
 
@@ -176,10 +179,10 @@ def test_no_module_imports_itself_through_others_not_even_inside_a_function():
 #: one recorded command name a signature file holds (changing it would change the records on disk).
 FOREIGN_FLAGS = {
     "moses/tune.py": {"--working-dir", "--mertdir", "--decoder-flags", "--nbest", "--return-best-dev", "-r"},
-    "moses/optimisers.py": {"--threads", "-o", "-n", "-r"},  # mert, kbmira, extractor
+    "rescoring/optimisers.py": {"--threads", "-o", "-n", "-r"},  # mert, kbmira, extractor
     "config.py": {"-v"},  # the decoder's default flags
     "runtime/distributed.py": {"-m"},  # python -m phrase_scorer
-    "generation/reranked_translation.py": {"--moses", "--reranker"},  # the signature's "command"
+    "rescoring/translation.py": {"--moses", "--reranker"},  # the signature's "command"
 }
 FLAG = re.compile(r"(?<![\w-])-{1,2}[A-Za-z][\w-]*")
 

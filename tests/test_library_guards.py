@@ -74,8 +74,8 @@ def files(tmp_path):
 
 def reranker_file(tmp_path: Path) -> Path:
     from phrase_scorer.io.nbest import dense_layout, read_nbest
-    from phrase_scorer.moses.reranker import Reranker
-    from phrase_scorer.moses.weights import Weights
+    from phrase_scorer.rescoring.reranker import Reranker
+    from phrase_scorer.rescoring.weights import Weights
 
     layout = dense_layout(next(iter(read_nbest(NBEST))))
     weights = Weights(layout, [0.1] * sum(count for _, count in layout))
@@ -94,14 +94,14 @@ def score_table(tmp_path: Path) -> Path:
 
 
 def call_apply_reranker(tmp_path, f, output, **overwrite):
-    from phrase_scorer.moses.reranker import apply_reranker
+    from phrase_scorer.rescoring.reranker import apply_reranker
 
     reranker = reranker_file(tmp_path)
     apply_reranker(reranker, f["nbest"], output, **overwrite)
 
 
 def call_rerank(tmp_path, f, output, **overwrite):
-    from phrase_scorer.moses.rerank import rerank
+    from phrase_scorer.rescoring.tuning import rerank
 
     rerank(f["nbest"], f["reference"], f["nbest"], output, moses=no_moses(tmp_path), **overwrite)
 

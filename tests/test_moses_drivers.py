@@ -17,7 +17,8 @@ from phrase_scorer.moses.evaluate import references_kind, score
 from phrase_scorer.experiments.report import mean_sd
 from phrase_scorer.experiments.table1 import drop_last_columns
 from phrase_scorer.moses.installation import MosesInstallation, parse_mert_progress
-from phrase_scorer.moses.tune import fresh_directory, with_absolute_paths
+from phrase_scorer.moses.tune import with_absolute_paths
+from phrase_scorer.runtime.programs import fresh_directory
 
 
 def test_finding_moses(tmp_path, monkeypatch):

@@ -246,7 +246,7 @@ def fuzz_reranker(tmp_path, data: bytes) -> None:
     line (or refuses the list in one line naming it), or is refused in one line naming the file."""
     import math
 
-    from phrase_scorer.moses.reranker import apply_reranker, Reranker
+    from phrase_scorer.rescoring.reranker import apply_reranker, Reranker
 
     path = tmp_path / "reranker.json"
     path.write_bytes(data)

@@ -23,9 +23,9 @@ from phrase_scorer.config import RerankOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.io.nbest import dense_layout
-from phrase_scorer.moses.mert_files import BLEU_ORDER, copy_checked, moses_bleu, read_mert_data
-from phrase_scorer.moses.optimisers import weights_from_ini, weights_from_totals
-from phrase_scorer.moses.weights import apply_weights
+from phrase_scorer.rescoring.mert_files import BLEU_ORDER, copy_checked, moses_bleu, read_mert_data
+from phrase_scorer.rescoring.optimisers import weights_from_ini, weights_from_totals
+from phrase_scorer.rescoring.weights import apply_weights
 
 NBEST = DATA / "val.nbest.head.gz"
 TUNED_INI = DATA / "moses.tuned.ini"  # the weights the lists were decoded with
@@ -146,7 +146,7 @@ def moses():
 @pytest.mark.moses
 def test_the_extractor_reads_the_rescored_list(moses, tmp_path, loaded_tiny):
     from phrase_scorer.runtime.programs import run_logged
-    from phrase_scorer.scoring.rescore import FeatureModel, rescore
+    from phrase_scorer.rescoring.features import FeatureModel, rescore
 
     rescored = tmp_path / "val.rescored.gz"
     rescore(NBEST, DATA / "val.tok.en.head", rescored,
@@ -269,7 +269,7 @@ def test_a_feature_weighted_0_can_be_left_out_of_the_list_and_the_weights(tmp_pa
 
 
 def write_reranker(path, weights, models=None, ignore=()) -> Path:
-    from phrase_scorer.moses.reranker import Reranker
+    from phrase_scorer.rescoring.reranker import Reranker
 
     Path(path).write_text(json.dumps(Reranker(weights, tuple(ignore), models or {}).to_json()), encoding="utf-8")
     return Path(path)
@@ -289,7 +289,7 @@ def test_a_reranker_applies_to_the_whole_shared_list(tmp_path):
 
 
 def test_a_reranker_refuses_lists_rescored_otherwise(tmp_path, tiny_model, sentence_models):
-    from phrase_scorer.moses.reranker import rescored_models
+    from phrase_scorer.rescoring.reranker import rescored_models
 
     rescored = tmp_path / "rescored.gz"
     assert run("rescore", NBEST, "--source", DATA / "val.tok.en.head", "-m", tiny_model, "-o", rescored).exit_code == 0
@@ -345,9 +345,9 @@ def test_a_model_feature_that_buys_no_dev_bleu_is_weighted_0_and_one_that_does_i
     """drop_unhelpful on the dev list's extractor data: in every sentence RNN0 turns the
     language model's choice (a hypothesis with no 3-gram right) into the right one, while
     RNNReverse0's small weight changes no choice. Only the model features are candidates."""
-    from phrase_scorer.moses.mert_files import MertData, reranked_bleu
-    from phrase_scorer.moses.optimisers import drop_unhelpful
-    from phrase_scorer.moses.weights import Weights
+    from phrase_scorer.rescoring.mert_files import MertData, reranked_bleu
+    from phrase_scorer.rescoring.optimisers import drop_unhelpful
+    from phrase_scorer.rescoring.weights import Weights
 
     good = np.array([5, 5, 4, 4, 3, 3, 2, 2, 5], float)  # n-gram matches and totals, reference length
     bad = np.array([3, 5, 1, 4, 0, 3, 0, 2, 5], float)

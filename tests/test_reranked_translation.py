@@ -34,8 +34,8 @@ def system(request, moses, tmp_path_factory, tiny_model):
     reads words, or (``bpe``) subword pieces."""
     from phrase_scorer.moses.ini_patch import patch_moses_ini
     from phrase_scorer.io.nbest import dense_layout
-    from phrase_scorer.moses.optimisers import weights_from_ini
-    from phrase_scorer.moses.reranker import Reranker, rescored_models
+    from phrase_scorer.rescoring.optimisers import weights_from_ini
+    from phrase_scorer.rescoring.reranker import Reranker, rescored_models
 
     work = tmp_path_factory.mktemp("reranked")
     source = first_lines(TEST_EN, 7, work / "test.en")
@@ -137,7 +137,7 @@ def test_a_model_changed_since_tuning_is_refused(system, tmp_path):
 
 @pytest.mark.parametrize("pipeline", ["--pipeline", "--no-pipeline"])
 def test_an_interrupted_run_resumes_to_the_same_bytes(system, tmp_path, monkeypatch, pipeline):
-    import phrase_scorer.generation.reranked_translation as module
+    import phrase_scorer.rescoring.translation as module
 
     if pipeline == "--no-pipeline":
         words_only(system)
@@ -165,7 +165,7 @@ def test_an_interrupted_run_resumes_to_the_same_bytes(system, tmp_path, monkeypa
 
 
 def test_int8_is_recorded_and_a_resumed_run_refuses_another_precision(system, tmp_path, monkeypatch):
-    import phrase_scorer.generation.reranked_translation as module
+    import phrase_scorer.rescoring.translation as module
 
     words_only(system)
     args = ["translate", "--moses", system["ini"], "--reranker", system["reranker"], system["source"],
@@ -190,7 +190,7 @@ def test_moses_decodes_the_next_chunk_while_this_one_is_rescored(system, tmp_pat
     """Pipelined, chunk k + 1 is decoded while chunk k is rescored and reranked, never further
     ahead (two chunks' folders at most); one after the other, only chunk k's folder exists. Both
     write the lines of the steps run by hand, the same bytes."""
-    import phrase_scorer.generation.reranked_translation as module
+    import phrase_scorer.rescoring.translation as module
 
     lines = system["source"].read_text(encoding="utf-8").splitlines()
     source = tmp_path / "input.en"
@@ -237,7 +237,7 @@ def test_moses_dying_during_the_run_stops_it_with_its_error(system, tmp_path, mo
     an error naming Moses' log, at the first chunk whose lists Moses had not written yet; the
     chunks before it are kept whole for --resume, nothing after; resumed, it writes the lines of
     the steps run by hand."""
-    import phrase_scorer.generation.reranked_translation as module
+    import phrase_scorer.rescoring.translation as module
 
     words_only(system)
     real = module.decode_chunk

@@ -21,8 +21,8 @@ from phrase_scorer.cli import cli
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.io.nbest import dense_layout
-from phrase_scorer.moses.optimisers import weights_from_ini
-from phrase_scorer.moses.reranker import Reranker, rescored_models
+from phrase_scorer.rescoring.optimisers import weights_from_ini
+from phrase_scorer.rescoring.reranker import Reranker, rescored_models
 
 NBEST = DATA / "val.nbest.head.gz"  # 3 sentences, 100 hypotheses each, best first
 TUNED_INI = DATA / "moses.tuned.ini"
@@ -135,7 +135,7 @@ def test_a_reranker_that_records_no_decoder_options_is_named_before_translating(
     (tuned on lists it was given) is named, with its n-best size and the flag that records them;
     one that records Moses' defaults (an empty string) or other options is not."""
     from phrase_scorer.errors import render
-    from phrase_scorer.generation.reranked_translation import unrecorded_decoder_options
+    from phrase_scorer.rescoring.translation import unrecorded_decoder_options
 
     path = write_json(tmp_path / "r.json", Reranker(decoder_weights(), (), {}, nbest_size=100,
                                                      decoder_flags=flags).to_json())
@@ -221,7 +221,7 @@ def test_dev_bleu_ranks_undefined_and_infinite_sums_as_reranking_does():
     """The BLEU a tuning run reports for weights is that of the hypotheses apply_weights picks:
     sentence 0's first sum is inf - inf (ranked last) and its third has -inf weighted 0 (not
     counted): the third wins; sentence 1's sums are all -inf: the first wins."""
-    from phrase_scorer.moses.mert_files import MertData, reranked_bleu
+    from phrase_scorer.rescoring.mert_files import MertData, reranked_bleu
 
     features = [np.array([[math.inf, math.inf, 0.0], [1.0, 0.0, 0.0], [2.0, 0.0, -math.inf]]),
                 np.array([[-math.inf, 0.0, 0.0], [-math.inf, -5.0, 0.0]])]

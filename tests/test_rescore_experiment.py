@@ -18,7 +18,7 @@ from conftest import SHARED, SHARED_SYSTEM
 from phrase_scorer.config import RescoreExperimentOptions
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.moses.evaluate import score
-from phrase_scorer.moses.reranker import Reranker, apply_reranker
+from phrase_scorer.rescoring.reranker import Reranker, apply_reranker
 from phrase_scorer.experiments.rescoring import (
     MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, decoded_nbest, default_rows, first_hypotheses, oracle_figures,
     run_rescore_experiment,
@@ -184,7 +184,7 @@ def split_list(tmp_path: Path, cut: int):
 
 @pytest.mark.moses
 def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_tiny, caplog):
-    from phrase_scorer.scoring.rescore import FeatureModel
+    from phrase_scorer.rescoring.features import FeatureModel
 
     sets = split_list(tmp_path, 50)
     models = [FeatureModel("RNN", loaded_tiny), FeatureModel("RNNReverse", loaded_tiny, reverse=True)]
@@ -248,7 +248,7 @@ def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_ti
 
 @pytest.mark.moses
 def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tiny):
-    from phrase_scorer.scoring.rescore import FeatureModel
+    from phrase_scorer.rescoring.features import FeatureModel
 
     sets = []
     with gzip.open(VAL_EN, "rt", encoding="utf-8") as f:

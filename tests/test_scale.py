@@ -3,6 +3,7 @@ resuming whatever an earlier attempt left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -255,6 +256,30 @@ def torchrun_annotate(model, out, *extra, ranks: int = 2):
             "--window-lines", "1000", "--threads", "1", "--workers", "1", *extra]
 
 
+def descendants(pid: int) -> list:
+    """The processes below ``pid`` (children, their children, ...), from /proc."""
+    children: dict = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has let go of its files: not alive)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed beside this Python")
 def test_torchrun_shards_join_to_the_one_process_bytes_and_resume(tmp_path, tiny_model):
     reference = tmp_path / "ref.gz"
@@ -279,14 +304,13 @@ def test_torchrun_shards_join_to_the_one_process_bytes_and_resume(tmp_path, tiny
     deadline = time.monotonic() + 300
     while proc.poll() is None and not any(r.exists() for r in records) and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
+    family = descendants(proc.pid)  # torchrun starts each rank in a session of its own: kill them all by pid
+    for pid in [proc.pid, *family]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     proc.wait()
     gone_by = time.monotonic() + 120  # every rank and worker of the killed job has exited (and let go of the lock)
-    while time.monotonic() < gone_by:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
+    while any(alive(pid) for pid in family) and time.monotonic() < gone_by:
         time.sleep(0.05)
     resumed = subprocess.run(torchrun_annotate(tiny_model, out, "--resume"), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

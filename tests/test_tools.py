@@ -200,3 +200,34 @@ def test_bench_gpu_rescores_and_trains_on_the_device_it_is_given(tmp_path, tiny_
     assert len(between) == len(versus_cpu) == 3
     assert all(0 <= d < 1e-3 for d in between + versus_cpu)  # one model, batched differently: fp32 sums only
     assert re.search(r"\*\*\d+ s per 500 updates\*\* with a validation", result.stdout)
+
+
+def test_bench_stages_reports_start_up_and_a_stage_table_per_command(tmp_path):
+    """The batch scorer's stage benchmark on a tiny model: a start-up row and a stage row for
+    annotate and for rescore, with the stage table's columns, and operators counted."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_stages
+
+    data = ROOT / "tests" / "data"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_stages.py"), "--device", "cpu", "--presets", "tiny",
+         "--lines", "2000", "--hypotheses", "2000", "--batch-tokens", "1024", "--table", str(EXAMPLE_TABLE),
+         "--nbest", str(data / "val.nbest.head.gz"), "--source", str(data / "val.tok.en.head"),
+         "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tables = [block for block in result.stdout.split("\n\n") if block.startswith("| command | preset |")]
+    stage = next(t for t in tables if "| host µs/pair |" in t).splitlines()
+    assert stage[0] == "| " + " | ".join(bench_stages.STAGE_COLUMNS) + " |"
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in stage[2:]]
+    assert [r[:2] for r in rows] == [["annotate", "tiny"], ["rescore", "tiny"]]
+    for row in rows:
+        assert len(row) == len(bench_stages.STAGE_COLUMNS)
+        values = dict(zip(bench_stages.STAGE_COLUMNS, row))
+        assert float(values["batch ms"]) > 0 and float(values["host µs/pair"].strip("*")) > 0
+        assert int(values["ops/1k pairs"].strip("*").replace(",", "")) > 0
+        assert values["device share"].endswith("%")
+    start = next(t for t in tables if "| steady pairs/s |" in t).splitlines()
+    assert start[0] == "| " + " | ".join(bench_stages.START_COLUMNS) + " |"
+    pairs = [int(line.split("|")[3].strip().replace(",", "")) for line in start[2:]]
+    assert pairs[0] == 2000 and 2000 <= pairs[1] < 2300  # the list repeated up to a whole sentence past 2,000

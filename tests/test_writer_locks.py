@@ -148,8 +148,8 @@ def fake_system(tmp_path):
     """A reranker over the decoder's features, and a Moses folder whose decoder is never run."""
     from phrase_scorer.io.nbest import read_nbest
     from phrase_scorer.io.nbest import dense_layout
-    from phrase_scorer.moses.reranker import Reranker
-    from phrase_scorer.moses.weights import Weights
+    from phrase_scorer.rescoring.reranker import Reranker
+    from phrase_scorer.rescoring.weights import Weights
 
     layout = dense_layout(next(iter(read_nbest(NBEST))))
     weights = Weights(layout, [0.1] * sum(count for _, count in layout))

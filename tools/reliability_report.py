@@ -116,7 +116,7 @@ What each kind of test checks:
       the first run's output ends as it would alone (`tests/test_writer_locks.py`).
   11. A file `NAME.json` kept where a signature goes (a tuned reranker, say) is replaced by
       `annotate`, `rescore`, `translate --moses` only with `--overwrite`.
-  12. The reranker file is read through one schema (`moses/reranker.py`, `RerankerFile`):
+  12. The reranker file is read through one schema (`rescoring/reranker.py`, `RerankerFile`):
       a weight that is NaN, infinite, `1e400`, a string or `null`, per-feature counts that add up
       but do not match the layout, `"models": null`, an empty layout: one line naming the file
       and the key. A NaN feature in an n-best list is refused naming the list and line; sums
@@ -183,6 +183,15 @@ What each kind of test checks:
   26. `rerank`, `tune`, `evaluate`, `moses-ini`, the plots and the experiments' reports check their
       output in the library function, not only on the command line: a library caller gets the
       same refusals; their files beside the output are made as in 20.
+  27. What a hostile reading of 19-26 found, each now refused with the file kept: a file at
+      `OUT.lock` that only begins like a lock (or holds a bare process number) is not taken for a
+      stale lock; `annotate --resume --ini` no longer replaces a user's file where the patched
+      moses.ini goes (the ini is written after the table, so an interrupted run never made it);
+      files at a torchrun shard's names that no annotate run signed are neither replaced nor
+      removed; `train -o DIR` takes vocabularies and a pair cache for a killed setup's leftovers
+      by their content, not their names; `--resume` refuses an `OUT.part` with other names (hard
+      links), which cutting it would cut too; `--overwrite` onto a link takes no permission bits
+      from the link's target, and set-id bits are never carried over.
 """
 
 

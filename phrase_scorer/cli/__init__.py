@@ -1,6 +1,7 @@
 """The ``phrase-scorer`` command line: parses options, calls one library function per verb.
 
-One module per group of verbs (training, scoring, generation, analysis, moses, experiments);
+One module per group of verbs (training, scoring, rescoring, generation, analysis, moses,
+experiments);
 the group, its error handling and the shared options live in ``group`` and ``options``.
 
 Library errors (:class:`PhraseScorerError`) become one line on stderr and exit status 1; an
@@ -23,7 +24,9 @@ import signal
 # of its own). The OpenMP runtime reads this when torch loads, which is after this line.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from phrase_scorer.cli import analysis, experiments, generation, moses, scoring, training  # noqa: E402,F401  (the verbs)
+from phrase_scorer.cli import (  # noqa: E402,F401  (the verbs)
+    analysis, experiments, generation, moses, rescoring, scoring, training,
+)
 from phrase_scorer.cli.group import cli  # noqa: E402
 
 

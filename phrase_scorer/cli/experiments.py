@@ -112,7 +112,7 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     and paired bootstrap tests against Moses' 1-best."""
     set_threads(threads)
     from phrase_scorer.runtime.device import resolve_device
-    from phrase_scorer.scoring.rescore import ensembles_by_name, feature_models
+    from phrase_scorer.rescoring.features import ensembles_by_name, feature_models
     from phrase_scorer.experiments.rescoring import (
         EvalSet, run_rescore_experiment, set_name,
     )

@@ -144,7 +144,7 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
         if output == "-" or input == "-":
             raise UserError("--moses translates a named INPUT into a named -o OUTPUT (resumable, with a signature)")
         from phrase_scorer.moses.installation import MosesInstallation
-        from phrase_scorer.generation.reranked_translation import PHASES, WAITING, translate_reranked
+        from phrase_scorer.rescoring.translation import PHASES, WAITING, translate_reranked
 
         try:
             result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,

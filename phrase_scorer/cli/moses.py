@@ -1,11 +1,11 @@
-"""``moses-ini``, ``tune``, ``rerank`` and ``evaluate``: the user's Moses."""
+"""``moses-ini``, ``tune`` and ``evaluate``: the user's Moses."""
 
 from __future__ import annotations
 
 import click
 
-from phrase_scorer.config import ExperimentOptions, RerankOptions, TuneOptions
-from phrase_scorer.cli.group import UserError, cli
+from phrase_scorer.config import ExperimentOptions, TuneOptions
+from phrase_scorer.cli.group import cli
 from phrase_scorer.cli.options import (
     PathName, make_tune_options, moses_home_option, overwrite_option, parse_weights, tune_options,
 )
@@ -76,80 +76,6 @@ def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **opt
     history = ", ".join(f"{it}: {bleu:.2f}" for it, bleu in result.iterations)
     click.echo(f"tuned config: {output} (dev BLEU by iteration: {history}; "
                f"kept: {'?' if result.dev_bleu is None else f'{result.dev_bleu:.2f}'})", err=True)
-
-
-@cli.command()
-@click.option("--dev", nargs=2, default=None, type=PathName(dir_okay=False, exists=True),
-              help="Dev n-best list (rescored; plain or gzip) and its references (tokenised like the output): "
-                   "tune the weights on it.")
-@click.option("--weights", "reranker", type=PathName(dir_okay=False, exists=True), default=None,
-              help="Or: apply a reranker tuned before (the OUTPUT.json of a 'rerank --dev' run), without Moses.")
-@click.option("--test", "test_nbest", required=True, type=PathName(dir_okay=False, exists=True, allow_dash=True),
-              help="Test n-best list with the same features, to rerank.")
-@click.option("-o", "--output", required=True, type=PathName(dir_okay=False, allow_dash=True),
-              help="Where to write the test set's new 1-best, one line per sentence; when tuning, the reranker "
-                   "(weights and models) goes to OUTPUT.json.")
-@click.option("--ini", "start_ini", type=PathName(dir_okay=False, exists=True), default=None,
-              help="The decoder's moses.ini: its [weight] section gives the starting weights "
-                   "[default: fitted to the dev list's totals].")
-@click.option("--method", type=click.Choice(["mert", "mira"]), default=RerankOptions.method,
-              help="Moses' mert or kbmira (batch MIRA).")
-@click.option("--seed", "seeds", type=int, multiple=True, default=RerankOptions.seeds,
-              help="One optimiser run per seed (repeatable); the run best on dev is kept.")
-@click.option("--restarts", type=click.IntRange(min=0), default=RerankOptions.restarts,
-              help="mert's random starting points per run.")
-@click.option("--iterations", "mira_iterations", type=click.IntRange(min=1), default=RerankOptions.mira_iterations,
-              help="kbmira's epochs per run.")
-@click.option("--threads", type=click.IntRange(min=1), default=RerankOptions.threads, help="mert's threads.")
-@click.option("--working-dir", type=PathName(file_okay=False), default=None,
-              help="For the extractor's files and the optimiser runs, made fresh [default: OUTPUT.work].")
-@click.option("--mertdir", type=PathName(file_okay=False, exists=True), default=None,
-              help="Folder of extractor, mert and kbmira [default: MOSES_HOME/bin].")
-@click.option("--ignore-feature", "ignore_features", multiple=True,
-              help="A dense feature of the lists to leave out, neither tuned nor used (repeatable).")
-@click.option("--decoder-flags", default=None,
-              help="The decoder options the n-best lists were made with, recorded in the reranker.")
-@click.option("--min-feature-gain", type=float, default=RerankOptions.min_feature_gain, show_default=True,
-              help="Dev BLEU points a model feature must buy to keep its tuned weight (measured by setting it "
-                   "to 0): one that buys no more is weighted 0 and translate --moses does not run its model; "
-                   "negative: keep every feature.")
-@overwrite_option
-@moses_home_option
-def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads, working_dir,
-           mertdir, ignore_features, decoder_flags, min_feature_gain, overwrite, moses_home):
-    """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
-    then write the best hypothesis of each sentence of the test n-best list; or, with --weights,
-    apply weights tuned before to a new list."""
-    from phrase_scorer.moses.rerank import rerank as run_rerank
-    from phrase_scorer.moses.reranker import apply_reranker
-
-    if (dev is None) == (reranker is None):
-        raise UserError("give --dev NBEST REFERENCES (to tune) or --weights RERANKER (to apply one), not both")
-    if reranker is not None:
-        tuning_only = {"--ini": start_ini, "--working-dir": working_dir, "--mertdir": mertdir,
-                       "--decoder-flags": decoder_flags, "--ignore-feature": ignore_features or None}
-        given = [name for name, value in tuning_only.items() if value is not None]
-        if given:
-            raise UserError(f"{', '.join(given)} only apply when tuning (--dev); "
-                            "the reranker holds what it was tuned with")
-        sentences = apply_reranker(reranker, test_nbest, output, overwrite=overwrite)
-        click.echo(f"test 1-best: {output} ({sentences} sentences), weights from {reranker}", err=True)
-        return
-    options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
-                            threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features),
-                            min_feature_gain=min_feature_gain)
-    # the reranker goes to OUTPUT.json: one the user keeps there without OUTPUT is replaced only with --overwrite
-    result = run_rerank(dev[0], dev[1], test_nbest, output, moses_home=moses_home, options=options,
-                        start_ini=start_ini, working_dir=working_dir, decoder_flags=decoder_flags, overwrite=overwrite)
-    runs = ", ".join(f"seed {r.seed}: {r.dev_bleu:.2f}" for r in result.runs)
-    click.echo(f"dev BLEU {result.start_dev_bleu:.2f} with the starting weights; after {method}: {runs}; "
-               f"kept seed {result.best_seed}", err=True)
-    for name, bleu in result.dropped.items():
-        click.echo(f"feature {name} weighted 0: it bought at most {min_feature_gain:g} dev BLEU "
-                   f"({bleu:.2f} without it, {result.dev_bleu:.2f} with); translate --moses will not run its model",
-                   err=True)
-    click.echo(f"test 1-best: {output} ({result.sentences} sentences); reranker in {output}.json "
-               f"(rerank --weights {output}.json --test NBEST -o OUT applies it to another list)", err=True)
 
 
 @cli.command()

@@ -1,4 +1,4 @@
-"""``score``, ``annotate`` and ``rescore``: the model's scores appended to Moses' files."""
+"""``score`` and ``annotate``: the model's scores of phrase pairs, appended to Moses' phrase tables."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import click
 
-from phrase_scorer.config import AnnotateOptions, RescoreOptions, ScoringOptions
+from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import cli, interrupted_resumable
 from phrase_scorer.cli.options import (
@@ -78,7 +78,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
             raise PhraseScorerError("--ini needs --ini-output when the table goes to standard output")
         ini_output = ini_output or f"{output}.moses.ini"
         check_output(ini_output, [("the phrase table", table), ("the annotated table", output),
-                                  ("the moses.ini", moses_ini)], overwrite=overwrite or resume,
+                                  ("the moses.ini", moses_ini)], overwrite=overwrite,
                      what="the patched moses.ini", lock=world().is_main)
         if not writes_directly(ini_output) and os.path.abspath(ini_output) == os.path.abspath(output):
             raise PhraseScorerError(f"--ini-output {ini_output} is the annotated table -o {output}",
@@ -107,59 +107,5 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
 
     click.echo(moses_for_new_columns(output, result.num_scores_before, result.num_scores_after,
                                      tuple(result.signature["columns"]), moses_ini=moses_ini, ini_output=ini_output,
-                                     overwrite=overwrite or resume),
+                                     overwrite=overwrite),
                err=True)
-
-
-@cli.command()
-@click.argument("nbest", type=PathName(dir_okay=False, allow_dash=True))
-@click.option("--source", required=True, type=PathName(dir_okay=False, allow_dash=True),
-              help="The sentences the n-best list was decoded from, one per line (plain or gzip).")
-@click.option("-m", "--model", "models", multiple=True, type=PathName(file_okay=False),
-              help="Model scoring log p(hypothesis | source); repeatable, one feature each.")
-@click.option("-r", "--reverse-model", "reverse_models", multiple=True, type=PathName(file_okay=False),
-              help="Model trained target->source, scoring log p(source | hypothesis); repeatable.")
-@click.option("--name", "names", multiple=True,
-              help="Feature name of each -m model, in order [default: RNN0, RNN1, ...].")
-@click.option("--reverse-name", "reverse_names", multiple=True,
-              help="Feature name of each --reverse-model, in order [default: RNNReverse0, ...].")
-@click.option("--ensemble", default=None, metavar="NAME",
-              help="Add the -m models as one feature NAME: the mean of their log p (one weight to tune).")
-@click.option("--reverse-ensemble", default=None, metavar="NAME",
-              help="Add the --reverse-model models as one feature NAME, the mean of their log p.")
-@click.option("-o", "--output", required=True, type=PathName(dir_okay=False, allow_dash=True),
-              help="Rescored n-best list ('.gz' for gzip, '-' for stdout).")
-@click.option("--normalize/--no-normalize", default=RescoreOptions.normalize,
-              help="Write log p divided by the predicted tokens (words + 1) instead of log p.")
-@batch_tokens_option
-@click.option("--window-lines", type=click.IntRange(min=1), default=RescoreOptions.window_lines,
-              help="About this many lines (whole sentences) read, scored and written at a time (also the resume "
-                   "granularity).")
-@device_option
-@precision_option
-@threads_option
-@resume_option
-@overwrite_option
-def rescore(nbest, source, models, reverse_models, names, reverse_names, ensemble, reverse_ensemble, output, normalize,
-            batch_tokens, window_lines, device, precision, threads, resume, overwrite):
-    """Append the models' log-probabilities to every line of a Moses n-best list NBEST.
-
-    Each model adds one dense feature 'Name= value' (natural log, 6 significant digits), or
-    each ensemble one, the mean of its models' log p; every other byte of the list is kept. '-'
-    reads NBEST from stdin.
-    """
-    from phrase_scorer.scoring.rescore import feature_models, rescore as run_rescore
-    from phrase_scorer.runtime.device import resolve_device
-
-    loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device), ensemble=ensemble,
-                            reverse_ensemble=reverse_ensemble)
-    set_threads(threads, [feature.loaded.model for feature in loaded])
-    try:
-        result = run_rescore(nbest, source, output, loaded,
-                             RescoreOptions(normalize=normalize, window_lines=window_lines),
-                             ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
-                             overwrite=overwrite)
-    except KeyboardInterrupt:
-        raise interrupted_resumable(output) from None
-    click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"
-               + ("" if output == "-" else f": {output}, signature {output}.json"), err=True)

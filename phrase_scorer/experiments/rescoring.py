@@ -49,10 +49,10 @@ from phrase_scorer.io.files import PathLike, file_identity, file_sha256, part_pa
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.evaluate import Evaluation, decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
-from phrase_scorer.moses.optimisers import learn_weights
-from phrase_scorer.moses.reranker import Reranker, rescored_models
-from phrase_scorer.moses.weights import Weights, apply_weights
-from phrase_scorer.moses.tune import fresh_directory
+from phrase_scorer.rescoring.optimisers import learn_weights
+from phrase_scorer.rescoring.reranker import Reranker, rescored_models
+from phrase_scorer.rescoring.weights import Weights, apply_weights
+from phrase_scorer.runtime.programs import fresh_directory
 from phrase_scorer.experiments.report import (
     NONE, closing_lines, finish_report, mean_sd, p_values, report_job, table, two_decimals, write_report,
 )
@@ -187,7 +187,7 @@ def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstalla
 def rescored_nbest(nbest: Path, eval_set: EvalSet, work: Path, models: Sequence, options: RescoreExperimentOptions,
                    scoring_options: ScoringOptions) -> Path:
     """The set's list with every model's feature appended (``rescore``, resumed if interrupted)."""
-    from phrase_scorer.scoring.rescore import rescore
+    from phrase_scorer.rescoring.features import rescore
     from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     folder = work / "rescored"
@@ -369,7 +369,7 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
                            scoring_options: ScoringOptions = ScoringOptions(), report: Optional[PathLike] = None,
                            overwrite: bool = False) -> RescoreExperimentReport:
     """Run (or resume) the experiment. ``sets[0]`` is the dev set (the optimiser tunes on it);
-    ``models`` are :class:`phrase_scorer.scoring.rescore.FeatureModel`s; ``systems`` other decoder
+    ``models`` are :class:`phrase_scorer.rescoring.features.FeatureModel`s; ``systems`` other decoder
     systems reported beside Moses. The Markdown report is also written to ``report`` when given,
     which is checked before anything runs (never one of the inputs, an existing one replaced only
     with ``overwrite``); Moses is ``moses``, else found from ``moses_home`` (default: ``MOSES_HOME``)."""

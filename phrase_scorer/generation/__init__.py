@@ -1,1 +1,1 @@
-"""Generation: sampling target phrases, translating sentences, and the reranked Moses system."""
+"""Generation: sampling target phrases and translating sentences with a model."""

@@ -27,6 +27,7 @@ import fcntl
 import gzip
 import io
 import os
+import re
 import sys
 import stat
 from stat import S_ISREG
@@ -275,14 +276,15 @@ def new_temporary(path: PathLike) -> Tuple[int, str]:
 
 
 def keep_mode_of(target: PathLike, fd: int) -> None:
-    """Give the new file ``fd`` the permission bits of the file it will replace at ``target``
-    (a 0600 output stays 0600); a new output keeps the umask's."""
+    """Give the new file ``fd`` the permission bits of the regular file it will replace at
+    ``target`` (a 0600 output stays 0600; set-id bits are not carried over); a new output, or one
+    replacing a link, keeps the umask's."""
     try:
-        info = os.stat(target)
+        info = os.lstat(target)
     except OSError:
         return
-    if S_ISREG(info.st_mode):
-        os.fchmod(fd, stat.S_IMODE(info.st_mode))
+    if S_ISREG(info.st_mode):  # not through a link: replacing a link replaces the link alone
+        os.fchmod(fd, stat.S_IMODE(info.st_mode) & 0o777)
 
 
 class AtomicOutput:
@@ -418,11 +420,13 @@ def write_bytes_atomically(path: PathLike, data: bytes) -> None:
 LOCK_MAGIC = b"phrase-scorer output lock\n"  # the first line of every lock this tool writes
 
 
+_OWN_LOCK = re.compile(re.escape(LOCK_MAGIC) + rb"pid [0-9]{1,10}\n\Z")
+
+
 def _is_own_lock(content: bytes) -> bool:
-    """Whether a lock file's bytes are this tool's: its first line, or the process number alone
-    that versions before it wrote."""
-    return content.startswith(LOCK_MAGIC) or (content.endswith(b"\n") and content[:-1].isdigit()
-                                              and len(content) < 16)
+    """Whether a lock file's bytes are exactly what this tool writes: ``LOCK_MAGIC`` and
+    ``pid N``; a file that only begins so, or anything else, is not the tool's."""
+    return _OWN_LOCK.match(content) is not None
 
 
 class OutputLock:

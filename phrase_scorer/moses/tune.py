@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -26,12 +25,11 @@ from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.ini_patch import patch_moses_ini
 from phrase_scorer.runtime.job import OutputJob
-from phrase_scorer.runtime.programs import run_logged
+from phrase_scorer.runtime.programs import fresh_directory, run_logged
 from phrase_scorer.moses.installation import MosesInstallation, parse_mert_progress, read_lines, write_lines
 
 log = logging.getLogger(__name__)
 
-WORKDIR_MARK = ".phrase-scorer-{verb}"  # in a working directory: which verb made it
 
 
 @dataclass
@@ -53,19 +51,6 @@ def with_absolute_paths(ini: PathLike, output: PathLike) -> None:
     absolute_table = os.path.normpath(parsed.resolve(table_path))
     patch_moses_ini(ini, output, phrase_table=absolute_table, add_features=0, absolute_paths=True,
                     feature_name=table.name, overwrite=True)
-
-
-def fresh_directory(path: Path, verb: str = "tune") -> Path:
-    """Create ``path`` empty; an old one is removed only if a previous run of ``verb`` made it."""
-    if path.exists():
-        if not (path / WORKDIR_MARK.format(verb=verb)).exists():
-            raise PhraseScorerError(f"working directory exists and was not made by phrase-scorer {verb}", path=path,
-                                    hint=f"choose another {setting('working_dir')} or remove it")
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-    (path / WORKDIR_MARK.format(verb=verb)).write_text(f"made by phrase-scorer {verb}; removed by the next run with "
-                                                       "this working dir\n")
-    return path
 
 
 _DEV_BLEU = re.compile(r"^# BLEU ([-\d.eE]+) on dev")

@@ -232,6 +232,9 @@ class OutputJob:
             if (out._key or (0, 0)) != (record.part_device, record.part_inode):
                 raise PhraseScorerError("the partial output is not the file its resume record describes",
                                         path=part, hint=hint)
+            if os.fstat(out.file.fileno()).st_nlink != 1:  # cutting it would cut every other name too
+                raise PhraseScorerError("the partial output has other names (hard links): refusing to cut it",
+                                        path=part, hint=f"remove the other names, or {hint}")
             out.file.seek(0)
             remaining = record.bytes_done
             while remaining:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import stat
 import subprocess
 from collections import deque
 from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional, Sequence
 
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import PathLike, describe_os_error
 
 log = logging.getLogger(__name__)
@@ -98,3 +99,25 @@ def run_logged(
             + (" / ".join(last_lines(log_path)) or "no output"),
             path=log_path, hint=f"its whole log is {log_path}; the command: {' '.join(argv)}",
         )
+
+
+WORKDIR_MARK = ".phrase-scorer-{verb}"  # in a working folder: which verb made it
+
+
+def fresh_directory(path: Path, verb: str = "tune") -> Path:
+    """Create the working folder ``path`` of an external program, empty. An old one is removed
+    only if a previous run of ``verb`` made it (its mark file); a link there, or a folder of
+    anyone else's, is refused."""
+    if path.is_symlink():
+        raise PhraseScorerError("the working folder is a symbolic link", path=path,
+                                hint=f"choose another {setting('working_dir')} or remove the link")
+    if path.exists():
+        mark = path / WORKDIR_MARK.format(verb=verb)
+        if not (mark.is_file() and not mark.is_symlink()):
+            raise PhraseScorerError(f"working directory exists and was not made by phrase-scorer {verb}", path=path,
+                                    hint=f"choose another {setting('working_dir')} or remove it")
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    (path / WORKDIR_MARK.format(verb=verb)).write_text(f"made by phrase-scorer {verb}; removed by the next run with "
+                                                       "this working dir\n")
+    return path

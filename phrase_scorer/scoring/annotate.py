@@ -324,8 +324,8 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
         settings = {**job.settings, "shard": {"rank": current.rank, "ranks": current.size, "lines": [start, stop]}}
         failure = None
         try:
-            if not (resume and job.finished(part, settings)):
-                job.run(part, resume=resume, overwrite=True, lines=(start, stop), settings=settings)
+            if not (resume and job.finished(part, settings)):  # a shard of an earlier run is replaced, nothing else
+                job.run(part, resume=resume, overwrite=own_shard(part), lines=(start, stop), settings=settings)
         except Exception as exc:  # reported to the other ranks, then raised
             failure = exc
         failures = distributed.all_gather_object(None if failure is None else str(failure))
@@ -364,7 +364,21 @@ def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
     remove_shards(parts)
 
 
+def own_shard(path: str) -> bool:
+    """Whether ``path`` is a shard an annotate run wrote: its signature names a shard and still
+    describes its bytes. Anything else at a shard's name is not this tool's to replace or remove."""
+    try:
+        signature = Signature.read(path)
+        return (signature is not None and "shard" in signature.fields and os.path.isfile(path)
+                and not os.path.islink(path) and signature.output == os.path.abspath(path)
+                and signature.describes(path) is not False)
+    except (PhraseScorerError, OSError):
+        return False
+
+
 def remove_shards(parts: List[str]) -> None:
+    """Remove the shards (and their signatures) that annotate wrote; leave anything else."""
     for p in parts:
-        for path in (p + ".json", p):
-            Path(path).unlink(missing_ok=True)
+        if own_shard(p):
+            for path in (p + ".json", p):
+                Path(path).unlink(missing_ok=True)

@@ -27,8 +27,10 @@ background thread; the training loss is summed on the device and read only at va
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Set, Tuple
@@ -67,7 +69,7 @@ from phrase_scorer.training.checkpoints import TrainState, load_checkpoint
 from phrase_scorer.training.optimisation import make_grad_scaler, make_optimizer, set_learning_rate
 from phrase_scorer.records import refuse_changed
 from phrase_scorer.subwords import learn_vocabulary, load_vocabulary, piece_counts
-from phrase_scorer.vocab import Vocabulary
+from phrase_scorer.vocab import FORMAT as VOCAB_FORMAT, Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -103,18 +105,43 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
     if resume:
         log.info("nothing to resume in %s: starting afresh", path)
     if path.exists() and any(path.iterdir()) and not present and not overwrite:
-        ours = {*MODEL_FILES, CACHE, CACHE + ".part", RECENT_WEIGHTS}
-        leftovers = all(p.name in ours or p.name.endswith(".part") for p in path.iterdir())
-        if not leftovers:
+        foreign = [p.name for p in path.iterdir() if not setup_leftover(p)]
+        if foreign:
             raise PhraseScorerError(
-                "output folder is not empty and holds no phrase-scorer model", path=path, hint="choose another folder"
-            )
+                f"output folder is not empty and holds no phrase-scorer model ({', '.join(sorted(foreign)[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''} are not what a setup leaves)", path=path,
+                hint=f"choose another folder, or pass {setting('overwrite', True)} to replace what is there")
     for name in MODEL_FILES:
         (path / name).unlink(missing_ok=True)
     for old in recent_weight_files(path / RECENT_WEIGHTS):
         old.unlink()
     path.mkdir(parents=True, exist_ok=True)
     return False
+
+
+def setup_leftover(entry: Path) -> bool:
+    """Whether ``entry`` of a model folder is what a setup killed before config.json leaves, made
+    by this tool (so that a new run may replace it): a vocabulary in this tool's format, its
+    pair cache (a folder whose description is this tool's), a sentencepiece model beside them, or
+    a temporary file of a write that never finished. By content, not by name alone: a user's file
+    that only carries one of these names is not replaced without ``--overwrite``."""
+    name = entry.name
+    if entry.is_symlink():
+        return False
+    if name in (SOURCE_VOCAB, TARGET_VOCAB):
+        try:
+            return json.loads(entry.read_text(encoding="utf-8")).get("format") == VOCAB_FORMAT
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+            return False
+    if name in (CACHE, CACHE + ".part"):
+        try:
+            return entry.is_dir() and isinstance(json.loads((entry / "meta.json").read_text(encoding="utf-8")), dict) \
+                and all(child.is_file() and not child.is_symlink() for child in entry.iterdir())
+        except (OSError, ValueError, UnicodeDecodeError):
+            return name == CACHE + ".part" and entry.is_dir() and not any(entry.iterdir())
+    if name in (SOURCE_SUBWORDS, TARGET_SUBWORDS):
+        return entry.is_file()
+    return entry.is_file() and re.fullmatch(r".+\.[0-9a-f]{8}\.part", name) is not None
 
 
 def check_resume_settings(saved: TrainConfig, asked: TrainConfig, explicit: Set[str]) -> TrainConfig:

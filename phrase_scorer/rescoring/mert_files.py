@@ -30,7 +30,7 @@ from phrase_scorer.io.nbest import (
     read_nbest,
     without_features,
 )
-from phrase_scorer.moses.weights import best_of, weighted_sum
+from phrase_scorer.rescoring.weights import best_of, weighted_sum
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from phrase_scorer.io.nbest import (
     describe_layout,
 )
 from phrase_scorer.records import Signature
-from phrase_scorer.moses.weights import Weights, write_best_hypotheses
+from phrase_scorer.rescoring.weights import Weights, write_best_hypotheses
 from phrase_scorer.runtime.job import OutputJob
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@
 
 The lists are fixed: nothing is decoded again. Every dense feature of the lists is weighted, the
 decoder's and those ``rescore`` appended. The extractor's files and Moses' BLEU:
-:mod:`~phrase_scorer.moses.mert_files`; the optimisers and the starting weights:
-:mod:`~phrase_scorer.moses.optimisers`; applying weights: :mod:`~phrase_scorer.moses.weights`;
-the reranker and its file: :mod:`~phrase_scorer.moses.reranker`.
+:mod:`~phrase_scorer.rescoring.mert_files`; the optimisers and the starting weights:
+:mod:`~phrase_scorer.rescoring.optimisers`; applying weights: :mod:`~phrase_scorer.rescoring.weights`;
+the reranker and its file: :mod:`~phrase_scorer.rescoring.reranker`.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from phrase_scorer.config import MOSES_NBEST_FACTOR, RerankOptions
 from phrase_scorer.errors import PhraseScorerError, render, setting
 from phrase_scorer.io.files import STDIO, PathLike
 from phrase_scorer.moses.installation import MosesInstallation
-from phrase_scorer.moses.tune import fresh_directory
+from phrase_scorer.runtime.programs import fresh_directory
 from phrase_scorer.records import Signature
-from phrase_scorer.moses.optimisers import OptimiserRun, drop_unhelpful, learn_weights, mert_programs
-from phrase_scorer.moses.reranker import Reranker, rescored_models
-from phrase_scorer.moses.weights import write_best_hypotheses
+from phrase_scorer.rescoring.optimisers import OptimiserRun, drop_unhelpful, learn_weights, mert_programs
+from phrase_scorer.rescoring.reranker import Reranker, rescored_models
+from phrase_scorer.rescoring.weights import write_best_hypotheses
 from phrase_scorer.runtime.job import OutputJob
 
 log = logging.getLogger(__name__)

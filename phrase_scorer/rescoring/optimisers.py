@@ -32,8 +32,8 @@ from phrase_scorer.io.nbest import (
 )
 from phrase_scorer.moses.installation import MosesInstallation, read_lines, require_program, write_lines
 from phrase_scorer.runtime.programs import run_logged
-from phrase_scorer.moses.mert_files import DevList, MertData, copy_checked, read_mert_data, reranked_bleu
-from phrase_scorer.moses.weights import Weights
+from phrase_scorer.rescoring.mert_files import DevList, MertData, copy_checked, read_mert_data, reranked_bleu
+from phrase_scorer.rescoring.weights import Weights
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@
     source, a chunk of sentences at a time
       --the user's Moses, -n-best-list N distinct (N and the decoder flags the reranker records)--> n-best list
       --the reranker's models (checked by the SHA-256 of their weights), each hypothesis scored by a
-        model only while it can still be its sentence's best (generation/bounded_reranking.py;
+        model only while it can still be its sentence's best (rescoring/bounded.py;
         on a CPU by default) or every hypothesis by every model (on a GPU by default), and the
         reranker's weights--> one line per sentence
 
@@ -47,10 +47,10 @@ from phrase_scorer.io.files import PathLike, file_sha256, text_lines
 from phrase_scorer.io.moses_ini import MosesIni, text_loaded_features
 from phrase_scorer.io.outputs import model_files
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
-from phrase_scorer.moses.reranker import Reranker
+from phrase_scorer.rescoring.reranker import Reranker
 from phrase_scorer.moses.streaming import NBestStream
-from phrase_scorer.moses.weights import Weights, apply_weights
-from phrase_scorer.moses.tune import fresh_directory
+from phrase_scorer.rescoring.weights import Weights, apply_weights
+from phrase_scorer.runtime.programs import fresh_directory
 from phrase_scorer.runtime.heap import steady_heap
 from phrase_scorer.runtime.progress import step_bar
 from phrase_scorer.records import Signature, as_recorded
@@ -101,7 +101,7 @@ def reranker_models(reranker: Reranker, device: Any = "cpu") -> Tuple[list, bool
     to be the bytes the reranker was tuned with; and whether the features are per token. A feature
     weighted 0 (:func:`unweighted_models`) is left out: its models are neither loaded nor run."""
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.scoring.rescore import FeatureModel
+    from phrase_scorer.rescoring.features import FeatureModel
 
     models, normalize = [], set()
     unweighted = unweighted_models(reranker)
@@ -214,8 +214,8 @@ def rerank_chunk(chunk: DecodedChunk, *, weights: Weights, ignore: Sequence[str]
     an empty one; the chunk's folder is removed. The seconds of rescoring (with the models, the
     choice included) and reranking (without models: the weights alone) are added to
     ``phase_seconds``. ``bound``: a model scores a hypothesis only while it can still be its
-    sentence's best (:mod:`phrase_scorer.generation.bounded_reranking`)."""
-    from phrase_scorer.generation.bounded_reranking import best_hypotheses
+    sentence's best (:mod:`phrase_scorer.rescoring.bounded`)."""
+    from phrase_scorer.rescoring.bounded import best_hypotheses
 
     best: List[str] = [""] * len(chunk.lines)
     if chunk.directory is not None:

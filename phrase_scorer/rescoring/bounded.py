@@ -17,8 +17,8 @@ taken as 0 is an upper bound. Per chunk of sentences (all in memory: a chunk hol
    have been the best: its exact sum is below its bound.
 
 The choice is then made as ``rerank --weights`` makes it on the fully rescored list (the same
-rows, the same :func:`~phrase_scorer.moses.weights.weighted_sum` and
-:func:`~phrase_scorer.moses.weights.best_of`, each row's values what ``rescore`` would print),
+rows, the same :func:`~phrase_scorer.rescoring.weights.weighted_sum` and
+:func:`~phrase_scorer.rescoring.weights.best_of`, each row's values what ``rescore`` would print),
 with each hypothesis that was out given its bound in place of the values never computed: the
 same choice as on the list rescored with these scores. A feature with a negative weight has no
 such bound, so while one of its models is unscored every hypothesis stays in, and a sentence
@@ -38,9 +38,9 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import (
     NBestEntry, dense_features, describe_layout, group_by_sentence, moses_rounded, read_nbest,
 )
-from phrase_scorer.moses.weights import Weights, best_hypothesis, check_layout, weighted_sum
+from phrase_scorer.rescoring.weights import Weights, best_hypothesis, check_layout, weighted_sum
 from phrase_scorer.scoring.columns import check_finite, per_token
-from phrase_scorer.scoring.rescore import FeatureModel, feature_members, feature_names, model_inputs
+from phrase_scorer.rescoring.features import FeatureModel, feature_members, feature_names, model_inputs
 
 # A hypothesis is out only when its bound is below the floor by more than this share of the
 # floor's size (plus this much): far above the rounding of a sum of a few dozen terms.
