@@ -13,7 +13,7 @@ import math
 from dataclasses import Field, asdict, dataclass, fields, replace
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Union
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 
 # The largest sizes a network config may ask for: far above the papers' networks (1000 units,
 # 30,000-word shortlists), low enough that a hand-edited config.json cannot ask for a network
@@ -301,7 +301,7 @@ class TrainConfig:
                                      ("init", self.init, INITS), ("valid_metric", self.valid_metric, VALID_METRICS),
                                      ("vocabulary", self.vocabulary, VOCABULARIES)):
             if value is not None and value not in allowed:
-                raise PhraseScorerError(f"{setting(name)} takes one of {', '.join(allowed)}, got {value!r}")
+                raise PhraseScorerError(Text(setting(name), f" takes one of {', '.join(allowed)}, got {value!r}"))
 
     def resolved(self, corpus: bool = False) -> "TrainConfig":
         """Every None setting filled in: the recipe's values, and the validation metric of the
@@ -392,10 +392,10 @@ class AnnotateOptions:
     def __post_init__(self) -> None:
         bad = [c for c in self.columns if c not in COLUMNS]
         if bad or not self.columns or len(set(self.columns)) != len(self.columns):
-            raise PhraseScorerError(f"{setting('columns')} takes a comma-separated subset of {','.join(COLUMNS)}, "
-                                    f"got {','.join(self.columns)}")
+            raise PhraseScorerError(Text(setting("columns"), " takes a comma-separated subset of "
+                                         f"{','.join(COLUMNS)}, got {','.join(self.columns)}"))
         if self.unk_side not in UNK_SIDES:
-            raise PhraseScorerError(f"{setting('unk_side')} takes one of {', '.join(UNK_SIDES)}")
+            raise PhraseScorerError(Text(setting("unk_side"), f" takes one of {', '.join(UNK_SIDES)}"))
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,10 @@ import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from phrase_scorer import __version__
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Setting, Text, setting
 from phrase_scorer.io.files import (
     STDIO, PathLike, file_sha256, hash_identities, identity_change, is_file_identity, part_path, write_text_atomically,
 )
@@ -97,19 +97,26 @@ def describe_difference(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> s
 
 
 def refuse_changed(saved: Mapping[str, Any], current: Mapping[str, Any], *, path: Optional[PathLike] = None,
-                   hint: str = f"run again without {setting('resume')}", label: Callable[[str], str] = str) -> None:
+                   hint: str = Text("run again without ", setting("resume")),
+                   label: Callable[[str], Union[str, Setting]] = str) -> None:
     """Raise a one-line :class:`PhraseScorerError` naming what changed, if anything did:
 
     ``cannot resume: NAME, ... changed since the interrupted run (NAME.KEY: SAVED -> NOW, ...)``,
-    each setting by its dotted name with both values where they differ (:func:`show_change`).
+    each setting by its dotted name with both values where they differ (:func:`show_change`);
+    ``label`` names a setting (:func:`~phrase_scorer.errors.setting`: as the reader knows it).
     """
     changes = list(differences(saved, current))
     if not changes:
         return
     names = list(dict.fromkeys(label(name.split(".")[0]) for name, _, _ in changes))
-    details = ", ".join(f"{label(name)}: {show_change(old, new)}" for name, old, new in changes)
-    raise PhraseScorerError(f"cannot resume: {', '.join(names)} changed since the interrupted run ({details})",
-                            path=path, hint=hint)
+    message = Text("cannot resume: ", *_joined(names, ", "), " changed since the interrupted run (",
+                   *_joined([Text(label(name), f": {show_change(old, new)}") for name, old, new in changes], ", "), ")")
+    raise PhraseScorerError(message, path=path, hint=hint)
+
+
+def _joined(items: List[Union[str, Setting]], separator: str) -> List[Union[str, Setting]]:
+    """``items`` with ``separator`` between them (str.join, keeping the settings)."""
+    return [part for i, item in enumerate(items) for part in ((separator, item) if i else (item,))]
 
 
 def finished(output: PathLike, settings: Mapping[str, Any]) -> Optional["Signature"]:

@@ -177,22 +177,32 @@ def test_a_training_refusal_names_settings_with_values_both_ways(tmp_path):
                     "a phrase table validates by nll")
 
 
-def test_a_setting_survives_pickling_and_f_strings_and_never_shows_raw():
-    """An error raised in a worker process crosses to the main one pickled: the setting it names
-    is rendered where it is shown; a marker inside an f-string renders like one given alone."""
+def test_a_setting_survives_pickling_and_is_spelt_where_it_is_shown():
+    """An error raised in a worker process crosses to the main one pickled, with the settings it
+    names as data: they are written where the error is shown (the command line: as its flags);
+    a message made of pieces and settings reads as the library's spelling everywhere else."""
+    import logging
     import pickle
 
-    from phrase_scorer.cli.group import flag
-    from phrase_scorer.errors import PhraseScorerError, render, renderer, setting
+    from phrase_scorer.cli.group import FlagFormatter, flag, shown
+    from phrase_scorer.errors import PhraseScorerError, Setting, Text, setting
 
-    error = PhraseScorerError(f"{setting('resume')} needs named files", path="x",
-                              hint=f"run again with {setting('resume', True)}, or fewer {setting('workers')}")
+    error = PhraseScorerError(Text(setting("resume"), " needs named files"), path="x",
+                              hint=Text("run again with ", setting("resume", True), ", or fewer ", setting("workers")))
     assert str(error) == "x: resume needs named files (run again with resume=True, or fewer workers)"
-    with renderer(flag):
-        shown = str(pickle.loads(pickle.dumps(error)))
-    assert shown == "x: --resume needs named files (run again with --resume, or fewer --workers)"
-    assert str(pickle.loads(pickle.dumps(error))) == str(error)  # the renderer is the shower's, not the raiser's
-    with renderer(flag):
-        assert render(f"pass {setting('models', 'MODEL', short=True)}, {setting('tokenize', False)}, "
-                      f"{setting('valid_pairs', 0)}") == "pass -m MODEL, --no-tokenize, --valid-pairs 0"
-    assert "\x1e" not in render(f"broken \x1e{setting('lang')}") and render(setting("lang")) == "lang"
+    assert error.message == "resume needs named files" and error.hint.parts[1] == Setting("resume", True)
+    again = pickle.loads(pickle.dumps(error))
+    assert shown(again) == "x: --resume needs named files (run again with --resume, or fewer --workers)"
+    assert str(again) == str(error) and again.render(flag) == error.render(flag)
+    said = Text("pass ", setting("models", "MODEL", short=True), ", ") + setting("tokenize", False)
+    said = "" + said + Text(", ", setting("valid_pairs", 0))  # adding keeps the settings
+    assert said == "pass models=MODEL, tokenize=False, valid_pairs=0"
+    assert shown(said) == "pass -m MODEL, --no-tokenize, --valid-pairs 0"
+    assert shown(pickle.loads(pickle.dumps(said))) == shown(said) and shown("plain") == "plain"
+    assert f"{setting('lang')}" == "lang" and str(setting("lang", "en")) == "lang=en"
+    record = logging.LogRecord("phrase_scorer", logging.INFO, __file__, 1, "%s with %d in %s", (
+        setting("threads", 2), 3, error), None)
+    assert FlagFormatter("%(message)s").format(record) == f"--threads 2 with 3 in {shown(error)}"
+    assert record.getMessage() == f"threads=2 with 3 in {error}"  # the record itself is left as it was
+
+

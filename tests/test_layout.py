@@ -240,3 +240,39 @@ def test_the_flag_check_sees_a_flag_in_an_f_string_and_skips_docstrings(tmp_path
                       '    return f"pass --valid-pairs {n}", "-n-best-list", "--input-pt"\n', encoding="utf-8")
     flags = {"--overwrite", "--resume", "--valid-pairs", "-n"}
     assert flags_in_string_literals(module, flags) == [(5, "--valid-pairs")]
+
+
+def settings_lost_in_f_strings(path: Path) -> list:
+    """Lines of ``path`` where a setting (``setting(...)``) or a message naming settings
+    (``Text(...)``) is formatted into an f-string, which keeps only its library spelling."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FormattedValue) and isinstance(node.value, ast.Call):
+            func = node.value.func
+            if isinstance(func, ast.Name) and func.id in ("setting", "Text"):
+                found.append(node.value.lineno)
+    return found
+
+
+def test_settings_travel_as_data_never_as_marked_text():
+    """A message names a setting as a Setting inside a Text (phrase_scorer.errors), never as
+    characters inside a string: no string of the package holds a control character used as a
+    marker, and no setting is formatted into an f-string, where the command line could not find it."""
+    marked, lost = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        assert "\x1e" not in path.read_text(encoding="utf-8"), relative
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+                if (b"\x1e" if isinstance(node.value, bytes) else "\x1e") in node.value:
+                    marked.append(f"{relative} line {node.lineno}")
+        lost += [f"{relative} line {line}" for line in settings_lost_in_f_strings(path)]
+    assert not marked, "\n".join(marked)
+    assert not lost, "\n".join(lost)
+
+
+def test_the_f_string_check_sees_a_setting_formatted_into_text(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('def f(n):\n    return (f"pass {setting(\'resume\', True)}", Text("pass ", setting("resume")),\n'
+                      '            f"{n} and {Text(setting(\'lang\'))}")\n', encoding="utf-8")
+    assert settings_lost_in_f_strings(module) == [2, 3]

@@ -134,7 +134,7 @@ def test_a_reranker_that_records_no_decoder_options_is_named_before_translating(
     """``translate --moses`` decodes with the options the reranker records: one that records none
     (tuned on lists it was given) is named, with its n-best size and the flag that records them;
     one that records Moses' defaults (an empty string) or other options is not."""
-    from phrase_scorer.errors import render
+    from phrase_scorer.cli.group import shown
     from phrase_scorer.rescoring.translation import unrecorded_decoder_options
 
     path = write_json(tmp_path / "r.json", Reranker(decoder_weights(), (), {}, nbest_size=100,
@@ -145,7 +145,8 @@ def test_a_reranker_that_records_no_decoder_options_is_named_before_translating(
         return
     assert message is not None and message.startswith(f"{path} records no decoder options")
     assert "its 100-best lists" in message and "-n-best-factor (20)" in message
-    assert render(message).endswith("with rerank's decoder_flags saying how")  # the CLI renders its flag
+    assert message.endswith("with rerank's decoder_flags saying how")
+    assert shown(message).endswith("with rerank's --decoder-flags saying how")  # the command line shows its flag
 
 
 # --- the n-best list it is applied to ---------------------------------------------------------------

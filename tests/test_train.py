@@ -280,9 +280,9 @@ def test_resume_with_nothing_to_resume_starts_afresh(tmp_path, caplog):
     assert "nothing to resume" in caplog.text and "starting afresh" in caplog.text
     train(EXAMPLE_TABLE, tmp_path / "plain", TrainConfig(max_steps=40, **QUICK))
     assert_same_state(tmp_path / "plain", tmp_path / "fresh")
-    killed = tmp_path / "killed"  # a first attempt killed while it wrote the pair cache
+    killed = tmp_path / "killed"  # a first attempt killed while it wrote the pair cache and a vocabulary
     (killed / "cache.part").mkdir(parents=True)
-    (killed / "vocab.source.json").write_text("{")
+    (killed / "vocab.target.json.0badc0de.part").write_text("{")  # files are written whole, then renamed
     state = train(EXAMPLE_TABLE, killed, TrainConfig(max_steps=40, **QUICK), resume=True)
     assert state.step == 40
     assert_same_state(tmp_path / "plain", killed)

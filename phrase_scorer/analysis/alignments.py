@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.vocab import word_spans
 
@@ -44,7 +44,7 @@ def require_alignments(loaded) -> None:
     """Refuse a model without soft alignments (the encoder-decoder)."""
     if not getattr(loaded.model, "has_alignments", False):
         raise PhraseScorerError(f"the model in {loaded.directory} ({loaded.config.arch}) has no soft alignment to plot",
-                                hint=f"plot alignments of a model trained with {setting('arch', 'rnnsearch')}")
+                                hint=Text("plot alignments of a model trained with ", setting("arch", "rnnsearch")))
 
 
 def parse_line_numbers(text: str) -> List[int]:
@@ -53,8 +53,9 @@ def parse_line_numbers(text: str) -> List[int]:
     for part in text.split(","):
         part = part.strip()
         if not part.isdigit() or int(part) < 1:
-            raise PhraseScorerError(f"{setting('lines')} takes line numbers from 1 separated by commas, not {text!r}",
-                                    hint=f"for example {setting('lines', '1,5,9')}")
+            raise PhraseScorerError(Text(setting("lines"),
+                                         f" takes line numbers from 1 separated by commas, not {text!r}"),
+                                    hint=Text("for example ", setting("lines", "1,5,9")))
         if int(part) not in numbers:
             numbers.append(int(part))
     return numbers
@@ -85,11 +86,13 @@ def choose_pairs(source: PathLike, target: PathLike, *, lines: Optional[Sequence
             for path, words in ((source, source_words), (target, target_words)):
                 if not words:
                     raise PhraseScorerError("is empty: nothing to align", path=path, line=number,
-                                            hint=f"choose other {setting('lines')}")
+                                            hint=Text("choose other ", setting("lines")))
                 if len(words) > max_words:
-                    raise PhraseScorerError(f"has {len(words)} words, more than {setting('max_words', max_words)}",
+                    raise PhraseScorerError(Text(f"has {len(words)} words, more than ",
+                                                 setting("max_words", max_words)),
                                             path=path, line=number,
-                                            hint=f"raise {setting('max_words')} or choose other {setting('lines')}")
+                                            hint=Text("raise ", setting("max_words"), " or choose other ",
+                                                      setting("lines")))
             found[wanted[number]] = (number, source_words, target_words)
             continue
         if not 1 <= len(source_words) <= max_words or not 1 <= len(target_words) <= max_words:
@@ -105,11 +108,11 @@ def choose_pairs(source: PathLike, target: PathLike, *, lines: Optional[Sequence
         missing = [number for number in wanted if found[wanted[number]] is None]
         if missing:
             raise PhraseScorerError(f"has {total} lines; there is no line {missing[0]}", path=source,
-                                    hint=f"{setting('lines')} takes numbers from 1 to {total}")
+                                    hint=Text(setting("lines"), f" takes numbers from 1 to {total}"))
         return list(found)
     if not found:
         raise PhraseScorerError(f"no line pair has both sides of 1 to {max_words} words", path=source,
-                                hint=f"raise {setting('max_words')}")
+                                hint=Text("raise ", setting("max_words")))
     return sorted(found)
 
 

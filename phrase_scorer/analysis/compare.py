@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.phrase_table import PhraseTableReader, TableLine
 from phrase_scorer.records import Signature
@@ -87,7 +87,7 @@ def groups(table: PathLike, options: CompareOptions, annotated_column: Optional[
         scores = line.scores
         if options.table_column >= len(scores):
             raise PhraseScorerError(f"has {len(scores)} scores; there is no column {options.table_column}",
-                                    path=table, line=line.line_number, hint=f"choose {setting('table_column')}")
+                                    path=table, line=line.line_number, hint=Text("choose ", setting("table_column")))
         annotated = None
         if annotated_column is not None and annotated_column < len(scores):
             annotated = math.log(max(scores[annotated_column], 1e-300))
@@ -135,13 +135,13 @@ def select(table: PathLike, options: CompareOptions, annotated_column: Optional[
     picked += [("rare", g) for *_, g in sorted(rare, reverse=True)]
     if not picked:  # an empty table would say nothing: name what qualifies instead
         if options.frequent <= 0 and options.rare <= 0:
-            raise PhraseScorerError(f"{setting('frequent', 0)} and {setting('rare', 0)} show no source phrase",
-                                    hint=f"give {setting('frequent')} or {setting('rare')} a count, "
-                                         f"or choose sources with {setting('sources')}")
+            raise PhraseScorerError(Text(setting("frequent", 0), " and ", setting("rare", 0), " show no source phrase"),
+                                    hint=Text("give ", setting("frequent"), " or ", setting("rare"),
+                                              " a count, or choose sources with ", setting("sources")))
         raise PhraseScorerError(f"no source phrase of {options.min_words} words or more has {options.min_targets} "
                                 "targets or more", path=table,
-                                hint=f"lower {setting('min_words')} or {setting('min_targets')}, "
-                                     f"or choose sources with {setting('sources')}")
+                                hint=Text("lower ", setting("min_words"), " or ", setting("min_targets"),
+                                          ", or choose sources with ", setting("sources")))
     return picked
 
 

@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.outputs import Input
 from phrase_scorer.io.phrase_table import PhraseTableReader
@@ -108,7 +108,7 @@ def read_score_pairs(table: PathLike, table_column: int, model_column: Optional[
         if max(table_column, model_column) >= len(scores):
             raise PhraseScorerError(f"has {len(scores)} scores, too few for columns {table_column} and {model_column}",
                                     path=table, line=line.line_number,
-                                    hint=f"choose {setting('table_column')}/{setting('model_column')}")
+                                    hint=Text("choose ", setting("table_column"), "/", setting("model_column")))
         lines += 1
         point = (math.log(max(scores[table_column], 1e-300)), math.log(max(scores[model_column], 1e-300)))
         if kept < max_points:
@@ -183,7 +183,7 @@ def project(vectors: np.ndarray, method: str, seed: int) -> Tuple[np.ndarray, st
             return umap.UMAP(random_state=seed).fit_transform(vectors), "UMAP"
         except ImportError:
             if method == "umap":
-                raise PhraseScorerError(f"{setting('method', 'umap')} needs umap-learn",
+                raise PhraseScorerError(Text(setting("method", "umap"), " needs umap-learn"),
                                         hint="pip install umap-learn") from None
     try:
         from sklearn.manifold import TSNE
@@ -257,8 +257,8 @@ def phrase_vectors(loaded, phrases: Sequence[Sequence[str]]) -> np.ndarray:
     if not isinstance(model, RNNEncoderDecoder):
         raise PhraseScorerError("phrase maps show the encoder-decoder's summary c; this model "
                                 f"({model.config.arch}) has no fixed-length summary",
-                                hint=f"use {setting('kind', 'words')}, "
-                                     f"or a model trained with {setting('arch', 'encdec')}")
+                                hint=Text("use ", setting("kind", "words"), ", or a model trained with ",
+                                          setting("arch", "encdec")))
     device = next(model.parameters()).device
     out = []
     with torch.inference_mode():
@@ -353,8 +353,8 @@ def plot_embeddings(loaded, output: PathLike, *, kind: str = "words", table: Opt
         page = None
         if html_output is not None:
             if os.path.abspath(html_output) == os.path.abspath(output) or same_file(html_output, output):
-                raise PhraseScorerError(f"{setting('html_output', html_output)} is the figure "
-                                        f"{setting('output', output)}: give it another name")
+                raise PhraseScorerError(Text(setting("html_output", html_output), " is the figure ",
+                                             setting("output", output), ": give it another name"))
             page = jobs.enter_context(figure_job(html_output, inputs, overwrite, what="the page"))
         return _plot_embeddings(loaded, output, figure, kind=kind, table=table, words=words, phrases=phrases,
                                 min_words=min_words, method=method, seed=seed, labels=labels,
@@ -373,7 +373,8 @@ def _plot_embeddings(loaded, output: PathLike, figure: OutputJob, *, kind: str, 
         what = f"the {len(names):,} most frequent source words' embeddings e(x)"
     elif kind == "phrases":
         if table is None:
-            raise PhraseScorerError(f"a map of phrases needs a phrase table to take them from ({setting('table')})")
+            raise PhraseScorerError(Text("a map of phrases needs a phrase table to take them from (", setting("table"),
+                                         ")"))
         sample = sample_phrases(table, min_words, phrases, seed)
         if len(sample) < 5:
             raise PhraseScorerError(f"found only {len(sample)} source phrases of {min_words}+ words", path=table)

@@ -15,7 +15,7 @@ import click
 
 from phrase_scorer import __version__
 from phrase_scorer.runtime import progress
-from phrase_scorer.errors import PhraseScorerError, renderer
+from phrase_scorer.errors import PhraseScorerError, Setting, Text, rendered
 
 
 log = logging.getLogger("phrase_scorer")
@@ -109,16 +109,37 @@ FLAGS = {
 }
 
 
-def flag(name: str, value: object = None, short: bool = False) -> str:
-    """How the command line writes the setting ``name`` (given ``value``): its flag
-    (:func:`phrase_scorer.errors.setting` markers are rendered by this inside every command)."""
-    short_flag, long_flag = FLAGS.get(name, (None, "--" + name.replace("_", "-")))
-    text = short_flag if short and short_flag else long_flag
-    if value is True or value is None:
+def flag(setting: Setting) -> str:
+    """How the command line writes ``setting`` (a :class:`~phrase_scorer.errors.Setting`): its
+    flag, with the value if it has one. Every error and logged message a command shows names its
+    settings this way (:func:`shown`, :class:`FlagFormatter`)."""
+    short_flag, long_flag = FLAGS.get(setting.name, (None, "--" + setting.name.replace("_", "-")))
+    text = short_flag if setting.short and short_flag else long_flag
+    if setting.value is True or setting.value is None:
         return text
-    if value is False:
+    if setting.value is False:
         return "--no-" + long_flag[2:]
-    return f"{text} {value}"
+    return f"{text} {setting.value}"
+
+
+def shown(value: object) -> str:
+    """``value`` as the command line shows it: the settings a library message names (a
+    :class:`~phrase_scorer.errors.Text`, a setting or an error) as their flags."""
+    return rendered(value, flag)
+
+
+class FlagFormatter(logging.Formatter):
+    """A log line with the settings its arguments name written as flags (:func:`shown`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if isinstance(record.msg, Text) or (isinstance(record.args, tuple) and record.args):
+            args = tuple(map(_shown_argument, record.args)) if isinstance(record.args, tuple) else record.args
+            record = logging.makeLogRecord({**record.__dict__, "msg": _shown_argument(record.msg), "args": args})
+        return super().format(record)
+
+
+def _shown_argument(value: object) -> object:
+    return shown(value) if isinstance(value, (Text, Setting, PhraseScorerError)) else value
 
 
 class Group(click.Group):
@@ -126,11 +147,11 @@ class Group(click.Group):
         from phrase_scorer.io.files import held_output_locks, release_output_locks
 
         held_before = held_output_locks()  # a caller's own, kept
-        with renderer(flag), ending_like_ctrl_c():  # library messages name the flags
+        with ending_like_ctrl_c():
             try:
                 return super().invoke(ctx)
             except PhraseScorerError as exc:
-                raise UserError(str(exc)) from None
+                raise UserError(shown(exc)) from None
             except KeyboardInterrupt:
                 raise interrupted() from None
             except OSError as exc:  # an I/O failure the library did not anticipate: still one line
@@ -184,7 +205,7 @@ def interrupted_resumable(output: str) -> UserError:
 def setup_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    handler.setFormatter(FlagFormatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger("phrase_scorer")
     root.handlers[:] = [handler]
     root.setLevel(level)

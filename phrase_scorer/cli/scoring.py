@@ -8,7 +8,7 @@ import click
 
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.cli.group import cli, interrupted_resumable
+from phrase_scorer.cli.group import cli, interrupted_resumable, shown
 from phrase_scorer.cli.options import (
     PathName, batch_tokens_option, column_options, device_option, model_option, overwrite_option, precision_option,
     resume_option, threads_option,
@@ -105,7 +105,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
         )
     from phrase_scorer.moses.ini_patch import moses_for_new_columns
 
-    click.echo(moses_for_new_columns(output, result.num_scores_before, result.num_scores_after,
-                                     tuple(result.signature["columns"]), moses_ini=moses_ini, ini_output=ini_output,
-                                     overwrite=overwrite),
+    click.echo(shown(moses_for_new_columns(output, result.num_scores_before, result.num_scores_after,
+                                           tuple(result.signature["columns"]), moses_ini=moses_ini,
+                                           ini_output=ini_output, overwrite=overwrite)),
                err=True)

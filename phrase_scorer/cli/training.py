@@ -9,7 +9,7 @@ import sys
 import click
 
 from phrase_scorer.runtime import progress
-from phrase_scorer.cli.group import UserError, cli, log
+from phrase_scorer.cli.group import UserError, cli, log, shown
 from phrase_scorer.cli.options import (
     PathName, make_training_settings, threads_option, training_options,
 )
@@ -91,4 +91,4 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
         raise UserError(message, exit_code=130) from None
     if current.is_main:
         click.echo(f"model in {output}: {state.step} steps, best validation NLL {state.best_valid_nll:.4f} per token "
-                   f"at step {state.best_step} ({state.stop_reason})", err=True)
+                   f"at step {state.best_step} ({shown(state.stop_reason)})", err=True)

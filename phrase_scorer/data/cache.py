@@ -25,7 +25,7 @@ from typing import Iterable, List, Optional, Tuple
 import numpy as np
 
 from phrase_scorer.data.padding import pad_ids
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike, file_sha256, hash_identities, is_file_identity, write_text_atomically
 from phrase_scorer.records import differences, refuse_changed
 from phrase_scorer.vocab import Vocabulary
@@ -277,12 +277,12 @@ class PairSet:
                 self._fds[name] = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 raise PhraseScorerError("pair cache is damaged (a file is missing)", path=path,
-                                        hint=f"train again with {setting('overwrite', True)}") from None
+                                        hint=Text("train again with ", setting("overwrite", True))) from None
         expected = {"lengths": 4 * self.size, "src.offsets": 8 * (self.size + 1), "tgt.offsets": 8 * (self.size + 1)}
         for name, size in expected.items():
             if os.fstat(self._fds[name]).st_size != size:
                 raise PhraseScorerError("pair cache is damaged (array sizes disagree)", path=cache_dir,
-                                        hint=f"train again with {setting('overwrite', True)}")
+                                        hint=Text("train again with ", setting("overwrite", True)))
 
     def __len__(self) -> int:
         return self.size

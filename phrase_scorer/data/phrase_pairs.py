@@ -23,7 +23,7 @@ from phrase_scorer.data.batches import TABLE_WINDOW_BATCHES
 from phrase_scorer.data.cache import (
     MAX_PHRASE_WORDS, id_dtype_for, read_cache_description, reuse_cache, source_hash, vocab_digest, write_cache,
 )
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike, file_identity
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.runtime.progress import progress_bar
@@ -159,8 +159,8 @@ class PhraseTableData:
 
     def count_words(self, config: TrainConfig) -> Tuple[Counter, Counter, dict]:
         if config.max_length is not None:
-            raise PhraseScorerError(f"{setting('max_length')} applies to sentence corpora ({setting('corpus')}), "
-                                    "not to phrase tables")
+            raise PhraseScorerError(Text(setting("max_length"), " applies to sentence corpora (", setting("corpus"),
+                                         "), not to phrase tables"))
         log.info("counting words over the unique phrase pairs of %s", self.table)
         source_counts, target_counts, num_pairs = count_words(self.table)
         log.info("%d unique pairs", num_pairs)

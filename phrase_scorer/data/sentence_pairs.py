@@ -34,7 +34,7 @@ from phrase_scorer.config import MAX_VALID_SHARE, TrainConfig, valid_share
 from phrase_scorer.data.cache import (
     MAX_PHRASE_WORDS, id_dtype_for, reuse_cache, source_hash, vocab_digest, write_cache,
 )
-from phrase_scorer.errors import PhraseScorerError, render, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike, TextLines, file_identity, hash_identities
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.runtime.progress import progress_bar
@@ -75,7 +75,7 @@ def _words(text: str, path: PathLike, number: int) -> List[str]:
     words = split_words(text)
     if len(words) > MAX_PHRASE_WORDS:
         raise PhraseScorerError(f"a sentence has more than {MAX_PHRASE_WORDS} words", path=path, line=number,
-                                hint=f"set {setting('max_length')} to leave such sentences out")
+                                hint=Text("set ", setting("max_length"), " to leave such sentences out"))
     return words
 
 
@@ -149,7 +149,7 @@ class SentenceCorpus:
         )
         if reasons[None] == 0:
             raise PhraseScorerError("no sentence pairs left for training", path=self.source,
-                                    hint=f"check the files, or raise {setting('max_length')}")
+                                    hint=Text("check the files, or raise ", setting("max_length")))
         return source_counts, target_counts, info
 
     def build_cache(self, cache_dir: Path, source_vocab: Vocabulary, target_vocab: Vocabulary, info: dict,
@@ -170,9 +170,8 @@ class SentenceCorpus:
             "num_pairs": {},
         }
         existing = reuse_cache(Path(cache_dir), expected, keep_existing, self.source,
-                               hint="resume with the same corpus files, unchanged, and the same "
-                                    f"{setting('max_length')}, "
-                                    "or start a new run")
+                               hint=Text("resume with the same corpus files, unchanged, and the same ",
+                                         setting("max_length"), ", or start a new run"))
         if existing is not None:
             return existing
         dev_empty = Counter()
@@ -199,7 +198,7 @@ class SentenceCorpus:
         else:
             log.info("held out %d of %d sentence pairs for validation (about %s, at most %d%%)",
                      description["num_pairs"].get("valid", 0), info.get("pairs", 0),
-                     render(setting("valid_pairs", config.valid_pairs)),
+                     setting("valid_pairs", config.valid_pairs),
                      round(100 * MAX_VALID_SHARE))
         return description
 

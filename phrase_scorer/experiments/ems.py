@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Set
 
 from phrase_scorer.config import AnnotateOptions, ModelConfig, ScoringOptions, TrainConfig
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike, file_key, new_temporary, part_path, remove_if_same
 from phrase_scorer.io.outputs import check_output
 from phrase_scorer.io.moses_ini import TEXT_TABLE_TYPES, MosesIni, binary_table_file
@@ -99,7 +99,7 @@ def parse_binarizer(command: Optional[str]) -> Optional[BinaryTarget]:
     try:
         words = shlex.split(text)
     except ValueError as exc:
-        raise PhraseScorerError(f"{setting('binarizer', repr(text))} cannot be read ({exc})",
+        raise PhraseScorerError(Text(setting("binarizer", repr(text)), f" cannot be read ({exc})"),
                                 hint="set ttable-binarizer to a Moses binariser, "
                                      "e.g. $moses-bin-dir/processPhraseTableMin") from None
     program, arguments = words[0], words[1:]
@@ -107,7 +107,7 @@ def parse_binarizer(command: Optional[str]) -> Optional[BinaryTarget]:
     name = os.path.basename(program)
     if name not in by_program:
         raise PhraseScorerError(
-            f"{setting('binarizer', repr(program))} is not a phrase-table binariser this step knows",
+            Text(setting("binarizer", repr(program)), " is not a phrase-table binariser this step knows"),
             hint=f"set ttable-binarizer to one of {', '.join(sorted(by_program))} (with its path), "
             "or to \"\" for a text table",
         )

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from phrase_scorer.config import COLUMNS, SYSTEMS, ExperimentOptions, System, TuneOptions, start_weights
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import (
     AtomicOutput, PathLike, file_identity, file_sha256, write_text_atomically,
 )
@@ -144,8 +144,8 @@ def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathL
         both = Path(annotated).resolve()
     else:
         if model_dir is None:
-            raise PhraseScorerError(f"give a model ({setting('model_dir', 'DIR')}) or an annotated table "
-                                    f"({setting('annotated', 'TABLE')})")
+            raise PhraseScorerError(Text("give a model (", setting("model_dir", "DIR"), ") or an annotated table (",
+                                         setting("annotated", "TABLE"), ")"))
         stale = stale_annotation(both, original, model_dir)
         if stale:
             from phrase_scorer.scoring.annotate import annotate

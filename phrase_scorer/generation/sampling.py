@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from phrase_scorer.config import SampleOptions
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import text_lines
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel
 from phrase_scorer.scoring.batch_scorer import BatchScorer, pad
@@ -272,10 +272,10 @@ def propose(loaded, sources: Sequence[str], options: SampleOptions = SampleOptio
             language_model: Optional[TargetLanguageModel] = None) -> List[Proposals]:
     """Candidate target phrases for each source phrase, ranked; see the module docstring."""
     if options.rank_by not in ("model", "model+lm"):
-        raise PhraseScorerError(f"{setting('rank_by')} takes model or model+lm")
+        raise PhraseScorerError(Text(setting("rank_by"), " takes model or model+lm"))
     if options.rank_by == "model+lm" and language_model is None:
-        raise PhraseScorerError(f"{setting('rank_by', 'model+lm')} needs a language model "
-                                f"({setting('language_model', 'FILE')})")
+        raise PhraseScorerError(Text(setting("rank_by", "model+lm"), " needs a language model (",
+                                     setting("language_model", "FILE"), ")"))
     preparer = preparer or SourcePreparer(loaded.source_vocab)
     model = loaded.model
     src_vocab, tgt_vocab = loaded.source_vocab, loaded.target_vocab
@@ -288,8 +288,8 @@ def propose(loaded, sources: Sequence[str], options: SampleOptions = SampleOptio
         if len(unknown) == len(words):
             raise PhraseScorerError(
                 f"every word of {text!r} is outside the model's source shortlist ({', '.join(unknown)})",
-                hint="the model knows nothing of this phrase; check tokenisation and case "
-                     f"({setting('tokenize', False)}, {setting('lang')})",
+                hint=Text("the model knows nothing of this phrase; check tokenisation and case (",
+                          setting("tokenize", False), ", ", setting("lang"), ")"),
             )
         results.append(Proposals(text, words, unknown))
     source_ids = [src_vocab.encode(p.words) for p in results]

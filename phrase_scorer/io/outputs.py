@@ -31,7 +31,7 @@ import os
 import stat
 from typing import Iterable, Optional, Sequence, Tuple
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import STDIO, OutputLock, PathLike, _stat, writes_directly
 from phrase_scorer.io.model_layout import MODEL_FILES, RECENT_WEIGHTS
 
@@ -114,7 +114,7 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
                 refuse_existing(output, what=what, option=option)
         elif ".json" in companions and os.path.lexists(output + ".json") and not overwrite:
             raise PhraseScorerError(f"the file written beside {what} {output} already exists", path=output + ".json",
-                                    hint=f"pass {setting(option, True)} to replace it, or choose another name")
+                                    hint=Text("pass ", setting(option, True), " to replace it, or choose another name"))
     except PhraseScorerError:
         claim.release()
         raise
@@ -143,7 +143,7 @@ class OutputClaim:
 def refuse_existing(output: PathLike, *, what: str = "the output", option: str = "overwrite") -> None:
     """Refuse an existing ``output``: ``option`` is the setting that would replace it."""
     raise PhraseScorerError(f"{what} already exists", path=output,
-                            hint=f"pass {setting(option, True)} to replace it, or choose another name")
+                            hint=Text("pass ", setting(option, True), " to replace it, or choose another name"))
 
 
 def model_files(directory: Optional[PathLike]) -> list:

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Generator, List, Optional
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike, ReadProgress, line_text, open_input, read_failure
 
 FIELD_SEPARATOR = "|||"
@@ -137,7 +137,8 @@ class PhraseTableReader(ReadProgress):
                 except StopIteration:
                     raise self.error(
                         f"has only {number} lines, fewer than the {self.skip} already done",
-                        hint=f"the input changed since the interrupted run; start again without {setting('resume')}",
+                        hint=Text("the input changed since the interrupted run; start again without ",
+                                  setting("resume")),
                     ) from None
                 for number, data in enumerate(lines, number + 1):
                     self.lines_read = number

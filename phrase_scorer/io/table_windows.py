@@ -22,7 +22,7 @@ from typing import Iterator, List, Optional
 
 import numpy as np
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike, ReadProgress, open_input, read_failure
 from phrase_scorer.io.phrase_table import BOM, PhraseTableReader, scores_end
 
@@ -117,7 +117,7 @@ class RawWindows(ReadProgress):
         if line < self.start:
             raise PhraseScorerError(
                 f"has only {line} lines, fewer than the {self.start} already done", path=self.path,
-                hint=f"the input changed since the interrupted run; start again without {setting('resume')}",
+                hint=Text("the input changed since the interrupted run; start again without ", setting("resume")),
             )
 
 

@@ -10,7 +10,7 @@ import os
 import shutil
 from typing import List, Optional
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.moses_ini import binary_table_file
 from phrase_scorer.runtime.programs import run_logged
@@ -73,8 +73,8 @@ def run_binarizer(feature_type: str, text_table: PathLike, output: PathLike, num
     """
     if not moses_home:
         raise PhraseScorerError("binarising needs the Moses programs",
-                                hint=f"set MOSES_HOME (or pass {setting('moses_home')}) "
-                                     "to the Moses folder holding bin/")
+                                hint=Text("set MOSES_HOME (or pass ", setting("moses_home"),
+                                          ") to the Moses folder holding bin/"))
     final = binary_table_file(feature_type, output)
     if feature_type == "PhraseDictionaryCompact":
         build_arg = final[: -len(".minphr")] + ".part"
@@ -85,7 +85,7 @@ def run_binarizer(feature_type: str, text_table: PathLike, output: PathLike, num
         replaceable = os.path.isdir(final) and _looks_like(feature_type, final)
     if os.path.lexists(final) and not replaceable:
         raise PhraseScorerError(f"exists and is not a {feature_type} table", path=final,
-                                hint=f"remove it or choose another {setting('phrase_table')} path")
+                                hint=Text("remove it or choose another ", setting("phrase_table"), " path"))
     command = binarize_command(feature_type, text_table, build_arg, num_scores, moses_home)
     program = command[0]
     if not (os.path.isfile(program) and os.access(program, os.X_OK)):

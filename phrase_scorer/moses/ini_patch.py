@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Union
 
 from phrase_scorer.config import COLUMNS, start_weights
-from phrase_scorer.errors import PhraseScorerError, render, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.moses_ini import (
     TEXT_TABLE_TYPES,
@@ -70,11 +70,12 @@ def _check_count(table: PathLike, found: int, ini: MosesIni, feature: FeatureLin
         raise PhraseScorerError(
             f"{feature.name} already reads this table with num-features={old} ({ini.path} line "
             f"{feature.line.number}): the moses.ini looks patched already", path=table, line=1,
-            hint=f"patch the original moses.ini, or use {setting('add_features', 0)} to change nothing but paths")
+            hint=Text("patch the original moses.ini, or use ", setting("add_features", 0),
+                      " to change nothing but paths"))
     if found == old:
-        hint = f"the table has no new columns yet: annotate it first, or use {setting('add_features', 0)}"
+        hint = Text("the table has no new columns yet: annotate it first, or use ", setting("add_features", 0))
     elif found > old:
-        hint = f"use {setting('add_features', found - old)} to match it"
+        hint = Text("use ", setting("add_features", found - old), " to match it")
     else:
         hint = f"a {feature.name} table needs at least the {old} scores num-features has now"
     raise PhraseScorerError(
@@ -234,7 +235,7 @@ def patch_moses_ini(
             raise PhraseScorerError(
                 f"{feature.name} is a {feature.type}, which reads text tables: there is nothing to binarise",
                 path=ini.path, line=feature.line.number,
-                hint=f"drop {setting('binarize_from')}, or declare a binary table type",
+                hint=Text("drop ", setting("binarize_from"), ", or declare a binary table type"),
             )
         if check_table:
             check_table_scores(ini, feature, phrase_table if feature.type in TEXT_TABLE_TYPES else binarize_from,
@@ -290,14 +291,14 @@ def moses_for_new_columns(output: str, before: int, after: int, columns: Sequenc
         return (f"patched moses.ini written to {target}: {result.feature_name} num-features="
                 f"{result.new_num_features}, start weights of the new columns: {described}; re-tune before use")
     options = ("" if tuple(columns) == COLUMNS
-               else f" {setting('add_features', added)} {setting('initial_weights', ','.join(weights))}")
+               else Text(" ", setting("add_features", added), " ", setting("initial_weights", ",".join(weights))))
     path = os.path.abspath(output) if output != "-" else "TABLE"
-    return render(
+    return Text(
         f"\nFor Moses, the phrase table now has {after} scores per line (was {before}). In moses.ini:\n"
         f"  [feature]  PhraseDictionaryMemory ... num-features={after} path={path}\n"
         f"  [weight]   TranslationModel0= <the {before} current weights> {' '.join(weights)}\n"
         f"({described}: the unknown-word feature starts as a penalty), then re-tune.\n"
-        f"'phrase-scorer moses-ini MOSES_INI {setting('phrase_table', path)}{options} "
-        f"{setting('output', 'NEW_INI', short=True)}' makes this change."
+        "'phrase-scorer moses-ini MOSES_INI ", setting("phrase_table", path), options, " ",
+        setting("output", "NEW_INI", short=True), "' makes this change."
     )
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike, text_lines
 
 log = logging.getLogger(__name__)
@@ -34,12 +34,13 @@ class MosesInstallation:
         if not value:
             raise PhraseScorerError(
                 "no Moses installation given",
-                hint=f"pass {setting('moses_home', 'DIR')} or set MOSES_HOME to a folder with bin/moses and scripts/",
+                hint=Text("pass ", setting("moses_home", "DIR"),
+                          " or set MOSES_HOME to a folder with bin/moses and scripts/"),
             )
         installation = cls(Path(value).resolve())
         if not installation.home.is_dir():
             raise PhraseScorerError("Moses home is not a folder", path=value,
-                                    hint=f"check {setting('moses_home')} / MOSES_HOME")
+                                    hint=Text("check ", setting("moses_home"), " / MOSES_HOME"))
         return installation
 
     @property
@@ -48,7 +49,7 @@ class MosesInstallation:
 
     def program(self, name: str) -> Path:
         return require_program(self.bin / name, f"Moses program {name}",
-                               f"build Moses with its bjam, or point {setting('moses_home')} elsewhere")
+                               Text("build Moses with its bjam, or point ", setting("moses_home"), " elsewhere"))
 
     def decoder(self, name: str = "moses") -> Path:
         return self.program(name)
@@ -66,8 +67,8 @@ class MosesInstallation:
         folder = Path(mertdir).resolve() if mertdir else self.bin
         for name in MERT_PROGRAMS:
             require_program(folder / name, f"mert program {name}",
-                            f"build Moses' mert programs, or point {setting('mertdir')} "
-                            f"or {setting('moses_home')} elsewhere")
+                            Text("build Moses' mert programs, or point ", setting("mertdir"), " or ",
+                                 setting("moses_home"), " elsewhere"))
         return folder
 
 

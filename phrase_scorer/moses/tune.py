@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from phrase_scorer.config import TuneOptions
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.ini_patch import patch_moses_ini
@@ -81,7 +81,8 @@ def run_tuning(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, out
     """mert-moses.pl on the dev set, in a fresh working directory (default ``output_ini.work``);
     the tuned config is left in its ``mert/moses.ini``."""
     if options.method not in ("mert", "mira"):
-        raise PhraseScorerError(f"{setting('method')} takes mert or mira (PRO downloads its optimiser at run time)")
+        raise PhraseScorerError(Text(setting("method"),
+                                     " takes mert or mira (PRO downloads its optimiser at run time)"))
     mertdir = moses.check_mert(options.mertdir)
     decoder = moses.decoder(options.decoder)
     script = moses.script("training/mert-moses.pl")
@@ -100,8 +101,8 @@ def run_tuning(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, out
     threads = options.threads or os.cpu_count() or 1
     flags = f"-threads {threads} {options.decoder_flags}".strip()
     if re.search(r"(^|\s)-(config|f|t|tt|report-segmentation)(\s|$)", options.decoder_flags):
-        raise PhraseScorerError(f"{setting('decoder_flags')} may not set -config/-f, nor -t/-tt/-report-segmentation "
-                                "(their markers would enter BLEU)")
+        raise PhraseScorerError(Text(setting("decoder_flags"), " may not set -config/-f, nor "
+                                     "-t/-tt/-report-segmentation (their markers would enter BLEU)"))
     args = ["perl", script, work / "dev.src", work / "dev.ref", decoder, work / "start.ini",
             "--working-dir", work / "mert", "--mertdir", mertdir, "--decoder-flags", flags,
             "--maximum-iterations", str(options.max_iterations), "--nbest", str(options.nbest)]

@@ -42,7 +42,7 @@ import numpy as np
 from phrase_scorer import __version__
 from phrase_scorer.scoring.columns import check_finite, per_token
 from phrase_scorer.config import FORWARD_FEATURE_PREFIX, REVERSE_FEATURE_PREFIX, RescoreOptions, ScoringOptions
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import (
     GZIP_LIBRARY,
     STDIO,
@@ -104,14 +104,15 @@ def feature_models(forward: Sequence[PathLike], reverse: Sequence[PathLike] = ()
             (forward, names, setting("names"), ensemble, setting("ensemble")),
             (reverse, reverse_names, setting("reverse_names"), reverse_ensemble, setting("reverse_ensemble"))):
         if together is not None and given:
-            raise PhraseScorerError(f"{option} and {together_option} both name the features of the same models",
-                                    hint=f"give {together_option} NAME alone: its models add one feature")
+            raise PhraseScorerError(Text(option, " and ", together_option,
+                                         " both name the features of the same models"),
+                                    hint=Text("give ", together_option, " NAME alone: its models add one feature"))
         if together is not None and len(dirs) < 2:
-            raise PhraseScorerError(f"{together_option} {together} needs two models or more, got {len(dirs)}",
+            raise PhraseScorerError(Text(together_option, f" {together} needs two models or more, got {len(dirs)}"),
                                     hint="an ensemble averages the log p of several models")
         if given and len(given) != len(dirs):
-            raise PhraseScorerError(f"{len(given)} {option} for {len(dirs)} models",
-                                    hint=f"give {option} once per model, in order")
+            raise PhraseScorerError(Text(f"{len(given)} ", option, f" for {len(dirs)} models"),
+                                    hint=Text("give ", option, " once per model, in order"))
     names = ([ensemble] * len(forward) if ensemble is not None
              else list(names) or [f"{FORWARD_FEATURE_PREFIX}{i}" for i in range(len(forward))])
     reverse_names = ([reverse_ensemble] * len(reverse) if reverse_ensemble is not None
@@ -135,7 +136,7 @@ def check_ensembles(models: Sequence[FeatureModel]) -> None:
         group = [models[i] for i in members]
         if len(group) > 1 and not all(m.ensemble for m in group):
             raise PhraseScorerError(f"feature name {group[0].name} is given twice",
-                                    hint=f"give each model its own {setting('names')}")
+                                    hint=Text("give each model its own ", setting("names")))
         if len({m.reverse for m in group}) > 1:
             raise PhraseScorerError(f"ensemble {group[0].name} mixes forward and reverse models",
                                     hint="average models of one direction")
@@ -151,7 +152,7 @@ def check_feature_names(names: Sequence[str]) -> None:
     for name in names:
         if name in seen:
             raise PhraseScorerError(f"feature name {name} is given twice",
-                                    hint=f"give each model its own {setting('names')}")
+                                    hint=Text("give each model its own ", setting("names")))
         seen.add(name)
 
 
@@ -238,8 +239,8 @@ def rescore(
     from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     if not models:
-        raise PhraseScorerError("no model given", hint=f"pass {setting('models', 'MODEL', short=True)} "
-                                                       f"(and/or {setting('reverse_models', 'MODEL')})")
+        raise PhraseScorerError("no model given", hint=Text("pass ", setting("models", "MODEL", short=True),
+                                                            " (and/or ", setting("reverse_models", "MODEL"), ")"))
     check_ensembles(models)
     names = feature_names(models)
     check_feature_names(names)
@@ -338,7 +339,8 @@ def read_windows(reader: NBestReader, sources: SourceSentences, models: Sequence
         if taken:
             raise PhraseScorerError(f"the line already has a feature {sorted(taken)[0]}=", path=reader.path,
                                     line=entry.line_number,
-                                    hint=f"choose other names with {setting('names')}/{setting('reverse_names')}")
+                                    hint=Text("choose other names with ", setting("names"), "/",
+                                              setting("reverse_names")))
         lines.append(entry)
         sentence_words.append(words)
     if lines and not flush():

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from phrase_scorer.config import RerankOptions
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.io.nbest import (
@@ -162,16 +162,17 @@ class Learned:
 def mert_programs(moses: Optional[MosesInstallation], options: RerankOptions) -> Tuple[Path, Path]:
     """The extractor and the optimiser, checked to be there."""
     if options.method not in ("mert", "mira"):
-        raise PhraseScorerError(f"{setting('method')} takes mert or mira")
+        raise PhraseScorerError(Text(setting("method"), " takes mert or mira"))
     if options.mertdir:
         folder = Path(options.mertdir).resolve()
     elif moses is not None:
         folder = moses.bin
     else:
         raise PhraseScorerError("no Moses installation given",
-                                hint=f"pass {setting('moses_home', 'DIR')} or set MOSES_HOME "
-                                     f"(or {setting('mertdir')} to mert's programs)")
-    hint = f"build Moses' mert programs, or point {setting('mertdir')} or {setting('moses_home')} elsewhere"
+                                hint=Text("pass ", setting("moses_home", "DIR"), " or set MOSES_HOME (or ",
+                                          setting("mertdir"), " to mert's programs)"))
+    hint = Text("build Moses' mert programs, or point ", setting("mertdir"), " or ", setting("moses_home"),
+                " elsewhere")
     optimiser = "mert" if options.method == "mert" else "kbmira"
     return (require_program(folder / "extractor", "mert program extractor", hint),
             require_program(folder / optimiser, f"mert program {optimiser}", hint))
@@ -184,7 +185,7 @@ def learn_weights(dev_nbest: PathLike, dev_reference: PathLike, work: Path, *, m
     extractor, optimiser = mert_programs(moses, options)
     work = Path(work).resolve()  # the programs run inside it and get absolute paths
     if not options.seeds:
-        raise PhraseScorerError("no optimiser seed given", hint=f"pass {setting('seeds')} at least once")
+        raise PhraseScorerError("no optimiser seed given", hint=Text("pass ", setting("seeds"), " at least once"))
     dev = copy_checked(dev_nbest, work / "dev.nbest", options.ignore_features)
     references = read_lines(dev_reference)
     if len(references) != dev.sentences:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.nbest import (
     Layout,
@@ -143,8 +143,8 @@ class RerankerFile:
     such as ``weights.LM0[0]``) checked to be of its type, or raises a one-line error naming the
     file and the key."""
 
-    HINT = (f"tune it again with 'phrase-scorer rerank {setting('dev', '...')}', "
-            "or give the OUTPUT.json it wrote unchanged")
+    HINT = Text("tune it again with 'phrase-scorer rerank ", setting("dev", "..."),
+                "', or give the OUTPUT.json it wrote unchanged")
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -275,8 +275,8 @@ class RerankerFile:
         if not isinstance(data, dict) or data.get("format") != RERANKER_FORMAT:
             raise PhraseScorerError(
                 "not a reranker file", path=self.path,
-                hint=f"give the OUTPUT.json that 'phrase-scorer rerank {setting('dev', '...')}' "
-                     "wrote beside its output")
+                hint=Text("give the OUTPUT.json that 'phrase-scorer rerank ", setting("dev", "..."),
+                          "' wrote beside its output"))
         if data.get("version") != RERANKER_VERSION or isinstance(data.get("version"), bool):
             raise PhraseScorerError(f"reranker version {self.describe(data.get('version'))}; this version of "
                                     f"phrase-scorer reads {RERANKER_VERSION}", path=self.path,

@@ -42,7 +42,7 @@ from phrase_scorer import __version__
 from phrase_scorer.config import (
     MOSES_NBEST_FACTOR, RescoreExperimentOptions, ScoringOptions, TranslateOptions, default_bound,
 )
-from phrase_scorer.errors import PhraseScorerError, render, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike, file_sha256, text_lines
 from phrase_scorer.io.moses_ini import MosesIni, text_loaded_features
 from phrase_scorer.io.outputs import model_files
@@ -89,11 +89,11 @@ def unrecorded_decoder_options(reranker: Reranker) -> Optional[str]:
     it records them (an empty string included: the lists were made with Moses' defaults)."""
     if reranker.decoder_flags is not None:
         return None
-    return (f"{reranker.path or 'the reranker'} records no decoder options: Moses decodes its "
-            f"{reranker.nbest_size}-best lists with the moses.ini's settings and its own -n-best-factor "
-            f"({MOSES_NBEST_FACTOR}); if the dev lists were decoded otherwise (rescore-experiment decodes with "
-            f"a factor of {RescoreExperimentOptions.nbest_factor}), "
-            f"tune it again with rerank's {setting('decoder_flags')} saying how")
+    return Text(f"{reranker.path or 'the reranker'} records no decoder options: Moses decodes its "
+                f"{reranker.nbest_size}-best lists with the moses.ini's settings and its own -n-best-factor "
+                f"({MOSES_NBEST_FACTOR}); if the dev lists were decoded otherwise (rescore-experiment decodes with "
+                f"a factor of {RescoreExperimentOptions.nbest_factor}), tune it again with rerank's ",
+                setting("decoder_flags"), " saying how")
 
 
 def reranker_models(reranker: Reranker, device: Any = "cpu") -> Tuple[list, bool]:
@@ -267,7 +267,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
                                 hint="tune it again with this version's rerank")
     unrecorded = unrecorded_decoder_options(tuned)
     if unrecorded:
-        log.warning("%s", render(unrecorded))
+        log.warning("%s", unrecorded)
     parsed_at_start = text_loaded_features(MosesIni.read(ini))
     if parsed_at_start:  # the models wait for it: the first chunk's lists come after it
         log.info("Moses parses the text files of %s on one core before its first sentence; binarised, they "

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 
 
 from phrase_scorer.config import MOSES_NBEST_FACTOR, RerankOptions
-from phrase_scorer.errors import PhraseScorerError, render, setting
+from phrase_scorer.errors import PhraseScorerError, setting
 from phrase_scorer.io.files import STDIO, PathLike
 from phrase_scorer.moses.installation import MosesInstallation
 from phrase_scorer.runtime.programs import fresh_directory
@@ -96,7 +96,7 @@ def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_n
     if decoder_flags is None:
         log.warning("%s not given: the reranker records no decoder options, so the reranked system will decode "
                     "its n-best lists with Moses' own (an n-best factor of %d); give the options the lists were "
-                    "decoded with (a rescoring report prints them)", render(setting("decoder_flags")),
+                    "decoded with (a rescoring report prints them)", setting("decoder_flags"),
                     MOSES_NBEST_FACTOR)
     dev_models = rescored_models(dev_nbest)  # a stale signature is refused before the optimisers run
     work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="rerank")

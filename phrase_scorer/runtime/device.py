@@ -29,7 +29,7 @@ from typing import Iterator
 import torch
 
 from phrase_scorer.config import PRECISIONS, TRAIN_PRECISIONS
-from phrase_scorer.errors import PhraseScorerError, render, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise PhraseScorerError(f"{setting('device', 'cuda')} was asked for, but PyTorch sees no CUDA device",
-                                hint=f"use {setting('device', 'cpu')}")
+        raise PhraseScorerError(Text(setting("device", "cuda"), " was asked for, but PyTorch sees no CUDA device"),
+                                hint=Text("use ", setting("device", "cpu")))
     return torch.device(name)
 
 
@@ -66,15 +66,15 @@ def resolve_precision(device: torch.device, precision: str) -> str:
         raise PhraseScorerError(f"unknown precision {precision!r}; choose one of {', '.join(known)}")
     if precision == "int8":
         if device.type == "cuda":
-            raise PhraseScorerError(f"{setting('precision', 'int8')} is for scoring on a CPU",
-                                    hint=f"on a GPU use {setting('precision', 'bf16')} or "
-                                         f"{setting('precision', 'fp16')}, or score on the CPU with "
-                                         f"{setting('device', 'cpu')}")
+            raise PhraseScorerError(Text(setting("precision", "int8"), " is for scoring on a CPU"),
+                                    hint=Text("on a GPU use ", setting("precision", "bf16"), " or ",
+                                              setting("precision", "fp16"), ", or score on the CPU with ",
+                                              setting("device", "cpu")))
         check_int8_kernels()
         return "int8"
     if device.type != "cuda":
         if precision in _DTYPES:
-            log.warning("%s applies on a GPU only; the CPU runs in fp32", render(setting("precision", precision)))
+            log.warning("%s applies on a GPU only; the CPU runs in fp32", setting("precision", precision))
         return "fp32"
     if precision == "auto":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
@@ -115,5 +115,5 @@ def int8_kernels_available() -> bool:
 def check_int8_kernels() -> None:
     if not int8_kernels_available():
         raise PhraseScorerError(
-            f"{setting('precision', 'int8')} needs PyTorch's int8 CPU kernels (fbgemm), which this PyTorch "
-            f"({torch.__version__}) does not have", hint=f"use {setting('precision', 'fp32')}")
+            Text(setting("precision", "int8"), " needs PyTorch's int8 CPU kernels (fbgemm), which this PyTorch "
+                 f"({torch.__version__}) does not have"), hint=Text("use ", setting("precision", "fp32")))

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Sequence
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import (
     STDIO, AtomicOutput, PathLike, file_identity, file_key, gzip_member, hash_identities, is_gzip_name, open_own,
     part_path, remove_if_same, write_text_atomically, writes_directly,
@@ -119,8 +119,8 @@ class ResumeRecord:
 
 def _not_a_record(path: PathLike, problem: str) -> PhraseScorerError:
     return PhraseScorerError(f"{problem}: not a resume record this run can trust", path=path,
-                             hint="move it away (and the partial output beside it), then run the command "
-                                  f"again without {setting('resume')}")
+                             hint=Text("move it away (and the partial output beside it), then run the command again "
+                                       "without ", setting("resume")))
 
 
 class OutputJob:
@@ -186,12 +186,12 @@ class OutputJob:
     def _open(self) -> AtomicOutput:
         if not self.resumable or self.direct:
             if self.resume and self.resumable:
-                raise PhraseScorerError(f"{setting('resume')} needs named input and output files, "
-                                        "not '-', a device or a pipe")
+                raise PhraseScorerError(Text(setting("resume"),
+                                             " needs named input and output files, not '-', a device or a pipe"))
             return AtomicOutput(self.output)
         if self.resume and self.source == STDIO:
-            raise PhraseScorerError(f"{setting('resume')} needs named input and output files, "
-                                    "not '-', a device or a pipe")
+            raise PhraseScorerError(Text(setting("resume"),
+                                         " needs named input and output files, not '-', a device or a pipe"))
         self._record = record_path(self.output)
         part = part_path(self.output)
         record = ResumeRecord.read(self._record)
@@ -225,7 +225,7 @@ class OutputJob:
 
     def _continue(self, record: ResumeRecord, part: Path) -> AtomicOutput:
         """Go on from ``record``: the same settings, and ``OUT.part`` holding the bytes it recorded."""
-        hint = f"run again without {setting('resume')}"
+        hint = Text("run again without ", setting("resume"))
         refuse_changed(record.settings, self.settings, path=part, hint=hint)
         out = AtomicOutput(self.output, part=part, append=True, keep_on_failure=True, resume_record=self._record)
         try:
@@ -234,7 +234,7 @@ class OutputJob:
                                         path=part, hint=hint)
             if os.fstat(out.file.fileno()).st_nlink != 1:  # cutting it would cut every other name too
                 raise PhraseScorerError("the partial output has other names (hard links): refusing to cut it",
-                                        path=part, hint=f"remove the other names, or {hint}")
+                                        path=part, hint=Text("remove the other names, or ", hint))
             out.file.seek(0)
             remaining = record.bytes_done
             while remaining:
@@ -336,12 +336,12 @@ class OutputJob:
         if isinstance(exc, PhraseScorerError) and exc.path != self._record:
             part = self.out.tmp_path
             if resumable:
-                note = (f"{part} is kept with the first {self.recorded_lines:,} lines done: run the same command "
-                        f"with {setting('resume', True)}")
+                note = Text(f"{part} is kept with the first {self.recorded_lines:,} lines done: run the same "
+                            "command with ", setting("resume", True))
             else:
                 reason = "the input must change first" if from_input else "no chunk was finished"
                 note = f"{part} is removed: nothing can be resumed from it ({reason})"
-            hint = f"{exc.hint}; {note}" if exc.hint else note
+            hint = Text(exc.hint, "; ", note) if exc.hint else note
             raise PhraseScorerError(exc.message, path=exc.path, line=exc.line, hint=hint) from None
 
 

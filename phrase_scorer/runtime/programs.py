@@ -18,7 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional, Sequence
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike, describe_os_error
 
 log = logging.getLogger(__name__)
@@ -110,12 +110,12 @@ def fresh_directory(path: Path, verb: str = "tune") -> Path:
     anyone else's, is refused."""
     if path.is_symlink():
         raise PhraseScorerError("the working folder is a symbolic link", path=path,
-                                hint=f"choose another {setting('working_dir')} or remove the link")
+                                hint=Text("choose another ", setting("working_dir"), " or remove the link"))
     if path.exists():
         mark = path / WORKDIR_MARK.format(verb=verb)
         if not (mark.is_file() and not mark.is_symlink()):
             raise PhraseScorerError(f"working directory exists and was not made by phrase-scorer {verb}", path=path,
-                                    hint=f"choose another {setting('working_dir')} or remove it")
+                                    hint=Text("choose another ", setting("working_dir"), " or remove it"))
         shutil.rmtree(path)
     path.mkdir(parents=True)
     (path / WORKDIR_MARK.format(verb=verb)).write_text(f"made by phrase-scorer {verb}; removed by the next run with "

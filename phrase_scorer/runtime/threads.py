@@ -7,7 +7,7 @@ import os
 import time
 from typing import Optional, Sequence
 
-from phrase_scorer.errors import render, setting
+from phrase_scorer.errors import setting
 
 log = logging.getLogger(__name__)
 
@@ -66,5 +66,5 @@ def set_threads(threads: Optional[int], models: Sequence = ()) -> None:
         if threads > 1 and busy is not None and busy > 0.75 * machine:
             log.warning("this machine is busy (%d other tasks running on %d cores); if this runs slowly, give it fewer "
                         "threads with %s", busy, machine,
-                        render(setting("threads", max(1, min(cores, round(machine - busy))))))
+                        setting("threads", max(1, min(cores, round(machine - busy)))))
     torch.set_num_threads(threads)

@@ -28,7 +28,7 @@ import time
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.runtime.heap import steady_heap
 
 POLL_SECONDS = 0.2
@@ -382,7 +382,7 @@ class WorkerPool:
         with self._reaping:
             process.join(timeout=WRITER_STOP_SECONDS)  # its pipe closes as it exits: the status comes at once
             exitcode = process.exitcode
-        hint = (f"if memory is short, run with fewer {setting('workers')}"
+        hint = (Text("if memory is short, run with fewer ", setting("workers"))
                 if exitcode == -getattr(signal, "SIGKILL", 9) else None)
         return PhraseScorerError(f"worker {n + 1} {how_it_ended(exitcode)}", hint=hint)
 

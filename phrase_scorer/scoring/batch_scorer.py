@@ -300,10 +300,13 @@ class BatchScorer:
         """Ids or indices as a long tensor on the device. To a GPU the copy goes through pinned
         memory without waiting (a plain copy from pageable memory would wait for the device
         at every depth of every trie)."""
-        tensor = torch.as_tensor(array, dtype=torch.long)
+        if isinstance(array, np.ndarray) and array.dtype == np.int64 and min(array.strides, default=0) >= 0:
+            tensor = torch.from_numpy(array)  # the same memory, without dispatching an operator
+        else:
+            tensor = torch.as_tensor(array, dtype=torch.long)
         if self.device.type == "cuda":
             return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor.to(self.device)
+        return tensor if self.device.type == "cpu" else tensor.to(self.device)  # on the CPU: no copy, no operator
 
     def _encode(self, source_rows: np.ndarray, lengths: np.ndarray, stats: ScoringStats) -> Memory:
         """The memory of distinct sources (``source_rows`` (S, L) padded with :data:`NO_ID`, one

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, fields
 
 from phrase_scorer import __version__
 from phrase_scorer.runtime import distributed
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
+from phrase_scorer.training.stopping import saved_stop_reason
 from phrase_scorer.model_dir import (
     CHECKPOINT, RECENT_WEIGHTS, TRAINED_AS, ModelDirectory, check_state_matches, check_trained_as,
     recent_weight_files, safe_torch_load,
@@ -32,7 +33,7 @@ class TrainState:
     lr_bad_validations: int = 0  # validations without improvement since the rate last changed
     train_seconds: float = 0.0
     finished: bool = False
-    stop_reason: str = ""
+    stop_reason: str = ""  # why it stopped: a Text naming the limit reached (phrase_scorer.training.stopping)
     device: str = ""  # where the last steps ran (cpu, cuda:<GPU name>); a resumed run may move
     precision: str = ""  # and in which precision (fp32, bf16, fp16)
 
@@ -50,10 +51,12 @@ def load_checkpoint(directory: ModelDirectory, model, optimizer, scaler) -> Trai
         if checkpoint.get("scaler"):
             scaler.load_state_dict(checkpoint["scaler"])
         known = {f.name for f in fields(TrainState)}
-        return TrainState(**{k: v for k, v in checkpoint["state"].items() if k in known})
+        state = TrainState(**{k: v for k, v in checkpoint["state"].items() if k in known})
+        state.stop_reason = saved_stop_reason(state.stop_reason)
+        return state
     except (KeyError, TypeError, ValueError) as exc:
         raise PhraseScorerError(f"checkpoint is damaged ({exc})", path=path,
-                                hint=f"start again with {setting('overwrite', True)}") from None
+                                hint=Text("start again with ", setting("overwrite", True))) from None
 
 
 def save_checkpoint(directory: ModelDirectory, model, optimizer, scaler, state: TrainState) -> None:
@@ -66,7 +69,7 @@ def save_checkpoint(directory: ModelDirectory, model, optimizer, scaler, state: 
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict() if scaler.is_enabled() else {},
-            "state": asdict(state),
+            "state": {**asdict(state), "stop_reason": str(state.stop_reason)},  # a Text saved as its plain text
             "package_version": __version__,
         },
         CHECKPOINT,

@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import numpy as np
 import torch
 
-from phrase_scorer.errors import render, setting
+from phrase_scorer.errors import setting
 from phrase_scorer.config import TrainConfig
 from phrase_scorer.data.batches import BatchSampler, hash_key
 from phrase_scorer.data.cache import PairSet
@@ -236,7 +236,7 @@ class TrainingLoop:
         if self.device.type == "cpu" and cfg.preset == "paper":
             log.warning(
                 "the paper preset on CPU trains at %.0f pairs/s: about %.1f hours per epoch. "
-                "For a quick model on CPU use %s.", pairs_per_second, epoch_hours, render(setting("preset", "small")),
+                "For a quick model on CPU use %s.", pairs_per_second, epoch_hours, setting("preset", "small"),
             )
 
     def validate_and_checkpoint(self) -> None:

@@ -43,7 +43,7 @@ from phrase_scorer.data.batches import BatchSampler
 from phrase_scorer.data.cache import PairSet
 from phrase_scorer.data.phrase_pairs import PhraseTableData
 from phrase_scorer.runtime.device import device_label, resolve_device, resolve_precision
-from phrase_scorer.errors import PhraseScorerError, render, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import OutputLock
 from phrase_scorer.config import AnyModelConfig, ModelConfig, TrainConfig, preset_config
 from phrase_scorer.models.architectures import build_model
@@ -94,13 +94,13 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
         if directory.exists():
             raise PhraseScorerError(
                 "already holds a model", path=path,
-                hint=f"continue it with {setting('resume', True)}, start again with {setting('overwrite', True)}, "
-                     "or choose another folder",
+                hint=Text("continue it with ", setting("resume", True), ", start again with ",
+                          setting("overwrite", True), ", or choose another folder"),
             )
         raise PhraseScorerError(
             f"holds a model without its config.json ({', '.join(present)})", path=path,
-            hint=(f"{setting('resume')} cannot continue it; " if resume else "")
-            + f"start again with {setting('overwrite', True)} (replaces them), or choose another folder",
+            hint=(Text(setting("resume"), " cannot continue it; ") if resume else "")
+            + Text("start again with ", setting("overwrite", True), " (replaces them), or choose another folder"),
         )
     if resume:
         log.info("nothing to resume in %s: starting afresh", path)
@@ -110,7 +110,7 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
             raise PhraseScorerError(
                 f"output folder is not empty and holds no phrase-scorer model ({', '.join(sorted(foreign)[:3])}"
                 f"{', ...' if len(foreign) > 3 else ''} are not what a setup leaves)", path=path,
-                hint=f"choose another folder, or pass {setting('overwrite', True)} to replace what is there")
+                hint=Text("choose another folder, or pass ", setting("overwrite", True), " to replace what is there"))
     for name in MODEL_FILES:
         (path / name).unlink(missing_ok=True)
     for old in recent_weight_files(path / RECENT_WEIGHTS):
@@ -134,14 +134,23 @@ def setup_leftover(entry: Path) -> bool:
         except (OSError, ValueError, UnicodeDecodeError, AttributeError):
             return False
     if name in (CACHE, CACHE + ".part"):
-        try:
-            return entry.is_dir() and isinstance(json.loads((entry / "meta.json").read_text(encoding="utf-8")), dict) \
-                and all(child.is_file() and not child.is_symlink() for child in entry.iterdir())
+        if not entry.is_dir() or not all(cache_file(child) for child in entry.iterdir()):
+            return False
+        try:  # a finished cache has its description; a cache.part being written may not yet
+            return isinstance(json.loads((entry / "meta.json").read_text(encoding="utf-8")), dict)
         except (OSError, ValueError, UnicodeDecodeError):
-            return name == CACHE + ".part" and entry.is_dir() and not any(entry.iterdir())
+            return name == CACHE + ".part"
     if name in (SOURCE_SUBWORDS, TARGET_SUBWORDS):
         return entry.is_file()
     return entry.is_file() and re.fullmatch(r".+\.[0-9a-f]{8}\.part", name) is not None
+
+
+def cache_file(entry: Path) -> bool:
+    """Whether ``entry`` of a pair cache folder is a file the cache writer makes: its
+    description, checksums, or a split's arrays (``SPLIT.NAME``, ``SPLIT.NAME.ids``, ...)."""
+    written = re.fullmatch(r"(train|valid)\.(lengths|(src|tgt)\.(ids|offsets))(\.[0-9a-f]{8}\.part)?", entry.name)
+    return entry.is_file() and not entry.is_symlink() and (
+        entry.name in ("meta.json", "checksums.json") or written is not None)
 
 
 def check_resume_settings(saved: TrainConfig, asked: TrainConfig, explicit: Set[str]) -> TrainConfig:
@@ -228,10 +237,11 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
             saved_config = saved_config.resolved(corpus="corpus" in saved)
         except PhraseScorerError as exc:  # a setting of the wrong type or out of its range
             raise PhraseScorerError(exc.message, path=directory.file(CONFIG),
-                                    hint=f"correct it, or start a new run with {setting('overwrite', True)}") from None
+                                    hint=Text("correct it, or start a new run with ",
+                                              setting("overwrite", True))) from None
         except TypeError as exc:
             raise PhraseScorerError(f"config has no valid 'training' section ({exc})", path=directory.file(CONFIG),
-                                    hint=f"start a new run with {setting('overwrite', True)}") from None
+                                    hint=Text("start a new run with ", setting("overwrite", True))) from None
         config = check_resume_settings(saved_config, config.resolved(corpus="corpus" in saved), explicit)
         if model_config is not None:
             names = ("source_shortlist", "target_shortlist")
@@ -241,16 +251,16 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
         model_config = saved_model
         source_vocab, target_vocab = directory.vocabularies(saved)
         if data.kind not in saved:
-            trained_on = f"a sentence corpus ({setting('corpus')})" if "corpus" in saved else "a phrase table"
-            raise PhraseScorerError(f"the interrupted run trained on {trained_on}", path=output,
+            trained_on = Text("a sentence corpus (", setting("corpus"), ")") if "corpus" in saved else "a phrase table"
+            raise PhraseScorerError(Text("the interrupted run trained on ", trained_on), path=output,
                                     hint="resume with the same training data, or start a new run")
         data_info = saved[data.kind]
     else:
         model_config = model_config or preset_config(config)
         config = replace(config, arch=model_config.arch).resolved(corpus=data.kind == "corpus")
         if config.valid_metric == "bleu" and data.kind != "corpus":
-            raise PhraseScorerError(f"{setting('valid_metric', 'bleu')} needs sentence pairs ({setting('corpus')}); "
-                                    "a phrase table validates by nll")
+            raise PhraseScorerError(Text(setting("valid_metric", "bleu"), " needs sentence pairs (", setting("corpus"),
+                                         "); a phrase table validates by nll"))
         source_counts, target_counts, data_info = data.count_words(config)
         source_vocab, target_vocab = make_vocabularies(config, model_config, source_counts, target_counts)
         source_vocab.save(directory.file(SOURCE_VOCAB))
@@ -293,15 +303,15 @@ def check_validation_split(directory: ModelDirectory, data: TrainingData, config
     nll; one asked for (``--valid-metric bleu``) is refused."""
     if config.valid_metric != "bleu" or len(PairSet(directory.cache_dir, "valid")):
         return config
-    held_out = (f"{setting('dev')} holds no pair with two non-empty sides" if getattr(data, "dev_source", None)
-                else f"{setting('valid_pairs', config.valid_pairs)} held out none of the pairs")
+    held_out = (Text(setting("dev"), " holds no pair with two non-empty sides") if getattr(data, "dev_source", None)
+                else Text(setting("valid_pairs", config.valid_pairs), " held out none of the pairs"))
     if resuming or "valid_metric" in explicit:
-        raise PhraseScorerError(f"{setting('valid_metric', 'bleu')} needs validation pairs, but {held_out}",
+        raise PhraseScorerError(Text(setting("valid_metric", "bleu"), " needs validation pairs, but ", held_out),
                                 path=data.path,
-                                hint=f"give {setting('dev', 'SRC TGT')} or a larger {setting('valid_pairs')}, "
-                                     f"or validate by {setting('valid_metric', 'nll')}")
-    log.info("no validation pairs (%s): the training NLL picks the best weights (%s)", render(held_out),
-             render(setting("valid_metric", "nll")))
+                                hint=Text("give ", setting("dev", "SRC TGT"), " or a larger ", setting("valid_pairs"),
+                                          ", or validate by ", setting("valid_metric", "nll")))
+    log.info("no validation pairs (%s): the training NLL picks the best weights (%s)", held_out,
+             setting("valid_metric", "nll"))
     return replace(config, valid_metric="nll")
 
 
@@ -313,12 +323,13 @@ def agree_on_setup(run: Callable[[], RunSetup]) -> RunSetup:
         try:
             setup = run()
         except BaseException as exc:
-            distributed.broadcast_object(RunSetup(False, TrainConfig(), None, error=str(exc) or type(exc).__name__))
+            error = exc.text if isinstance(exc, PhraseScorerError) else str(exc) or type(exc).__name__
+            distributed.broadcast_object(RunSetup(False, TrainConfig(), None, error=error))
             raise
         return distributed.broadcast_object(setup)
     setup = distributed.broadcast_object()
     if setup.error:
-        raise PhraseScorerError(f"rank 0 could not prepare the run: {setup.error}")
+        raise PhraseScorerError(Text("rank 0 could not prepare the run: ", setup.error))
     return setup
 
 
@@ -333,12 +344,12 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     valid_pairs = PairSet(directory.cache_dir, "valid")
     if len(train_pairs) == 0:
         raise PhraseScorerError("no pairs left for training after holding out the validation set", path=data.path,
-                                hint=f"lower {setting('valid_pairs')}")
+                                hint=Text("lower ", setting("valid_pairs")))
     log.info("pair cache: %d training pairs, %d validation pairs", len(train_pairs), len(valid_pairs))
     world = distributed.world().size
     if config.batch_size % world:
-        raise PhraseScorerError(f"{setting('batch_size', config.batch_size)} (the global batch) does not divide "
-                                f"among {world} processes",
+        raise PhraseScorerError(Text(setting("batch_size", config.batch_size), " (the global batch) does not divide "
+                                     f"among {world} processes"),
                                 hint=f"use a multiple of {world}")
     log.info("global batch: %d pairs per update (%d process%s x %d pairs)", config.batch_size, world,
              "es" if world > 1 else "", config.batch_size // world)
@@ -346,7 +357,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     device = distributed.device_for_rank(resolve_device(config.device))
     if world > 1 and torch.distributed.get_backend() != distributed.backend_for(device):
         raise PhraseScorerError(f"the run trains on {device.type}, but the processes joined for another device",
-                                hint=f"give {setting('device')} explicitly under torchrun")
+                                hint=Text("give ", setting("device"), " explicitly under torchrun"))
     precision = resolve_precision(device, config.precision)
     torch.manual_seed(config.seed)
     model = build_model(model_config, len(source_vocab), len(target_vocab))
@@ -389,10 +400,10 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     set_learning_rate(optimizer, state.lr)
     loop.run()
     if distributed.world().is_main and not directory.file(BEST_WEIGHTS).exists():  # never a "model" without weights
-        raise PhraseScorerError(f"training stopped ({loop.state.stop_reason}) without weights to keep: no validation "
-                                "gave a finite NLL", path=directory.file(BEST_WEIGHTS),
-                                hint=f"lower {setting('lr')}, or raise the stopping limits and resume with "
-                                     f"{setting('resume', True)}")
+        raise PhraseScorerError(Text("training stopped (", loop.state.stop_reason, ") without weights to keep: no "
+                                     "validation gave a finite NLL"), path=directory.file(BEST_WEIGHTS),
+                                hint=Text("lower ", setting("lr"), ", or raise the stopping limits and resume with ",
+                                          setting("resume", True)))
     return loop.state
 
 

@@ -4,11 +4,12 @@ user (Ctrl-C, SIGTERM), honoured after the current step with a checkpoint."""
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 from typing import Any, Dict
 
-from phrase_scorer.errors import render, setting
+from phrase_scorer.errors import Text, setting
 from phrase_scorer.runtime.distributed import world
 from phrase_scorer.config import TrainConfig
 
@@ -18,15 +19,25 @@ log = logging.getLogger(__name__)
 def stop_reason(config: TrainConfig, state, batches_per_epoch: int) -> str:
     """Why training stops now (``""``: it goes on), from ``state`` (a TrainState)."""
     if config.max_steps is not None and state.step >= config.max_steps:
-        return render(f"reached {setting('max_steps', config.max_steps)}")
+        return Text("reached ", setting("max_steps", config.max_steps))
     if (config.max_epochs is not None
             and state.epoch + state.batch_in_epoch / max(batches_per_epoch, 1) >= config.max_epochs):
-        return render(f"reached {setting('max_epochs', format(config.max_epochs, 'g'))}")
+        return Text("reached ", setting("max_epochs", format(config.max_epochs, "g")))
     if config.max_time is not None and state.train_seconds >= config.max_time:
-        return render(f"reached {setting('max_time', format(config.max_time, 'g') + 's')}")
+        return Text("reached ", setting("max_time", format(config.max_time, "g") + "s"))
     if state.bad_validations >= config.patience:
         return f"early stopping: no improvement in {config.patience} validations"
     return ""
+
+
+_REACHED = re.compile(r"reached (max_steps|max_epochs|max_time)=(\S+)")
+
+
+def saved_stop_reason(saved: str) -> str:
+    """A stop reason as a checkpoint saves it (:func:`stop_reason`'s text), naming its limit again
+    as a setting; any other text (early stopping) as it is."""
+    match = _REACHED.fullmatch(saved) if isinstance(saved, str) else None
+    return Text("reached ", setting(match[1], match[2])) if match else saved
 
 
 class TrainingInterrupted(KeyboardInterrupt):
