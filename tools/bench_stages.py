@@ -363,7 +363,6 @@ def instrument(recorder: Recorder) -> None:
 def count_operators(recorder: Recorder) -> Dict[str, Any]:
     """Score the representative window again under a dispatch mode that counts every operator,
     by the category of the region it runs in; with the batches and pairs of that pass."""
-    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     counts = dict.fromkeys(CATEGORIES, 0)
@@ -492,7 +491,6 @@ def figures(command: str, preset: str, result: dict) -> Dict[str, Any]:
     by = operators["by_category"]
     per_pair = {k: v / max(1, operators["pairs"]) for k, v in by.items()}  # operators per pair, by stage
     pairs_per_batch = pairs / n
-    ops_model = per_pair["model"] * pairs_per_batch
     ops_host = (per_pair["glue"] + per_pair["ids"] + per_pair["grouping"] + per_pair["tries"]) * pairs_per_batch
     ops_total = sum(v for k, v in per_pair.items()) * pairs_per_batch
     host_ops_us = ops_host * cost * 1e6  # the torch operators among the host regions: their dispatch
@@ -553,7 +551,7 @@ def section(rows: List[Dict[str, Any]], args, where: str, load: str, shared: boo
     sizes_text = "; ".join(f"{r['command']} `{r['preset']}`: {r['pairs']:,} {unit[r['command']]}" for r in rows)
     device = "GPU" if args.device.startswith("cuda") else "CPU"
     text = [
-        f"## The batch scorer's stages (`tools/bench_stages.py`)\n",
+        "## The batch scorer's stages (`tools/bench_stages.py`)\n",
         f"Command: `python tools/bench_stages.py --device {args.device} --presets {args.presets} --lines "
         f"{args.lines} --hypotheses {args.hypotheses} --threads {args.threads} --write`; machine: {where}, torch "
         f"{info['torch']}, fp32, OMP_WAIT_POLICY=PASSIVE, the scorer on {rows[0]['threads']} thread(s) in the main "
@@ -574,7 +572,8 @@ def section(rows: List[Dict[str, Any]], args, where: str, load: str, shared: boo
         "*host: grouping*: `IdRows.of` and `BatchScorer._batches` (sorting and cutting the window, padding a "
         "rescore window's ids); *host: tries*: `trie_of_rows` (sources and targets); *host: index arrays, order*: "
         "the rest of `score` and `_score_batch` (per-depth node and label arrays, chunk bounds, putting the scores "
-        "back in input order) less the torch operators run there (their dispatch and, on a CPU, their time); *host µs/pair*: the three host columns per pair "
+        "back in input order) less the torch operators run there (their dispatch and, on a CPU, their time); "
+        "*host µs/pair*: the three host columns per pair "
         f"(the targets: {TARGETS['annotate']:.0f} µs for annotate, {TARGETS['rescore']:.0f} µs for "
         "rescore); *waiting*: on the workers (annotate's prepared windows), the reader and the writer, and the "
         "pipeline's own work; *dispatch*: "
@@ -612,7 +611,8 @@ def section(rows: List[Dict[str, Any]], args, where: str, load: str, shared: boo
                         f"({'met' if r['host_us_per_pair'] <= target else 'not met'}); "
                         f"{r['ops_per_1k']:,.0f} operators per 1,000 pairs today (the baseline of the 3x "
                         f"reduction: {r['ops_per_1k'] / 3:,.0f})")
-    text.append("Against the CPU targets (the host work that lets one process feed a GPU):\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n")
+    text.append("Against the CPU targets (the host work that lets one process feed a GPU):\n\n"
+                + "\n".join(f"- {v}" for v in verdicts) + "\n")
     return "\n".join(text)
 
 
