@@ -10,7 +10,7 @@
 # Outputs go to runs/example/ (EXAMPLE_OUT=DIR elsewhere); a re-run replaces them. Training is
 # bounded by steps, not by time, so a busy machine takes longer but trains the same models:
 # SENTENCE_STEPS=200 updates of 32 sentence pairs, STEPS=1000 updates of 64 phrase pairs (the
-# whole run: about three minutes on a 2-core CPU, docs/examples.md). Both models are far from
+# whole run: about two minutes on an idle 2-core CPU, docs/examples.md). Both models are far from
 # trained: the example shows the commands and their outputs, not what trained models buy
 # (docs/results.md has that). STEPS=5000 gives the phrase model a validation margin (true against
 # shuffled targets) of about 28 nats on this table, against about 11 after 1,000 steps; the margin
