@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, EXAMPLE_TABLE, error_line
+from conftest import DATA, EXAMPLE_TABLE, error_line, head_lines
 from conftest import run_cli as run
 
 NBEST = DATA / "val.nbest.head.gz"
@@ -29,8 +29,7 @@ PRECIOUS = b"the user's own notes\n"
 def table(tmp_path) -> Path:
     """The first 900 lines of the example table, plain text."""
     path = tmp_path / "pt.txt"
-    with gzip.open(EXAMPLE_TABLE, "rb") as f:
-        path.write_bytes(b"".join(line for _, line in zip(range(900), f)))
+    path.write_bytes(b"".join(head_lines(EXAMPLE_TABLE, 900)))
     return path
 
 

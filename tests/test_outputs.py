@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, EXAMPLE_TABLE, VAL_EN, VAL_FR, error_line
+from conftest import DATA, EXAMPLE_TABLE, VAL_EN, VAL_FR, error_line, head_lines
 from conftest import run_cli as run
 
 NBEST = DATA / "val.nbest.head.gz"
@@ -38,8 +38,7 @@ def record(case: str, outcome: str) -> None:
 def table(tmp_path) -> Path:
     """The first 60 lines of the example table, plain text."""
     path = tmp_path / "pt.txt"
-    with gzip.open(EXAMPLE_TABLE, "rb") as f:
-        path.write_bytes(b"".join(line for _, line in zip(range(60), f)))
+    path.write_bytes(b"".join(head_lines(EXAMPLE_TABLE, 60)))
     return path
 
 

@@ -13,7 +13,6 @@ or the lock is held by a process started for it, before the second run starts.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import os
 import shutil
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, EXAMPLE_TABLE, VAL_EN, error_line, kill, start_halted
+from conftest import DATA, EXAMPLE_TABLE, VAL_EN, error_line, head_lines, kill, start_halted
 from conftest import run_cli as run
 from test_outputs import other_writers
 
@@ -81,8 +80,7 @@ def go_on(proc: subprocess.Popen, ready: Path) -> subprocess.CompletedProcess:
 def table(tmp_path) -> Path:
     """The first 300 lines of the example table, plain text."""
     path = tmp_path / "pt.txt"
-    with gzip.open(EXAMPLE_TABLE, "rb") as f:
-        path.write_bytes(b"".join(line for _, line in zip(range(300), f)))
+    path.write_bytes(b"".join(head_lines(EXAMPLE_TABLE, 300)))
     return path
 
 

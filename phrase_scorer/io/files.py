@@ -265,7 +265,7 @@ def new_temporary(path: PathLike) -> Tuple[int, str]:
     """A new file beside ``path`` to write it under before the rename: ``NAME.XXXXXXXX.part``
     (a random part, created exclusively: no file there is ever written over). Returns its
     descriptor and name."""
-    folder, name = os.path.split(os.path.abspath(path))
+    name = os.path.basename(os.path.abspath(path))
     for _ in range(100):
         candidate = os.path.join(os.path.dirname(os.fspath(path)), f"{name}.{os.urandom(4).hex()}.part")
         try:
@@ -291,8 +291,8 @@ class AtomicOutput:
     """Write a file under a temporary name and rename it into place on :meth:`commit`.
 
     Use as a context manager: leaving the block without :meth:`commit` (an error, Ctrl-C) removes
-    the temporary file unless ``keep_on_failure`` is set and, where ``resume_record`` is given,
-    that record exists (then a later run can resume from it). ``-`` writes to stdout directly;
+    the temporary file unless ``keep_on_failure`` is set (the caller keeps it for a later run to
+    resume from: :mod:`phrase_scorer.runtime.job` decides). ``-`` writes to stdout directly;
     a character device or FIFO is opened and written directly too (``direct``), never renamed over.
 
     The temporary file is created exclusively and never through a link: a new
@@ -304,12 +304,11 @@ class AtomicOutput:
     """
 
     def __init__(self, path: PathLike, *, append: bool = False, keep_on_failure: bool = False,
-                 resume_record: Optional[Path] = None, part: Optional[PathLike] = None) -> None:
+                 part: Optional[PathLike] = None) -> None:
         self.path = os.fspath(path)
         self.to_stdout = self.path == STDIO
         self.direct = writes_directly(self.path)
         self.keep_on_failure = keep_on_failure
-        self.resume_record = resume_record
         self.committed = False
         self._key: Optional[Tuple[int, int]] = None
         self.tmp_path: Optional[Path] = None
@@ -385,8 +384,7 @@ class AtomicOutput:
             pass
         if self.direct:
             return
-        keep = self.keep_on_failure and (self.resume_record is None or self.resume_record.exists())
-        if not keep:
+        if not self.keep_on_failure:
             assert self.tmp_path is not None  # set whenever the output is not written directly
             remove_if_same(self.tmp_path, self._key)
 

@@ -184,14 +184,11 @@ class OutputJob:
         return writes_directly(self.output)
 
     def _open(self) -> AtomicOutput:
-        if not self.resumable or self.direct:
-            if self.resume and self.resumable:
-                raise PhraseScorerError(Text(setting("resume"),
-                                             " needs named input and output files, not '-', a device or a pipe"))
-            return AtomicOutput(self.output)
-        if self.resume and self.source == STDIO:
+        if self.resume and self.resumable and (self.direct or self.source == STDIO):
             raise PhraseScorerError(Text(setting("resume"),
                                          " needs named input and output files, not '-', a device or a pipe"))
+        if not self.resumable or self.direct:
+            return AtomicOutput(self.output)
         self._record = record_path(self.output)
         part = part_path(self.output)
         record = ResumeRecord.read(self._record)
@@ -205,8 +202,13 @@ class OutputJob:
             log.info("%s exists and will be replaced when the new output is complete", self.output)
         self._clear_stale(record, part)
         hash_identities(self.settings)  # the resume record names the inputs by their hash
-        out = AtomicOutput(self.output, part=part, keep_on_failure=True, resume_record=self._record)
-        self._write_record(out)  # the part is this run's from its first byte: a kill leaves it resumable
+        out = AtomicOutput(self.output, part=part, keep_on_failure=True)
+        try:
+            self._write_record(out)  # the part is this run's from its first byte: a kill leaves it resumable
+        except BaseException:
+            out.keep_on_failure = False
+            out.abort()
+            raise
         return out
 
     def _clear_stale(self, record: Optional[ResumeRecord], part: Path) -> None:
@@ -227,7 +229,7 @@ class OutputJob:
         """Go on from ``record``: the same settings, and ``OUT.part`` holding the bytes it recorded."""
         hint = Text("run again without ", setting("resume"))
         refuse_changed(record.settings, self.settings, path=part, hint=hint)
-        out = AtomicOutput(self.output, part=part, append=True, keep_on_failure=True, resume_record=self._record)
+        out = AtomicOutput(self.output, part=part, append=True, keep_on_failure=True)
         try:
             if (out._key or (0, 0)) != (record.part_device, record.part_inode):
                 raise PhraseScorerError("the partial output is not the file its resume record describes",
@@ -249,8 +251,7 @@ class OutputJob:
                                         path=part, hint=hint)
             out.file.truncate(record.bytes_done)
             out.file.seek(record.bytes_done)
-        except BaseException:
-            out.keep_on_failure = True
+        except BaseException:  # kept as it was: its record still names it
             out.abort()
             raise
         self.lines_done = self.recorded_lines = record.lines_done
