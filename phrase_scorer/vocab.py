@@ -31,6 +31,8 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, write_text_atomically
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+# The softmax covers target ids 1.. (</s>, <unk>, words); <pad> (id 0) is never predicted.
+FIRST_OUTPUT_ID = EOS_ID
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 SPECIALS = (PAD, EOS, UNK)
 FORMAT = "phrase-scorer-vocabulary"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "phrase_scorer"
 # The Moses drivers, the file formats, and tuning and applying a reranker: never torch.
-TORCH_FREE = ("moses", "io", "rescoring.weights", "rescoring.mert_files", "rescoring.optimisers",
+TORCH_FREE = ("moses", "io", "scoring.batch_plan", "rescoring.weights", "rescoring.mert_files", "rescoring.optimisers",
               "rescoring.reranker", "rescoring.tuning")
 
 #: What each part of the package may import (besides itself and the version in phrase_scorer/__init__.py).

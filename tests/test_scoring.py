@@ -20,12 +20,12 @@ from phrase_scorer.scoring.batch_scorer import (
     CPU_CHUNK_ROWS,
     GPU_CHUNK_BYTES,
     BatchScorer,
-    build_trie,
     default_batch_tokens,
     default_chunk_rows,
     log_probs_by_forward,
     pad,
 )
+from phrase_scorer.scoring.batch_plan import batches, build_trie
 from phrase_scorer.vocab import Vocabulary
 
 CONFIG = ModelConfig(embedding_dim=8, hidden_dim=12, maxout_units=6, output_rank=4, source_shortlist=150,
@@ -185,7 +185,8 @@ def test_batches_group_pairs_by_source_in_sorted_order_and_fill_the_token_budget
 
     rows = IdRows.of(sources)
     got = []
-    for pair_index, opens_source in scorer._batches(rows.rows, rows.lengths, IdRows.of(targets).lengths):
+    target_lengths = IdRows.of(targets).lengths
+    for pair_index, opens_source in batches(scorer.plan_settings(), rows.rows, rows.lengths, target_lengths):
         assert opens_source[0]
         got.append([(sources[i], int(i)) for i in pair_index])
         # a pair opens a source exactly where its source differs from the pair before it
@@ -368,10 +369,11 @@ def test_batch_tokens_default_to_the_devices_own(loaded_tiny, tmp_path):
     # batch of the default 8,192 tokens, and 7 pairs a batch (6 batches) of 64
     rows = IdRows.of([[5, 6, 7]] * 40)
     lengths = IdRows.of([[5 + i % 7] * 8 for i in range(40)]).lengths
-    for options, batches in ((ScoringOptions(), 1), (ScoringOptions(batch_tokens=64), 6)):
-        assert len(list(BatchScorer(model, options)._batches(rows.rows, rows.lengths, lengths))) == batches
+    for options, count in ((ScoringOptions(), 1), (ScoringOptions(batch_tokens=64), 6)):
+        settings = BatchScorer(model, options).plan_settings()
+        assert len(list(batches(settings, rows.rows, rows.lengths, lengths))) == count
     # and a call may ask for its own (the bounded reranking's small batches of floors)
-    assert len(list(BatchScorer(model)._batches(rows.rows, rows.lengths, lengths, 64))) == 6
+    assert len(list(batches(BatchScorer(model).plan_settings(), rows.rows, rows.lengths, lengths, 64))) == 6
 
 
 @pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])

@@ -16,21 +16,24 @@ without them). It reports:
   included), apart from the steady rate: pairs per second over the batches after the first (from
   the first batch's end to the last one's, everything the command does meanwhile included);
 * a stage table, per batch (the mean of the batches after the first) on the main thread:
-  - *host*: grouping (``IdRows.of`` and ``BatchScorer._batches``), tries (``trie_of_rows``) and
-    the rest of ``BatchScorer.score`` / ``_score_batch`` (index arrays, labels, chunk bounds,
-    putting scores back in order), less the torch operators dispatched there;
+  - *host*: on the main thread: grouping (``IdRows.of`` and ``batch_plan.batches``), tries
+    (``trie_of_rows``) and the rest of the batches' plans (``plan_batch``: index arrays, labels,
+    chunk bounds) and of ``BatchScorer.score_plans`` / ``_run`` (putting scores back in order),
+    less the torch operators dispatched there (planning done in a worker process costs the main
+    thread nothing);
   - *waiting*: on the worker processes (annotate: a window's prepared ids) and the reader and
     writer threads (``Pipeline``'s queues), and the pipeline's own work on the main thread;
   - *dispatch*: the operators' fixed cost; on a CPU the time inside the model's code less the
     time inside its operators, plus the scorer's own operators times the fixed cost of one
     operator (measured in the same process on tensors of a few elements); on a GPU the host's
     time inside the model's operators (launches) plus that estimate for the scorer's own;
-  - *device*: on a GPU the time CUDA events measure around the model's operators (the model's
-    steps, gathers and softmax); on a CPU the arithmetic: the time inside the torch operators
-    (below the dispatcher), of the model and of the scorer (gathers of parent states, scatters
-    of scores), measured per operator in the counting pass below and scaled to the batch's pairs;
-  - *copies*: ids and indices to the device (``BatchScorer._tensor``) and the scores back
-    (``Tensor.cpu``: on a GPU it waits for the device);
+  - *device*: on a GPU the batch's time times the share of the time the GPU's kernels run
+    (torch's profiler, while the representative window is scored again); on a CPU the
+    arithmetic: the time inside the torch operators (below the dispatcher), of the model and of
+    the scorer (gathers of parent states, scatters of scores), measured per operator in the
+    counting pass below and scaled to the batch's pairs;
+  - *copies*: a batch's plan to the device (``BatchScorer._slots``: one copy) and the scores
+    back (``Tensor.cpu``, or on a GPU ``_collected``: both wait for the device);
   - *device share*: device / wall time of a batch;
 * the torch operators dispatched per batch and per 1,000 pairs, counted with a
   ``TorchDispatchMode`` while one representative window (the run's second, else its first) is
@@ -137,7 +140,7 @@ def repeated_nbest(nbest: Path, source: Path, hypotheses: int, work: Path) -> Tu
 
 # --- the measured child process ----------------------------------------------------------------
 
-HOST = ("ids", "grouping", "tries", "glue")  # main-thread host work inside BatchScorer.score
+HOST = ("ids", "grouping", "tries", "plan", "glue")  # main-thread host work inside the scorer
 CATEGORIES = HOST + ("model", "to_device", "readback", "wait", "pipeline")
 
 
@@ -145,15 +148,14 @@ class Recorder:
     """Self time of nested regions on the main thread, by category, batch by batch.
 
     A region's time goes to its own category less the regions nested in it. A batch opens at
-    each ``_score_batch`` (the exact-overflow rescoring of the same batch excepted) and closes at
+    each ``_run`` (the exact-overflow rescoring of the same batch excepted) and closes at
     the next one or at the end of ``score``; the work before a window's first batch (grouping,
     waiting for the window) goes into that batch."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
-        self.stack: List[list] = []  # [category, start, nested time, cuda start event]
+        self.stack: List[list] = []  # [category, start, nested time]
         self.current = dict.fromkeys(CATEGORIES, 0.0)
-        self.current_events: List[Tuple[Any, Any]] = []
         self.batches: List[dict] = []
         self.open_pairs: Optional[int] = None
         self.scores = 0  # score() calls
@@ -164,26 +166,14 @@ class Recorder:
         self.main = threading.main_thread()
 
     def push(self, category: str) -> None:
-        event = None
-        if self.cuda and category == "model" and not any(r[0] == "model" for r in self.stack):
-            import torch
-
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-        self.stack.append([category, time.perf_counter(), 0.0, event])
+        self.stack.append([category, time.perf_counter(), 0.0])
 
     def pop(self) -> None:
-        category, start, nested, event = self.stack.pop()
+        category, start, nested = self.stack.pop()
         elapsed = time.perf_counter() - start
         self.current[category] += elapsed - nested
         if self.stack:
             self.stack[-1][2] += elapsed
-        if event is not None:
-            import torch
-
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.current_events.append((event, end))
 
     @contextlib.contextmanager
     def region(self, category: str):
@@ -203,10 +193,8 @@ class Recorder:
     def close_batch(self) -> None:
         if self.open_pairs is None:
             return
-        self.batches.append({"pairs": self.open_pairs, "end": time.perf_counter(), **self.current,
-                             "events": self.current_events})
+        self.batches.append({"pairs": self.open_pairs, "end": time.perf_counter(), **self.current})
         self.current = dict.fromkeys(CATEGORIES, 0.0)
-        self.current_events = []
         self.open_pairs = None
 
 
@@ -221,13 +209,31 @@ def timed_method(recorder: Recorder, cls, name: str, category: str) -> None:
     setattr(cls, name, wrapper)
 
 
+def keeping(items, kept: list):
+    for item in items:
+        kept.append(item)
+        yield item
+
+
+def timed_function(recorder: Recorder, module, name: str, category: str) -> None:
+    original = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        with recorder.region(category):
+            return original(*args, **kwargs)
+
+    setattr(module, name, wrapper)
+
+
 def instrument(recorder: Recorder) -> None:
     """Install the wrappers (this process only)."""
     import torch
 
     from phrase_scorer import model_dir
     from phrase_scorer.data import padding
+    from phrase_scorer.models import base
     from phrase_scorer.runtime import workers
+    from phrase_scorer.scoring import batch_plan as bp
     from phrase_scorer.scoring import annotate as annotate_module
     from phrase_scorer.scoring import batch_scorer as bs
 
@@ -244,23 +250,25 @@ def instrument(recorder: Recorder) -> None:
     # annotate scores in the main process, the workers preparing and finishing (a GPU's layout)
     annotate_module.scoring_in_workers = lambda loaded, scorer, workers: None
 
-    score = bs.BatchScorer.score
+    score_plans = bs.BatchScorer.score_plans
 
-    def timed_score(self, sources, targets, batch_tokens=None):
+    def timed_score_plans(self, plans, pairs):
         recorder.scores += 1
-        if recorder.scores <= 2:
-            recorder.sample = (self, sources, targets)
+        if recorder.scores <= 2:  # kept as they are planned (lazily, as in any other window), to be run again
+            kept: list = []
+            plans = keeping(plans, kept)
+            recorder.sample = (self, kept, pairs)
         with recorder.region("glue"):
-            out = score(self, sources, targets, batch_tokens)
+            out = score_plans(self, plans, pairs)
         recorder.close_batch()
         return out
 
-    bs.BatchScorer.score = timed_score
+    bs.BatchScorer.score_plans = timed_score_plans
 
-    batches = bs.BatchScorer._batches
+    batches = bp.batches
 
-    def timed_batches(self, *args, **kwargs):
-        generator = batches(self, *args, **kwargs)
+    def timed_batches(*args, **kwargs):
+        generator = batches(*args, **kwargs)
         while True:
             with recorder.region("grouping"):
                 item = next(generator, None)
@@ -268,27 +276,19 @@ def instrument(recorder: Recorder) -> None:
                 return
             yield item
 
-    bs.BatchScorer._batches = timed_batches
+    bp.batches = timed_batches
 
-    score_batch = bs.BatchScorer._score_batch
+    run_plan = bs.BatchScorer._run
 
-    def timed_score_batch(self, source_rows, source_lengths, target_rows, lengths, pair_source, *, stats,
-                          exact_overflow=False):
+    def timed_run_plan(self, plan, exact_overflow=False):
         if not exact_overflow:
-            recorder.open_batch(len(lengths))
+            recorder.open_batch(plan.counts[0])
         with recorder.region("glue"):
-            return score_batch(self, source_rows, source_lengths, target_rows, lengths, pair_source, stats=stats,
-                               exact_overflow=exact_overflow)
+            return run_plan(self, plan, exact_overflow)
 
-    bs.BatchScorer._score_batch = timed_score_batch
-
-    trie_of_rows = bs.trie_of_rows
-
-    def timed_trie(*args, **kwargs):
-        with recorder.region("tries"):
-            return trie_of_rows(*args, **kwargs)
-
-    bs.trie_of_rows = timed_trie
+    bs.BatchScorer._run = timed_run_plan
+    timed_function(recorder, bp, "trie_of_rows", "tries")
+    timed_function(recorder, bp, "plan_batch", "plan")
 
     of = padding.IdRows.of.__func__
 
@@ -297,8 +297,10 @@ def instrument(recorder: Recorder) -> None:
             return of(cls, sequences)
 
     padding.IdRows.of = classmethod(timed_of)
-    timed_method(recorder, bs.BatchScorer, "_tensor", "to_device")
-    timed_method(recorder, bs.BatchScorer, "_rows", "model")
+    timed_method(recorder, bs.BatchScorer, "_slots", "to_device")
+    timed_method(recorder, bs.BatchScorer, "_collected", "readback")
+    timed_method(recorder, base.Memory, "select", "model")
+    timed_method(recorder, base.Memory, "first", "model")
     timed_method(recorder, bs.OutputSoftmax, "log_probs", "model")
 
     init = bs.BatchScorer.__init__
@@ -382,19 +384,52 @@ def count_operators(recorder: Recorder) -> Dict[str, Any]:
             seconds[category] += clock() - start
             return out
 
-    scorer, sources, targets = recorder.sample
+    scorer, plans, pairs = recorder.sample
     before = len(recorder.batches)
-    cuda = recorder.cuda
-    recorder.cuda = False  # no events in this pass
     with Counter():
-        scorer.score(sources, targets)
-    recorder.cuda = cuda
+        scorer.score_plans(plans, pairs)
     passed = recorder.batches[before:]
     del recorder.batches[before:]
     pairs = max(1, sum(b["pairs"] for b in passed))
     top = [(name, round(count * 1000 / pairs)) for name, count in sorted(names.items(), key=lambda kv: -kv[1])[:12]]
     return {"by_category": counts, "seconds": seconds, "batches": len(passed),
             "pairs": sum(b["pairs"] for b in passed), "top": top}
+
+
+def kernel_time(recorder: Recorder) -> Dict[str, Any]:
+    """On a GPU: the representative window scored again, once timed alone (wall seconds, the
+    device synchronised at both ends) and once under torch's profiler, whose CUDA kernels' time
+    over that wall time is the share of the time the card computes; with the kernels launched
+    and the most frequent ones."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    scorer, plans, pairs = recorder.sample
+    before = len(recorder.batches)
+    scorer.score_plans(plans, pairs)  # warm
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    scorer.score_plans(plans, pairs)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        scorer.score_plans(plans, pairs)
+        torch.cuda.synchronize()
+    passed = recorder.batches[before:]
+    del recorder.batches[before:]
+    pairs = sum(b["pairs"] for b in passed[len(passed) * 2 // 3:]) or 1  # the profiled pass's batches
+    kernels: Dict[str, List[float]] = {}
+    for event in prof.events():
+        if str(event.device_type).endswith("CUDA"):
+            entry = kernels.setdefault(event.name[:60], [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+    total_us = sum(v[1] for v in kernels.values())
+    launches = sum(v[0] for v in kernels.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:10]
+    return {"wall_s": wall, "kernel_s": total_us / 1e6, "busy": total_us / 1e6 / wall, "launches": launches,
+            "pairs": pairs, "pairs_per_s": pairs / wall, "batches": len(passed) // 3,
+            "top": [(name, count, round(us)) for name, (count, us) in top]}
 
 
 def operator_cost(seconds: float = 0.5) -> float:
@@ -431,14 +466,20 @@ def child_main(argv: Sequence[str]) -> None:
     imported = time.perf_counter()
     recorder = Recorder(cuda=device.startswith("cuda"))
     instrument(recorder)
-    cli.main(args=cli_args, prog_name="phrase-scorer", standalone_mode=False)
+    profile_to = os.environ.get("BENCH_STAGES_CPROFILE")  # a file: the command's Python profile (cProfile)
+    if profile_to:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.runcall(cli.main, args=cli_args, prog_name="phrase-scorer", standalone_mode=False)
+        profiler.dump_stats(profile_to)
+    else:
+        cli.main(args=cli_args, prog_name="phrase-scorer", standalone_mode=False)
     finished = time.perf_counter()
     if recorder.cuda:
         torch.cuda.synchronize()
-    for batch in recorder.batches:
-        events = batch.pop("events")
-        batch["device"] = sum(s.elapsed_time(e) for s, e in events) / 1000.0 if events else None
     operators = count_operators(recorder) if recorder.sample is not None else None
+    kernels = kernel_time(recorder) if recorder.cuda and recorder.sample is not None else None
     result = {
         "started_wall": started_wall,
         "imports": imported - started,
@@ -451,6 +492,7 @@ def child_main(argv: Sequence[str]) -> None:
         "operator_cost": operator_cost(),
         "threads": torch.get_num_threads(),
         "cuda": recorder.cuda,
+        "kernels": kernels,
     }
     Path(out).write_text(json.dumps(result))
 
@@ -458,9 +500,9 @@ def child_main(argv: Sequence[str]) -> None:
 # --- the parent: runs, figures, tables ---------------------------------------------------------
 
 
-def run_child(work: Path, device: str, cli_args: Sequence[object]) -> dict:
+def run_child(work: Path, device: str, cli_args: Sequence[object], cprofile: Optional[Path] = None) -> dict:
     out = Path(tempfile.mkstemp(suffix=".json", dir=work)[1])
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE",
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **({"BENCH_STAGES_CPROFILE": str(cprofile)} if cprofile else {}),
            "PYTHONPATH": os.pathsep.join([str(benchlib.ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     launched = time.time()
     _, _, seconds, peak = benchlib.run_measured(
@@ -491,30 +533,30 @@ def figures(command: str, preset: str, result: dict) -> Dict[str, Any]:
     by = operators["by_category"]
     per_pair = {k: v / max(1, operators["pairs"]) for k, v in by.items()}  # operators per pair, by stage
     pairs_per_batch = pairs / n
-    ops_host = (per_pair["glue"] + per_pair["ids"] + per_pair["grouping"] + per_pair["tries"]) * pairs_per_batch
+    ops_host = sum(per_pair[k] for k in HOST) * pairs_per_batch
     ops_total = sum(v for k, v in per_pair.items()) * pairs_per_batch
     host_ops_us = ops_host * cost * 1e6  # the torch operators among the host regions: their dispatch
     # time inside the operators (below the dispatch: the arithmetic on a CPU), per batch, by stage
     inside = {k: v / max(1, operators["pairs"]) * pairs_per_batch * 1e6 for k, v in operators["seconds"].items()}
     glue = mean("glue")
-    glue_inside = min(inside["glue"] + inside["ids"] + inside["grouping"] + inside["tries"],
+    glue_inside = min(sum(inside[k] for k in HOST),
                       max(0.0, glue - host_ops_us))
     grouping = mean("ids") + mean("grouping")
     tries = mean("tries")
     model = mean("model")
-    if result["cuda"] and all(b.get("device") is not None for b in steady):
+    wall = sum(mean(k) for k in CATEGORIES)
+    if result["cuda"] and result.get("kernels"):
         rest = max(0.0, glue - host_ops_us)
-        device = sum(b["device"] for b in steady) / n * 1e6
+        device = result["kernels"]["busy"] * wall  # the kernels' share of the profiled pass's time
         dispatch = model + host_ops_us  # the host's time inside the model's operators: launches
     else:  # the scorer's own operators (gathers, scatters of scores) count as device and dispatch too
         rest = max(0.0, glue - host_ops_us - glue_inside)
         model_inside = min(model, inside["model"])
         device = model_inside + glue_inside
         dispatch = model - model_inside + host_ops_us
-    host = grouping + tries + rest
+    host = grouping + tries + mean("plan") + rest
     copies = mean("to_device") + mean("readback")
     waiting = mean("wait") + mean("pipeline")
-    wall = sum(mean(k) for k in CATEGORIES)
     return {
         "command": command, "preset": preset, "pairs": sum(b["pairs"] for b in batches),
         "interpreter_imports": result["interpreter"] + result["imports"], "load": result["load"],
@@ -524,6 +566,7 @@ def figures(command: str, preset: str, result: dict) -> Dict[str, Any]:
         "dispatch_us": dispatch, "device_us": device, "copies_us": copies, "device_share": device / wall,
         "ops_per_batch": ops_total, "ops_per_1k": ops_total / pairs_per_batch * 1000,
         "operator_cost_us": cost * 1e6, "top_operators": operators["top"], "threads": result["threads"],
+        "kernels": result.get("kernels"),
         "peak_rss_mb": result["peak_rss_mb"], "ops_by_stage_per_1k": {k: v * 1000 for k, v in per_pair.items() if v},
     }
 
@@ -569,10 +612,11 @@ def section(rows: List[Dict[str, Any]], args, where: str, load: str, shared: boo
         "(everything the command does meanwhile included); *whole command*: the process, start to end.\n",
         benchlib.markdown_table(START_COLUMNS, [start_row(r) for r in rows]) + "\n",
         f"**Stages of a batch**, the main thread, ms per batch (mean of the batches after the first; {device}). "
-        "*host: grouping*: `IdRows.of` and `BatchScorer._batches` (sorting and cutting the window, padding a "
+        "*host: grouping*: `IdRows.of` and `batch_plan.batches` (sorting and cutting the window, padding a "
         "rescore window's ids); *host: tries*: `trie_of_rows` (sources and targets); *host: index arrays, order*: "
-        "the rest of `score` and `_score_batch` (per-depth node and label arrays, chunk bounds, putting the scores "
-        "back in input order) less the torch operators run there (their dispatch and, on a CPU, their time); "
+        "the rest of the batches' plans (`plan_batch`: per-depth node and label arrays, chunk bounds) and of "
+        "`score_plans` and `_run` (putting the scores back in input order) less the torch operators run there "
+        "(their dispatch and, on a CPU, their time); "
         "*host µs/pair*: the three host columns per pair "
         f"(the targets: {TARGETS['annotate']:.0f} µs for annotate, {TARGETS['rescore']:.0f} µs for "
         "rescore); *waiting*: on the workers (annotate's prepared windows), the reader and the writer, and the "
@@ -584,16 +628,18 @@ def section(rows: List[Dict[str, Any]], args, where: str, load: str, shared: boo
            f"times the fixed cost of one operator ({rows[0]['operator_cost_us']:.1f} µs, measured in the same "
            "process on tensors of a few elements)")
         + "; *device*: "
-        + ("the CUDA events' time around the model's operators" if device == "GPU" else
+        + ("the batch's time times the share of the time the GPU's kernels ran (torch's profiler, while the "
+           "representative window is scored again; the card busy)" if device == "GPU" else
            "the arithmetic: the time inside the torch operators (below the dispatcher) of the model and of the "
            "scorer, measured per operator while the representative window is scored again and scaled to the "
            "batch's pairs")
-        + "; *copies*: ids and indices to the device (`_tensor`) and the scores back (`Tensor.cpu`); *device "
+        + "; *copies*: a batch's plan to the device (`_slots`, one copy) and the scores back (`Tensor.cpu`, on a GPU "
+        "`_collected`); *device "
         "share*: device / the batch's wall time; *ops*: torch operators dispatched (counted with a "
         "`TorchDispatchMode` while the run's second window is scored again, scaled to the batch's pairs).\n",
         benchlib.markdown_table(STAGE_COLUMNS, [stage_row(r) for r in rows]) + "\n",
-        "Operators per 1,000 pairs by stage (*model*: the model's steps and the softmax; *glue*: `score` and "
-        "`_score_batch` themselves; *to_device*: `_tensor`):\n",
+        "Operators per 1,000 pairs by stage (*model*: the model's steps and the softmax; *glue*: `score_plans` and "
+        "`_run` themselves; *to_device*: `_slots`):\n",
         benchlib.markdown_table(
             ["command", "preset", "model", "glue", "to_device", "other", "total", "most dispatched, per 1,000 pairs"],
             [[r["command"], r["preset"], *(f"{r['ops_by_stage_per_1k'].get(k, 0):,.0f}" for k in
@@ -637,6 +683,8 @@ def main() -> None:
     parser.add_argument("--source", default=str(DEFAULT_SOURCE))
     parser.add_argument("--threads", type=int, default=1, help="the scorer's CPU threads")
     parser.add_argument("--batch-tokens", type=int, default=None, help="default: the device's own")
+    parser.add_argument("--cprofile", default=None,
+                        help="a folder: each command's Python profile (COMMAND-PRESET.prof)")
     args = parser.parse_args()
     import torch
 
@@ -666,7 +714,8 @@ def main() -> None:
                 else:
                     nbest, source, _ = repeated_nbest(Path(args.nbest), Path(args.source), hypotheses[preset], work)
                     cli_args = ["rescore", nbest, "--source", source, *common, "--overwrite"]
-                result = run_child(work, args.device, cli_args)
+                profile = Path(args.cprofile) / f"{command}-{preset}.prof" if args.cprofile else None
+                result = run_child(work, args.device, cli_args, profile)
                 for leftover in (out, Path(f"{out}.json")):
                     leftover.unlink(missing_ok=True)
                 row = figures(command, preset, result)

@@ -46,10 +46,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from phrase_scorer.vocab import EOS_ID, PAD_ID
-
-# The softmax covers target ids 1.. (</s>, <unk>, words); <pad> (id 0) is never predicted.
-FIRST_OUTPUT_ID = 1
+from phrase_scorer.vocab import EOS_ID, FIRST_OUTPUT_ID, PAD_ID
 
 
 @dataclass

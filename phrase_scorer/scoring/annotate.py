@@ -236,13 +236,18 @@ class AnnotateJob:
         if no window was read)."""
         from phrase_scorer.scoring.annotate_work import WindowWork
 
-        if self.constant_log_prob is None:
-            score = lambda prepared: self.scorer.score(prepared.source_ids, prepared.target_ids)  # noqa: E731
-        else:
-            score = lambda prepared: np.full(len(prepared.source_ids), self.constant_log_prob)  # noqa: E731
+        def score(prepared) -> np.ndarray:
+            if self.constant_log_prob is not None:
+                return np.full(len(prepared.source_ids), self.constant_log_prob)
+            if prepared.plans is not None:  # planned by the worker that prepared the window
+                return self.scorer.score_plans(prepared.plans, len(prepared.source_ids))
+            return self.scorer.score(prepared.source_ids, prepared.target_ids)
+
         pipeline = Pipeline(depth=max(2, self.workers + 1))
+        plans_in_workers = self.workers > 0 and self.constant_log_prob is None and not self.in_workers
         handler_args = (os.fspath(self.table), self.loaded.source_vocab, self.loaded.target_vocab,
-                        self.options, self.compress, self.in_workers)
+                        self.options, self.compress, self.in_workers,
+                        self.scorer.plan_settings() if plans_in_workers else None)
         num_scores: List[Optional[int]] = [None]
         stages = ["annotate"] if self.in_workers else ["prepare", "finish"]
 

@@ -2,7 +2,8 @@
 
 Two stages per window, both in the same worker (see :class:`~phrase_scorer.runtime.workers.WorkerPool`):
 
-    prepare:  raw bytes -> checked lines -> word ids and unknown-word counts (sent to the scorer)
+    prepare:  raw bytes -> checked lines -> word ids and unknown-word counts, and the plans of
+              the scorer's batches (sent to the scorer, which then only launches their work)
     finish:   log p from the scorer -> the two columns -> formatted lines -> one gzip member
 
 Between the stages the worker keeps the window's lines, so only ids go to the scorer and only
@@ -45,6 +46,7 @@ from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.data.padding import IdRows
 from phrase_scorer.io.files import gzip_member
 from phrase_scorer.io.table_windows import ParsedWindow, RawWindow, parse_window
+from phrase_scorer.scoring.batch_plan import BatchPlan, PlanSettings, plan_window
 from phrase_scorer.subwords import CACHED_WORDS, SubwordVocabulary
 from phrase_scorer.vocab import SPECIALS, UNK_ID, Vocabulary, in_model_order
 
@@ -70,13 +72,15 @@ class WorkerScoring:
 
 @dataclass
 class PreparedWindow:
-    """What the scorer needs from a window."""
+    """What the scorer needs from a window: its ids, and the plans of its batches when the
+    worker was given the scorer's :class:`PlanSettings`."""
 
     index: int
     first_line: int
     source_ids: IdRows
     target_ids: IdRows
     num_scores: Optional[int]
+    plans: Optional[List[BatchPlan]] = None
 
 
 class WindowWork:
@@ -87,7 +91,8 @@ class WindowWork:
     """
 
     def __init__(self, path: str, source_vocab: Vocabulary, target_vocab: Vocabulary,
-                 options: AnnotateOptions, compress: bool, scoring: Optional[WorkerScoring] = None) -> None:
+                 options: AnnotateOptions, compress: bool, scoring: Optional[WorkerScoring] = None,
+                 plan_settings: Optional[PlanSettings] = None) -> None:
         self.path = path
         self.lookup = PhraseIds(source_vocab, target_vocab)
         self.options = options
@@ -95,6 +100,7 @@ class WindowWork:
         self.value_format = b" ".join(b"%.9g" for _ in options.columns)
         self._kept: Dict[int, tuple] = {}  # window index -> what finish needs
         self.scoring = scoring
+        self.plan_settings = plan_settings  # the main process's scorer: plan its batches here
         self._scorer = None  # loaded at the first window (torch is imported only then)
 
     def prepare(self, index: int, window: RawWindow, num_scores: Optional[int]) -> PreparedWindow:
@@ -108,7 +114,8 @@ class WindowWork:
             unknown += (target_ids.rows == UNK_ID).sum(1)
         target_words = np.fromiter(map(len, parsed.target_words), np.int64, len(parsed.target_words))
         self._kept[index] = (parsed.appender(), unknown, target_words, window.first_line)
-        return PreparedWindow(window.index, window.first_line, source_ids, target_ids, parsed.num_scores)
+        plans = list(plan_window(self.plan_settings, source_ids, target_ids)) if self.plan_settings else None
+        return PreparedWindow(window.index, window.first_line, source_ids, target_ids, parsed.num_scores, plans)
 
     def finish(self, index: int, log_probs: np.ndarray) -> bytes:
         appender, unknown, target_lengths, first_line = self._kept.pop(index)

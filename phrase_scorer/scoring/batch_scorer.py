@@ -51,20 +51,23 @@ benchmarks; each distinct source is still encoded only once.
 from __future__ import annotations
 
 import math
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from phrase_scorer.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, ScoringOptions
-from phrase_scorer.data.padding import NO_ID, IdRows, pad_ids
+from phrase_scorer.data.padding import IdRows, pad_ids
 from phrase_scorer.runtime.device import HALF_PRECISIONS, device_label, precision_context, resolve_precision
-from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel, TrieWalk, at_least_fp32
+from phrase_scorer.models.base import Memory, TranslationModel, TrieWalk, at_least_fp32
+from phrase_scorer.scoring.batch_plan import (BatchPlan, DepthPlan, EncoderPlan, PlanSettings, Slot,
+                                              plan_window)
 from phrase_scorer.scoring.int8_output import Int8Product, int8_engine
-from phrase_scorer.vocab import EOS_ID, PAD_ID
+from phrase_scorer.vocab import PAD_ID
 
 
 @dataclass
@@ -84,69 +87,6 @@ class ScoringStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-@dataclass
-class PrefixTrie:
-    """The trie of a list of id sequences, stored depth by depth.
-
-    ``keys[d]`` holds the id at depth d of each node of that depth, ``parents[d]`` the index of
-    its parent among the nodes of depth d - 1 (depth 0 nodes have no parent), and
-    ``node_of[d]`` the node at depth d of each sequence long enough to reach it (-1 otherwise).
-    """
-
-    keys: List[np.ndarray] = field(default_factory=list)
-    parents: List[np.ndarray] = field(default_factory=list)
-    node_of: List[np.ndarray] = field(default_factory=list)
-
-    @property
-    def num_nodes(self) -> int:
-        return sum(len(k) for k in self.keys)
-
-
-def build_trie(sequences: Sequence[Sequence[int]], share_prefixes: bool = True) -> PrefixTrie:
-    """Trie of ``sequences``; without sharing, every sequence gets nodes of its own."""
-    rows, lengths = pad_ids(sequences, fill=NO_ID)
-    return trie_of_rows(rows, lengths, share_prefixes)
-
-
-def sorted_rows(rows: np.ndarray) -> np.ndarray:
-    """The order of ``rows`` (n, L), padded with :data:`NO_ID`, as Python sorts their id tuples
-    (a prefix before its extensions; equal rows in input order): a stable lexicographic sort."""
-    return np.lexsort(rows[:, ::-1].T) if len(rows) else np.zeros(0, np.int64)
-
-
-def trie_of_rows(rows: np.ndarray, lengths: np.ndarray, share_prefixes: bool = True) -> PrefixTrie:
-    """Trie of the sequences in ``rows`` (n, L) padded with :data:`NO_ID`, ``lengths`` (n,), built
-    with a few array operations per depth.
-
-    The sequences are visited in sorted order (input order without sharing); a sequence creates
-    the nodes below the prefix it shares with the one before it, so a node's index at its depth
-    is the number of nodes created there before it (the same trie as inserting the sequences one
-    by one in that order).
-    """
-    n = len(lengths)
-    depth = int(lengths.max(initial=0))
-    order = sorted_rows(rows) if share_prefixes else np.arange(n)
-    ordered, ordered_lengths = rows[order], lengths[order]
-    shared = np.zeros(n, np.int64)  # (n,) leading ids each sorted sequence shares with the one before
-    if share_prefixes and n > 1:
-        differs = ordered[1:] != ordered[:-1]  # (n-1, L)
-        first_difference = np.where(differs.any(1), differs.argmax(1), rows.shape[1])
-        shared[1:] = np.minimum(first_difference, np.minimum(ordered_lengths[1:], ordered_lengths[:-1]))
-    keys: List[np.ndarray] = []
-    parents: List[np.ndarray] = []
-    node_of = np.full((depth, n), -1, np.int64)
-    nodes = np.zeros(0, np.int64)
-    for d in range(depth):
-        reaching = ordered_lengths > d
-        created = reaching & (shared <= d)  # (n,) the sorted sequences that open a node at depth d
-        parent_nodes = nodes
-        nodes = np.cumsum(created) - 1  # (n,) each reaching sequence's node: the last one opened
-        keys.append(ordered[created, d])
-        parents.append(parent_nodes[created] if d else np.full(int(created.sum()), -1, np.int64))
-        node_of[d, order[reaching]] = nodes[reaching]
-    return PrefixTrie(keys=keys, parents=parents, node_of=list(node_of))
-
-
 def default_batch_tokens(device: torch.device) -> int:
     """Target tokens per batch on ``device`` when ``ScoringOptions.batch_tokens`` is None
     (config.CPU_BATCH_TOKENS, config.GPU_BATCH_TOKENS)."""
@@ -156,6 +96,7 @@ def default_batch_tokens(device: torch.device) -> int:
 CPU_CHUNK_ROWS = 128  # at least this many rows of logits at once
 CPU_CHUNK_BYTES = 2 << 20  # on a CPU, more rows while a chunk's fp32 logits fit in this much cache
 GPU_CHUNK_BYTES = 256 << 20  # on a GPU, a chunk's fp32 logits fill this much: few, large kernels
+BATCHES_IN_FLIGHT = 1  # on a GPU, batches launched ahead of the one whose scores the host waits for
 
 
 def default_chunk_rows(device: torch.device, outputs: int) -> int:
@@ -166,6 +107,9 @@ def default_chunk_rows(device: torch.device, outputs: int) -> int:
     and more); ``tiny``'s 500 words get about 1,000 rows."""
     budget = CPU_CHUNK_BYTES if device.type == "cpu" else GPU_CHUNK_BYTES
     return max(CPU_CHUNK_ROWS, budget // (4 * outputs))
+
+
+Scored = Tuple[BatchPlan, Tuple[np.ndarray, ScoringStats]]  # a batch's plan, its scores and its work
 
 
 class BatchScorer:
@@ -214,236 +158,183 @@ class BatchScorer:
                 described["thread_split"] = self.options.thread_split
         return described
 
+    def plan_settings(self) -> PlanSettings:
+        """What this scorer's batch plans depend on (:mod:`phrase_scorer.scoring.batch_plan`):
+        a worker given it plans windows that :meth:`score_plans` runs."""
+        model = self.model
+        encoder = "affixes" if self.encodes_by_affixes else "prefixes" if model.shares_source_prefixes else "padded"
+        return PlanSettings(batch_tokens=self.batch_tokens, chunk_rows=self.chunk_rows, encoder=encoder,
+                            sorted_sources=model.shares_source_prefixes,
+                            share_source_prefixes=self.options.share_source_prefixes,
+                            share_target_prefixes=self.options.share_target_prefixes)
+
     def score(self, sources: "Sequence[Sequence[int]] | IdRows",
               targets: "Sequence[Sequence[int]] | IdRows", batch_tokens: Optional[int] = None) -> np.ndarray:
         """Natural-log log p(target | source) for each pair, float64, in input order.
 
         Ids are vocabulary ids (unknown words as ``<unk>``), as sequences or :class:`IdRows`;
         phrases must not be empty. ``batch_tokens``: this call's batches instead of the scorer's.
+        The batches are planned here, each while the device runs the one before.
         """
         if len(sources) != len(targets):
             raise ValueError("sources and targets differ in length")
-        out = np.zeros(len(sources), np.float64)
         if not len(sources):
-            return out
-        sources, targets = IdRows.of(sources), IdRows.of(targets)
-        source_rows, source_lengths = sources.rows, sources.lengths  # (n, S), (n,)
-        target_rows, target_lengths = targets.rows, targets.lengths  # (n, T), (n,)
+            return np.zeros(0, np.float64)
+        return self.score_plans(plan_window(self.plan_settings(), sources, targets, batch_tokens), len(sources))
+
+    def score_plans(self, plans: Iterable[BatchPlan], pairs: int) -> np.ndarray:
+        """The scores of a window of ``pairs`` pairs from its batches' plans (built by
+        :func:`~phrase_scorer.scoring.batch_plan.plan_window` with :meth:`plan_settings`, here or
+        in a worker), in the window's order.
+
+        On a GPU the host waits for batch k's scores only once batch k + 1 is on its way (the
+        scores come back in pinned memory as the device finishes them); on a CPU with several
+        threads, each thread scores whole batches (the module docstring)."""
+        out = np.zeros(pairs, np.float64)
         self.model.eval()  # no training dropout, whatever mode a caller left the model in
-        batches = list(self._batches(source_rows, source_lengths, target_lengths, batch_tokens))
-
-        def score_batch(pair_index: np.ndarray, opens_source: np.ndarray) -> Tuple[np.ndarray, ScoringStats]:
-            pair_source = np.cumsum(opens_source) - 1  # (k,) each pair's source among the batch's
-            firsts = pair_index[opens_source]
-            batch = (source_rows[firsts], source_lengths[firsts], target_rows[pair_index],
-                     target_lengths[pair_index], pair_source)
-            stats = ScoringStats()
-            with torch.inference_mode(), precision_context(self.device, self.precision):
-                scores, overflowed = self._score_batch(*batch, stats=stats)
-                scores = scores.cpu().numpy()  # the batch's one wait for the device
-                overflowed_rows = int(overflowed)
-                if overflowed_rows:  # rare: score the batch again, those rows' normaliser exactly
-                    scores = self._score_batch(*batch, stats=ScoringStats(), exact_overflow=True)[0].cpu().numpy()
-                    stats.exact_softmax_rows += overflowed_rows
-            return scores, stats
-
+        scored: Iterable[Scored]
         threads = torch.get_num_threads() if self.device.type == "cpu" else 1
-        if threads > 1 and self.options.thread_split == "batches" and len(batches) > 1:
-            scored = batches_on_threads(score_batch, batches, threads)
+        if self.device.type == "cuda":
+            scored = self._score_overlapped(plans)
+        elif threads > 1 and self.options.thread_split == "batches":
+            plans = list(plans)
+            scored = batches_on_threads(self._score_plan, plans, threads) if len(plans) > 1 else \
+                ((plan, self._score_plan(plan)) for plan in plans)
         else:
-            scored = ((pair_index, score_batch(pair_index, opens)) for pair_index, opens in batches)
-        for pair_index, (scores, stats) in scored:
-            out[pair_index] = scores
+            scored = ((plan, self._score_plan(plan)) for plan in plans)
+        for plan, (scores, stats) in scored:
+            out[plan.pair_index] = scores
             self.stats.add(stats)
         return out
 
-    # --- batching ------------------------------------------------------------------------------
+    # --- running a plan ----------------------------------------------------------------------------
 
-    def _batches(self, source_rows: np.ndarray, source_lengths: np.ndarray, target_lengths: np.ndarray,
-                 batch_tokens: Optional[int] = None) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-        """Yield (pair indices (k,), whether each opens a new source (k,)) of about batch_tokens
-        target tokens each: the pairs sorted by source (a source's pairs in input order), cut
-        greedily (a batch takes pairs while their words + </s> fit, and at least one pair).
+    def _score_plan(self, plan: BatchPlan) -> Tuple[np.ndarray, ScoringStats]:
+        """A batch's scores (its one wait for the device) and its work."""
+        with torch.inference_mode(), precision_context(self.device, self.precision):
+            scores, overflowed = self._run(plan)
+            return self._finished(plan, scores.cpu().numpy(), int(overflowed))
 
-        A model that walks the trie of its sources (``shares_source_prefixes``) gets them in
-        lexicographic order, so that prefixes sit together; any other model encodes a padded
-        batch, so its sources come shortest first (then lexicographic), each batch padded to
-        little more than its own lengths: the ``rescore`` of a reverse model encodes a hypothesis
-        per pair. A batch whose sources each have one pair (a reverse model's) then takes them
-        longest target first, so that the decoder rows of each depth are its first sources in
-        order (:meth:`_rows`)."""
-        if self.model.shares_source_prefixes:
-            order = sorted_rows(source_rows)  # (n,)
-        else:
-            order = np.lexsort(np.vstack([source_rows[:, ::-1].T, source_lengths[None]])) if len(source_rows) \
-                else np.zeros(0, np.int64)
-        ordered = source_rows[order]
-        opens_source = np.ones(len(order), bool)
-        opens_source[1:] = (ordered[1:] != ordered[:-1]).any(1)
-        tokens_through = np.cumsum(target_lengths[order] + 1)  # (n,) tokens of the sorted pairs up to each
-        budget = batch_tokens or self.batch_tokens
-        start = 0
-        while start < len(order):
-            before = int(tokens_through[start - 1]) if start else 0
-            stop = max(int(np.searchsorted(tokens_through, before + budget, side="right")), start + 1)
-            opens = opens_source[start:stop].copy()
-            opens[0] = True
-            pairs = order[start:stop]
-            if opens.all():  # a target per source: longest first, so the rows at each depth are the first sources
-                pairs = pairs[np.argsort(-target_lengths[pairs], kind="stable")]
-            yield pairs, opens
-            start = stop
+    def _finished(self, plan: BatchPlan, scores: np.ndarray, overflowed_rows: int) -> Tuple[np.ndarray, ScoringStats]:
+        stats = ScoringStats(*plan.counts)
+        if overflowed_rows:  # rare: score the batch again, those rows' normaliser exactly
+            with torch.inference_mode(), precision_context(self.device, self.precision):
+                scores = self._run(plan, exact_overflow=True)[0].cpu().numpy()
+            stats.exact_softmax_rows += overflowed_rows
+        return scores, stats
 
-    # --- the model, trie by trie -----------------------------------------------------------------
+    def _score_overlapped(self, plans: Iterable[BatchPlan]) -> Iterator["Scored"]:
+        """On a GPU: each batch's scores and overflow count copied back into pinned memory as the
+        device finishes them, read once the next batch is launched (an event per batch)."""
+        pending: Deque[Tuple[BatchPlan, Tensor, Tensor, Any]] = deque()
+        for plan in plans:
+            with torch.inference_mode(), precision_context(self.device, self.precision):
+                scores, overflowed = self._run(plan)
+                host_scores = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
+                host_overflowed = torch.empty((), dtype=overflowed.dtype, pin_memory=True)
+                host_scores.copy_(scores, non_blocking=True)
+                host_overflowed.copy_(overflowed, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record()
+            pending.append((plan, host_scores, host_overflowed, done))
+            while len(pending) > BATCHES_IN_FLIGHT:
+                yield self._collected(*pending.popleft())
+        while pending:
+            yield self._collected(*pending.popleft())
 
-    def _tensor(self, array) -> Tensor:
-        """Ids or indices as a long tensor on the device. To a GPU the copy goes through pinned
-        memory without waiting (a plain copy from pageable memory would wait for the device
-        at every depth of every trie)."""
-        if isinstance(array, np.ndarray) and array.dtype == np.int64 and min(array.strides, default=0) >= 0:
-            tensor = torch.from_numpy(array)  # the same memory, without dispatching an operator
-        else:
-            tensor = torch.as_tensor(array, dtype=torch.long)
-        if self.device.type == "cuda":
-            return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor if self.device.type == "cpu" else tensor.to(self.device)  # on the CPU: no copy, no operator
+    def _collected(self, plan: BatchPlan, host_scores: Tensor, host_overflowed: Tensor,
+                   done: Any) -> "Scored":
+        done.synchronize()
+        return plan, self._finished(plan, host_scores.numpy(), int(host_overflowed))
 
-    def _encode(self, source_rows: np.ndarray, lengths: np.ndarray, stats: ScoringStats) -> Memory:
-        """The memory of distinct sources (``source_rows`` (S, L) padded with :data:`NO_ID`, one
-        row each). A model whose encoder reads left to right (``shares_source_prefixes``) walks
-        the trie of the sources, running each shared prefix once; a bidirectional one
-        (``shares_source_affixes``) the tries of their prefixes and suffixes; any other model
-        encodes the padded batch of distinct sources."""
+    def _slots(self, plan: BatchPlan) -> Callable[..., Tensor]:
+        """``take(slot, shape=None)``: a piece of the plan's buffer as a long tensor on the device.
+        The buffer goes to a GPU in one copy through pinned memory, without waiting; its pieces
+        are views of it there. On the CPU each piece is the plan's own memory (no copy, no
+        operator dispatched)."""
+        if self.device.type == "cpu":
+            def take_here(slot: Slot, shape: Optional[Tuple[int, int]] = None) -> Tensor:
+                array = plan.view(slot)
+                return torch.from_numpy(array if shape is None else array.reshape(shape))
+
+            return take_here
+        buffer = torch.from_numpy(plan.buffer)
+        buffer = buffer.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" \
+            else buffer.to(self.device)
+
+        def take_there(slot: Slot, shape: Optional[Tuple[int, int]] = None) -> Tensor:
+            piece = buffer.narrow(0, slot[0], slot[1])
+            return piece if shape is None else piece.view(shape)
+
+        return take_there
+
+    def _run(self, plan: BatchPlan, exact_overflow: bool = False) -> Tuple[Tensor, Tensor]:
+        """log p of each pair of the plan's batch (float64, on the device) and the number of
+        softmax rows whose shifted sum overflowed (a 0-dim tensor, read after the batch: their
+        pairs' scores are not finite unless ``exact_overflow``, which recomputes those rows
+        exactly, see :class:`OutputSoftmax`). Nothing here waits for the device.
+
+        The targets' trie is decoded depth by depth: ``memory.select`` the nodes' sources (or
+        ``memory.first`` when they are the batch's first sources in order), one ``model.step``
+        per depth, and the softmax at each edge's label in chunks of ``chunk_rows`` nodes."""
         model = self.model
-        width = max(int(lengths.max()), 1)
-        rows = source_rows[:, :width]
-        stats.source_words += int(lengths.sum())
-        if self.encodes_by_affixes:  # the tries' ids: no padded batch
-            return self._encode_by_affixes(rows, lengths, self._tensor(lengths), stats)
-        src, src_len = self._tensor(np.where(rows == NO_ID, PAD_ID, rows)), self._tensor(lengths)  # (S, L), (S,)
-        if not model.shares_source_prefixes:
-            stats.encoder_steps += int(lengths.sum())
-            return model.encode(src, src_len)
-        trie = trie_of_rows(rows, lengths, self.options.share_source_prefixes)
-        final_states = None
-        states = None
-        for d, (keys, parents) in enumerate(zip(trie.keys, trie.parents)):
-            states = model.source_prefix_step(self._tensor(keys),
-                                              states[self._tensor(parents)] if d else None)  # (n_d, H)
-            if final_states is None:
-                final_states = states.new_zeros((len(rows), states.size(1)))  # (S, H)
-            ending = np.flatnonzero(lengths == d + 1)
-            if len(ending):
-                final_states[self._tensor(ending)] = states[self._tensor(trie.node_of[d][ending])]
-        stats.encoder_steps += trie.num_nodes
-        return model.encode_from_final_states(final_states, src, src_len)
-
-    def _encode_by_affixes(self, rows: np.ndarray, lengths: np.ndarray, src_len: Tensor,
-                           stats: ScoringStats) -> Memory:
-        """The memory of a bidirectional encoder (``shares_source_affixes``) from the trie of the
-        sources (``rows`` (B, S), ``lengths`` (B,)) and the trie of their reversals: each shared
-        prefix and each shared suffix runs once. ``encoder_steps`` counts the nodes of both tries,
-        halved (a padded batch's step runs both directions)."""
-        positions = np.arange(rows.shape[1])  # (S,)
-        reaching = positions < lengths[:, None]  # (B, S)
-        mirrored = np.where(reaching, lengths[:, None] - 1 - positions, 0)  # (B, S) the position read at depth j
-        reversed_rows = np.where(reaching, np.take_along_axis(rows, mirrored, 1), NO_ID)  # (B, S)
-
-        def walk(trie: PrefixTrie, mirror: bool) -> TrieWalk:
-            offsets = np.cumsum([0] + [len(k) for k in trie.keys])  # the first node of each depth
-            nodes = np.full(rows.shape, trie.num_nodes, np.int64)  # (B, S) each position's node; padding: past them
-            for d, node_of in enumerate(trie.node_of):
-                ends = np.flatnonzero(lengths > d)  # the sources that reach depth d
-                nodes[ends, lengths[ends] - 1 - d if mirror else d] = offsets[d] + node_of[ends]
-            return TrieWalk([self._tensor(k) for k in trie.keys], [self._tensor(p) for p in trie.parents],
-                            self._tensor(nodes))
-
-        prefixes, suffixes = trie_of_rows(rows, lengths), trie_of_rows(reversed_rows, lengths)
-        stats.encoder_steps += (prefixes.num_nodes + suffixes.num_nodes) // 2
-        return self.model.encode_by_affixes(walk(prefixes, False), walk(suffixes, True), src_len)
-
-    def _score_batch(self, source_rows: np.ndarray, source_lengths: np.ndarray, target_rows: np.ndarray,
-                     lengths: np.ndarray, pair_source: np.ndarray, *, stats: ScoringStats,
-                     exact_overflow: bool = False) -> Tuple[Tensor, Tensor]:
-        """log p of each pair (float64, on the device) and the number of softmax rows whose
-        shifted sum overflowed (a 0-dim tensor, read after the batch: their pairs' scores are
-        not finite unless ``exact_overflow``, which recomputes those rows exactly, see
-        :class:`OutputSoftmax`). Nothing here waits for the device.
-
-        ``source_rows`` (S, Ls) and ``target_rows`` (k, Lt) are padded with :data:`NO_ID`;
-        ``lengths`` (k,) are the target lengths M, ``pair_source`` (k,) each pair's source row.
-        The work is counted in ``stats``.
-        """
-        model = self.model
-        memory = self._encode(source_rows, source_lengths, stats)  # S rows
-        targets = len(lengths)
-        width = int(lengths.max())
-        # the trie of (source, y_1 .. y_M): depth 0 is the source's root (previous word: none)
-        sequences = np.concatenate([pair_source[:, None], target_rows[:, :width]], 1)  # (k, 1 + M_max)
-        trie = trie_of_rows(sequences, lengths + 1, self.options.share_target_prefixes)
-        labels_at = np.full((targets, width + 1), NO_ID, np.int64)  # (k, M_max + 1): y_1 .. y_M, </s>
-        labels_at[:, :width] = target_rows[:, :width]
-        labels_at[np.arange(targets), lengths] = EOS_ID
-        scores = torch.zeros(targets, dtype=torch.float64, device=self.device)
+        take = self._slots(plan)
+        memory = self._encode(plan.encoder, take)  # S rows
+        scores = torch.zeros(plan.counts[0], dtype=torch.float64, device=self.device)
         overflowed = torch.zeros((), dtype=torch.long, device=self.device)
         states = None
-        node_sources = np.zeros(0, np.int64)
-        for d, (keys, parents) in enumerate(zip(trie.keys, trie.parents)):
-            node_sources = keys if d == 0 else node_sources[parents]  # (n_d,) each node's source; a root's key is it
-            rows = self._rows(memory, node_sources)
+        for d, depth in enumerate(plan.depths):
+            rows = memory.first(depth.nodes) if depth.sources is None else memory.select(take(depth.sources))
             if d == 0:
-                prev = torch.full((len(keys),), PAD_ID, dtype=torch.long, device=self.device)  # no y_0
+                prev = torch.full((depth.nodes,), PAD_ID, dtype=torch.long, device=self.device)  # no y_0
                 parent_states = model.start(rows)  # (n_0, D)
             else:
-                parent_index = self._tensor(parents)
-                prev = self._tensor(keys)  # (n_d,) y_d
-                parent_states = states[parent_index]  # (n_d, D)
+                parent_states = states[take(depth.parents)]  # (n_d, D)
+                prev = take(depth.keys)  # (n_d,) y_d
             states, features = model.step(rows, parent_states, prev)  # (n_d, D), (n_d, R)
-
-            # one edge per pair reaching this depth: the next word, or </s> after the last one
-            reaching = np.flatnonzero(lengths >= d)
-            labels = labels_at[reaching, d]
-            edge_nodes = trie.node_of[d][reaching]
-            log_probs, depth_overflowed = self._edge_log_probs(features, edge_nodes, labels, exact_overflow)
-            scores[self._tensor(reaching)] += log_probs
+            log_probs, depth_overflowed = self._edge_log_probs(features, depth, take, exact_overflow)
+            scores[take(depth.reaching)] += log_probs
             overflowed += depth_overflowed
-        stats.pairs += targets
-        stats.distinct_sources += len(source_rows)
-        stats.target_steps += int(lengths.sum()) + targets
-        stats.decoder_steps += trie.num_nodes
         return scores, overflowed
 
-    def _rows(self, memory: Memory, node_sources: np.ndarray) -> Memory:
-        """The memory's rows for decoder nodes reading ``node_sources`` (n,): when those are the
-        first n sources in order (a batch of one target per source, longest first, at every
-        depth: a reverse model's), the sources' own rows read in place (``memory.first``), else
-        the selected rows."""
-        if np.array_equal(node_sources, np.arange(len(node_sources))):
-            return memory.first(len(node_sources))
-        return memory.select(self._tensor(node_sources))
+    def _encode(self, plan: EncoderPlan, take: Callable[..., Tensor]) -> Memory:
+        """The memory of the batch's distinct sources (one row each): a left-to-right encoder
+        (``"prefixes"``) walks the trie of the sources, running each shared prefix once; a
+        bidirectional one (``"affixes"``) the tries of their prefixes and suffixes; any other
+        encodes the padded sources."""
+        model = self.model
+        shape = (plan.sources, plan.width)
+        if plan.kind == "affixes":
+            src_len = take(plan.src_len)
+            prefixes, suffixes = (TrieWalk([take(k) for k in keys], [take(p) for p in parents], take(positions, shape))
+                                  for keys, parents, positions in plan.walks)
+            return model.encode_by_affixes(prefixes, suffixes, src_len)
+        assert plan.src is not None
+        src, src_len = take(plan.src, shape), take(plan.src_len)  # (S, L), (S,)
+        if plan.kind == "padded":
+            return model.encode(src, src_len)
+        final_states = None
+        states = None
+        for d, (keys, parents, ending) in enumerate(zip(plan.keys, plan.parents, plan.endings)):
+            states = model.source_prefix_step(take(keys), states[take(parents)] if d else None)  # (n_d, H)
+            if final_states is None:
+                final_states = states.new_zeros((plan.sources, states.size(1)))  # (S, H)
+            if ending is not None:  # the sources that end at this depth, and their nodes
+                final_states[take(ending[0])] = states[take(ending[1])]
+        return model.encode_from_final_states(final_states, src, src_len)
 
-    def _edge_log_probs(self, features: Tensor, edge_nodes: np.ndarray, labels: np.ndarray,
+    def _edge_log_probs(self, features: Tensor, depth: DepthPlan, take: Callable[..., Tensor],
                         exact_overflow: bool) -> Tuple[Tensor, Tensor]:
-        """log p(label | node) for each edge, and the count of overflowed rows (0-dim tensor);
-        logits formed ``chunk_rows`` nodes at a time.
-
-        ``edge_nodes`` is sorted (pairs are visited in trie order), so each chunk of nodes owns a
-        contiguous run of edges.
-        """
-        out = torch.empty(len(edge_nodes), dtype=torch.float64, device=self.device)
+        """log p(label | node) for each edge of a depth (in the order of its ``reaching`` pairs),
+        and the count of overflowed rows (0-dim tensor); logits formed ``chunk_rows`` nodes at a
+        time (each chunk owns a contiguous run of the edges sorted by node)."""
+        out = torch.empty(depth.edges, dtype=torch.float64, device=self.device)
         overflowed = torch.zeros((), dtype=torch.long, device=self.device)
         rows = self.chunk_rows
-        order = np.argsort(edge_nodes, kind="stable")
-        sorted_nodes = edge_nodes[order]
-        classes = self._tensor(labels[order] - FIRST_OUTPUT_ID)
-        for start in range(0, features.size(0), rows):
-            lo, hi = np.searchsorted(sorted_nodes, [start, start + rows])
-            if lo == hi:
-                continue
-            local = self._tensor(sorted_nodes[lo:hi] - start)
-            picked, chunk_overflowed = self.softmax.log_probs(features[start : start + rows], local, classes[lo:hi],
-                                                              exact_overflow)
-            out[self._tensor(order[lo:hi])] = picked.double()
+        for start, local, classes, order in depth.chunks:
+            picked, chunk_overflowed = self.softmax.log_probs(features[start : start + rows], take(local),
+                                                              take(classes), exact_overflow)
+            out[take(order)] = picked.double()
             overflowed += chunk_overflowed
         return out, overflowed
 
@@ -529,13 +420,13 @@ class OutputSoftmax:
         return (picked - log_sum[rows]) * LN_2, overflowed.sum()
 
 
-def batches_on_threads(score_batch: Callable[[np.ndarray, np.ndarray], Any],
-                       batches: Sequence[Tuple[np.ndarray, np.ndarray]], threads: int) -> List[Tuple[np.ndarray, Any]]:
-    """(pair indices, ``score_batch(pair indices, opens_source)``) of every batch, scored by
-    ``threads`` threads that each take whole batches and run torch's operations on one thread:
-    a batch's scores are those one thread computes, whichever thread scores it. The caller's
-    thread count is kept. Torch's modes are per thread: each batch enters its own (inference
-    mode, precision), and a mode the caller entered (a flop counter, say) does not see the work."""
+def batches_on_threads(score_plan: Callable[[BatchPlan], Any], plans: Sequence[BatchPlan],
+                       threads: int) -> List[Tuple[BatchPlan, Any]]:
+    """(plan, ``score_plan(plan)``) of every batch, scored by ``threads`` threads that each take
+    whole batches and run torch's operations on one thread: a batch's scores are those one
+    thread computes, whichever thread scores it. The caller's thread count is kept. Torch's modes
+    are per thread: each batch enters its own (inference mode, precision), and a mode the caller
+    entered (a flop counter, say) does not see the work."""
     caller_threads = torch.get_num_threads()
 
     def one_thread() -> None:
@@ -543,8 +434,8 @@ def batches_on_threads(score_batch: Callable[[np.ndarray, np.ndarray], Any],
 
     try:
         with ThreadPoolExecutor(threads, initializer=one_thread, thread_name_prefix="phrase-scorer-batches") as pool:
-            futures = [(pair_index, pool.submit(score_batch, pair_index, opens)) for pair_index, opens in batches]
-            return [(pair_index, future.result()) for pair_index, future in futures]
+            futures = [(plan, pool.submit(score_plan, plan)) for plan in plans]
+            return [(plan, future.result()) for plan, future in futures]
     finally:
         torch.set_num_threads(caller_threads)
 
