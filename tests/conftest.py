@@ -161,21 +161,21 @@ def rescore_stopped_after(monkeypatch, windows: int):
     """``rescore``'s writer stops with Ctrl-C (KeyboardInterrupt) when it would write window
     ``windows`` + 1, as a run interrupted there; yields the first line of each window it wrote.
     The writer is itself again after the block."""
-    from phrase_scorer.rescoring.features import FeatureWriter
+    from phrase_scorer.runtime.job import OutputJob
 
-    write, written = FeatureWriter.write_window, []
+    write, written = OutputJob.write, []
 
-    def stop(self, window):
+    def stop(self, lines, data):
         if len(written) == windows:
             raise KeyboardInterrupt
-        written.append(window.first_line)
-        write(self, window)
+        written.append(self.lines_done + 1)
+        write(self, lines, data)
 
-    monkeypatch.setattr(FeatureWriter, "write_window", stop)
+    monkeypatch.setattr(OutputJob, "write", stop)
     try:
         yield written
     finally:
-        monkeypatch.setattr(FeatureWriter, "write_window", write)
+        monkeypatch.setattr(OutputJob, "write", write)
 
 
 @pytest.fixture(scope="module")

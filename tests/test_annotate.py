@@ -337,3 +337,18 @@ def test_ini_option_writes_the_patched_config(tmp_path, tiny_model):
     assert result.exit_code == 0, result.output
     assert MosesIni.read(str(unk_only) + ".moses.ini").weight_line("TranslationModel0").weights[4:] == [-0.2]
     assert f"path={system}/lm.arpa.gz" in patched.text()  # other paths made absolute
+
+
+def test_batches_planned_by_the_workers_give_the_bytes_of_batches_planned_here(tmp_path, loaded_tiny):
+    """With the scorer in the main process (two threads here; a GPU alike) the workers plan each
+    window's batches: the output is byte for byte the one of a run without workers."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        options = ScoringOptions(batch_tokens=128)  # several batches per window
+        for workers in (0, 2):
+            annotate(A_MAN_TABLE, tmp_path / f"o{workers}.txt", loaded_tiny, AnnotateOptions(window_lines=200),
+                     options, workers=workers)
+    finally:
+        torch.set_num_threads(threads)
+    assert (tmp_path / "o0.txt").read_bytes() == (tmp_path / "o2.txt").read_bytes()

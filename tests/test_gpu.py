@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import A_MAN_TABLE, EXAMPLE_TABLE
-from phrase_scorer.config import ScoringOptions, TrainConfig
+from conftest import A_MAN_TABLE, DATA, EXAMPLE_TABLE
+from phrase_scorer.config import GPU_BATCH_TOKENS, AnnotateOptions, RescoreOptions, ScoringOptions, TrainConfig
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.model_dir import load_model
 from phrase_scorer.scoring.batch_scorer import BatchScorer
@@ -35,16 +35,20 @@ def table_pairs(loaded):
             [loaded.target_vocab.encode(l.target_words) for l in lines])
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_gpu_scores_match_cpu_fp32(tiny_model, precision):
+@pytest.mark.parametrize("precision,batch_tokens", [("fp32", None), ("fp32", 64), ("bf16", None), ("fp16", None)])
+def test_gpu_scores_match_cpu_fp32(tiny_model, precision, batch_tokens):
+    """Also in many small batches (64 tokens): each batch's scores are read back while the next
+    one runs, and must land on their own pairs."""
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
     cpu = load_model(tiny_model, "cpu")
     sources, targets = table_pairs(cpu)
     reference = BatchScorer(cpu.model, ScoringOptions(precision="fp32")).score(sources, targets)
     gpu = load_model(tiny_model, "cuda")
-    scorer = BatchScorer(gpu.model, ScoringOptions(precision=precision))
-    assert scorer.describe() == {"device": f"cuda:{torch.cuda.get_device_name()}", "precision": precision}
+    scorer = BatchScorer(gpu.model, ScoringOptions(precision=precision, batch_tokens=batch_tokens))
+    described = scorer.describe()
+    assert described["device"] == f"cuda:{torch.cuda.get_device_name()}" and described["precision"] == precision
+    assert described["batch_tokens"] == (batch_tokens or GPU_BATCH_TOKENS)
     scores = scorer.score(sources, targets)
     delta = np.abs(scores - reference)
     mean_tol, max_tol = TOLERANCES[precision]
@@ -67,3 +71,20 @@ def test_training_steps_run_on_the_gpu(tmp_path, precision):
     loaded = load_model(tmp_path / "m", "cuda")
     sources, targets = table_pairs(loaded)
     assert np.isfinite(BatchScorer(loaded.model).score(sources[:100], targets[:100])).all()
+
+
+def test_workers_planning_gives_the_same_bytes_on_the_gpu(tmp_path, tiny_model):
+    """annotate and rescore on the GPU: the batches planned in worker processes (the default)
+    give the bytes of those planned in the main process (no workers)."""
+    from phrase_scorer.rescoring.features import FeatureModel, rescore
+    from phrase_scorer.scoring.annotate import annotate
+
+    loaded = load_model(tiny_model, "cuda")
+    options = ScoringOptions(batch_tokens=256)  # many batches
+    for workers in (0, 2):
+        annotate(A_MAN_TABLE, tmp_path / f"a{workers}.txt", loaded, AnnotateOptions(window_lines=300), options,
+                 workers=workers)
+        rescore(DATA / "val.nbest.head.gz", DATA / "val.tok.en.head", tmp_path / f"r{workers}.txt",
+                [FeatureModel("RNN0", loaded)], RescoreOptions(window_lines=200), options, workers=workers)
+    for name in ("a", "r"):
+        assert (tmp_path / f"{name}0.txt").read_bytes() == (tmp_path / f"{name}2.txt").read_bytes()

@@ -288,3 +288,14 @@ def test_the_reverse_model_needs_a_hypothesis(tmp_path, loaded_tiny):
     # a forward model scores an empty hypothesis: log p(</s> | source)
     result = rescore(tmp_path / "list.txt", SOURCE, tmp_path / "o.txt", [FeatureModel("F", loaded_tiny)])
     assert result.lines == 221
+
+
+def test_worker_processes_give_the_bytes_of_one_process(tmp_path, loaded_tiny):
+    """The workers parse, look up, plan and format the windows; the main process only scores:
+    the same bytes as a run without workers, for forward and reverse models and an ensemble."""
+    models = [FeatureModel("F", loaded_tiny), FeatureModel("R", loaded_tiny, reverse=True),
+              FeatureModel("E", loaded_tiny, ensemble=True), FeatureModel("E", loaded_tiny, ensemble=True)]
+    for workers in (0, 2):
+        rescore(NBEST, SOURCE, tmp_path / f"o{workers}.gz", models, RescoreOptions(window_lines=40, normalize=True),
+                workers=workers)
+    assert gzip.decompress((tmp_path / "o0.gz").read_bytes()) == gzip.decompress((tmp_path / "o2.gz").read_bytes())

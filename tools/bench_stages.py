@@ -594,7 +594,7 @@ def section(rows: List[Dict[str, Any]], args, where: str, load: str, shared: boo
     sizes_text = "; ".join(f"{r['command']} `{r['preset']}`: {r['pairs']:,} {unit[r['command']]}" for r in rows)
     device = "GPU" if args.device.startswith("cuda") else "CPU"
     text = [
-        "## The batch scorer's stages (`tools/bench_stages.py`)\n",
+        f"## The batch scorer's stages{' on a GPU' if device == 'GPU' else ''} (`tools/bench_stages.py`)\n",
         f"Command: `python tools/bench_stages.py --device {args.device} --presets {args.presets} --lines "
         f"{args.lines} --hypotheses {args.hypotheses} --threads {args.threads} --write`; machine: {where}, torch "
         f"{info['torch']}, fp32, OMP_WAIT_POLICY=PASSIVE, the scorer on {rows[0]['threads']} thread(s) in the main "
@@ -725,7 +725,8 @@ def main() -> None:
     shared = max(load_before, load_after) > 1.0 or bool(busy_before or busy_after)
     load = (f"1-minute load average {load_before:.2f} before and {load_after:.2f} after (the benchmark's own "
             "included)")
-    benchlib.report(SECTION, section(rows, args, where, load, shared), args.write)
+    name = SECTION + ("_gpu" if args.device.startswith("cuda") else "")
+    benchlib.report(name, section(rows, args, where, load, shared), args.write)
 
 
 if __name__ == "__main__":

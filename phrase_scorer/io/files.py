@@ -158,6 +158,10 @@ class ReadProgress:
 
     _input: Optional[InputFile] = None
 
+    def follow(self, source: InputFile) -> None:
+        """Report on ``source`` (an open :class:`InputFile`) from now on."""
+        self._input = source
+
     @property
     def size(self) -> Optional[int]:
         return self._input.size if self._input is not None else None

@@ -141,10 +141,47 @@ def group_by_sentence(entries: Iterable[NBestEntry]) -> Iterator[Tuple[int, List
 def check_sentence_order(entry: NBestEntry, last_id: int, path: PathLike) -> None:
     """Refuse an entry whose sentence id is below ``last_id``, the id of the entry before it
     (-1 for none): Moses writes a list grouped by sentence id in increasing order."""
-    if entry.sentence_id < last_id:
-        raise PhraseScorerError(f"sentence id {entry.sentence_id} comes after {last_id}", path=path,
-                                line=entry.line_number, hint="the n-best list must be grouped by sentence id in "
-                                                             "increasing order, as Moses writes it")
+    check_id_order(entry.sentence_id, last_id, path, entry.line_number)
+
+
+def check_id_order(sentence_id: int, last_id: int, path: PathLike, line: Optional[int]) -> None:
+    """:func:`check_sentence_order` for the sentence id of line ``line``."""
+    if sentence_id < last_id:
+        raise PhraseScorerError(f"sentence id {sentence_id} comes after {last_id}", path=path,
+                                line=line, hint="the n-best list must be grouped by sentence id in "
+                                                "increasing order, as Moses writes it")
+
+
+_PLAIN_ID = re.compile(rb" *([0-9]+) *")
+
+
+def sentence_id_of(data: bytes, path: PathLike, number: int) -> int:
+    """The sentence id of the raw line ``data`` (line ``number``, its line end included), read
+    without parsing the rest of the line; a line whose id field is not a plain whole number is
+    parsed whole, which raises the error :class:`NBestReader` gives for it."""
+    bar = data.find(SEPARATOR.encode())
+    match = _PLAIN_ID.fullmatch(data, 0, bar) if bar >= 0 else None
+    if match is None:
+        return entry_of(data, path, number).sentence_id
+    return int(match.group(1))
+
+
+def entry_of(data: bytes, path: PathLike, number: int) -> NBestEntry:
+    """The entry of raw line ``data`` (line ``number`` of ``path``, its line end included)."""
+    if number == 1:
+        line_text(data, path, number)  # refuses a byte-order mark
+    if data.endswith(b"\n"):
+        raw, eol = data[:-1], "\n"
+    else:
+        raw, eol = data, ""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
+                                hint="n-best lists must be UTF-8 text") from None
+    entry = parse_nbest_line(text, path, number)
+    entry.eol = eol
+    return entry
 
 
 def whole_number(text: str, what: str, path: PathLike, line: Optional[int], hint: Optional[str] = None) -> int:
@@ -257,20 +294,7 @@ class NBestReader(ReadProgress):
                 for number, data in enumerate(source, 1):
                     if number <= self.skip:
                         continue
-                    if number == 1:
-                        line_text(data, path, number)  # refuses a byte-order mark
-                    if data.endswith(b"\n"):
-                        raw, eol = data[:-1], "\n"
-                    else:
-                        raw, eol = data, ""
-                    try:
-                        text = raw.decode("utf-8")
-                    except UnicodeDecodeError as exc:
-                        raise PhraseScorerError(f"invalid UTF-8 at byte {exc.start + 1}", path=path, line=number,
-                                                hint="n-best lists must be UTF-8 text") from None
-                    entry = parse_nbest_line(text, path, number)
-                    entry.eol = eol
-                    yield entry
+                    yield entry_of(data, path, number)
         except PhraseScorerError:
             raise
         except (EOFError, OSError, ValueError) as exc:

@@ -40,7 +40,8 @@ from phrase_scorer.io.nbest import (
 )
 from phrase_scorer.rescoring.weights import Weights, best_hypothesis, check_layout, weighted_sum
 from phrase_scorer.scoring.columns import check_finite, per_token
-from phrase_scorer.rescoring.features import FeatureModel, feature_members, feature_names, model_inputs
+from phrase_scorer.rescoring.features import FeatureModel, feature_members, feature_names
+from phrase_scorer.rescoring.nbest_work import model_inputs
 
 # A hypothesis is out only when its bound is below the floor by more than this share of the
 # floor's size (plus this much): far above the rounding of a sum of a few dozen terms.
@@ -172,7 +173,7 @@ class BoundedChunk:
         if not len(rows):
             return
         subset = [self.entries[i] for i in rows]
-        src_ids, tgt_ids, predicted = model_inputs(self.models[model], subset, [self.words[i] for i in rows],
+        src_ids, tgt_ids, predicted = model_inputs(self.models[model].side(), subset, [self.words[i] for i in rows],
                                                    self.source, self.nbest)
         log_probs = self.scorers[model].score(src_ids, tgt_ids, batch_tokens)
         check_finite(log_probs, str(self.nbest), subset[0].line_number)

@@ -37,26 +37,21 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 
 from phrase_scorer import __version__
-from phrase_scorer.scoring.columns import check_finite, per_token
 from phrase_scorer.config import FORWARD_FEATURE_PREFIX, REVERSE_FEATURE_PREFIX, RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import (
-    GZIP_LIBRARY,
-    STDIO,
-    PathLike,
-    gzip_member,
-    is_gzip_name,
-    text_lines,
-)
+from phrase_scorer.io.files import (GZIP_LIBRARY, STDIO, PathLike, ReadProgress, is_gzip_name, open_input, read_failure,
+                                    text_lines)
 from phrase_scorer.io.outputs import model_files
-from phrase_scorer.io.nbest import NBestEntry, NBestReader, check_sentence_order, moses_rounded
-from phrase_scorer.runtime.workers import Pipeline
+from phrase_scorer.io.nbest import check_id_order, sentence_id_of
 from phrase_scorer.io.phrase_table import split_words
-from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.records import Signature, SignedModel, as_recorded
+from phrase_scorer.rescoring.nbest_work import ModelSide, NBestWork, RawNBestWindow
+from phrase_scorer.runtime.distributed import cores_per_process
+from phrase_scorer.runtime.progress import progress_bar
+from phrase_scorer.runtime.workers import Pipeline, WorkerPool
+from phrase_scorer.scoring.batch_plan import PlanSettings
 from phrase_scorer.runtime.job import OutputJob, input_identity
 
 log = logging.getLogger(__name__)
@@ -79,6 +74,10 @@ class FeatureModel:
     def describe(self) -> Dict[str, Any]:
         """The model as the signature names it (:class:`~phrase_scorer.records.SignedModel`)."""
         return SignedModel.of(self.loaded, name=self.name, reverse=self.reverse, ensemble=self.ensemble).to_json()
+
+    def side(self, plan_settings: Optional[PlanSettings] = None) -> ModelSide:
+        """What the host work needs of the model (:class:`~phrase_scorer.rescoring.nbest_work.ModelSide`)."""
+        return ModelSide(self.name, self.reverse, self.loaded.source_vocab, self.loaded.target_vocab, plan_settings)
 
 
 def feature_names(models: Sequence[FeatureModel]) -> List[str]:
@@ -156,17 +155,6 @@ def check_feature_names(names: Sequence[str]) -> None:
         seen.add(name)
 
 
-@dataclass
-class NBestWindow:
-    """Whole sentences of the n-best list, with word ids per model (filled by the reader thread)."""
-
-    index: int
-    first_line: int
-    lines: List[NBestEntry]
-    inputs: List[Tuple[List[List[int]], List[List[int]]]]  # per model: (source ids, target ids) per line
-    scores: List[np.ndarray] = field(default_factory=list)  # per model: the feature value per line
-
-
 class SourceSentences:
     """The source file, read forward as the n-best list asks for sentence ids."""
 
@@ -231,11 +219,14 @@ def rescore(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    workers: Optional[int] = None,
 ) -> RescoreResult:
     """Append each model's feature to every line of ``nbest``, writing ``output`` atomically.
 
     An existing ``output`` is replaced only with ``overwrite``, or when ``resume`` continues the
-    run that is making it."""
+    run that is making it. ``workers`` processes parse, look up, plan and format the windows
+    (None: as many as the cores allow, at most 8; 0: none, all in this process)."""
+    from phrase_scorer.scoring.annotate import default_workers
     from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     if not models:
@@ -253,6 +244,8 @@ def rescore(
         raise PhraseScorerError("the n-best list and the source cannot both be read from stdin")
     compress = output != STDIO and is_gzip_name(output)
     scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
+    if workers is None:
+        workers = default_workers(cores_per_process())
     settings = {
         "input": input_identity(nbest),
         "source": input_identity(source),
@@ -267,27 +260,36 @@ def rescore(
     with OutputJob(output, inputs, overwrite=overwrite, resume=resume, resumable=True, settings=settings,
                    source=settings["input"]["path"]) as job:
         done_lines = job.done_lines
-        reader = NBestReader(nbest, skip=done_lines)
         sources = SourceSentences(source, nbest)
-        writer = FeatureWriter(job, options, compress, names, feature_members(models))
+        sides = [m.side(scorer.plan_settings() if workers else None) for m, scorer in zip(models, scorers)]
+        handler_args = (os.fspath(nbest), os.fspath(source), sides, options, compress, names, feature_members(models))
         counts = {"sentences": 0}
-
-        def work(window: NBestWindow) -> NBestWindow:
-            for scorer, (src_ids, tgt_ids, tgt_words) in zip(scorers, window.inputs):
-                log_probs = scorer.score(src_ids, tgt_ids)
-                check_finite(log_probs, settings["input"]["path"], window.first_line)
-                window.scores.append(per_token(log_probs, tgt_words) if options.normalize else log_probs)
-            window.inputs = []  # the ids are not needed any more
-            return window
+        pipeline = Pipeline(depth=max(2, workers + 1))
+        reading = ReadProgress()  # the list's bytes read, for the progress bar
 
         try:
-            with progress_bar("rescoring", reader) as progress:
-                Pipeline().run(
-                    lambda put: read_windows(reader, sources, models, options.window_lines, done_lines, put,
-                                             progress, counts),
-                    work,
-                    writer.write_window,
-                )
+            with WorkerPool(NBestWork, handler_args, ["prepare", "finish"], workers, pipeline.stopping) as pool, \
+                    progress_bar("rescoring", reading) as progress:
+
+                def read(put) -> None:
+                    read_raw_windows(nbest, done_lines, sources, options.window_lines, reading, counts,
+                                     lambda window: pool.submit("prepare", window.index, window), put, progress)
+
+                def work(item: Tuple[int, Any]) -> Tuple[int, Any]:
+                    index, lines = item
+                    if isinstance(lines, BaseException):  # a reading error, after the windows before it
+                        raise lines
+                    prepared = pool.result("prepare", index)
+                    pool.submit("finish", index, [
+                        scorer.score_plans(inputs.plans, len(inputs.source_ids)) if inputs.plans is not None
+                        else scorer.score(inputs.source_ids, inputs.target_ids)
+                        for scorer, inputs in zip(scorers, prepared)])
+                    return item
+
+                def write(item: Tuple[int, Any]) -> None:
+                    job.write(item[1], pool.result("finish", item[0]))
+
+                pipeline.run(read, work, write)
         finally:
             sources.close()
         total_lines = job.lines_done
@@ -306,104 +308,57 @@ def rescore(
                          stats=[scorer.stats for scorer in scorers])
 
 
-def read_windows(reader: NBestReader, sources: SourceSentences, models: Sequence[FeatureModel], window_lines: int,
-                 first_line: int, put, progress, counts: Dict[str, Any]) -> None:
-    """Reader thread body: cut the list into windows of whole sentences and look up word ids."""
-    names = {m.name for m in models}
-    lines: List[NBestEntry] = []
-    sentence_words: List[List[str]] = []  # per line: the source words (one list per sentence, shared)
+def read_raw_windows(nbest: PathLike, skip: int, sources: "SourceSentences", window_lines: int,
+                     reading: "ReadProgress", counts: Dict[str, Any], submit, put, progress) -> None:
+    """Reader thread body: cut the list's raw lines (after the first ``skip``) into windows of
+    whole sentences of about ``window_lines`` lines, reading only each line's sentence id,
+    attach the sentences' source words, ``submit`` each window to a worker and ``put`` (index,
+    lines) in order. An error (a sentence out of order, a source too short, a file that cannot
+    be read) is put after the windows before it, as (index, the error), so that an error in an
+    earlier line, which a worker finds, is the one raised."""
+    lines: List[bytes] = []
+    sentences: Dict[int, List[str]] = {}
     index = 0
-    first = first_line + 1
+    first = skip + 1
     last_id = -1
-    words: List[str] = []
+    number = skip
 
     def flush() -> bool:
-        nonlocal lines, sentence_words, index, first
+        nonlocal lines, sentences, index, first
+        submit(RawNBestWindow(index, first, lines, sentences))
         progress.advance(len(lines))
-        inputs = [model_inputs(m, lines, sentence_words, sources.path, reader.path) for m in models]
-        ok = put(NBestWindow(index, first, lines, inputs))
+        ok = put((index, len(lines)))
         index += 1
         first += len(lines)
-        lines, sentence_words = [], []
+        lines, sentences = [], {}
         return ok
 
-    for entry in reader:
-        if entry.sentence_id != last_id:
-            check_sentence_order(entry, last_id, reader.path)
-            if len(lines) >= window_lines and not flush():
-                return
-            words = sources.words(entry.sentence_id, entry.line_number)
-            last_id = entry.sentence_id
-            counts["sentences"] += 1
-        taken = names.intersection(label for label, _ in entry.features)
-        if taken:
-            raise PhraseScorerError(f"the line already has a feature {sorted(taken)[0]}=", path=reader.path,
-                                    line=entry.line_number,
-                                    hint=Text("choose other names with ", setting("names"), "/",
-                                              setting("reverse_names")))
-        lines.append(entry)
-        sentence_words.append(words)
-    if lines and not flush():
+    try:
+        try:
+            with open_input(nbest) as source:
+                reading.follow(source)
+                for number, data in enumerate(source, 1):
+                    if number <= skip:
+                        continue
+                    sentence_id = sentence_id_of(data, nbest, number)
+                    if sentence_id != last_id:
+                        check_id_order(sentence_id, last_id, nbest, number)
+                        if len(lines) >= window_lines and not flush():
+                            return
+                        sentences[sentence_id] = sources.words(sentence_id, number)
+                        last_id = sentence_id
+                        counts["sentences"] += 1
+                    lines.append(data)
+        except (EOFError, OSError, ValueError) as exc:
+            raise read_failure(exc, nbest, number) from None
+        if last_id >= 0:
+            sources.check_all_read(last_id)
+    except PhraseScorerError as exc:
+        if lines and not flush():
+            return
+        put((index, exc))
         return
-    if last_id >= 0:
-        sources.check_all_read(last_id)
+    if lines:
+        flush()
 
 
-def model_inputs(model: FeatureModel, lines: List[NBestEntry], sentence_words: List[List[str]],
-                 source_path: PathLike, nbest_path: PathLike) -> Tuple[List[List[int]], List[List[int]], np.ndarray]:
-    """(source ids, target ids, target words) per line for ``model``: source sentence and
-    hypothesis, or the reverse. Each distinct source sentence is looked up once. The words of
-    the side the model predicts (not its ids: a subword model's pieces) divide log p for
-    ``--normalize``, so a per-word score means the same for every vocabulary."""
-    loaded = model.loaded
-    cache: Dict[int, List[int]] = {}
-    sentence_side = loaded.target_vocab if model.reverse else loaded.source_vocab
-    hypothesis_side = loaded.source_vocab if model.reverse else loaded.target_vocab
-    from_sentence, from_hypothesis, predicted_words = [], [], []
-    for entry, words in zip(lines, sentence_words):
-        ids = cache.get(id(words))
-        if ids is None:
-            ids = cache[id(words)] = sentence_side.encode(words)
-            if not ids and not model.reverse:
-                raise PhraseScorerError(f"the source sentence is empty; model {model.name} cannot score a translation "
-                                        "of nothing", path=source_path, line=entry.sentence_id + 1,
-                                        hint="remove empty lines from the input before decoding")
-        from_sentence.append(ids)
-        hypothesis = split_words(entry.hypothesis)
-        from_hypothesis.append(hypothesis_side.encode(hypothesis))
-        predicted_words.append(len(words) if model.reverse else len(hypothesis))
-        if model.reverse and not from_hypothesis[-1]:
-            raise PhraseScorerError(f"the hypothesis is empty; the reverse model {model.name} cannot condition on it",
-                                    path=nbest_path, line=entry.line_number,
-                                    hint="rescore this list with forward models only")
-    predicted = np.array(predicted_words, np.int64)
-    return (from_hypothesis, from_sentence, predicted) if model.reverse else (from_sentence, from_hypothesis, predicted)
-
-
-class FeatureWriter:
-    """Writer thread body: appends the features to each line of a window and writes it as one chunk."""
-
-    def __init__(self, job: OutputJob, options: RescoreOptions, compress: bool, names: Sequence[str],
-                 members: Sequence[Sequence[int]]) -> None:
-        self.job = job
-        self.options = options
-        self.compress = compress
-        self.names = list(names)
-        self.members = [list(m) for m in members]  # per feature, the models it averages
-
-    def format(self, window: NBestWindow) -> bytes:
-        parts = []
-        features = [window.scores[m[0]] if len(m) == 1
-                    else np.mean(np.stack([window.scores[i] for i in m]).astype(np.float64), axis=0)
-                    for m in self.members]  # per feature: (lines,)
-        for i, entry in enumerate(window.lines):
-            for name, values in zip(self.names, features):
-                entry.features.append((name, [moses_rounded(float(values[i]))]))
-            parts.append(entry.to_line().encode("utf-8"))
-        return b"".join(parts)
-
-    def write_window(self, window: NBestWindow) -> None:
-        data = self.format(window)
-        if self.compress:
-            data = gzip_member(data, self.options.compress_level)
-        self.job.write(len(window.lines), data)
