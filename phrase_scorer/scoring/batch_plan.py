@@ -141,6 +141,9 @@ class _Buffer:
     def array(self) -> np.ndarray:
         return np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
 
+    def lengths(self) -> List[int]:
+        return [len(part) for part in self.parts]
+
 
 @dataclass
 class EncoderPlan:
@@ -166,28 +169,28 @@ class EncoderPlan:
 @dataclass
 class DepthPlan:
     """One depth of the targets' trie: its ``nodes`` decoder steps, the sources they read (None:
-    the first ``nodes`` sources in order), their previous words and parents (depth > 0), the
-    pairs that reach the depth (``reaching``: their log p at this depth are added to their
-    scores) and the softmax's chunks: (first row, rows of the chunk's edges relative to it,
-    the edges' labels less :data:`FIRST_OUTPUT_ID`, the edges' places among ``reaching``)."""
+    the first ``nodes`` sources in order), their previous words and parents (depth > 0), and
+    the softmax's chunks: (first row, the rows of the chunk's edges relative to it, the edges'
+    labels less :data:`FIRST_OUTPUT_ID`, the pairs the edges belong to). An edge is a pair
+    that reaches the depth: its next word, or ``</s>`` after its last; its log p is added to
+    its pair's score."""
 
     nodes: int
     sources: Optional[Slot]
     keys: Optional[Slot]
     parents: Optional[Slot]
-    reaching: Slot
-    edges: int
     chunks: List[Tuple[int, Slot, Slot, Slot]]
 
 
 @dataclass
 class BatchPlan:
-    """Everything one batch's device work reads: ``buffer`` (one int64 array) and where each
-    piece lies in it; ``pair_index`` (k,) the window positions of the batch's pairs (the host's,
+    """Everything one batch's device work reads: ``buffer`` (one int64 array, its pieces end to
+    end) and where each piece lies in it; ``pair_index`` (k,) the window positions of the batch's pairs (the host's,
     to put the scores back in order); and the work it counts (for :class:`ScoringStats`)."""
 
     pair_index: np.ndarray
     buffer: np.ndarray
+    parts: List[int]  # the lengths of the buffer's pieces, in order (each a slot)
     encoder: EncoderPlan
     depths: List[DepthPlan]
     counts: Tuple[int, int, int, int, int, int]  # pairs, distinct sources, source words, encoder steps,
@@ -327,11 +330,11 @@ def plan_batch(settings: PlanSettings, pair_index: np.ndarray, source_rows: np.n
             if lo == hi:
                 continue
             chunks.append((start, buffer.add(sorted_nodes[lo:hi] - start), buffer.add(classes[lo:hi]),
-                           buffer.add(order[lo:hi])))
+                           buffer.add(reaching[order[lo:hi]])))
         depths.append(DepthPlan(
             nodes=len(keys), sources=None if in_place else buffer.add(node_sources),
-            keys=buffer.add(keys) if d else None, parents=buffer.add(parents) if d else None,
-            reaching=buffer.add(reaching), edges=len(reaching), chunks=chunks))
+            keys=buffer.add(keys) if d else None, parents=buffer.add(parents) if d else None, chunks=chunks))
     counts = (targets, len(source_rows), int(source_lengths.sum()), encoder_steps, int(lengths.sum()) + targets,
               trie.num_nodes)
-    return BatchPlan(pair_index=pair_index, buffer=buffer.array(), encoder=encoder, depths=depths, counts=counts)
+    return BatchPlan(pair_index=pair_index, buffer=buffer.array(), parts=buffer.lengths(), encoder=encoder,
+                     depths=depths, counts=counts)

@@ -50,6 +50,7 @@ benchmarks; each distinct source is still encoded only once.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -261,9 +262,10 @@ class BatchScorer:
         buffer = torch.from_numpy(plan.buffer)
         buffer = buffer.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" \
             else buffer.to(self.device)
+        pieces = dict(zip(itertools.accumulate(plan.parts, initial=0), buffer.split(plan.parts)))  # one operator
 
         def take_there(slot: Slot, shape: Optional[Tuple[int, int]] = None) -> Tensor:
-            piece = buffer.narrow(0, slot[0], slot[1])
+            piece = pieces[slot[0]] if slot[1] else buffer[:0]
             return piece if shape is None else piece.view(shape)
 
         return take_there
@@ -281,7 +283,7 @@ class BatchScorer:
         take = self._slots(plan)
         memory = self._encode(plan.encoder, take)  # S rows
         scores = torch.zeros(plan.counts[0], dtype=torch.float64, device=self.device)
-        overflowed = torch.zeros((), dtype=torch.long, device=self.device)
+        overflowed: List[Tensor] = []  # per softmax chunk, its overflowed rows (0-dim)
         states = None
         for d, depth in enumerate(plan.depths):
             rows = memory.first(depth.nodes) if depth.sources is None else memory.select(take(depth.sources))
@@ -292,10 +294,8 @@ class BatchScorer:
                 parent_states = states[take(depth.parents)]  # (n_d, D)
                 prev = take(depth.keys)  # (n_d,) y_d
             states, features = model.step(rows, parent_states, prev)  # (n_d, D), (n_d, R)
-            log_probs, depth_overflowed = self._edge_log_probs(features, depth, take, exact_overflow)
-            scores[take(depth.reaching)] += log_probs
-            overflowed += depth_overflowed
-        return scores, overflowed
+            self._add_edge_log_probs(scores, features, depth, take, exact_overflow, overflowed)
+        return scores, torch.stack(overflowed).sum() if len(overflowed) > 1 else overflowed[0]
 
     def _encode(self, plan: EncoderPlan, take: Callable[..., Tensor]) -> Memory:
         """The memory of the batch's distinct sources (one row each): a left-to-right encoder
@@ -323,20 +323,19 @@ class BatchScorer:
                 final_states[take(ending[0])] = states[take(ending[1])]
         return model.encode_from_final_states(final_states, src, src_len)
 
-    def _edge_log_probs(self, features: Tensor, depth: DepthPlan, take: Callable[..., Tensor],
-                        exact_overflow: bool) -> Tuple[Tensor, Tensor]:
-        """log p(label | node) for each edge of a depth (in the order of its ``reaching`` pairs),
-        and the count of overflowed rows (0-dim tensor); logits formed ``chunk_rows`` nodes at a
-        time (each chunk owns a contiguous run of the edges sorted by node)."""
-        out = torch.empty(depth.edges, dtype=torch.float64, device=self.device)
-        overflowed = torch.zeros((), dtype=torch.long, device=self.device)
+    def _add_edge_log_probs(self, scores: Tensor, features: Tensor, depth: DepthPlan, take: Callable[..., Tensor],
+                            exact_overflow: bool, overflowed: List[Tensor]) -> None:
+        """Add log p(label | node) of each edge of a depth to its pair's score (``scores`` (k,)),
+        with logits formed ``chunk_rows`` nodes at a time (each chunk owns a run of the edges
+        sorted by node); append each chunk's count of overflowed rows (0-dim) to ``overflowed``.
+        A pair has one edge per depth, so each addition lands on its own score."""
         rows = self.chunk_rows
-        for start, local, classes, order in depth.chunks:
-            picked, chunk_overflowed = self.softmax.log_probs(features[start : start + rows], take(local),
-                                                              take(classes), exact_overflow)
-            out[take(order)] = picked.double()
-            overflowed += chunk_overflowed
-        return out, overflowed
+        whole = features.size(0) <= rows
+        for start, local, classes, pairs in depth.chunks:
+            picked, chunk_overflowed = self.softmax.log_probs(features if whole else features[start : start + rows],
+                                                              take(local), take(classes), exact_overflow)
+            scores.index_add_(0, take(pairs), picked.double())
+            overflowed.append(chunk_overflowed)
 
     @property
     def softmax(self) -> "OutputSoftmax":
