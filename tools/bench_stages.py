@@ -280,11 +280,11 @@ def instrument(recorder: Recorder) -> None:
 
     run_plan = bs.BatchScorer._run
 
-    def timed_run_plan(self, plan, exact_overflow=False):
-        if not exact_overflow:
+    def timed_run_plan(self, plan, exact_rows=None):
+        if exact_rows is None:
             recorder.open_batch(plan.counts[0])
         with recorder.region("glue"):
-            return run_plan(self, plan, exact_overflow)
+            return run_plan(self, plan, exact_rows)
 
     bs.BatchScorer._run = timed_run_plan
     timed_function(recorder, bp, "trie_of_rows", "tries")

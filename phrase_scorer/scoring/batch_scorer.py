@@ -1,11 +1,13 @@
 """BatchScorer: log p(y|x) for many phrase pairs at once, doing each piece of work once.
 
 Every command that needs a model score (``score``, ``annotate``, ``sample``, ``compare``) asks
-this scorer; nothing else computes one. Given a window of pairs it
+this scorer; nothing else computes one. Steps 1-4's index work is the batch's *plan*, built with
+numpy alone (:mod:`phrase_scorer.scoring.batch_plan`), in a worker process where a command has
+them (``annotate``, ``rescore``); this class runs plans on the device. Given a window of pairs it
 
 1. groups the pairs by source and sorts the distinct sources, so that sources sharing a prefix
    (``a man``, ``a man in``, ``a man in a``: a phrase table lists every sub-phrase) sit together
-   (a model that pads its sources instead takes them shortest first: :meth:`BatchScorer._batches`);
+   (a model that pads its sources instead takes them shortest first: :func:`batch_plan.batches`);
 2. cuts the window into batches of about ``batch_tokens`` target tokens, keeping a source's
    targets together (a batch whose sources each have one target, a reverse model's, takes them
    longest target first);
@@ -14,7 +16,7 @@ this scorer; nothing else computes one. Given a window of pairs it
    right (``shares_source_prefixes``: the encoder-decoder) walks the *trie* of the sources depth
    by depth instead, so a shared prefix is run through the encoder once; a bidirectional encoder
    (``shares_source_affixes``: RNNsearch) walks the trie of the sources and that of their
-   reversals, so a shared prefix and a shared suffix each run once (:meth:`_encode_by_affixes`);
+   reversals, so a shared prefix and a shared suffix each run once (:meth:`_encode`);
 4. decodes the trie of each source's targets depth by depth (``memory.select`` the nodes'
    sources, or ``memory.first`` when they are the batch's first sources in order, which then
    need not be gathered; one ``model.step`` per depth): targets sharing a prefix share their
@@ -31,9 +33,10 @@ are then those of one thread, and the cores stay busy, where splitting every ope
 decoder step over the cores (``"operations"``) leaves them waiting on each other between the
 step's many small operations (docs/benchmarks.md, "Rescoring").
 
-On a GPU the host waits for the device once per batch, when it reads the batch's scores: ids
-and indices go over in pinned memory without waiting, and the softmax's rare overflow (below)
-is counted on the device and handled by scoring that batch again.
+On a GPU a batch's plan goes over in one copy through pinned memory, without waiting; the host
+reads a batch's scores (copied back as the device finishes them) once the next batch is
+launched, so the device never waits for the host's reading; and a batch with a score that is not
+finite (the softmax's rare overflow, below) is scored again with those rows summed exactly.
 
 The scorer talks to the model only through :mod:`phrase_scorer.models.base`, so it scores with
 either architecture.
@@ -213,15 +216,19 @@ class BatchScorer:
     def _score_plan(self, plan: BatchPlan) -> Tuple[np.ndarray, ScoringStats]:
         """A batch's scores (its one wait for the device) and its work."""
         with torch.inference_mode(), precision_context(self.device, self.precision):
-            scores, overflowed = self._run(plan)
-            return self._finished(plan, scores.cpu().numpy(), int(overflowed))
+            scores, not_finite = self._run(plan)
+            return self._finished(plan, scores.cpu().numpy(), int(not_finite))
 
-    def _finished(self, plan: BatchPlan, scores: np.ndarray, overflowed_rows: int) -> Tuple[np.ndarray, ScoringStats]:
+    def _finished(self, plan: BatchPlan, scores: np.ndarray, not_finite: int) -> Tuple[np.ndarray, ScoringStats]:
+        """A batch's scores and work once they are back; a batch with a score that is not finite
+        (rare: a softmax row whose shifted sum overflowed, see :class:`OutputSoftmax`) is scored
+        again with those rows' normaliser computed exactly."""
         stats = ScoringStats(*plan.counts)
-        if overflowed_rows:  # rare: score the batch again, those rows' normaliser exactly
+        if not_finite:
+            exact_rows: List[int] = []
             with torch.inference_mode(), precision_context(self.device, self.precision):
-                scores = self._run(plan, exact_overflow=True)[0].cpu().numpy()
-            stats.exact_softmax_rows += overflowed_rows
+                scores = self._run(plan, exact_rows)[0].cpu().numpy()
+            stats.exact_softmax_rows += sum(exact_rows)
         return scores, stats
 
     def _score_overlapped(self, plans: Iterable[BatchPlan]) -> Iterator["Scored"]:
@@ -230,23 +237,22 @@ class BatchScorer:
         pending: Deque[Tuple[BatchPlan, Tensor, Tensor, Any]] = deque()
         for plan in plans:
             with torch.inference_mode(), precision_context(self.device, self.precision):
-                scores, overflowed = self._run(plan)
+                scores, not_finite = self._run(plan)
                 host_scores = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
-                host_overflowed = torch.empty((), dtype=overflowed.dtype, pin_memory=True)
+                host_not_finite = torch.empty((), dtype=not_finite.dtype, pin_memory=True)
                 host_scores.copy_(scores, non_blocking=True)
-                host_overflowed.copy_(overflowed, non_blocking=True)
+                host_not_finite.copy_(not_finite, non_blocking=True)
                 done = torch.cuda.Event()
                 done.record()
-            pending.append((plan, host_scores, host_overflowed, done))
+            pending.append((plan, host_scores, host_not_finite, done))
             while len(pending) > BATCHES_IN_FLIGHT:
                 yield self._collected(*pending.popleft())
         while pending:
             yield self._collected(*pending.popleft())
 
-    def _collected(self, plan: BatchPlan, host_scores: Tensor, host_overflowed: Tensor,
-                   done: Any) -> "Scored":
+    def _collected(self, plan: BatchPlan, host_scores: Tensor, host_not_finite: Tensor, done: Any) -> "Scored":
         done.synchronize()
-        return plan, self._finished(plan, host_scores.numpy(), int(host_overflowed))
+        return plan, self._finished(plan, host_scores.numpy(), int(host_not_finite))
 
     def _slots(self, plan: BatchPlan) -> Callable[..., Tensor]:
         """``take(slot, shape=None)``: a piece of the plan's buffer as a long tensor on the device.
@@ -270,11 +276,12 @@ class BatchScorer:
 
         return take_there
 
-    def _run(self, plan: BatchPlan, exact_overflow: bool = False) -> Tuple[Tensor, Tensor]:
-        """log p of each pair of the plan's batch (float64, on the device) and the number of
-        softmax rows whose shifted sum overflowed (a 0-dim tensor, read after the batch: their
-        pairs' scores are not finite unless ``exact_overflow``, which recomputes those rows
-        exactly, see :class:`OutputSoftmax`). Nothing here waits for the device.
+    def _run(self, plan: BatchPlan, exact_rows: Optional[List[int]] = None) -> Tuple[Tensor, Tensor]:
+        """log p of each pair of the plan's batch (float64, on the device) and the number of those
+        that are not finite (a 0-dim tensor, read after the batch: a pair through a softmax row
+        whose shifted sum overflowed, see :class:`OutputSoftmax`, unless ``exact_rows`` asks for
+        such rows to be recomputed exactly). Without ``exact_rows`` nothing here waits for the
+        device.
 
         The targets' trie is decoded depth by depth: ``memory.select`` the nodes' sources (or
         ``memory.first`` when they are the batch's first sources in order), one ``model.step``
@@ -283,7 +290,6 @@ class BatchScorer:
         take = self._slots(plan)
         memory = self._encode(plan.encoder, take)  # S rows
         scores = torch.zeros(plan.counts[0], dtype=torch.float64, device=self.device)
-        overflowed: List[Tensor] = []  # per softmax chunk, its overflowed rows (0-dim)
         states = None
         for d, depth in enumerate(plan.depths):
             rows = memory.first(depth.nodes) if depth.sources is None else memory.select(take(depth.sources))
@@ -294,8 +300,8 @@ class BatchScorer:
                 parent_states = states[take(depth.parents)]  # (n_d, D)
                 prev = take(depth.keys)  # (n_d,) y_d
             states, features = model.step(rows, parent_states, prev)  # (n_d, D), (n_d, R)
-            self._add_edge_log_probs(scores, features, depth, take, exact_overflow, overflowed)
-        return scores, torch.stack(overflowed).sum() if len(overflowed) > 1 else overflowed[0]
+            self._add_edge_log_probs(scores, features, depth, take, exact_rows)
+        return scores, (~torch.isfinite(scores)).sum()
 
     def _encode(self, plan: EncoderPlan, take: Callable[..., Tensor]) -> Memory:
         """The memory of the batch's distinct sources (one row each): a left-to-right encoder
@@ -324,18 +330,17 @@ class BatchScorer:
         return model.encode_from_final_states(final_states, src, src_len)
 
     def _add_edge_log_probs(self, scores: Tensor, features: Tensor, depth: DepthPlan, take: Callable[..., Tensor],
-                            exact_overflow: bool, overflowed: List[Tensor]) -> None:
+                            exact_rows: Optional[List[int]]) -> None:
         """Add log p(label | node) of each edge of a depth to its pair's score (``scores`` (k,)),
         with logits formed ``chunk_rows`` nodes at a time (each chunk owns a run of the edges
-        sorted by node); append each chunk's count of overflowed rows (0-dim) to ``overflowed``.
-        A pair has one edge per depth, so each addition lands on its own score."""
+        sorted by node). A pair has one edge per depth, so each addition lands on its own score.
+        ``exact_rows``: see :meth:`OutputSoftmax.log_probs`."""
         rows = self.chunk_rows
         whole = features.size(0) <= rows
         for start, local, classes, pairs in depth.chunks:
-            picked, chunk_overflowed = self.softmax.log_probs(features if whole else features[start : start + rows],
-                                                              take(local), take(classes), exact_overflow)
+            picked = self.softmax.log_probs(features if whole else features[start : start + rows], take(local),
+                                            take(classes), exact_rows)
             scores.index_add_(0, take(pairs), picked.double())
-            overflowed.append(chunk_overflowed)
 
     @property
     def softmax(self) -> "OutputSoftmax":
@@ -397,14 +402,14 @@ class OutputSoftmax:
         return torch.logsumexp(at_least_fp32(self.output_layer(features)), -1)
 
     def log_probs(self, features: Tensor, rows: Tensor, classes: Tensor,
-                  exact_overflow: bool = False) -> Tuple[Tensor, Tensor]:
-        """log p(classes[i] | features[rows[i]]): features (n, R); rows, classes (k,) -> (k,);
-        and the number of rows whose shifted sum overflowed (a 0-dim tensor). Their log p is
-        not finite unless ``exact_overflow`` recomputes their normaliser exactly, which waits for
-        the device; without it nothing here does."""
+                  exact_rows: Optional[List[int]] = None) -> Tensor:
+        """log p(classes[i] | features[rows[i]]): features (n, R); rows, classes (k,) -> (k,).
+        The log p of a row whose shifted sum overflowed is not finite, unless ``exact_rows`` (a
+        list) is given: those rows' normaliser is then recomputed exactly and their number
+        appended to it, which waits for the device; without it nothing here does."""
         if features.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled():
             logits = at_least_fp32(self.output_layer(features))  # (n, V')
-            return logits[rows, classes] - torch.logsumexp(logits, -1)[rows], features.new_zeros((), dtype=torch.long)
+            return logits[rows, classes] - torch.logsumexp(logits, -1)[rows]
         with_bias = torch.cat([features, features.new_ones((features.size(0), 1))], 1)  # (n, R+1)
         shift = (with_bias @ self.probe_t).amax(1, keepdim=True)  # (n, 1) = U, in bits
         if self.int8 is not None:  # U from fp32 logits is a reference point, not a bound, for int8 ones
@@ -413,10 +418,12 @@ class OutputSoftmax:
             shifted = torch.cat([with_bias, -shift], 1) @ self.weight_t  # (n, V') = logits - U, in bits
         picked = shifted[rows, classes]  # (k,)
         log_sum = shifted.exp2_().sum(1).log2_()  # (n,) = log2-sum-exp2 - U, >= 0 unless it overflowed
-        overflowed = ~torch.isfinite(log_sum)  # (n,)
-        if exact_overflow and bool(overflowed.any()):
-            log_sum[overflowed] = self.exact(features[overflowed]) * LOG2_E - shift[overflowed, 0]
-        return (picked - log_sum[rows]) * LN_2, overflowed.sum()
+        if exact_rows is not None:
+            overflowed = ~torch.isfinite(log_sum)  # (n,)
+            exact_rows.append(int(overflowed.sum()))
+            if exact_rows[-1]:
+                log_sum[overflowed] = self.exact(features[overflowed]) * LOG2_E - shift[overflowed, 0]
+        return (picked - log_sum[rows]) * LN_2
 
 
 def batches_on_threads(score_plan: Callable[[BatchPlan], Any], plans: Sequence[BatchPlan],
