@@ -299,3 +299,12 @@ def test_worker_processes_give_the_bytes_of_one_process(tmp_path, loaded_tiny):
         rescore(NBEST, SOURCE, tmp_path / f"o{workers}.gz", models, RescoreOptions(window_lines=40, normalize=True),
                 workers=workers)
     assert gzip.decompress((tmp_path / "o0.gz").read_bytes()) == gzip.decompress((tmp_path / "o2.gz").read_bytes())
+
+
+def test_the_command_line_takes_the_workers(tmp_path, tiny_model):
+    """``rescore --workers N``: the same bytes with none and with two."""
+    for workers in (0, 2):
+        result = run("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-o", tmp_path / f"o{workers}.txt",
+                     "--workers", workers)
+        assert result.exit_code == 0, result.output
+    assert (tmp_path / "o0.txt").read_bytes() == (tmp_path / "o2.txt").read_bytes()

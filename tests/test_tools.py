@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import re
 import subprocess
@@ -233,3 +234,15 @@ def test_bench_stages_reports_start_up_and_a_stage_table_per_command(tmp_path):
     assert start[0] == "| " + " | ".join(bench_stages.START_COLUMNS) + " |"
     pairs = [int(line.split("|")[3].strip().replace(",", "")) for line in start[2:]]
     assert pairs[0] == 2000 and 2000 <= pairs[1] < 2300  # the list repeated up to a whole sentence past 2,000
+    # bench_versions on the inputs bench_stages left: two versions (here both this checkout) command by command
+    rows = tmp_path / "versions.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_versions.py"), "--before", str(ROOT), "--work-dir",
+         str(tmp_path), "--device", "cpu", "--presets", "tiny", "--batch-tokens", "1024", "--json", str(rows)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    measured = json.loads(rows.read_text())
+    assert [(r["command"], r["version"], r["rc"]) for r in measured] == [
+        ("annotate", "before", 0), ("annotate", "now", 0), ("rescore", "before", 0), ("rescore", "now", 0)]
+    assert [r["pairs"] for r in measured] == [2000, 2000, pairs[1], pairs[1]]
+    assert '"differing_lines": 0' in result.stdout

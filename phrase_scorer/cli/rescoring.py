@@ -41,10 +41,13 @@ from phrase_scorer.runtime.threads import set_threads
 @device_option
 @precision_option
 @threads_option
+@click.option("--workers", type=click.IntRange(min=0), default=None,
+              help="Processes that parse, check, plan, format and compress the list beside the models "
+                   "(0: none, all in one process) [default: the cores, at most 8].")
 @resume_option
 @overwrite_option
 def rescore(nbest, source, models, reverse_models, names, reverse_names, ensemble, reverse_ensemble, output, normalize,
-            batch_tokens, window_lines, device, precision, threads, resume, overwrite):
+            batch_tokens, window_lines, device, precision, threads, workers, resume, overwrite):
     """Append the models' log-probabilities to every line of a Moses n-best list NBEST.
 
     Each model adds one dense feature 'Name= value' (natural log, 6 significant digits), or
@@ -61,7 +64,7 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, ensembl
         result = run_rescore(nbest, source, output, loaded,
                              RescoreOptions(normalize=normalize, window_lines=window_lines),
                              ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
-                             overwrite=overwrite)
+                             overwrite=overwrite, workers=workers)
     except KeyboardInterrupt:
         raise interrupted_resumable(output) from None
     click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"

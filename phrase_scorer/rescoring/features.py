@@ -13,12 +13,14 @@ significant digits Moses prints its own feature values with, and written with ``
 other byte of the line is kept: id, hypothesis, the features already there, total, the fields
 after it (segmentation, alignment) and the newline.
 
-The work runs in the :class:`~phrase_scorer.runtime.workers.Pipeline` annotate uses: a reader thread cuts
-the list into windows of whole sentences (about ``window_lines`` lines) and looks up word ids in
-each model's vocabularies; the main thread asks :class:`~phrase_scorer.scoring.batch_scorer.BatchScorer` for
-log p, one call per model and window, so each source sentence is encoded once for all its
-hypotheses and the hypotheses' shared prefixes are decoded once; a writer thread appends the
-features and writes the window as one chunk with a resume record. Output is atomic, resumable
+The work runs as annotate's does: a reader thread cuts the list into windows of whole sentences
+(about ``window_lines`` lines), reading only each line's sentence id, and attaches the source
+sentences; worker processes (:mod:`phrase_scorer.rescoring.nbest_work`) parse and check the lines,
+look up word ids in each model's vocabularies and plan the scorer's batches; the main thread runs
+each model's plans on :class:`~phrase_scorer.scoring.batch_scorer.BatchScorer`, so each source
+sentence is encoded once for all its hypotheses and the hypotheses' shared prefixes are decoded
+once; the workers append the features and compress the window, and a writer thread writes it
+as one chunk with a resume record. Output is atomic, resumable
 (``resume``) and signed (``OUT.json``); an existing output is replaced only with ``overwrite``
 (or by the ``resume`` that continues it), never when it is one of the inputs
 (:mod:`phrase_scorer.io.outputs`).
