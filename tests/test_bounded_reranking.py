@@ -1,5 +1,5 @@
 """The reranked system's choice with models scoring only the hypotheses that can still win: the
-choice `rescore` then `rerank --weights` make on the whole list, for less of the models' work.
+choice `rescore` then `apply-reranker` make on the whole list, for less of the models' work.
 
 The list is the first three sentences (221 lines) of the tuned Multi30k system's 100-best list of
 val; the weights are the decoder's tuned ones (as a reranker holds them) plus one for each model
@@ -53,7 +53,7 @@ def weights_for(models, model_weights) -> Weights:
 
 
 def by_hand(models, weights, tmp_path: Path) -> list:
-    """rescore, then rerank --weights: the whole list scored by every model (none: the decoder's choice)."""
+    """rescore, then apply-reranker: the whole list scored by every model (none: the decoder's choice)."""
     rescored, chosen = tmp_path / "rescored.gz", tmp_path / "chosen"
     if models:
         rescore(NBEST, SOURCE, rescored, models, RescoreOptions(window_lines=80), overwrite=True)

@@ -218,7 +218,7 @@ def test_rerank_recovers_the_oracle(moses, tmp_path, method):
     # the reranker file applies to a list without Moses: the same lines rerank wrote when it tuned
     assert signature["format"] == "phrase-scorer-reranker" and signature["decoder"]["nbest_size"] == 100
     again = tmp_path / "again.1best"
-    applied = run("rerank", "--weights", f"{out}.json", "--test", tmp_path / "test.nbest.gz", "-o", again)
+    applied = run("apply-reranker", f"{out}.json", "--test", tmp_path / "test.nbest.gz", "-o", again)
     assert applied.exit_code == 0, applied.stderr
     assert again.read_bytes() == out.read_bytes()
 
@@ -282,7 +282,7 @@ def test_a_reranker_applies_to_the_whole_shared_list(tmp_path):
         pytest.skip(f"needs the Multi30k system's n-best list {SHARED_NBEST}")
     reranker = write_reranker(tmp_path / "decoder.json", weights_from_ini(TUNED_INI, layout_of(SHARED_NBEST)))
     out = tmp_path / "1best.txt"
-    result = run("rerank", "--weights", reranker, "--test", SHARED_NBEST, "-o", out)
+    result = run("apply-reranker", reranker, "--test", SHARED_NBEST, "-o", out)
     assert result.exit_code == 0, result.stderr
     lines = out.read_text(encoding="utf-8").splitlines()
     assert len(lines) == 100 and lines == decoder_1best(SHARED_NBEST)
@@ -301,19 +301,19 @@ def test_a_reranker_refuses_lists_rescored_otherwise(tmp_path, tiny_model, sente
     reranker = write_reranker(tmp_path / "r.json", weights, models)
 
     out = tmp_path / "1best.txt"
-    assert run("rerank", "--weights", reranker, "--test", rescored, "-o", out).exit_code == 0
+    assert run("apply-reranker", reranker, "--test", rescored, "-o", out).exit_code == 0
     assert len(out.read_text(encoding="utf-8").splitlines()) == 3
 
     # the same feature name, computed by another model: refused, naming the feature
     other = tmp_path / "other.gz"
     assert run("rescore", NBEST, "--source", DATA / "val.tok.en.head", "-m", sentence_models("encdec"),
                "-o", other).exit_code == 0
-    result = run("rerank", "--weights", reranker, "--test", other, "-o", tmp_path / "refused.txt")
+    result = run("apply-reranker", reranker, "--test", other, "-o", tmp_path / "refused.txt")
     assert result.exit_code == 1 and "feature RNN0 was tuned with the model" in result.stderr
     assert not (tmp_path / "refused.txt").exists()
 
     # a list without the feature: refused by name
-    result = run("rerank", "--weights", reranker, "--test", NBEST, "-o", tmp_path / "refused.txt")
+    result = run("apply-reranker", reranker, "--test", NBEST, "-o", tmp_path / "refused.txt")
     assert result.exit_code == 1 and "but the weights are for" in result.stderr and "RNN0" in result.stderr
 
 
@@ -326,19 +326,22 @@ def test_a_reranker_refuses_lists_rescored_otherwise(tmp_path, tiny_model, sente
 def test_a_bad_reranker_file_is_one_line(tmp_path, content, message):
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    result = run("rerank", "--weights", bad, "--test", NBEST, "-o", tmp_path / "out.txt")
+    result = run("apply-reranker", bad, "--test", NBEST, "-o", tmp_path / "out.txt")
     assert result.exit_code == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_weights_and_dev_are_one_or_the_other(tmp_path):
+def test_tuning_and_applying_are_two_verbs(tmp_path):
+    """rerank tunes (its dev list is required); applying a tuned reranker is apply-reranker, which
+    takes no tuning option; the old 'rerank --weights' names the verb to run."""
     reranker = write_reranker(tmp_path / "r.json", weights_from_ini(TUNED_INI, layout_of(NBEST)))
-    both = run("rerank", "--weights", reranker, "--dev", NBEST, DATA / "val.tok.fr.head", "--test", NBEST, "-o",
-               tmp_path / "o")
-    assert both.exit_code != 0 and "not both" in both.stderr
-    tuning_option = run("rerank", "--weights", reranker, "--ini", TUNED_INI, "--test", NBEST, "-o", tmp_path / "o")
-    assert (tuning_option.exit_code != 0 and "--ini" in tuning_option.stderr
-            and "only apply when tuning" in tuning_option.stderr)
+    old = run("rerank", "--weights", reranker, "--test", NBEST, "-o", tmp_path / "o")
+    assert old.exit_code != 0 and f"phrase-scorer apply-reranker {reranker} --test NBEST -o OUT" in old.stderr
+    assert not (tmp_path / "o").exists()
+    no_dev = run("rerank", "--test", NBEST, "-o", tmp_path / "o")
+    assert no_dev.exit_code != 0 and "--dev" in no_dev.stderr
+    tuning_option = run("apply-reranker", reranker, "--ini", TUNED_INI, "--test", NBEST, "-o", tmp_path / "o")
+    assert tuning_option.exit_code != 0 and "--ini" in tuning_option.stderr and not (tmp_path / "o").exists()
 
 
 def test_a_model_feature_that_buys_no_dev_bleu_is_weighted_0_and_one_that_does_is_kept():

@@ -1,5 +1,5 @@
 """`translate --moses INI --reranker RERANKER`: new text through the whole tuned system, checked
-against the same steps run by hand (decode n-best lists, rescore, rerank --weights). Needs a Moses
+against the same steps run by hand (decode n-best lists, rescore, apply-reranker). Needs a Moses
 build (MOSES_HOME) and the shared Multi30k system."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def system(request, moses, tmp_path_factory, tiny_model):
     reranker = work / "reranker.json"
     reranker.write_text(json.dumps(Reranker(weights, (), rescored_models(rescored), nbest_size=50).to_json()))
     by_hand = work / "by-hand.txt"
-    result = run("rerank", "--weights", reranker, "--test", rescored, "-o", by_hand)
+    result = run("apply-reranker", reranker, "--test", rescored, "-o", by_hand)
     assert result.exit_code == 0, result.stderr
     return {"work": work, "source": source, "ini": ini, "reranker": reranker, "model": model, "rescored": rescored,
             "by_hand": by_hand.read_text(encoding="utf-8").splitlines(), "moses": moses,
@@ -285,7 +285,7 @@ def test_a_model_feature_weighted_0_is_neither_loaded_nor_run(system, tmp_path):
     zero = tmp_path / "zero.json"
     zero.write_text(json.dumps(reranker))
     with_model = tmp_path / "with-model.txt"
-    result = run("rerank", "--weights", zero, "--test", system["rescored"], "-o", with_model)
+    result = run("apply-reranker", zero, "--test", system["rescored"], "-o", with_model)
     assert result.exit_code == 0, result.stderr
     out = tmp_path / "out.fr"
     result = run("translate", "--moses", system["ini"], "--reranker", zero, system["source"], "-o", out,

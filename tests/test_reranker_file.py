@@ -72,7 +72,7 @@ def test_a_weight_that_is_not_a_finite_number_is_refused_naming_the_key(tmp_path
     assert replaced == 1
     reranker = write_json(tmp_path / "r.json", text)
     out = tmp_path / "out.txt"
-    result = run("rerank", "--weights", reranker, "--test", NBEST, "-o", out)
+    result = run("apply-reranker", reranker, "--test", NBEST, "-o", out)
     assert_one_line_error(result, str(reranker), "weights.LM0[0]", "not a finite number", output=out)
 
 
@@ -84,7 +84,7 @@ def test_weight_counts_per_feature_must_match_the_layout_even_when_they_add_up(t
     record["weights"]["LexicalReordering0"], record["weights"]["Distortion0"] = values[:counts[0]], values[counts[0]:]
     reranker = write_json(tmp_path / "r.json", record)
     out = tmp_path / "out.txt"
-    result = run("rerank", "--weights", reranker, "--test", NBEST, "-o", out)
+    result = run("apply-reranker", reranker, "--test", NBEST, "-o", out)
     assert_one_line_error(result, str(reranker), "weights.LexicalReordering0 has", "the layout gives", output=out)
 
 
@@ -125,7 +125,7 @@ MODEL = {"directory": "/models/a", "weights_sha256": "0" * 64, "reverse": False,
 def test_a_damaged_reranker_is_one_line_naming_the_key(tmp_path, change, key):
     reranker = write_json(tmp_path / "r.json", damage(change)(decoder_record()))
     out = tmp_path / "out.txt"
-    result = run("rerank", "--weights", reranker, "--test", NBEST, "-o", out)
+    result = run("apply-reranker", reranker, "--test", NBEST, "-o", out)
     assert_one_line_error(result, str(reranker), key, output=out)
 
 
@@ -169,7 +169,7 @@ def test_a_nan_feature_is_refused_naming_the_list_and_line(tmp_path):
     nbest = with_values(tmp_path, lambda s, r: {"LM0": [math.nan]} if (s, r) == (1, 7) else {})
     reranker = write_json(tmp_path / "r.json", decoder_record())
     out = tmp_path / "out.txt"
-    result = run("rerank", "--weights", reranker, "--test", nbest, "-o", out)
+    result = run("apply-reranker", reranker, "--test", nbest, "-o", out)
     assert_one_line_error(result, f"{nbest} line 108:", "feature LM0 is nan", output=out)
 
 
@@ -192,7 +192,7 @@ def test_infinite_sums_never_drop_a_sentence_moses_order_breaks_the_tie(tmp_path
     record["weights"]["PhrasePenalty0"] = [0.0]
     reranker = write_json(tmp_path / "r.json", record)
     out = tmp_path / "out.txt"
-    result = run("rerank", "--weights", reranker, "--test", nbest, "-o", out)
+    result = run("apply-reranker", reranker, "--test", nbest, "-o", out)
     assert result.exit_code == 0, result.stderr
 
     # the expected choices, computed here from the original list's values
@@ -213,7 +213,7 @@ def test_weights_whose_sums_overflow_still_give_every_sentence_its_first_hypothe
     record["weights"]["LM0"] = [1e308]
     reranker = write_json(tmp_path / "r.json", record)
     out = tmp_path / "out.txt"
-    result = run("rerank", "--weights", reranker, "--test", NBEST, "-o", out)
+    result = run("apply-reranker", reranker, "--test", NBEST, "-o", out)
     assert result.exit_code == 0, result.stderr
     assert out.read_text(encoding="utf-8") == "".join(h[0] + "\n" for h in hypotheses_by_sentence())
 
@@ -244,7 +244,7 @@ def test_a_tab_in_an_nbest_line_is_refused_naming_the_list_and_line(tmp_path, li
     reranker = write_json(tmp_path / "r.json", {"format": "phrase-scorer-reranker", "version": 1,
                                                 "layout": [["LM0", 1]], "weights": {"LM0": [1.0]}})
     out = tmp_path / "out.txt"
-    result = run("rerank", "--weights", reranker, "--test", nbest, "-o", out)
+    result = run("apply-reranker", reranker, "--test", nbest, "-o", out)
     assert_one_line_error(result, f"{nbest} line 2: a tab at column", output=out)
 
 
@@ -273,7 +273,7 @@ def test_rescore_signs_the_size_and_sha256_of_its_list_and_a_copy_of_both_stays_
     shutil.copy(path, moved)
     shutil.copy(f"{path}.json", f"{moved}.json")
     out = tmp_path / "out.txt"
-    result = run("rerank", "--weights", reranker, "--test", moved, "-o", out)
+    result = run("apply-reranker", reranker, "--test", moved, "-o", out)
     assert result.exit_code == 0, result.stderr
     assert len(out.read_text(encoding="utf-8").splitlines()) == 3
 
@@ -285,7 +285,7 @@ def test_a_list_rewritten_by_another_model_is_refused_by_its_stale_signature(tmp
     assert path.stat().st_size != other.stat().st_size
     shutil.copyfile(other, path)  # the list now holds the other model's RNN0; its signature still names the first
     out = tmp_path / "out.txt"
-    result = run("rerank", "--weights", reranker, "--test", path, "-o", out)
+    result = run("apply-reranker", reranker, "--test", path, "-o", out)
     assert_one_line_error(result, str(path), "does not describe this list any more", "rescore the list again",
                           output=out)
 
@@ -297,7 +297,7 @@ def test_a_list_changed_in_place_at_the_same_size_is_refused_by_its_hash(tmp_pat
     data[at] = ord("1") if data[at] != ord("1") else ord("2")  # another value of the same length
     path.write_bytes(bytes(data))
     out = tmp_path / "out.txt"
-    result = run("rerank", "--weights", reranker, "--test", path, "-o", out)
+    result = run("apply-reranker", reranker, "--test", path, "-o", out)
     assert_one_line_error(result, str(path), "does not describe this list any more", output=out)
 
 
@@ -310,7 +310,7 @@ def test_a_signature_older_than_its_size_and_hash_is_trusted_with_a_warning(tmp_
         signature.pop(key, None)
     Path(f"{path}.json").write_text(json.dumps(signature))
     out = tmp_path / "out.txt"
-    result = run("rerank", "--weights", reranker, "--test", path, "-o", out)
+    result = run("apply-reranker", reranker, "--test", path, "-o", out)
     assert result.exit_code == 0, result.stderr
     assert "predates signatures that record their list's size and SHA-256" in result.stderr
     assert len(out.read_text(encoding="utf-8").splitlines()) == 3

@@ -136,7 +136,7 @@ def writers(tmp_path, tiny_model, search_model, table, ini, out):
         "annotate": (["annotate", table, "-m", tiny_model, "-o", out, "--overwrite"], out),
         "rescore": (["rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-o", out, "--overwrite"], out),
         "moses-ini": (["moses-ini", ini, "--phrase-table", table, "--add-features", 0, "-o", out, "--overwrite"], out),
-        "rerank --weights": (["rerank", "--weights", reranker, "--test", NBEST, "-o", out, "--overwrite"], out),
+        "apply-reranker": (["apply-reranker", reranker, "--test", NBEST, "-o", out, "--overwrite"], out),
         "ems-config": (["ems-config", ini, out, "--model", tiny_model], out),
     })
     return args
@@ -162,7 +162,7 @@ def fake_system(tmp_path):
 
 
 WRITERS = ["score", "translate -m", "translate --moses", "annotate", "rescore", "moses-ini", "tune", "rerank",
-           "rerank --weights", "evaluate", "plot scores", "plot embeddings", "plot alignments", "experiment --report",
+           "apply-reranker", "evaluate", "plot scores", "plot embeddings", "plot alignments", "experiment --report",
            "rescore-experiment --report", "ems-config"]
 
 

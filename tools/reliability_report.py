@@ -123,7 +123,7 @@ What each kind of test checks:
       that are -inf or undefined never drop a sentence or blank its line (the first hypothesis,
       Moses' own 1-best, wins ties). An n-best line with a tab is refused.
   13. `rescore` signs its list's size and SHA-256; a list rewritten since (by another model) is
-      refused by `rerank --weights` and `translate --moses --reranker` instead of reranked.
+      refused by `apply-reranker` and `translate --moses --reranker` instead of reranked.
   14. Every text input is read by one line reader that strips `\r\n` (`io/files.py`,
       `TextLines`): `rescore --source`, `score`, references, corpora and sources with CRLF line
       ends give what their LF twins give.

@@ -3,6 +3,8 @@ lists and the weights of every feature tuned on them (or a tuned reranker applie
 
 from __future__ import annotations
 
+from typing import Optional
+
 import click
 
 from phrase_scorer.config import RerankOptions, RescoreOptions, ScoringOptions
@@ -71,12 +73,19 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, ensembl
                + ("" if output == "-" else f": {output}, signature {output}.json"), err=True)
 
 
+def moved_to_apply_reranker(weights: Optional[str]) -> None:
+    """``rerank --weights R``, the way a reranker was once applied: name the verb that applies one."""
+    if weights is not None:
+        raise UserError("rerank tunes a reranker; to apply one tuned before, run "
+                        f"'phrase-scorer apply-reranker {weights} --test NBEST -o OUT'")
+
+
 @cli.command()
-@click.option("--dev", nargs=2, default=None, type=PathName(dir_okay=False, exists=True),
+@click.option("--dev", nargs=2, required=True, type=PathName(dir_okay=False, exists=True),
               help="Dev n-best list (rescored; plain or gzip) and its references (tokenised like the output): "
                    "tune the weights on it.")
-@click.option("--weights", "reranker", type=PathName(dir_okay=False, exists=True), default=None,
-              help="Or: apply a reranker tuned before (the OUTPUT.json of a 'rerank --dev' run), without Moses.")
+@click.option("--weights", default=None, hidden=True, is_eager=True, expose_value=False,
+              callback=lambda ctx, param, value: moved_to_apply_reranker(value))
 @click.option("--test", "test_nbest", required=True, type=PathName(dir_okay=False, exists=True, allow_dash=True),
               help="Test n-best list with the same features, to rerank.")
 @click.option("-o", "--output", required=True, type=PathName(dir_okay=False, allow_dash=True),
@@ -108,26 +117,13 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, ensembl
                    "negative: keep every feature.")
 @overwrite_option
 @moses_home_option
-def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads, working_dir,
-           mertdir, ignore_features, decoder_flags, min_feature_gain, overwrite, moses_home):
-    """Tune the weights of every feature of a rescored dev n-best list with Moses' optimisers,
-    then write the best hypothesis of each sentence of the test n-best list; or, with --weights,
-    apply weights tuned before to a new list."""
+def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_iterations, threads,
+           working_dir, mertdir, ignore_features, decoder_flags, min_feature_gain, overwrite, moses_home):
+    """Tune a reranker: the weights of every feature of a rescored dev n-best list, with Moses'
+    optimisers; then write the best hypothesis of each sentence of the test n-best list, and the
+    reranker to OUTPUT.json (apply-reranker applies it to another list)."""
     from phrase_scorer.rescoring.tuning import rerank as run_rerank
-    from phrase_scorer.rescoring.reranker import apply_reranker
 
-    if (dev is None) == (reranker is None):
-        raise UserError("give --dev NBEST REFERENCES (to tune) or --weights RERANKER (to apply one), not both")
-    if reranker is not None:
-        tuning_only = {"--ini": start_ini, "--working-dir": working_dir, "--mertdir": mertdir,
-                       "--decoder-flags": decoder_flags, "--ignore-feature": ignore_features or None}
-        given = [name for name, value in tuning_only.items() if value is not None]
-        if given:
-            raise UserError(f"{', '.join(given)} only apply when tuning (--dev); "
-                            "the reranker holds what it was tuned with")
-        sentences = apply_reranker(reranker, test_nbest, output, overwrite=overwrite)
-        click.echo(f"test 1-best: {output} ({sentences} sentences), weights from {reranker}", err=True)
-        return
     options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
                             threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features),
                             min_feature_gain=min_feature_gain)
@@ -142,4 +138,21 @@ def rerank(dev, reranker, test_nbest, output, start_ini, method, seeds, restarts
                    f"({bleu:.2f} without it, {result.dev_bleu:.2f} with); translate --moses will not run its model",
                    err=True)
     click.echo(f"test 1-best: {output} ({result.sentences} sentences); reranker in {output}.json "
-               f"(rerank --weights {output}.json --test NBEST -o OUT applies it to another list)", err=True)
+               f"(apply-reranker {output}.json --test NBEST -o OUT applies it to another list)", err=True)
+
+
+@cli.command("apply-reranker")
+@click.argument("reranker", type=PathName(dir_okay=False, exists=True))
+@click.option("--test", "test_nbest", required=True, type=PathName(dir_okay=False, exists=True, allow_dash=True),
+              help="Rescored n-best list with the reranker's features, to rerank (plain or gzip; '-': stdin).")
+@click.option("-o", "--output", required=True, type=PathName(dir_okay=False, allow_dash=True),
+              help="Where to write the list's new 1-best, one line per sentence.")
+@overwrite_option
+def apply_reranker(reranker, test_nbest, output, overwrite):
+    """Apply a reranker tuned before (the OUTPUT.json of a 'rerank' run) to a rescored n-best
+    list, without Moses: the best hypothesis of each sentence under its weights. A list whose
+    features or models differ from the reranker's is refused."""
+    from phrase_scorer.rescoring.reranker import apply_reranker as run_apply
+
+    sentences = run_apply(reranker, test_nbest, output, overwrite=overwrite)
+    click.echo(f"test 1-best: {output} ({sentences} sentences), weights from {reranker}", err=True)

@@ -16,7 +16,7 @@ taken as 0 is an upper bound. Per chunk of sentences (all in memory: a chunk hol
    above the rounding of the sums); a hypothesis whose bound falls below T is out, and can never
    have been the best: its exact sum is below its bound.
 
-The choice is then made as ``rerank --weights`` makes it on the fully rescored list (the same
+The choice is then made as ``apply-reranker`` makes it on the fully rescored list (the same
 rows, the same :func:`~phrase_scorer.rescoring.weights.weighted_sum` and
 :func:`~phrase_scorer.rescoring.weights.best_of`, each row's values what ``rescore`` would print),
 with each hypothesis that was out given its bound in place of the values never computed: the
@@ -63,7 +63,7 @@ def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequenc
                     models: Sequence[FeatureModel], normalize: bool, scoring_options: ScoringOptions,
                     stats: Optional[BoundedStats] = None, bound: bool = True) -> List[str]:
     """The best hypothesis of each sentence id 0 .. the list's largest (``""`` for an id without
-    hypotheses), as ``rerank --weights`` picks it from ``nbest`` rescored with ``models``; see the
+    hypotheses), as ``apply-reranker`` picks it from ``nbest`` rescored with ``models``; see the
     module docstring. ``bound`` False scores every hypothesis with every model (the same choice)."""
     chunk = BoundedChunk(nbest, source, weights, ignore, models, normalize, scoring_options, stats)
     staged = chunk.score_unbounded(bound)
@@ -151,7 +151,7 @@ class BoundedChunk:
         self.score(model, np.flatnonzero(self.alive & np.isnan(self.scores[model])))  # type: ignore[arg-type]
 
     def choose(self) -> List[str]:
-        """Each sentence's best, as ``rerank --weights`` chooses on the rescored rows; a hypothesis
+        """Each sentence's best, as ``apply-reranker`` chooses on the rescored rows; a hypothesis
         that is out gets its bound in place of the values never computed."""
         values = self.feature_rows(True)
         out_rows = ~self.alive

@@ -1,7 +1,7 @@
 """The reranker: tuned weights with the models behind their features, and its file.
 
 :class:`Reranker` is the one shape of tuned weights: ``rerank`` writes it (``OUTPUT.json``), and
-``rerank --weights`` and ``translate --moses --reranker`` read it back through one validated
+``apply-reranker`` and ``translate --moses --reranker`` read it back through one validated
 schema (:class:`RerankerFile`). A list to rerank must have been rescored by the reranker's models:
 its rescore signature (``NBEST.json``) says so, checked first to describe the list as it is now.
 """
