@@ -400,3 +400,44 @@ def test_threads_that_take_whole_batches_give_the_scores_of_one_thread(real_pair
         torch.set_num_threads(threads)
     assert np.array_equal(got, want) and np.all(want < 0)
     assert split.stats == one.stats and one.stats.pairs == 300
+
+
+def plan_slots(plan):
+    """Every slot a plan's run reads."""
+    encoder = plan.encoder
+    slots = [encoder.src_len] + ([encoder.src] if encoder.src else []) + encoder.keys + encoder.parents
+    slots += [s for ending in encoder.endings if ending for s in ending]
+    for keys, parents, positions in encoder.walks:
+        slots += keys + parents + [positions]
+    for depth in plan.depths:
+        slots += [s for s in (depth.sources, depth.keys, depth.parents) if s is not None]
+        slots += [s for _, local, classes, pairs in depth.chunks for s in (local, classes, pairs)]
+    return slots
+
+
+@pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])
+def test_a_batch_plan_is_one_buffer_of_its_pieces_and_crosses_processes(real_pairs, arch):
+    """A plan's buffer is its pieces end to end, each read as a whole; the window's pairs are
+    each in one batch; a plan pickled (as a worker sends it) scores as the one built here."""
+    import itertools
+    import pickle
+
+    from phrase_scorer.scoring.batch_plan import plan_window
+
+    sources, targets = real_pairs[0][:300], real_pairs[1][:300]
+    model = make_model(real_pairs, torch.float32) if arch == "encdec" else make_search_model(real_pairs, torch.float32)
+    scorer = BatchScorer(model, ScoringOptions(batch_tokens=256))
+    plans = list(plan_window(scorer.plan_settings(), sources, targets))
+    assert len(plans) > 1
+    for plan in plans:
+        assert sum(plan.parts) == len(plan.buffer)
+        pieces = set(zip(itertools.accumulate(plan.parts, initial=0), plan.parts))
+        slots = plan_slots(plan)
+        assert set(slots) <= pieces and len(slots) == len(set(slots))  # each piece read once, as a whole
+        # each chunk's pairs are distinct: one addition per pair and depth
+        for depth in plan.depths:
+            pairs = np.concatenate([plan.view(chunk[3]) for chunk in depth.chunks])
+            assert len(np.unique(pairs)) == len(pairs)
+    assert sorted(np.concatenate([p.pair_index for p in plans]).tolist()) == list(range(300))
+    copied = pickle.loads(pickle.dumps(plans))
+    assert np.array_equal(scorer.score_plans(copied, 300), scorer.score(sources, targets))
