@@ -130,10 +130,9 @@ class Readout(nn.Module):
 
 @dataclass
 class EncDecMemory(Memory):
-    """An encoded batch of sources: c, m_x and the decoder's per-source terms."""
+    """An encoded batch of sources: the decoder's per-source terms, all that its steps read of c
+    and m_x (so that selecting a decoder row's source copies nothing else)."""
 
-    context: Tensor  # (B, H) c
-    mean_embedding: Tensor  # (B, E) m_x
     init_state: Tensor  # (B, H) h'_0 = tanh(V' c)
     context_gates: Tensor  # (B, 3H) C_r c, C_z c, C c
     source_term: Tensor  # (B, P*M) O_c c + O_w m_x
@@ -204,7 +203,7 @@ class RNNEncoderDecoder(TranslationModel):
         """c (B, H), m_x (B, E) -> the memory with h'_0, C c and O_c c + O_w m_x computed once."""
         init_state, context_gates = self.decoder.start(c)  # (B, H), (B, 3H)
         source_term = self.readout.source_term(c, mean_emb)  # (B, P*M)
-        return EncDecMemory(c, mean_emb, init_state, context_gates, source_term)
+        return EncDecMemory(init_state, context_gates, source_term)
 
     def start(self, memory: EncDecMemory) -> Tensor:
         return memory.init_state  # (N, H) h'_0
