@@ -308,3 +308,25 @@ def test_the_command_line_takes_the_workers(tmp_path, tiny_model):
                      "--workers", workers)
         assert result.exit_code == 0, result.output
     assert (tmp_path / "o0.txt").read_bytes() == (tmp_path / "o2.txt").read_bytes()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("first", ["bad line", "ungrouped"])
+def test_of_two_bad_lines_the_earlier_is_named_with_workers_or_without(tmp_path, loaded_tiny, workers, first):
+    """A line the workers refuse (cut short) and a sentence the reader refuses (out of order):
+    whichever comes first in the list is the error, whatever process finds it."""
+    lines = raw_lines(NBEST)
+    if first == "bad line":  # line 5 cut short, then sentence 0 again after sentence 1 from line 134
+        lines = lines[:133] + lines[:20] + lines[133:]
+        lines[4] = b"0 ||| a line cut short\n"
+        message = r"list.txt line 5: expected at least 4 fields"
+    else:  # sentence 0 after sentence 1 from line 34, a line cut short at line 200
+        lines = lines[100:133] + lines[:100] + lines[133:]
+        lines[199] = b"2 ||| a line cut short\n"
+        message = r"list.txt line 34: sentence id 0 comes after 1"
+    nbest = write_lines(tmp_path / "list.txt", lines)
+    out = tmp_path / "out.gz"
+    with pytest.raises(PhraseScorerError, match=message):
+        rescore(nbest, SOURCE, out, [FeatureModel("RNN0", loaded_tiny)], RescoreOptions(window_lines=40),
+                workers=workers)
+    assert not out.exists()
