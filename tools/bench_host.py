@@ -232,7 +232,7 @@ def cpu_seconds_of_children() -> float:
 SCORER_STAGES = {  # the scorer's functions (both versions' names) whose cumulative time makes a stage
     "sort and batch by source": ("_batches", "batches"),
     "build the prefix tries": ("build_trie", "trie_of_rows"),
-    "softmax at the labels": ("_edge_log_probs",),
+    "softmax at the labels": ("_edge_log_probs", "_add_edge_log_probs"),
 }
 
 

@@ -134,7 +134,7 @@ class BatchScorer:
     @property
     def encodes_by_affixes(self) -> bool:
         """Whether the sources are encoded by the tries of their prefixes and suffixes
-        (:meth:`_encode_by_affixes`)."""
+        (:func:`phrase_scorer.scoring.batch_plan.plan_encoder`)."""
         return self.model.shares_source_affixes and self.options.share_source_prefixes
 
     def describe(self) -> Dict[str, object]:
