@@ -64,6 +64,15 @@ overwrite_option = click.option("--overwrite", is_flag=True,
                                 help="Replace OUTPUT if it exists (never when it is one of the inputs).")
 moses_home_option = click.option("--moses-home", type=PathName(file_okay=False), envvar="MOSES_HOME", default=None,
                                  help="Moses installation (bin/, scripts/) [default: $MOSES_HOME].")
+
+
+def workers_option(work: str):
+    """``--workers``: the processes that do a command's per-line ``work`` beside its model(s)
+    (runtime/workers.default_workers when not given)."""
+    return click.option("--workers", type=click.IntRange(min=0), default=None,
+                        help=f"Processes that {work} (0: none, all in one process) [default: the cores, at most 8].")
+
+
 model_option = click.option("-m", "--model", "model_dir", required=True, type=PathName(file_okay=False),
                             help="Model directory made by 'phrase-scorer train'.")
 

@@ -11,7 +11,7 @@ from phrase_scorer.config import RerankOptions, RescoreOptions, ScoringOptions
 from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
     PathName, batch_tokens_option, device_option, moses_home_option, overwrite_option, precision_option,
-    resume_option, threads_option,
+    resume_option, threads_option, workers_option,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -43,9 +43,7 @@ from phrase_scorer.runtime.threads import set_threads
 @device_option
 @precision_option
 @threads_option
-@click.option("--workers", type=click.IntRange(min=0), default=None,
-              help="Processes that parse, check, plan, format and compress the list beside the models "
-                   "(0: none, all in one process) [default: the cores, at most 8].")
+@workers_option("parse, check, plan, format and compress the list beside the models")
 @resume_option
 @overwrite_option
 def rescore(nbest, source, models, reverse_models, names, reverse_names, ensemble, reverse_ensemble, output, normalize,

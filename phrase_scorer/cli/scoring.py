@@ -11,7 +11,7 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import cli, interrupted_resumable, shown
 from phrase_scorer.cli.options import (
     PathName, batch_tokens_option, column_options, device_option, model_option, overwrite_option, precision_option,
-    resume_option, threads_option,
+    resume_option, threads_option, workers_option,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -48,9 +48,7 @@ def score(model_dir, input, output, overwrite, batch_tokens, device, threads):
 @device_option
 @precision_option
 @threads_option
-@click.option("--workers", type=click.IntRange(min=0), default=None,
-              help="Processes that read, check, format and compress the table beside the model "
-                   "(0: none, all in one process) [default: the cores, at most 8].")
+@workers_option("read, check, format and compress the table beside the model")
 @resume_option
 @overwrite_option
 @click.option("--ini", "moses_ini", type=PathName(dir_okay=False, exists=True), default=None,

@@ -52,7 +52,7 @@ from phrase_scorer.records import Signature, SignedModel, as_recorded
 from phrase_scorer.rescoring.nbest_work import ModelSide, NBestWork, RawNBestWindow
 from phrase_scorer.runtime.distributed import cores_per_process
 from phrase_scorer.runtime.progress import progress_bar
-from phrase_scorer.runtime.workers import Pipeline, WorkerPool
+from phrase_scorer.runtime.workers import Pipeline, WorkerPool, default_workers
 from phrase_scorer.scoring.batch_plan import PlanSettings
 from phrase_scorer.runtime.job import OutputJob, input_identity
 
@@ -228,7 +228,6 @@ def rescore(
     An existing ``output`` is replaced only with ``overwrite``, or when ``resume`` continues the
     run that is making it. ``workers`` processes parse, look up, plan and format the windows
     (None: as many as the cores allow, at most 8; 0: none, all in this process)."""
-    from phrase_scorer.scoring.annotate import default_workers
     from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     if not models:

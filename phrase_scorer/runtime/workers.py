@@ -41,6 +41,12 @@ class Stopped(Exception):
     """Raised in a thread waiting on the pipeline after another thread has failed."""
 
 
+def default_workers(cores: int) -> int:
+    """Worker processes for a command's host work: all the cores (the scorer's threads and the
+    workers take turns), at least one, at most 8 (about 1M lines/s, past what a GPU scores)."""
+    return max(1, min(8, cores))
+
+
 class Pipeline:
     """Runs ``produce`` (reader) and ``consume`` (writer) in threads around the caller's loop.
 

@@ -47,7 +47,7 @@ from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import GZIP_LIBRARY, STDIO, PathLike, is_gzip_name
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files, refuse_existing, writes_directly
-from phrase_scorer.runtime.workers import Pipeline, WorkerPool
+from phrase_scorer.runtime.workers import Pipeline, WorkerPool, default_workers
 from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_count
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.records import Signature, SignedModel, as_recorded, describe_difference, finished
@@ -142,12 +142,6 @@ def annotate(
         if resume and job.finished(output, settings):
             return job.result_of(output, already_finished=True)
         return job.run(output, resume=resume, overwrite=overwrite)
-
-
-def default_workers(cores: int) -> int:
-    """Worker processes for the host work: all the cores (the scorer's threads and the workers
-    take turns), at least one, at most 8 (about 1M lines/s, past what a GPU scores)."""
-    return max(1, min(8, cores))
 
 
 def scoring_in_workers(loaded, scorer, workers: int):

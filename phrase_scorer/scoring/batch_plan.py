@@ -259,9 +259,8 @@ def plan_encoder(settings: PlanSettings, buffer: _Buffer, source_rows: np.ndarra
     rows = source_rows[:, :width]
     if settings.encoder == "affixes":
         return _plan_affixes(buffer, rows, lengths, width)
-    plan = EncoderPlan(settings.encoder, len(rows), width, src_len=(0, 0))
-    plan.src = buffer.add(np.where(rows == NO_ID, PAD_ID, rows))  # (S, width)
-    plan.src_len = buffer.add(lengths)
+    src = buffer.add(np.where(rows == NO_ID, PAD_ID, rows))  # (S, width)
+    plan = EncoderPlan(settings.encoder, len(rows), width, src_len=buffer.add(lengths), src=src)
     if settings.encoder == "padded":
         return plan, int(lengths.sum())
     trie = trie_of_rows(rows, lengths, settings.share_source_prefixes)

@@ -232,8 +232,9 @@ class BatchScorer:
         return scores, stats
 
     def _score_overlapped(self, plans: Iterable[BatchPlan]) -> Iterator["Scored"]:
-        """On a GPU: each batch's scores and overflow count copied back into pinned memory as the
-        device finishes them, read once the next batch is launched (an event per batch)."""
+        """On a GPU: each batch's scores, and how many of them are not finite, copied back into
+        pinned memory as the device finishes them, read once the next batch is launched (an event
+        per batch)."""
         pending: Deque[Tuple[BatchPlan, Tensor, Tensor, Any]] = deque()
         for plan in plans:
             with torch.inference_mode(), precision_context(self.device, self.precision):
