@@ -536,3 +536,27 @@ class RescoreExperimentOptions:
     references: str = ExperimentOptions.references
     lang: str = ExperimentOptions.lang
     bootstrap_samples: int = ExperimentOptions.bootstrap_samples
+
+
+@dataclass(frozen=True)
+class BuildRerankerOptions:
+    """``build-reranker``: which sentence models it trains and how, how it chooses the vocabulary,
+    and how it tunes and chooses the row (the lists, the optimiser: ``experiment``)."""
+
+    models: Tuple[str, ...] = ("forward", "right-to-left", "reverse")  # kinds of experiments/build_reranker.py
+    vocabulary: Optional[str] = None  # words | bpe | unigram; None: chosen from the shortlist coverage
+    # Subword pieces when a word shortlist leaves more than this share of the tuning set's tokens out
+    # (either side). Multi30k: French 2.0%, Czech 8.2%; on Czech the BPE ensemble bought the same
+    # BLEU as the word one and +0.35 chrF (docs/your-language-pair.md).
+    bpe_above: float = 0.05
+    # The recipe of the rescoring results (docs/your-language-pair.md): 8,000 updates of 80 pairs
+    arch: str = "rnnsearch"
+    preset: str = "small"
+    batch_size: int = 80
+    valid_every: int = 500
+    max_steps: int = 8000
+    training_hours: Optional[float] = None  # all trainings together, shared equally; None: max_steps alone
+    device: str = "auto"
+    # A row is kept over a better one with more models when its tuning BLEU is within this much
+    tie_margin: float = 0.1
+    experiment: RescoreExperimentOptions = RescoreExperimentOptions()

@@ -286,7 +286,8 @@ def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence
 
 
 def write_rerankers(runs: Sequence[RowRun], rows: Sequence[Row], dev_nbest: Path, work: Path,
-                    decoder_flags: Optional[str]) -> Dict[str, str]:
+                    decoder_flags: Optional[str],
+                    command: str = "phrase-scorer rescore-experiment") -> Dict[str, str]:
     """Per tuned row, the reranker of its run with the best tuned dev BLEU (the first such seed),
     as ``rerank`` writes one (weights, the features left out, the models behind the rescored
     dev list's features, the n-best size and ``decoder_flags``): ``work/rerankers/<row>.json``,
@@ -305,7 +306,7 @@ def write_rerankers(runs: Sequence[RowRun], rows: Sequence[Row], dev_nbest: Path
                          nbest_size=largest, decoder_flags=decoder_flags)
         path = work / "rerankers" / f"{row.folder}.json"
         path.parent.mkdir(exist_ok=True)
-        record = Signature.build("phrase-scorer rescore-experiment", tuned.to_json(), row=row.label, seed=best.seed,
+        record = Signature.build(command, tuned.to_json(), row=row.label, seed=best.seed,
                                  dev={"nbest": os.fspath(dev_nbest)}, dev_bleu=best.tuned_dev_bleu,
                                  bleu="Moses' BleuScorer on the dev list (x 100)")
         write_text_atomically(path, json.dumps(record.to_json(), indent=1) + "\n")

@@ -1,0 +1,316 @@
+"""From a tuned Moses system to its best reranker in one command: ``build-reranker``.
+
+::
+
+    training corpus, tuning set --shortlist coverage--> words or subword pieces   vocabulary/
+        --train, one model per direction--> the sentence models                   models/<model>/
+    tuned moses.ini --moses, N distinct--> the tuning set's n-best list             nbest/<set>.nbest
+        --rescore, every feature--> the rescored list                               rescored/<set>.nbest.gz
+        --rerank, per candidate row and optimiser seed--> tuned weights, BLEU       rows/<row>/seed<k>/
+        --the best row (near-ties: fewer models)--> the reranker and the report     reranker.json, report.md
+
+The models. ``forward`` reads the source and predicts the target left to right, ``right-to-left``
+the same read last word first, ``reverse`` predicts the source from the target. They give three
+features: *Forward* (the forward model), *Ensemble* (the mean log p of the forward and
+right-to-left models) and *Reverse*. The candidate rows are the decoder's features plus *Forward*,
+*Ensemble*, *Forward* and *Reverse*, *Ensemble* and *Reverse* (those the trained models allow),
+and the decoder's features alone (*Moses, re-tuned on the list*: what re-tuning by itself buys).
+
+The choice. Each row is tuned on the tuning set's list with ``runs`` optimiser seeds; a row's
+figure is the mean BLEU of its reranked tuning set over the seeds. The row kept is the one with
+the fewest models among those within ``tie_margin`` BLEU of the best (a model fewer is a cheaper
+system to run), the higher figure among equals; its reranker is the weights of its seed with the
+best tuning BLEU. The tuning set both tunes and chooses: the figures of the report are tuning-set
+figures, not a test result.
+
+Every step records what made it (:class:`~phrase_scorer.records.Step`: files by their bytes) and
+is reused when a re-run has the same inputs, redone when they changed; an interrupted run given
+again continues where it stopped (a training from its checkpoint, a rescoring inside its list).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+from phrase_scorer.config import BuildRerankerOptions, ScoringOptions, TrainConfig, preset_config
+from phrase_scorer.errors import PhraseScorerError, Text, setting
+from phrase_scorer.experiments.report import NONE, closing_lines, mean_sd, table, two_decimals, write_report
+from phrase_scorer.experiments.rescoring import (
+    RETUNED_ROW, EvalSet, Row, RowRun, decoded_nbest, first_hypotheses, nbest_flags, rescored_nbest, scores_of,
+    set_name, tuned_row_run, write_rerankers,
+)
+from phrase_scorer.io.files import PathLike, TextLines, file_identity, write_text_atomically
+from phrase_scorer.io.model_layout import BEST_WEIGHTS
+from phrase_scorer.moses.installation import MosesInstallation, read_lines
+from phrase_scorer.records import Step
+
+log = logging.getLogger(__name__)
+
+# The models a run can train: name -> (reads the corpus the other way round, right to left)
+MODEL_KINDS: Dict[str, Tuple[bool, bool]] = {
+    "forward": (False, False),
+    "right-to-left": (False, True),
+    "reverse": (True, False),
+}
+FORWARD, ENSEMBLE, REVERSE = "Forward", "Ensemble", "Reverse"  # the features, as the lists name them
+COMMAND = "phrase-scorer build-reranker"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A candidate row: its features and the models it runs."""
+
+    row: Row
+    models: Tuple[str, ...]
+
+
+def candidates(models: Sequence[str]) -> List[Candidate]:
+    """The rows the trained ``models`` allow, the decoder's features alone first."""
+    have = set(models)
+    rows = [Candidate(Row(RETUNED_ROW, ()), ())]
+    bases = [((FORWARD,), ("forward",))]
+    if "right-to-left" in have:
+        bases.append(((ENSEMBLE,), ("forward", "right-to-left")))
+    for features, used in bases:
+        rows.append(Candidate(Row(" + ".join(features), features), used))
+        if "reverse" in have:
+            rows.append(Candidate(Row(" + ".join(features + (REVERSE,)), features + (REVERSE,)),
+                                  used + ("reverse",)))
+    return rows
+
+
+def choose(figures: Sequence[Tuple[Candidate, float]], tie_margin: float) -> Candidate:
+    """The row kept: the fewest models among those within ``tie_margin`` BLEU of the best figure,
+    then the higher figure, then the earlier row."""
+    best = max(bleu for _, bleu in figures)
+    near = [(len(c.models), -bleu, i) for i, (c, bleu) in enumerate(figures) if bleu >= best - tie_margin]
+    return figures[min(near)[2]][0]
+
+
+# --- words or subword pieces ---------------------------------------------------------------------
+
+
+def words_of(path: PathLike) -> Iterator[str]:
+    for _, line in TextLines(path):
+        yield from line.split()
+
+
+def outside_shortlist(train: PathLike, held_out: PathLike, size: int) -> float:
+    """The share of ``held_out``'s tokens outside the ``size`` most frequent words of ``train``
+    (ranked as ``train`` ranks them): what a word model reads as ``<unk>``."""
+    counts = Counter(words_of(train))
+    kept = set(sorted(counts, key=lambda w: (-counts[w], w))[:size])
+    held = Counter(words_of(held_out))
+    return sum(n for w, n in held.items() if w not in kept) / max(sum(held.values()), 1)
+
+
+def vocabulary_choice(corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path,
+                      options: BuildRerankerOptions) -> str:
+    """``options.vocabulary``, or from the measured coverage: subword pieces when a word shortlist of
+    the preset's size leaves more than ``options.bpe_above`` of the tuning set's tokens out, on
+    either side; recorded in ``vocabulary/choice.json``."""
+    if options.vocabulary is not None:
+        return options.vocabulary
+    record = work / "vocabulary" / "choice.json"
+    model = preset_config(training_config(options, "words", False))
+    sizes = (model.source_shortlist, model.target_shortlist)
+    step = Step(work / "vocabulary" / "inputs.json",
+                {"corpus": [file_identity(p) for p in corpus], "tuning": [file_identity(p) for p in tuning],
+                 "shortlists": list(sizes), "bpe above": options.bpe_above}, [record])
+    if not step.done:
+        with step:
+            shares = [outside_shortlist(train, held, size) for train, held, size in zip(corpus, tuning, sizes)]
+            choice = "bpe" if max(shares) > options.bpe_above else "words"
+            write_text_atomically(record, json.dumps({"vocabulary": choice, "outside shortlist": shares}) + "\n")
+    data = json.loads(record.read_text(encoding="utf-8"))
+    source, target = data["outside shortlist"]
+    log.info("vocabulary: %s (tuning-set tokens outside a word shortlist: source %.1f%%, target %.1f%%; "
+             "subword pieces above %.1f%%)", data["vocabulary"], 100 * source, 100 * target, 100 * options.bpe_above)
+    return data["vocabulary"]
+
+
+# --- the models ------------------------------------------------------------------------------------
+
+
+def training_config(options: BuildRerankerOptions, vocabulary: str, right_to_left: bool) -> TrainConfig:
+    hours = options.training_hours
+    return TrainConfig(arch=options.arch, preset=options.preset, vocabulary=vocabulary, batch_size=options.batch_size,
+                       valid_every=options.valid_every, max_steps=options.max_steps, device=options.device,
+                       right_to_left=right_to_left,
+                       max_time=None if hours is None else hours * 3600 / max(len(options.models), 1))
+
+
+def trained_model(name: str, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path, vocabulary: str,
+                  options: BuildRerankerOptions) -> Path:
+    """``models/<name>``: trained, or continued from its checkpoint, or reused as it was finished."""
+    from phrase_scorer.data.sentence_pairs import SentenceCorpus
+    from phrase_scorer.training.run import train
+
+    reverse, right_to_left = MODEL_KINDS[name]
+    source, target = (corpus[1], corpus[0]) if reverse else corpus
+    dev_source, dev_target = (tuning[1], tuning[0]) if reverse else tuning
+    config = training_config(options, vocabulary, right_to_left)
+    folder = work / "models" / name
+    step = Step(work / "models" / f"{name}.inputs.json",
+                {"corpus": [file_identity(source), file_identity(target)],
+                 "dev": [file_identity(dev_source), file_identity(dev_target)], "training": asdict(config)},
+                [folder / BEST_WEIGHTS], folder=folder)
+    if step.done:
+        log.info("%s model: already trained (%s)", name, folder)
+        return folder
+    with step:
+        train(SentenceCorpus(source, target, dev_source, dev_target), folder, config,
+              resume=(folder / "checkpoint.pt").exists())
+    return folder
+
+
+# --- the whole run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class BuildResult:
+    reranker: str
+    chosen: str
+    figures: Dict[str, List[float]]  # row -> tuning BLEU per seed
+    markdown: str
+
+
+class StepClock:
+    """Which step of how many, and the time each took: what the user sees between the steps'
+    own progress bars."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.started = time.monotonic()
+        self.times: Dict[str, float] = {}
+
+    def begin(self, what: str) -> float:
+        self.done += 1
+        log.info("step %d of %d: %s", self.done, self.total, what)
+        return time.monotonic()
+
+    def end(self, what: str, began: float) -> None:
+        self.times[what] = time.monotonic() - began
+
+
+def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[str, str], work_dir: PathLike, *,
+                   options: BuildRerankerOptions = BuildRerankerOptions(),
+                   scoring_options: ScoringOptions = ScoringOptions(), given_models: Optional[Dict[str, str]] = None,
+                   moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None) -> BuildResult:
+    """Run (or continue) the whole build into ``work_dir``; returns the chosen row and the
+    reranker's path (``work_dir/reranker.json``). ``given_models`` maps a model name of
+    :data:`MODEL_KINDS` to a directory trained before, used instead of training it."""
+    from phrase_scorer.rescoring.features import ensembles_by_name, feature_models
+    from phrase_scorer.runtime.device import resolve_device
+
+    given = dict(given_models or {})
+    unknown = sorted(set(given) - set(MODEL_KINDS)) + [m for m in options.models if m not in MODEL_KINDS]
+    if unknown:
+        raise PhraseScorerError(f"no model kind {unknown[0]!r}", hint=f"the kinds are {', '.join(MODEL_KINDS)}")
+    models = list(dict.fromkeys([*options.models, *given]))
+    if "forward" not in models:
+        raise PhraseScorerError("every row needs the forward model",
+                                hint=Text("keep forward in ", setting("models"), " or give one trained before"))
+    moses = moses or MosesInstallation.find(moses_home)
+    moses.check_mert(options.experiment.mertdir)
+    ini = Path(moses_ini).resolve()
+    work = Path(work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    dev = EvalSet(set_name(tuning[0]), tuning[0], tuning[1])
+    rows = candidates(models)
+    to_train = [m for m in models if m not in given]
+    clock = StepClock(total=len(to_train) + 4)
+
+    vocabulary = vocabulary_choice(corpus, tuning, work, options) if to_train else "given"
+    dirs: Dict[str, str] = dict(given)
+    for k, name in enumerate(to_train):
+        began = clock.begin(f"training the {name} model ({k + 1} of {len(to_train)})")
+        dirs[name] = os.fspath(trained_model(name, corpus, tuning, work, vocabulary, options))
+        clock.end(f"training {name}", began)
+        left = len(to_train) - k - 1
+        if left:
+            log.info("about %s left for the other %d training(s), at this one's pace",
+                     duration(clock.times[f"training {name}"] * left), left)
+
+    began = clock.begin(f"decoding the tuning set's {options.experiment.nbest_size}-best list with Moses")
+    nbest = decoded_nbest(ini, dev, work, moses, options.experiment)
+    clock.end("decoding", began)
+
+    began = clock.begin("rescoring the list with every feature")
+    forward = [("forward", FORWARD)] + ([("forward", ENSEMBLE), ("right-to-left", ENSEMBLE)]
+                                         if "right-to-left" in dirs else [])
+    reverse = [("reverse", REVERSE)] if "reverse" in dirs else []
+    loaded = ensembles_by_name(feature_models([dirs[m] for m, _ in forward], [dirs[m] for m, _ in reverse],
+                                              [f for _, f in forward], [f for _, f in reverse],
+                                              resolve_device(options.device)))
+    rescored = rescored_nbest(nbest, dev, work, loaded, options.experiment, scoring_options)
+    clock.end("rescoring", began)
+
+    began = clock.begin(f"tuning {len(rows)} rows x {options.experiment.runs} optimiser seeds")
+    features = [FORWARD, *([ENSEMBLE] if "right-to-left" in dirs else []), *([REVERSE] if reverse else [])]
+    runs: Dict[str, List[RowRun]] = {}
+    for candidate in rows:
+        runs[candidate.row.label] = [
+            tuned_row_run(candidate.row, seed, {dev.name: rescored}, [dev], features, ini, work, moses,
+                          options.experiment)
+            for seed in range(1, options.experiment.runs + 1)]
+    clock.end("tuning", began)
+
+    began = clock.begin("choosing the row and writing the reranker")
+    figures = {label: [r.scores[dev.name]["bleu"] for r in row_runs] for label, row_runs in runs.items()}
+    chosen = choose([(c, statistics.mean(figures[c.row.label])) for c in rows], options.tie_margin)
+    written = write_rerankers(runs[chosen.row.label], [chosen.row], rescored, work, nbest_flags(options.experiment),
+                              command=COMMAND)
+    reranker = work / "reranker.json"
+    write_text_atomically(reranker, Path(written[chosen.row.label]).read_text(encoding="utf-8"))
+    moses_bleu = scores_of(first_hypotheses(nbest), read_lines(dev.reference), options.experiment)
+    clock.end("choosing", began)
+    markdown = report(rows, figures, chosen, moses_bleu.bleu, dev, ini, dirs, vocabulary, reranker, options,
+                      clock, {"BLEU": moses_bleu.bleu_signature, "chrF": moses_bleu.chrf_signature})
+    write_report(work, markdown, {"chosen": chosen.row.label, "reranker": os.fspath(reranker),
+                                  "tuning BLEU per seed": figures, "Moses 1-best tuning BLEU": moses_bleu.bleu,
+                                  "models": dirs, "vocabulary": vocabulary, "step seconds": clock.times})
+    log.info("kept %s (tuning BLEU %.2f; Moses' 1-best %.2f): %s", chosen.row.label,
+             statistics.mean(figures[chosen.row.label]), moses_bleu.bleu, reranker)
+    return BuildResult(os.fspath(reranker), chosen.row.label, figures, markdown)
+
+
+def duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{max(minutes, 1)} min"
+
+
+def report(rows: Sequence[Candidate], figures: Dict[str, List[float]], chosen: Candidate, moses_bleu: float,
+           dev: EvalSet, ini: Path, dirs: Dict[str, str], vocabulary: str, reranker: Path,
+           options: BuildRerankerOptions, clock: StepClock, signatures: Dict[str, str]) -> str:
+    cells = [(c.row.label + (" **(kept)**" if c == chosen else ""), len(c.models), mean_sd(figures[c.row.label]),
+              f"{statistics.mean(figures[c.row.label]) - moses_bleu:+.2f}") for c in rows]
+    cells.insert(0, ("Moses 1-best", 0, two_decimals(moses_bleu), NONE))
+    steps = table(["step", "time"], [(what, duration(seconds)) for what, seconds in clock.times.items()])
+    return (
+        f"**Reranker of `{ini}`**, tuned on {dev.name} (`{dev.source}`)\n\n"
+        + table(["row", "models", f"BLEU {dev.name} (mean ± sd over seeds)", "Δ vs Moses"], cells) + "\n\n"
+        f"Kept: {chosen.row.label}, the fewest models among the rows within {options.tie_margin:g} BLEU of the best "
+        f"mean; its reranker is the weights of its seed with the best tuning BLEU: `{reranker}`. "
+        "All figures are of the tuning set the weights were tuned on, not a test result.\n\n"
+        f"New text through the whole system:\n\n    phrase-scorer translate --moses {ini} --reranker {reranker} "
+        "INPUT -o OUTPUT\n\n"
+        "Settings:\n\n"
+        + "".join(f"- {name}: `{path}`\n" for name, path in dirs.items())
+        + f"- vocabulary: {vocabulary}; {options.arch} `{options.preset}`, batch {options.batch_size}, "
+        f"{options.max_steps} updates at most"
+        + (f", {options.training_hours:g} training hours in all" if options.training_hours else "") + "\n"
+        f"- n-best lists: {options.experiment.nbest_size} distinct, decoder flags "
+        f"`{nbest_flags(options.experiment)}`; {options.experiment.method}, {options.experiment.restarts} restarts, "
+        f"seeds 1–{options.experiment.runs}\n"
+        + closing_lines(signatures) + "\nTime per step (this run; a reused step takes seconds):\n\n" + steps + "\n"
+    )
