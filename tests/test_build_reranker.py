@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, SHARED, SHARED_SYSTEM, TRAIN_EN, TRAIN_FR
+from conftest import DATA, SHARED_SYSTEM, TRAIN_EN, TRAIN_FR
 from phrase_scorer.config import BuildRerankerOptions, RescoreExperimentOptions
 from phrase_scorer.experiments.build_reranker import (
     ENSEMBLE, FORWARD, REVERSE, Candidate, candidates, choose, outside_shortlist, trained_model, vocabulary_choice,

@@ -183,6 +183,8 @@ FOREIGN_FLAGS = {
     "config.py": {"-v"},  # the decoder's default flags
     "runtime/distributed.py": {"-m"},  # python -m phrase_scorer
     "rescoring/translation.py": {"--moses", "--reranker"},  # the signature's "command"
+    "experiments/build_reranker.py": {"--moses", "--reranker", "-o"},  # the report's next command
+    "experiments/ems_reranking.py": {"-v", "--working-dir"},  # what EMS passes Moses and mert-moses.pl
 }
 FLAG = re.compile(r"(?<![\w-])-{1,2}[A-Za-z][\w-]*")
 

@@ -144,6 +144,54 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     click.echo(result.markdown)
 
 
+def build_options(command):
+    """The options of ``build-reranker`` that ``ems-decoder`` shares: the models, their training,
+    the lists and the choice of the row (:func:`make_build_options` makes them one object)."""
+    for option in reversed([
+        click.option("--models", "models", default=",".join(BuildRerankerOptions.models), show_default=True,
+                     help="The models to train, comma-separated: forward, right-to-left, reverse (forward is "
+                          "needed)."),
+        click.option("-m", "--model", "given", multiple=True, type=NamedDirectory(), metavar="KIND=DIR",
+                     help="A model trained before, used instead of training that kind (repeatable): "
+                          "forward=MODELS/en-fr."),
+        click.option("--vocabulary", type=click.Choice(["words", "bpe", "unigram"]), default=None,
+                     help="Words or subword pieces for every model [default: chosen from the tuning set's "
+                          "shortlist coverage: pieces when a word shortlist leaves more than 5% of its tokens out]."),
+        click.option("--preset", default=BuildRerankerOptions.preset, show_default=True, help="The models' preset."),
+        click.option("--max-steps", type=click.IntRange(min=1), default=BuildRerankerOptions.max_steps,
+                     show_default=True, help="Updates per model (80 sentence pairs each)."),
+        click.option("--budget", "training_hours", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Hours for all trainings together, shared equally among the models trained (each also "
+                          "stops at --max-steps)."),
+        click.option("--nbest-size", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_size,
+                     show_default=True, help="Distinct hypotheses per sentence."),
+        click.option("--nbest-factor", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_factor,
+                     show_default=True, help="Moses' -n-best-factor."),
+        click.option("--runs", type=click.IntRange(min=1), default=RescoreExperimentOptions.runs, show_default=True,
+                     help="Optimiser runs per candidate row (seeds 1..RUNS)."),
+        click.option("--tie-margin", type=click.FloatRange(min=0), default=BuildRerankerOptions.tie_margin,
+                     show_default=True,
+                     help="A row with fewer models is kept when its tuning BLEU is within this much of the best."),
+        click.option("--lang", default=RescoreExperimentOptions.lang, help="Target language."),
+        click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
+                     help="Threads of the decoder and of mert [default: all cores]."),
+        click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags,
+                     help="More decoder options for the tuning set's n-best list."),
+        batch_tokens_option, device_option, threads_option, moses_home_option,
+    ]):
+        command = option(command)
+    return command
+
+
+def make_build_options(models, vocabulary, preset, max_steps, training_hours, nbest_size, nbest_factor, runs,
+                       tie_margin, lang, decoder_threads, decoder_flags, device) -> BuildRerankerOptions:
+    return BuildRerankerOptions(
+        models=tuple(m.strip() for m in models.split(",") if m.strip()), vocabulary=vocabulary, preset=preset,
+        max_steps=max_steps, training_hours=training_hours, device=device, tie_margin=tie_margin,
+        experiment=RescoreExperimentOptions(nbest_size=nbest_size, nbest_factor=nbest_factor, runs=runs, lang=lang,
+                                            threads=decoder_threads, decoder_flags=decoder_flags))
+
+
 @cli.command("build-reranker")
 @click.argument("moses_ini", type=PathName(dir_okay=False, exists=True))
 @click.option("--corpus", nargs=2, required=True, type=PathName(dir_okay=False, exists=True), metavar="SRC TGT",
@@ -154,54 +202,44 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
 @click.option("-o", "--output", "work_dir", required=True, type=PathName(file_okay=False),
               help="Working folder: the models, the lists, the runs, reranker.json and report.md. Give the same "
                    "command again to continue an interrupted run.")
-@click.option("--models", "models", default=",".join(BuildRerankerOptions.models), show_default=True,
-              help="The models to train, comma-separated: forward, right-to-left, reverse (forward is needed).")
-@click.option("-m", "--model", "given", multiple=True, type=NamedDirectory(), metavar="KIND=DIR",
-              help="A model trained before, used instead of training that kind (repeatable): forward=MODELS/en-fr.")
-@click.option("--vocabulary", type=click.Choice(["words", "bpe", "unigram"]), default=None,
-              help="Words or subword pieces for every model [default: chosen from the tuning set's shortlist "
-                   "coverage: pieces when a word shortlist leaves more than 5% of its tokens out].")
-@click.option("--preset", default=BuildRerankerOptions.preset, show_default=True, help="The models' preset.")
-@click.option("--max-steps", type=click.IntRange(min=1), default=BuildRerankerOptions.max_steps, show_default=True,
-              help="Updates per model (80 sentence pairs each).")
-@click.option("--budget", "training_hours", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Hours for all trainings together, shared equally among the models trained (each also stops "
-                   "at --max-steps).")
-@click.option("--nbest-size", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_size,
-              show_default=True, help="Distinct hypotheses per sentence.")
-@click.option("--nbest-factor", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_factor,
-              show_default=True, help="Moses' -n-best-factor.")
-@click.option("--runs", type=click.IntRange(min=1), default=RescoreExperimentOptions.runs, show_default=True,
-              help="Optimiser runs per candidate row (seeds 1..RUNS).")
-@click.option("--tie-margin", type=click.FloatRange(min=0), default=BuildRerankerOptions.tie_margin,
-              show_default=True, help="A row with fewer models is kept when its tuning BLEU is within this much "
-                                      "of the best.")
-@click.option("--lang", default=RescoreExperimentOptions.lang, help="Target language.")
-@click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
-              help="Threads of the decoder and of mert [default: all cores].")
-@click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags, help="More decoder options.")
-@batch_tokens_option
-@device_option
-@threads_option
-@moses_home_option
-def build_reranker(moses_ini, corpus, tuning, work_dir, models, given, vocabulary, preset, max_steps, training_hours,
-                   nbest_size, nbest_factor, runs, tie_margin, lang, decoder_threads, decoder_flags, batch_tokens,
-                   device, threads, moses_home):
+@build_options
+def build_reranker(moses_ini, corpus, tuning, work_dir, given, batch_tokens, threads, moses_home, **settings):
     """From a tuned MOSES_INI to its best reranker: train the sentence models, decode and rescore the
     tuning set's n-best list, tune every candidate row with --runs optimiser seeds, keep the best
     (near-ties: fewer models) and write OUTPUT/reranker.json for translate --moses --reranker."""
     set_threads(threads)
     from phrase_scorer.experiments.build_reranker import build_reranker as build
 
-    options = BuildRerankerOptions(
-        models=tuple(m.strip() for m in models.split(",") if m.strip()), vocabulary=vocabulary, preset=preset,
-        max_steps=max_steps, training_hours=training_hours, device=device, tie_margin=tie_margin,
-        experiment=RescoreExperimentOptions(nbest_size=nbest_size, nbest_factor=nbest_factor, runs=runs, lang=lang,
-                                            threads=decoder_threads, decoder_flags=decoder_flags))
-    result = build(moses_ini, corpus, tuning, work_dir, options=options,
+    result = build(moses_ini, corpus, tuning, work_dir, options=make_build_options(**settings),
                    scoring_options=ScoringOptions(batch_tokens=batch_tokens), given_models=dict(given),
                    moses_home=moses_home)
     click.echo(result.markdown)
+
+
+@cli.command("ems-decoder")
+@click.argument("decoder_args", nargs=-1, type=click.UNPROCESSED, metavar="-- MOSES [EMS'S OPTIONS]")
+@click.option("--corpus", nargs=2, type=PathName(dir_okay=False, exists=True), default=None, metavar="SRC TGT",
+              help="The training corpus [default: the one EMS's training steps read].")
+@click.option("--work", "work_dir", type=PathName(file_okay=False), default=None,
+              help="Where the reranker is built [default: rescoring/ in EMS's working folder].")
+@build_options
+def ems_decoder(decoder_args, corpus, work_dir, given, batch_tokens, threads, moses_home, **settings):
+    """The decoder EMS's evaluation runs: the tuned system's n-best lists reranked.
+
+    \b
+    In the EMS config:
+      [EVALUATION]
+      decoder = "phrase-scorer ems-decoder --preset small -- $moses-bin-dir/moses"
+
+    It finds EMS's tuning and training corpus in EMS's step scripts, builds the reranker as
+    build-reranker does (steps reused while their inputs are the same), then translates standard
+    input with EMS's -f CONFIG and the reranker to standard output."""
+    set_threads(threads)
+    from phrase_scorer.experiments.ems_reranking import ems_decode
+
+    ems_decode(decoder_args, options=make_build_options(**settings),
+               scoring_options=ScoringOptions(batch_tokens=batch_tokens), corpus=corpus, work_dir=work_dir,
+               given_models=dict(given), moses_home=moses_home)
 
 
 @cli.command("ems-config")
