@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, SHARED_SYSTEM, TRAIN_EN, TRAIN_FR
-from phrase_scorer.config import BuildRerankerOptions, RescoreExperimentOptions
+from phrase_scorer.config import BuildRerankerOptions
 from phrase_scorer.experiments.build_reranker import (
-    ENSEMBLE, FORWARD, REVERSE, Candidate, candidates, choose, outside_shortlist, trained_model, vocabulary_choice,
+    ENSEMBLE, FORWARD, MODEL_KINDS, REVERSE, Candidate, candidates, choose, outside_shortlist, trained_model,
+    vocabulary_choice,
 )
 from phrase_scorer.experiments.rescoring import RETUNED_ROW, Row
 from phrase_scorer.io.model_layout import BEST_WEIGHTS
@@ -109,36 +110,95 @@ def test_a_bad_model_choice_is_refused_before_anything_runs(tmp_path, option, va
     assert not (tmp_path / "work").exists()
 
 
+TINY_BUILD = ["--preset", "tiny", "--max-steps", "40", "--vocabulary", "words", "--device", "cpu",
+              "--nbest-size", "10", "--runs", "2", "--decoder-threads", "2", "--threads", "1"]
+
+
+def build_command(work: Path) -> list:
+    return ["build-reranker", str(SHARED_SYSTEM / "moses.tuned.ini"), "--corpus", str(TRAIN_EN), str(TRAIN_FR),
+            "--tuning-set", str(VAL_EN), str(VAL_FR), "-o", str(work), *TINY_BUILD]
+
+
+def run_cli(args: list) -> str:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "phrase_scorer", *args], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stderr
+
+
+@pytest.fixture(scope="module")
+def built(moses, tmp_path_factory):
+    """The shared English-French system, 500 training pairs, tiny models for 40 updates, the first
+    100 val sentences as the tuning set: one uninterrupted build."""
+    work = tmp_path_factory.mktemp("build") / "work"
+    run_cli(build_command(work))
+    return work
+
+
 @pytest.mark.moses
-def test_the_command_builds_a_reranker_and_reuses_every_step(moses, tmp_path, caplog):
-    """The shared English-French system, 500 training pairs, tiny models for a few updates, the
-    first 100 val sentences as the tuning set: a reranker that translate --moses takes, a report
-    naming the kept row, and a second run that trains, decodes and tunes nothing."""
-    from phrase_scorer.experiments.build_reranker import build_reranker
+def test_the_command_builds_a_reranker_and_reuses_every_step(built, moses):
     from phrase_scorer.rescoring.reranker import Reranker
 
-    tuning = (str(VAL_EN), str(VAL_FR))
-    options = BuildRerankerOptions(preset="tiny", max_steps=20, valid_every=20, batch_size=16, device="cpu",
-                                   vocabulary="words", experiment=RescoreExperimentOptions(nbest_size=10, runs=2,
-                                                                                           restarts=2, threads=2))
-    work = tmp_path / "work"
-    result = build_reranker(SHARED_SYSTEM / "moses.tuned.ini", (str(TRAIN_EN), str(TRAIN_FR)), tuning, work,
-                            options=options, moses=moses)
-    assert set(result.figures) == {c.row.label for c in candidates(list(options.models))}
-    assert all(len(seeds) == 2 for seeds in result.figures.values())
-    reranker = Reranker.read(result.reranker)
-    assert result.chosen in (work / "report.md").read_text(encoding="utf-8")
-    kept = next(c for c in candidates(list(options.models)) if c.row.label == result.chosen)
+    results = json.loads((built / "results.json").read_text(encoding="utf-8"))
+    rows = candidates(["forward", "right-to-left", "reverse"])
+    assert set(results["tuning BLEU per seed"]) == {c.row.label for c in rows}
+    assert all(len(seeds) == 2 for seeds in results["tuning BLEU per seed"].values())
+    kept = next(c for c in rows if c.row.label == results["chosen"])
+    assert f"{kept.row.label} **(kept)**" in (built / "report.md").read_text(encoding="utf-8")
+    reranker = Reranker.read(built / "reranker.json")
     assert set(reranker.ignore_features) == {f for f in (FORWARD, ENSEMBLE, REVERSE) if f not in kept.row.features}
-    assert "-n-best-factor 100" in (reranker.decoder_flags or "")
-    first = Path(result.reranker).read_bytes()
-    caplog.clear()
-    with caplog.at_level("INFO"):
-        again = build_reranker(SHARED_SYSTEM / "moses.tuned.ini", (str(TRAIN_EN), str(TRAIN_FR)), tuning, work,
-                               options=options, moses=moses)
-    assert again.figures == result.figures and again.chosen == result.chosen
-    assert Path(again.reranker).read_bytes() == first
-    assert caplog.text.count("already trained") == 3
-    assert "n-best list already decoded" in caplog.text and "already rescored" in caplog.text
-    with gzip.open(work / "rescored" / "multi30k.nbest.gz", "rt", encoding="utf-8") as f:
+    assert "-n-best-factor 100" in (reranker.decoder_flags or "") and reranker.nbest_size == 10
+    with gzip.open(built / "rescored" / "multi30k.nbest.gz", "rt", encoding="utf-8") as f:
         assert all(f"{name}=" in next(f) for name in (FORWARD, ENSEMBLE, REVERSE))
+    first = (built / "reranker.json").read_bytes()
+    weights = {name: (built / "models" / name / BEST_WEIGHTS).stat().st_mtime_ns for name in MODEL_KINDS}
+
+    log = run_cli(build_command(built))  # again: every step reused
+    assert (built / "reranker.json").read_bytes() == first
+    assert log.count("already trained") == 3 and "already decoded" in log and "already rescored" in log
+    assert weights == {name: (built / "models" / name / BEST_WEIGHTS).stat().st_mtime_ns for name in MODEL_KINDS}
+
+    # The whole system takes the reranker: one line per input line
+    source = Path(str(built) + ".new.en")
+    source.write_text("".join(VAL_EN.read_text(encoding="utf-8").splitlines(True)[:5]), encoding="utf-8")
+    run_cli(["translate", "--moses", str(SHARED_SYSTEM / "moses.tuned.ini"), "--reranker",
+             str(built / "reranker.json"), str(source), "-o", str(source) + ".fr"])
+    assert len(Path(str(source) + ".fr").read_text(encoding="utf-8").splitlines()) == 5
+
+
+@pytest.mark.moses
+def test_an_interrupted_build_resumes_to_the_same_reranker(built, tmp_path):
+    """Killed in its first training after a checkpoint, the same command continues from that
+    checkpoint and ends with the uninterrupted build's row and weights."""
+    from conftest import kill, start_halted
+
+    work = tmp_path / "work"
+    proc = start_halted("step:30", build_command(work), tmp_path / "halted")
+    kill(proc)
+    assert (work / "models" / "forward" / "checkpoint.pt").exists()
+    log = run_cli(build_command(work))
+    assert "resuming" in log.lower()
+    ours, theirs = (json.loads((w / "results.json").read_text(encoding="utf-8")) for w in (work, built))
+    assert ours["chosen"] == theirs["chosen"]
+    assert ours["tuning BLEU per seed"] == theirs["tuning BLEU per seed"]
+    ours, theirs = (json.loads((w / "reranker.json").read_text(encoding="utf-8")) for w in (work, built))
+    assert ours["weights"] == theirs["weights"]
+
+
+def test_a_training_killed_before_its_first_checkpoint_starts_again(tmp_path):
+    """The step's folder holds what the killed training left (no checkpoint): the next run trains
+    afresh into it instead of refusing the folder."""
+    options = replace(BuildRerankerOptions(), preset="tiny", max_steps=3, valid_every=3, batch_size=8,
+                      device="cpu")
+    corpus = (str(TRAIN_EN), str(TRAIN_FR))
+    tuning = (str(VAL_EN), str(VAL_FR))
+    folder = trained_model("forward", corpus, tuning, tmp_path, "words", options)
+    (folder / BEST_WEIGHTS).unlink()
+    (folder / "checkpoint.pt").unlink()
+    record = tmp_path / "models" / "forward.inputs.json"
+    data = json.loads(record.read_text(encoding="utf-8"))
+    record.write_text(json.dumps({**data, "finished": False}), encoding="utf-8")  # as a killed step leaves it
+    assert trained_model("forward", corpus, tuning, tmp_path, "words", options) == folder
+    assert (folder / BEST_WEIGHTS).is_file()

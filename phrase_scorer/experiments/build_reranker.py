@@ -48,7 +48,7 @@ from phrase_scorer.experiments.rescoring import (
     set_name, tuned_row_run, write_rerankers,
 )
 from phrase_scorer.io.files import PathLike, TextLines, file_identity, write_text_atomically
-from phrase_scorer.io.model_layout import BEST_WEIGHTS
+from phrase_scorer.io.model_layout import BEST_WEIGHTS, CHECKPOINT
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.records import Step
 
@@ -166,9 +166,10 @@ def trained_model(name: str, corpus: Tuple[str, str], tuning: Tuple[str, str], w
     if step.done:
         log.info("%s model: already trained (%s)", name, folder)
         return folder
-    with step:
-        train(SentenceCorpus(source, target, dev_source, dev_target), folder, config,
-              resume=(folder / "checkpoint.pt").exists())
+    with step:  # an interrupted training continues from its last checkpoint; with none, it starts again
+        checkpoint = (folder / CHECKPOINT).exists()
+        train(SentenceCorpus(source, target, dev_source, dev_target), folder, config, resume=checkpoint,
+              overwrite=not checkpoint)
     return folder
 
 
