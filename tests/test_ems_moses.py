@@ -275,3 +275,65 @@ def test_ems_run_tunes_and_evaluates_the_new_features(moses_home, data, tmp_path
     assert Path(table.get("path")).is_file() and table.get("path").endswith(".minphr")
     assert len(tuned_weights(work / "tuning" / "moses.tuned.ini.2")) == 6
     assert re.search(r"BLEU = [\d.]+", (work / "evaluation" / "test.multi-bleu.2").read_text())
+
+
+RERANKING = "phrase-scorer ems-decoder --preset small"
+RERANKED_OPTIONS = ("--preset tiny --max-steps 40 --valid-every 20 --vocabulary words --device cpu --nbest-size 10 "
+                    "--decoder-threads 2 --threads 1")
+STEPS_AFTER_DECODE = {"EVALUATION:test:decode", "EVALUATION:test:multi-bleu", "REPORTING:report"}
+
+
+def reranking_config(base: str, options: str) -> str:
+    text = (BLOCKS / "reranking.config").read_text(encoding="utf-8")
+    assert RERANKING in text
+    return base + "\n" + text.replace(RERANKING, f"{sys.executable} -m phrase_scorer ems-decoder {options}")
+
+
+def test_ems_evaluation_translates_through_the_reranked_system(moses_home, data, tmp_path):
+    """The documented [EVALUATION] line: EMS builds and tunes the system as usual, then its
+    evaluation trains the models on EMS's corpus, tunes the reranker on EMS's tuning set and writes
+    the reranked translation, which EMS scores; a changed rescoring option re-runs only the
+    evaluation, and the build then trains nothing."""
+    import json
+
+    work = tmp_path / "work"
+    (work / "model").mkdir(parents=True)  # see test_ems_run_tunes_and_evaluates_the_new_features
+    base = base_config(moses_home, data, work)
+    config = tmp_path / "config.reranked"
+    config.write_text(reranking_config(base, RERANKED_OPTIONS + " --runs 1"))
+    run_to_the_end(moses_home, config, work, version=1)
+
+    build = work / "rescoring"
+    results = json.loads((build / "results.json").read_text(encoding="utf-8"))
+    assert set(results["models"]) == {"forward", "right-to-left", "reverse"}
+    # the tuning set is EMS's, as Moses read it: its list has one block per dev sentence
+    nbest = next((build / "nbest").glob("*.nbest"))
+    ids = {line.split(" ||| ", 1)[0] for line in nbest.read_text(encoding="utf-8").splitlines()}
+    assert len(ids) == DEV_SENTENCES
+    # EMS's output is the reranked translation of its input with its config, line for line
+    script = (work / "steps" / "1" / "EVALUATION_test_decode.1").read_text(encoding="utf-8")
+    call = next(line for line in script.splitlines() if "ems-decoder" in line)
+    ini = re.search(r" -f (\S+)", call).group(1)
+    source = re.search(r" < (\S+)", call).group(1)
+    direct = tmp_path / "direct.fr"
+    subprocess.run([sys.executable, "-m", "phrase_scorer", "translate", "--moses", ini, "--reranker",
+                    str(build / "reranker.json"), source, "-o", str(direct), "--threads", "1"],
+                   check=True, capture_output=True, cwd=work,
+                   env=dict(os.environ, MOSES_HOME=str(moses_home), PYTHONPATH=str(ROOT)))
+    output = work / "evaluation" / "test.output.1"
+    assert output.read_bytes() == direct.read_bytes()
+    assert len(output.read_text(encoding="utf-8").splitlines()) == TEST_SENTENCES
+    assert re.search(r"BLEU = [\d.]+", (work / "evaluation" / "test.multi-bleu.1").read_text())
+
+    # Nothing changed: EMS re-uses every step. A changed rescoring option: only the evaluation
+    # re-runs, and the build re-tunes without training again.
+    again = plan(experiment(moses_home, config))
+    assert again and all(state.startswith("re-using") for state in again.values()), again
+    trained = {p: p.stat().st_mtime_ns for p in (build / "models").glob("*/model.pt")}
+    config.write_text(reranking_config(base, RERANKED_OPTIONS + " --runs 2"))
+    planned = plan(experiment(moses_home, config))
+    assert {step for step, state in planned.items() if state == "run"} == STEPS_AFTER_DECODE, planned
+    run_to_the_end(moses_home, config, work, version=2)
+    assert trained == {p: p.stat().st_mtime_ns for p in (build / "models").glob("*/model.pt")}
+    results = json.loads((build / "results.json").read_text(encoding="utf-8"))
+    assert all(len(seeds) == 2 for seeds in results["tuning BLEU per seed"].values())

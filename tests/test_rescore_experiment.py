@@ -299,3 +299,20 @@ def test_identical_outputs_are_not_significantly_different():
     assert paired_bootstrap_p(same, list(same), references, samples=50) == 1.0
     better = paired_bootstrap_p(same, references, references, samples=200)
     assert better < 0.05
+
+
+def test_every_experiment_option_of_the_command_line_is_a_field_of_its_options():
+    """rescore-experiment passes its list, rescoring and reranking options to
+    RescoreExperimentOptions by name: each must be one of its fields."""
+    from dataclasses import fields
+
+    from phrase_scorer.cli import cli
+    from phrase_scorer.config import RescoreExperimentOptions
+
+    command = cli.commands["rescore-experiment"]
+    own = {"moses_ini", "dev", "tests", "dev_nbest", "test_nbests", "models", "reverse_models", "rows", "systems",
+           "work_dir", "report", "overwrite", "batch_tokens", "device", "precision", "threads", "moses_home",
+           "decoder_threads"}
+    passed = {p.name for p in command.params} - own
+    assert passed and passed <= {f.name for f in fields(RescoreExperimentOptions)}
+    assert {"nbest_size", "nbest_factor", "runs", "method", "restarts", "normalize", "lang"} <= passed

@@ -107,8 +107,8 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
 @threads_option
 @moses_home_option
 def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, reverse_models, rows, systems, work_dir,
-                       nbest_size, nbest_factor, runs, method, restarts, normalize, references, lang, decoder_threads,
-                       decoder_flags, decoder, report, overwrite, batch_tokens, device, precision, threads, moses_home):
+                       report, overwrite, batch_tokens, device, precision, threads, moses_home, decoder_threads,
+                       **settings):
     """What rescoring MOSES_INI's n-best lists with sentence models buys: decode dev and test
     n-best lists, rescore them, re-tune and rerank each row --runs times, and report BLEU, chrF
     and paired bootstrap tests against Moses' 1-best."""
@@ -132,10 +132,7 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     loaded = feature_models([d for _, d in forward], [d for _, d in reverse], [n for n, _ in forward],
                             [n for n, _ in reverse], resolve_device(device))
     loaded = ensembles_by_name(loaded)
-    options = RescoreExperimentOptions(
-        nbest_size=nbest_size, nbest_factor=nbest_factor, decoder=decoder, decoder_flags=decoder_flags,
-        threads=decoder_threads, normalize=normalize, runs=runs, method=method, restarts=restarts,
-        references=references, lang=lang)
+    options = RescoreExperimentOptions(threads=decoder_threads, **settings)  # the other options are its fields
     result = run_rescore_experiment(moses_ini, sets, work_dir, moses_home=moses_home, models=loaded,
                                     rows=list(rows), systems=list(systems),
                                     options=options,
