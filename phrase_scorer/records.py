@@ -139,17 +139,18 @@ def finished(output: PathLike, settings: Mapping[str, Any]) -> Optional["Signatu
 
 
 def reuse_or_clear(record_path: Path, inputs: Mapping[str, Any], outputs: Sequence[Path]) -> bool:
-    """True when every output exists and ``record_path`` records ``inputs``. When the record holds
-    other inputs, the outputs and their partial files are removed so that the step runs afresh;
-    with the same inputs and an output missing (an interrupted step), they are kept for the step
-    to resume from."""
+    """True when every output exists and ``record_path`` records ``inputs`` as finished. When the
+    record holds other inputs, the outputs and their partial files are removed so that the step
+    runs afresh; with the same inputs and the step interrupted (an output missing, or the record
+    not finished: a training's weights exist from its first validation on), they are kept for the
+    step to resume from."""
     recorded = read_record(record_path)
     if recorded is None:
         return False
     differing = changed(recorded, inputs)
     if not differing:
         # the same inputs: done, or interrupted (the step goes on from its partial output)
-        return all(p.exists() for p in outputs)
+        return recorded.get("finished") is not False and all(p.exists() for p in outputs)
     log.info("%s is out of date (%s changed): making it again", ", ".join(map(str, outputs)) or record_path.parent,
              ", ".join(differing))
     for path in outputs:

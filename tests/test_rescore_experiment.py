@@ -132,6 +132,24 @@ def test_an_interrupted_step_keeps_its_partial_output_for_the_resume(tmp_path):
     assert not partial.exists() and not partial_record.exists()
 
 
+def test_a_step_interrupted_after_its_output_appeared_is_not_done(tmp_path):
+    """A training's weights file exists from its first validation on: an output that exists does
+    not make an interrupted step done; its record must say finished."""
+    from phrase_scorer.io.files import file_identity
+
+    source, output, record = tmp_path / "train.en", tmp_path / "model.pt", tmp_path / "model.inputs.json"
+    source.write_text("a man .\n", encoding="utf-8")
+    with pytest.raises(KeyboardInterrupt):
+        with Step(record, {"source": file_identity(source)}, [output]):
+            output.write_bytes(b"weights of the first validation")
+            raise KeyboardInterrupt
+    step = Step(record, {"source": file_identity(source)}, [output])
+    assert not step.done and output.exists()  # kept: the step goes on from it
+    with step:
+        pass
+    assert Step(record, {"source": file_identity(source)}, [output]).done
+
+
 def test_sentence_bleu_ranks_the_reference_first():
     reference = "un chien court sur l&apos; herbe".split()
     from collections import Counter

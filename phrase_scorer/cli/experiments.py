@@ -157,6 +157,8 @@ def build_options(command):
         click.option("--preset", default=BuildRerankerOptions.preset, show_default=True, help="The models' preset."),
         click.option("--max-steps", type=click.IntRange(min=1), default=BuildRerankerOptions.max_steps,
                      show_default=True, help="Updates per model (80 sentence pairs each)."),
+        click.option("--valid-every", type=click.IntRange(min=1), default=BuildRerankerOptions.valid_every,
+                     show_default=True, help="Updates between validations on the tuning set (and checkpoints)."),
         click.option("--budget", "training_hours", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Hours for all trainings together, shared equally among the models trained (each also "
                           "stops at --max-steps)."),
@@ -180,11 +182,11 @@ def build_options(command):
     return command
 
 
-def make_build_options(models, vocabulary, preset, max_steps, training_hours, nbest_size, nbest_factor, runs,
+def make_build_options(models, vocabulary, preset, max_steps, valid_every, training_hours, nbest_size, nbest_factor, runs,
                        tie_margin, lang, decoder_threads, decoder_flags, device) -> BuildRerankerOptions:
     return BuildRerankerOptions(
         models=tuple(m.strip() for m in models.split(",") if m.strip()), vocabulary=vocabulary, preset=preset,
-        max_steps=max_steps, training_hours=training_hours, device=device, tie_margin=tie_margin,
+        max_steps=max_steps, valid_every=valid_every, training_hours=training_hours, device=device, tie_margin=tie_margin,
         experiment=RescoreExperimentOptions(nbest_size=nbest_size, nbest_factor=nbest_factor, runs=runs, lang=lang,
                                             threads=decoder_threads, decoder_flags=decoder_flags))
 

@@ -269,10 +269,15 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
     began = clock.begin("choosing the row and writing the reranker")
     figures = {label: [r.scores[dev.name]["bleu"] for r in row_runs] for label, row_runs in runs.items()}
     chosen = choose([(c, statistics.mean(figures[c.row.label])) for c in rows], options.tie_margin)
-    written = write_rerankers(runs[chosen.row.label], [chosen.row], rescored, work, nbest_flags(options.experiment),
-                              command=COMMAND)
     reranker = work / "reranker.json"
-    write_text_atomically(reranker, Path(written[chosen.row.label]).read_text(encoding="utf-8"))
+    flags = nbest_flags(options.experiment)
+    step = Step(work / "reranker.inputs.json", {"row": asdict(chosen.row), "list": file_identity(rescored),
+                                                "runs": [asdict(r) for r in runs[chosen.row.label]],
+                                                "decoder flags": flags}, [reranker])
+    if not step.done:
+        with step:
+            written = write_rerankers(runs[chosen.row.label], [chosen.row], rescored, work, flags, command=COMMAND)
+            write_text_atomically(reranker, Path(written[chosen.row.label]).read_text(encoding="utf-8"))
     moses_bleu = scores_of(first_hypotheses(nbest), read_lines(dev.reference), options.experiment)
     clock.end("choosing", began)
     markdown = report(rows, figures, chosen, moses_bleu.bleu, dev, ini, dirs, vocabulary, reranker, options,

@@ -209,7 +209,9 @@ def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_op
     config = absolute(call.config, folder)
     tuning = find_tuning(folder, config)
     corpus = corpus or find_corpus(folder)
-    moses = MosesInstallation.find(moses_home or Path(call.program).resolve().parent.parent)
+    # the Moses EMS names (its bin/ folder's parent), else the one given
+    home = Path(call.program).resolve().parent.parent if os.path.isfile(call.program) else moses_home
+    moses = MosesInstallation.find(home)
     decoder = os.path.basename(call.program)
     work = Path(work_dir or folder / WORK_FOLDER).resolve()
     work.mkdir(parents=True, exist_ok=True)
