@@ -110,8 +110,8 @@ def test_a_bad_model_choice_is_refused_before_anything_runs(tmp_path, option, va
     assert not (tmp_path / "work").exists()
 
 
-TINY_BUILD = ["--preset", "tiny", "--max-steps", "40", "--valid-every", "20", "--vocabulary", "words", "--device", "cpu",
-              "--nbest-size", "10", "--runs", "2", "--decoder-threads", "2", "--threads", "1"]
+TINY_BUILD = ["--preset", "tiny", "--max-steps", "40", "--valid-every", "20", "--vocabulary", "words",
+              "--device", "cpu", "--nbest-size", "10", "--runs", "2", "--decoder-threads", "2", "--threads", "1"]
 
 
 def build_command(work: Path) -> list:

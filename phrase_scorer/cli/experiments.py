@@ -182,11 +182,12 @@ def build_options(command):
     return command
 
 
-def make_build_options(models, vocabulary, preset, max_steps, valid_every, training_hours, nbest_size, nbest_factor, runs,
-                       tie_margin, lang, decoder_threads, decoder_flags, device) -> BuildRerankerOptions:
+def make_build_options(models, vocabulary, preset, max_steps, valid_every, training_hours, nbest_size, nbest_factor,
+                       runs, tie_margin, lang, decoder_threads, decoder_flags, device) -> BuildRerankerOptions:
     return BuildRerankerOptions(
         models=tuple(m.strip() for m in models.split(",") if m.strip()), vocabulary=vocabulary, preset=preset,
-        max_steps=max_steps, valid_every=valid_every, training_hours=training_hours, device=device, tie_margin=tie_margin,
+        max_steps=max_steps, valid_every=valid_every, training_hours=training_hours, device=device,
+        tie_margin=tie_margin,
         experiment=RescoreExperimentOptions(nbest_size=nbest_size, nbest_factor=nbest_factor, runs=runs, lang=lang,
                                             threads=decoder_threads, decoder_flags=decoder_flags))
 
