@@ -138,16 +138,21 @@ def finished(output: PathLike, settings: Mapping[str, Any]) -> Optional["Signatu
     return signature
 
 
-def reuse_or_clear(record_path: Path, inputs: Mapping[str, Any], outputs: Sequence[Path]) -> bool:
+def reuse_or_clear(record_path: Path, inputs: Mapping[str, Any], outputs: Sequence[Path],
+                   resumable: Sequence[str] = ()) -> bool:
     """True when every output exists and ``record_path`` records ``inputs`` as finished. When the
     record holds other inputs, the outputs and their partial files are removed so that the step
     runs afresh; with the same inputs and the step interrupted (an output missing, or the record
     not finished: a training's weights exist from its first validation on), they are kept for the
-    step to resume from."""
+    step to resume from. When only ``resumable`` inputs changed (a training's stopping criteria),
+    the step is not done and its outputs are kept: it goes on from them to the new criteria."""
     recorded = read_record(record_path)
     if recorded is None:
         return False
     differing = changed(recorded, inputs)
+    if differing and set(differing) <= set(resumable):
+        log.info("%s: %s changed: going on from what was made", record_path.parent, ", ".join(differing))
+        return False
     if not differing:
         # the same inputs: done, or interrupted (the step goes on from its partial output)
         return recorded.get("finished") is not False and all(p.exists() for p in outputs)
@@ -182,20 +187,22 @@ class Step:
     without an exception records them as finished. Outputs made from other inputs are removed
     when the step is created (:func:`reuse_or_clear`); a step that works in a ``folder`` of its
     own has the whole folder removed instead, and also when no record says what made it.
+    ``resumable`` inputs are those whose change continues the step from what it made (a
+    training's stopping criteria: more updates go on from the last checkpoint).
     """
 
     def __init__(self, record: PathLike, inputs: Mapping[str, Any], outputs: Sequence[PathLike], *,
-                 folder: Optional[PathLike] = None) -> None:
+                 folder: Optional[PathLike] = None, resumable: Sequence[str] = ()) -> None:
         self.record = Path(record)
         self.inputs = as_recorded(inputs)
         self.outputs = [Path(p) for p in outputs]
         if folder is not None and os.path.isdir(folder):
             stale = changed(read_record(self.record), self.inputs)
-            if stale:
+            if stale and not set(stale) <= set(resumable):
                 log.info("%s was made with other inputs (%s changed): removing it to run it again", folder,
                          ", ".join(stale))
                 shutil.rmtree(folder)
-        self.done = reuse_or_clear(self.record, self.inputs, self.outputs)
+        self.done = reuse_or_clear(self.record, self.inputs, self.outputs, resumable)
 
     def __enter__(self) -> "Step":
         if self.done:

@@ -86,8 +86,16 @@ def test_a_training_step_is_reused_and_redone_when_its_settings_change(tmp_path,
         assert trained_model("reverse", corpus, tuning, tmp_path, "words", options) == folder
     assert "already trained" in caplog.text
     assert (folder / BEST_WEIGHTS).stat().st_mtime_ns == weights
-    trained_model("reverse", corpus, tuning, tmp_path, "words", replace(options, max_steps=4, valid_every=4))
-    assert json.loads((folder / "config.json").read_text(encoding="utf-8"))["training"]["max_steps"] == 4
+    # more updates: the training goes on from its checkpoint (the folder is kept)
+    vocabulary = (folder / "vocab.source.json").stat().st_mtime_ns
+    trained_model("reverse", corpus, tuning, tmp_path, "words", replace(options, max_steps=6, valid_every=3))
+    assert (folder / "vocab.source.json").stat().st_mtime_ns == vocabulary
+    log = (folder / "train.log.jsonl").read_text(encoding="utf-8")
+    assert '"step": 3' in log and '"step": 6' in log
+    # another model setting: trained anew
+    trained_model("reverse", corpus, tuning, tmp_path, "words", replace(options, batch_size=4))
+    assert json.loads((folder / "config.json").read_text(encoding="utf-8"))["training"]["batch_size"] == 4
+    assert '"step": 6' not in (folder / "train.log.jsonl").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("option, value, said", [

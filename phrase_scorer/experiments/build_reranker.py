@@ -36,7 +36,7 @@ import os
 import statistics
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -62,6 +62,9 @@ MODEL_KINDS: Dict[str, Tuple[bool, bool]] = {
 }
 FORWARD, ENSEMBLE, REVERSE = "Forward", "Ensemble", "Reverse"  # the features, as the lists name them
 COMMAND = "phrase-scorer build-reranker"
+# Settings a training goes on from its checkpoint with when they change (a larger --budget or
+# --max-steps trains on; the rest of a model's settings, changed, train it anew)
+STOPPING = ("max_steps", "max_time", "valid_every", "device")
 
 
 @dataclass(frozen=True)
@@ -159,17 +162,22 @@ def trained_model(name: str, corpus: Tuple[str, str], tuning: Tuple[str, str], w
     dev_source, dev_target = (tuning[1], tuning[0]) if reverse else tuning
     config = training_config(options, vocabulary, right_to_left)
     folder = work / "models" / name
+    settings = asdict(config)
+    stopping = {key: settings.pop(key) for key in STOPPING}
     step = Step(work / "models" / f"{name}.inputs.json",
                 {"corpus": [file_identity(source), file_identity(target)],
-                 "dev": [file_identity(dev_source), file_identity(dev_target)], "training": asdict(config)},
-                [folder / BEST_WEIGHTS], folder=folder)
+                 "dev": [file_identity(dev_source), file_identity(dev_target)], "training": settings,
+                 "stopping": stopping},
+                [folder / BEST_WEIGHTS], folder=folder, resumable=["stopping"])
     if step.done:
         log.info("%s model: already trained (%s)", name, folder)
         return folder
     with step:  # an interrupted training continues from its last checkpoint; with none, it starts again
         checkpoint = (folder / CHECKPOINT).exists()
+        default = TrainConfig()
+        given = {f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(default, f.name)}
         train(SentenceCorpus(source, target, dev_source, dev_target), folder, config, resume=checkpoint,
-              overwrite=not checkpoint)
+              overwrite=not checkpoint, explicit=given | set(STOPPING))  # a resumed run takes the new stopping
     return folder
 
 
