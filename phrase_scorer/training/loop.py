@@ -231,8 +231,8 @@ class TrainingLoop:
         if not pairs_per_second:
             return
         epoch_hours = len(self.train_pairs) / pairs_per_second / 3600
-        log.info("speed: %.0f pairs/s, about %.1f h per epoch of %d pairs", pairs_per_second, epoch_hours,
-                 len(self.train_pairs))
+        log.info("speed: %.0f pairs/s, about %s per epoch of %d pairs", pairs_per_second,
+                 f"{epoch_hours:.1f} h" if epoch_hours >= 1 else f"{epoch_hours * 60:.0f} min", len(self.train_pairs))
         if self.device.type == "cpu" and cfg.preset == "paper":
             log.warning(
                 "the paper preset on CPU trains at %.0f pairs/s: about %.1f hours per epoch. "
