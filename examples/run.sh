@@ -50,9 +50,10 @@ if [[ -n "${MOSES_HOME:-}" ]]; then
         | awk -F' [|][|][|] ' '!seen[$1]++ { sub(/^ +/, "", $2); sub(/ +$/, "", $2); print $2 }' > "$OUT/test.moses.txt"
     changed=$(paste -d '\t' "$OUT/test.moses.txt" "$OUT/test.reranked.txt" | awk -F'\t' '$1 != $2' | wc -l)
     echo "the reranker chose another hypothesis than Moses' 1-best for ${changed} of the 20 test sentences"
-    echo "A whole Moses system (tables, language model; tools/build_multi30k_moses.sh builds the Multi30k one) takes new text" \
-         "through the same steps in one command: phrase-scorer translate --moses SYSTEM/moses.tuned.ini" \
-         "--reranker $OUT/test.reranked.txt.json new.en -o new.fr"
+    echo "With a whole Moses system (tables, language model; tools/build_multi30k_moses.sh builds the Multi30k one)," \
+         "one command trains the models and tunes the reranker: phrase-scorer build-reranker SYSTEM/moses.tuned.ini" \
+         "--corpus train.en train.fr --tuning-set dev.en dev.fr -o WORK; then new text takes the same steps:" \
+         "phrase-scorer translate --moses SYSTEM/moses.tuned.ini --reranker WORK/reranker.json new.en -o new.fr"
 else
     echo "== A3. rerank: needs Moses' extractor and mert =="
     echo "MOSES_HOME is not set: with a Moses build there, this step tunes a reranker on the rescored dev list" \
