@@ -186,7 +186,8 @@ class Step:
     the same step by the next run (its partial outputs kept for it to resume from); leaving it
     without an exception records them as finished. Outputs made from other inputs are removed
     when the step is created (:func:`reuse_or_clear`); a step that works in a ``folder`` of its
-    own has the whole folder removed instead, and also when no record says what made it.
+    own has the whole folder removed instead. A folder there that no record of the step names (or
+    a link, or a file) is not the step's: it is refused, never removed.
     ``resumable`` inputs are those whose change continues the step from what it made (a
     training's stopping criteria: more updates go on from the last checkpoint).
     """
@@ -196,8 +197,13 @@ class Step:
         self.record = Path(record)
         self.inputs = as_recorded(inputs)
         self.outputs = [Path(p) for p in outputs]
-        if folder is not None and os.path.isdir(folder):
-            stale = changed(read_record(self.record), self.inputs)
+        if folder is not None and os.path.lexists(folder):
+            recorded = read_record(self.record)
+            if recorded is None or os.path.islink(folder) or not os.path.isdir(folder):
+                raise PhraseScorerError("something is in the way of this step's folder, and no record of this "
+                                        "command's says what made it", path=os.fspath(folder),
+                                        hint="move it away (it may be yours), or choose another working folder")
+            stale = changed(recorded, self.inputs)
             if stale and not set(stale) <= set(resumable):
                 log.info("%s was made with other inputs (%s changed): removing it to run it again", folder,
                          ", ".join(stale))

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import DATA, SHARED_SYSTEM, TRAIN_EN, TRAIN_FR
 from phrase_scorer.config import BuildRerankerOptions
+from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.experiments.build_reranker import (
     ENSEMBLE, FORWARD, MODEL_KINDS, REVERSE, Candidate, candidates, choose, outside_shortlist, trained_model,
     vocabulary_choice,
@@ -210,3 +211,17 @@ def test_a_training_killed_before_its_first_checkpoint_starts_again(tmp_path):
     record.write_text(json.dumps({**data, "finished": False}), encoding="utf-8")  # as a killed step leaves it
     assert trained_model("forward", corpus, tuning, tmp_path, "words", options) == folder
     assert (folder / BEST_WEIGHTS).is_file()
+
+
+def test_a_folder_no_record_names_is_refused_not_removed(tmp_path):
+    """-o pointed at a folder with a models/forward of the user's own: the build stops with one
+    line naming it, and the folder is kept as it was."""
+    options = replace(BuildRerankerOptions(), preset="tiny", max_steps=3, valid_every=3, batch_size=8,
+                      device="cpu")
+    theirs = tmp_path / "models" / "forward"
+    theirs.mkdir(parents=True)
+    (theirs / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(PhraseScorerError, match="no record of this command's says what made it"):
+        trained_model("forward", (str(TRAIN_EN), str(TRAIN_FR)), (str(VAL_EN), str(VAL_FR)), tmp_path, "words",
+                      options)
+    assert (theirs / "notes.txt").read_text(encoding="utf-8") == "mine"

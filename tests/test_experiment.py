@@ -10,10 +10,12 @@ import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import A_MAN_TABLE
 from phrase_scorer.config import ExperimentOptions, TuneOptions
+from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import hash_identities
 from phrase_scorer.experiments.table1 import (
     RUN_INPUTS, RunResult, prepare_tables, result_of, run_inputs, run_step, system_inputs,
@@ -134,10 +136,13 @@ def test_a_tuning_run_is_reused_only_with_the_same_inputs(tmp_path, caplog):
         assert not run_dir.exists()  # the stale run is gone, so it is redone from scratch
         inputs = now
 
-    # a run recorded before inputs were (no inputs.json) is redone too
+    # a run folder no record names (made by something else, or an older version) is refused, not removed
     finished_run(run_dir, inputs)
     (run_dir / RUN_INPUTS).unlink()
-    assert result_of(run_step(run_dir, inputs)) is None and not run_dir.exists()
+    with pytest.raises(PhraseScorerError, match="no record of this command's says what made it"):
+        run_step(run_dir, inputs)
+    assert (run_dir / "result.json").exists()
+    shutil.rmtree(run_dir)
     # an interrupted run with the same inputs is kept for tuning again (nothing finished to reuse)
     run_dir.mkdir(parents=True)
     (run_dir / RUN_INPUTS).write_text(json.dumps(inputs))
