@@ -299,8 +299,11 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
 
 
 def duration(seconds: float) -> str:
+    """``42 s``, ``7 min``, ``2 h 05 min``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
     minutes = round(seconds / 60)
-    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{max(minutes, 1)} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 
 def report(rows: Sequence[Candidate], figures: Dict[str, List[float]], chosen: Candidate, moses_bleu: float,
