@@ -36,7 +36,7 @@ import os
 import statistics
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -199,7 +199,6 @@ class StepClock:
     def __init__(self, total: int) -> None:
         self.total = total
         self.done = 0
-        self.started = time.monotonic()
         self.times: Dict[str, float] = {}
 
     def begin(self, what: str) -> float:
@@ -241,12 +240,13 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
 
     vocabulary = vocabulary_choice(corpus, tuning, work, options) if to_train else "given"
     dirs: Dict[str, str] = dict(given)
+    training = replace(options, models=tuple(to_train))  # a --budget is shared among the models trained here
     for k, name in enumerate(to_train):
         began = clock.begin(f"training the {name} model ({k + 1} of {len(to_train)})")
-        dirs[name] = os.fspath(trained_model(name, corpus, tuning, work, vocabulary, options))
+        dirs[name] = os.fspath(trained_model(name, corpus, tuning, work, vocabulary, training))
         clock.end(f"training {name}", began)
         left = len(to_train) - k - 1
-        if left:
+        if left and clock.times[f"training {name}"] > 60:  # a training that ran, not one reused
             log.info("about %s left for the other %d training(s), at this one's pace",
                      duration(clock.times[f"training {name}"] * left), left)
 
