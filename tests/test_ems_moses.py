@@ -289,6 +289,7 @@ def reranking_config(base: str, options: str) -> str:
     return base + "\n" + text.replace(RERANKING, f"{sys.executable} -m phrase_scorer ems-decoder {options}")
 
 
+@pytest.mark.slow
 def test_ems_evaluation_translates_through_the_reranked_system(moses_home, data, tmp_path):
     """The documented [EVALUATION] line: EMS builds and tunes the system as usual, then its
     evaluation trains the models on EMS's corpus, tunes the reranker on EMS's tuning set and writes
