@@ -9,6 +9,7 @@ system with tiny models, then again to see every step reused and the same rerank
 from __future__ import annotations
 
 import gzip
+import os
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -232,3 +233,22 @@ def test_step_times_read_as_a_person_says_them():
 
     assert [duration(s) for s in (4.2, 59.4, 61, 3500, 3599, 7500)] == ["4 s", "59 s", "1 min", "58 min",
                                                                        "1 h 00 min", "2 h 05 min"]
+
+
+def test_a_working_folder_with_other_files_is_refused(tmp_path):
+    from phrase_scorer.experiments.build_reranker import WORK_MARK, claim_work_folder
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "reranker.json").write_text("my reranker", encoding="utf-8")
+    with pytest.raises(PhraseScorerError, match="holds files build-reranker did not make"):
+        claim_work_folder(theirs)
+    assert (theirs / "reranker.json").read_text(encoding="utf-8") == "my reranker"
+    assert not (theirs / WORK_MARK).exists()
+    ours = claim_work_folder(tmp_path / "new" / "work")  # new, then reclaimed with files in it
+    (ours / "reranker.json").write_text("{}", encoding="utf-8")
+    assert claim_work_folder(ours) == ours
+    (ours / WORK_MARK).unlink()
+    os.symlink(theirs / "reranker.json", ours / WORK_MARK)  # a mark that is a link is no mark
+    with pytest.raises(PhraseScorerError, match="did not make"):
+        claim_work_folder(ours)

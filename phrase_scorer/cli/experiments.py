@@ -200,8 +200,8 @@ def make_build_options(models, vocabulary, preset, max_steps, valid_every, train
               metavar="SRC REF", help="The tuning set, tokenised alike: the models validate on it, its n-best "
                                       "list tunes every row, and its BLEU chooses the row.")
 @click.option("-o", "--output", "work_dir", required=True, type=PathName(file_okay=False),
-              help="Working folder: the models, the lists, the runs, reranker.json and report.md. Give the same "
-                   "command again to continue an interrupted run.")
+              help="Working folder, new or empty (or one an earlier run made): the models, the lists, the runs, "
+                   "reranker.json and report.md. Give the same command again to continue an interrupted run.")
 @build_options
 def build_reranker(moses_ini, corpus, tuning, work_dir, given, batch_tokens, threads, moses_home, **settings):
     """From a tuned MOSES_INI to its best reranker: train the sentence models, decode and rescore the

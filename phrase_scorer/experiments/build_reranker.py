@@ -62,6 +62,7 @@ MODEL_KINDS: Dict[str, Tuple[bool, bool]] = {
 }
 FORWARD, ENSEMBLE, REVERSE = "Forward", "Ensemble", "Reverse"  # the features, as the lists name them
 COMMAND = "phrase-scorer build-reranker"
+WORK_MARK = "build-reranker.json"  # in the working folder: this command made it
 # Settings a training goes on from its checkpoint with when they change (a larger --budget or
 # --max-steps trains on; the rest of a model's settings, changed, train it anew)
 STOPPING = ("max_steps", "max_time", "valid_every", "device")
@@ -231,8 +232,7 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
     moses = moses or MosesInstallation.find(moses_home)
     moses.check_mert(options.experiment.mertdir)
     ini = Path(moses_ini).resolve()
-    work = Path(work_dir).resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    work = claim_work_folder(Path(work_dir).resolve())
     dev = EvalSet(set_name(tuning[0]), tuning[0], tuning[1])
     rows = candidates(models)
     to_train = [m for m in models if m not in given]
@@ -296,6 +296,21 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
     log.info("kept %s (tuning BLEU %.2f; Moses' 1-best %.2f): %s", chosen.row.label,
              statistics.mean(figures[chosen.row.label]), moses_bleu.bleu, reranker)
     return BuildResult(os.fspath(reranker), chosen.row.label, figures, markdown)
+
+
+def claim_work_folder(work: Path) -> Path:
+    """``work``, new or empty, or one this command made (its mark, ``build-reranker.json``, says
+    so): a folder holding anything else may hold the user's own files, which the build would
+    write over, and is refused."""
+    mark = work / WORK_MARK
+    if work.exists() and not (mark.is_file() and not mark.is_symlink()):
+        if not work.is_dir() or any(work.iterdir()):
+            raise PhraseScorerError("the working folder holds files build-reranker did not make", path=work,
+                                    hint="give a new or empty folder (or the one an earlier build-reranker run made)")
+    work.mkdir(parents=True, exist_ok=True)
+    if not mark.exists():
+        write_text_atomically(mark, json.dumps({"format": "phrase-scorer build-reranker folder", "version": 1}) + "\n")
+    return work
 
 
 def duration(seconds: float) -> str:
