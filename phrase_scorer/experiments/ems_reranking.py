@@ -20,7 +20,8 @@ filtered for INPUT unless ``binarize-all`` is set). What the wrapper does with i
 3. **Builds the reranker** (:func:`~phrase_scorer.experiments.build_reranker.build_reranker`) in
    ``rescoring/`` under the working folder: every step reused when its inputs are the same, so
    that a changed rescoring option re-runs only what depends on it, and a second test set
-   reuses the first's reranker. Two sets decoding at once wait for each other (a lock in that folder).
+   reuses the first's reranker. Two sets decoding at once wait for each other (``rescoring.lock``
+   beside that folder).
 4. **Translates** INPUT through Moses with CONFIG and the reranker (``translate --moses
    --reranker``) and writes the 1-best to standard output, one line per input line.
 
@@ -166,8 +167,8 @@ def find_corpus(ems_dir: Path) -> Tuple[str, str]:
 
 
 class WaitingLock:
-    """An exclusive lock on ``path`` (created in a folder of this command's own, never through a
-    link), waited for: two EMS sets decoding at once build the reranker one after the other."""
+    """An exclusive lock on ``path`` (created if missing, never through a link, never removed),
+    waited for: two EMS sets decoding at once build the reranker one after the other."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -197,7 +198,7 @@ def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_op
                stdout=None) -> str:
     """EMS's decode step (see the module docstring): ``args`` are the decoder and the options EMS
     gave it; the input comes from ``stdin`` and the 1-best goes to ``stdout``. Returns the reranker."""
-    from phrase_scorer.experiments.build_reranker import build_reranker
+    from phrase_scorer.experiments.build_reranker import build_reranker, claim_work_folder
     from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.rescoring.translation import translate_reranked
     from phrase_scorer.runtime.device import resolve_device
@@ -214,10 +215,11 @@ def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_op
     moses = MosesInstallation.find(home)
     decoder = os.path.basename(call.program)
     work = Path(work_dir or folder / WORK_FOLDER).resolve()
-    work.mkdir(parents=True, exist_ok=True)
     log.info("EMS tuning run %d: tuning set %s, tuned system %s; corpus %s", tuning.run, tuning.input,
              tuning.tuned_ini, " ".join(corpus))
-    with WaitingLock(work / "build.lock"):
+    work.parent.mkdir(parents=True, exist_ok=True)
+    with WaitingLock(work.parent / f"{work.name}.lock"):  # beside the folder: claimed and built by one at a time
+        claim_work_folder(work)
         built = build_reranker(tuning.tuned_ini, corpus, (tuning.input, tuning.reference), work, options=options,
                                scoring_options=scoring_options, given_models=given_models, moses=moses)
     (work / "evaluation").mkdir(exist_ok=True)
