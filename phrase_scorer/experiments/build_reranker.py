@@ -340,7 +340,7 @@ def report(rows: Sequence[Candidate], figures: Dict[str, List[float]], chosen: C
         + "".join(f"- {name}: `{path}`\n" for name, path in dirs.items())
         + f"- vocabulary: {vocabulary}; {options.arch} `{options.preset}`, batch {options.batch_size}, "
         f"{options.max_steps} updates at most"
-        + (f", {options.training_hours:g} training hours in all" if options.training_hours else "") + "\n"
+        + (f", {options.training_hours:g} h of training in all" if options.training_hours else "") + "\n"
         f"- n-best lists: {options.experiment.nbest_size} distinct, decoder flags "
         f"`{nbest_flags(options.experiment)}`; {options.experiment.method}, {options.experiment.restarts} restarts, "
         f"seeds 1–{options.experiment.runs}\n"
