@@ -151,7 +151,7 @@ def reuse_or_clear(record_path: Path, inputs: Mapping[str, Any], outputs: Sequen
         return False
     differing = changed(recorded, inputs)
     if differing and set(differing) <= set(resumable):
-        log.info("%s: %s changed: going on from what was made", record_path.parent, ", ".join(differing))
+        log.info("%s: %s changed: going on from what was made", record_path, ", ".join(differing))
         return False
     if not differing:
         # the same inputs: done, or interrupted (the step goes on from its partial output)
