@@ -54,13 +54,18 @@ def test_a_near_tie_keeps_the_row_with_fewer_models():
 
 
 def test_the_shortlist_share_counts_held_out_tokens_outside_the_most_frequent_words(tmp_path):
+    from collections import Counter
+
+    from phrase_scorer.experiments.build_reranker import words_of
+
     train = tmp_path / "train.txt"
     train.write_text("a a a b b c\na b\n", encoding="utf-8")  # a: 4, b: 3, c: 1
     held = tmp_path / "held.txt"
     held.write_text("a b c d\n", encoding="utf-8")
-    assert outside_shortlist(train, held, 1) == 0.75  # b, c, d
-    assert outside_shortlist(train, held, 2) == 0.5  # c, d
-    assert outside_shortlist(train, held, 10) == 0.25  # d
+    counts, held_counts = Counter(words_of(train)), Counter(words_of(held))
+    assert outside_shortlist(counts, held_counts, 1) == 0.75  # b, c, d
+    assert outside_shortlist(counts, held_counts, 2) == 0.5  # c, d
+    assert outside_shortlist(counts, held_counts, 10) == 0.25  # d
 
 
 def test_the_vocabulary_is_chosen_from_the_coverage_and_recorded(tmp_path):

@@ -13,18 +13,13 @@ HELD_OUT file's tokens outside the shortlist (what a word model reads as ``<unk>
 from __future__ import annotations
 
 import argparse
-import gzip
+import sys
 from collections import Counter
 from pathlib import Path
-from typing import Iterator, List
+from typing import List
 
-
-def words(path: Path) -> Iterator[str]:
-    with open(path, "rb") as probe:
-        gzipped = probe.read(2) == b"\x1f\x8b"
-    with (gzip.open(path, "rt", encoding="utf-8") if gzipped else open(path, encoding="utf-8")) as lines:
-        for line in lines:
-            yield from line.split()
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from phrase_scorer.experiments.build_reranker import outside_shortlist, words_of  # noqa: E402  (one shortlist rule)
 
 
 def main(argv: List[str] = None) -> None:
@@ -33,18 +28,15 @@ def main(argv: List[str] = None) -> None:
     parser.add_argument("held_out", type=Path, nargs="*")
     parser.add_argument("--sizes", default="6000,15000,30000", help="shortlist sizes, comma-separated")
     args = parser.parse_args(argv)
-    counts = Counter(words(args.train))
+    counts = Counter(words_of(args.train))
     total = sum(counts.values())
-    ranked = sorted(counts, key=lambda w: (-counts[w], w))  # as train ranks them
-    held_out = {path: Counter(words(path)) for path in args.held_out}
+    held_out = {path: Counter(words_of(path)) for path in args.held_out}
     print(f"{args.train}: {total:,} tokens, {len(counts):,} word types")
     header = ["shortlist", "training tokens covered"] + [f"{p.name}: tokens outside" for p in held_out]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for size in (int(s) for s in args.sizes.split(",")):
-        kept = set(ranked[:size])
-        row = [f"{size:,}", f"{100 * sum(counts[w] for w in kept) / total:.1f}%"]
-        for held in held_out.values():
-            row.append(f"{100 * sum(n for w, n in held.items() if w not in kept) / max(sum(held.values()), 1):.1f}%")
+        row = [f"{size:,}", f"{100 * (1 - outside_shortlist(counts, counts, size)):.1f}%"]
+        row += [f"{100 * outside_shortlist(counts, held, size):.1f}%" for held in held_out.values()]
         print("| " + " | ".join(row) + " |")
 
 

@@ -51,6 +51,7 @@ from phrase_scorer.io.files import PathLike, TextLines, file_identity, write_tex
 from phrase_scorer.io.model_layout import BEST_WEIGHTS, CHECKPOINT
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.records import Step
+from phrase_scorer.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +108,12 @@ def words_of(path: PathLike) -> Iterator[str]:
         yield from line.split()
 
 
-def outside_shortlist(train: PathLike, held_out: PathLike, size: int) -> float:
-    """The share of ``held_out``'s tokens outside the ``size`` most frequent words of ``train``
-    (ranked as ``train`` ranks them): what a word model reads as ``<unk>``."""
-    counts = Counter(words_of(train))
-    kept = set(sorted(counts, key=lambda w: (-counts[w], w))[:size])
-    held = Counter(words_of(held_out))
-    return sum(n for w, n in held.items() if w not in kept) / max(sum(held.values()), 1)
+def outside_shortlist(counts: Counter, held: Counter, size: int) -> float:
+    """The share of the ``held`` tokens outside the shortlist of ``size`` words that ``train``
+    makes from ``counts`` (:meth:`~phrase_scorer.vocab.Vocabulary.from_counts`): what a word model
+    reads as ``<unk>``."""
+    shortlist = Vocabulary.from_counts(counts, size)
+    return sum(n for w, n in held.items() if w not in shortlist) / max(sum(held.values()), 1)
 
 
 def vocabulary_choice(corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path,
@@ -131,7 +131,8 @@ def vocabulary_choice(corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
                  "shortlists": list(sizes), "bpe above": options.bpe_above}, [record])
     if not step.done:
         with step:
-            shares = [outside_shortlist(train, held, size) for train, held, size in zip(corpus, tuning, sizes)]
+            shares = [outside_shortlist(Counter(words_of(train)), Counter(words_of(held)), size)
+                      for train, held, size in zip(corpus, tuning, sizes)]
             choice = "bpe" if max(shares) > options.bpe_above else "words"
             write_text_atomically(record, json.dumps({"vocabulary": choice, "outside shortlist": shares}) + "\n")
     data = json.loads(record.read_text(encoding="utf-8"))
