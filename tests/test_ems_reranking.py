@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.experiments.ems_reranking import (
-    DecoderCall, WaitingLock, find_corpus, find_tuning, parse_decoder_call,
-)
+from phrase_scorer.experiments.ems_reranking import DecoderCall, find_corpus, find_tuning, parse_decoder_call
+from phrase_scorer.io.files import OutputLock
 
 WEIGHTS = "[weight]\nLM0= 0.1\nTranslationModel0= 0.2 0.3 -0.1 0.05\n"
 
@@ -91,13 +90,37 @@ def test_the_training_corpus_is_the_newest_finished_one(tmp_path):
 
 
 def test_the_build_lock_is_never_taken_through_a_link(tmp_path):
+    """ems-decoder's lock beside its build folder (rescoring.lock) is the output lock every writer
+    takes, waiting instead of refusing: a link at its name is refused and the file it points to
+    left alone."""
     target = tmp_path / "yours"
     target.write_text("keep", encoding="utf-8")
-    link = tmp_path / "build.lock"
-    os.symlink(target, link)
-    with pytest.raises(PhraseScorerError, match="cannot open the build lock"):
-        with WaitingLock(link):
+    os.symlink(target, tmp_path / "rescoring.lock")
+    with pytest.raises(PhraseScorerError, match="is a symbolic link"):
+        with OutputLock(tmp_path / "rescoring", wait=True):
             pass
     assert target.read_text(encoding="utf-8") == "keep"
-    with WaitingLock(tmp_path / "own.lock"):
-        assert (tmp_path / "own.lock").is_file()
+
+
+def test_a_second_build_waits_for_the_first_instead_of_failing(tmp_path):
+    """Two EMS test sets decode at once: the second run's lock waits until the first lets go,
+    then is taken (where a plain output lock refuses)."""
+    import subprocess
+    import sys
+
+    work = tmp_path / "rescoring"
+    taken = tmp_path / "taken"
+    second = [sys.executable, "-c",
+              "import sys; from phrase_scorer.io.files import OutputLock\n"
+              "with OutputLock(sys.argv[1], wait=True):\n    open(sys.argv[2], 'w').write('taken')",
+              str(work), str(taken)]
+    with OutputLock(work):
+        refused = subprocess.run([sys.executable, "-c",
+                                  "import sys; from phrase_scorer.io.files import OutputLock\n"
+                                  "OutputLock(sys.argv[1]).acquire()", str(work)], capture_output=True, text=True)
+        assert refused.returncode != 0 and "another phrase-scorer run is writing" in refused.stderr
+        waiting = subprocess.Popen(second)
+        assert not taken.exists()  # it cannot have the lock while this process holds it
+    assert waiting.wait(timeout=120) == 0
+    assert taken.read_text() == "taken"
+    assert not (tmp_path / "rescoring.lock").exists()  # the last holder removed its lock file

@@ -47,7 +47,7 @@ from phrase_scorer.experiments.rescoring import (
     RETUNED_ROW, EvalSet, Row, RowRun, decoded_nbest, first_hypotheses, nbest_flags, rescored_nbest, scores_of,
     set_name, tuned_row_run, write_rerankers,
 )
-from phrase_scorer.io.files import PathLike, TextLines, file_identity, write_text_atomically
+from phrase_scorer.io.files import OutputLock, PathLike, TextLines, file_identity, write_text_atomically
 from phrase_scorer.io.model_layout import BEST_WEIGHTS, CHECKPOINT
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.records import Step
@@ -219,9 +219,6 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
     """Run (or continue) the whole build into ``work_dir``; returns the chosen row and the
     reranker's path (``work_dir/reranker.json``). ``given_models`` maps a model name of
     :data:`MODEL_KINDS` to a directory trained before, used instead of training it."""
-    from phrase_scorer.rescoring.features import ensembles_by_name, feature_models
-    from phrase_scorer.runtime.device import resolve_device
-
     given = dict(given_models or {})
     unknown = sorted(set(given) - set(MODEL_KINDS)) + [m for m in options.models if m not in MODEL_KINDS]
     if unknown:
@@ -234,6 +231,16 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
     moses.check_mert(options.experiment.mertdir)
     ini = Path(moses_ini).resolve()
     work = claim_work_folder(Path(work_dir).resolve())
+    with OutputLock(work):  # WORK.lock: a second build into the same folder is refused
+        return _build(ini, corpus, tuning, work, models, given, options, scoring_options, moses)
+
+
+def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path, models: List[str],
+           given: Dict[str, str], options: BuildRerankerOptions, scoring_options: ScoringOptions,
+           moses: MosesInstallation) -> BuildResult:
+    from phrase_scorer.rescoring.features import ensembles_by_name, feature_models
+    from phrase_scorer.runtime.device import resolve_device
+
     dev = EvalSet(set_name(tuning[0]), tuning[0], tuning[1])
     rows = candidates(models)
     to_train = [m for m in models if m not in given]

@@ -34,7 +34,6 @@ one line naming it (an n-best list, a trace: outputs the reranked path does not 
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import logging
 import os
@@ -49,7 +48,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from phrase_scorer.config import BuildRerankerOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, file_sha256
+from phrase_scorer.io.files import OutputLock, PathLike, file_sha256
 from phrase_scorer.io.moses_ini import MosesIni
 
 log = logging.getLogger(__name__)
@@ -166,31 +165,6 @@ def find_corpus(ems_dir: Path) -> Tuple[str, str]:
                             hint=Text("give ", setting("corpus"), " SRC TGT: the corpus, tokenised as Moses reads it"))
 
 
-class WaitingLock:
-    """An exclusive lock on ``path`` (created if missing, never through a link, never removed),
-    waited for: two EMS sets decoding at once build the reranker one after the other."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fd: Optional[int] = None
-
-    def __enter__(self) -> "WaitingLock":
-        try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            raise PhraseScorerError(f"cannot open the build lock ({exc.strerror})", path=self.path,
-                                    hint="it must be a regular file (not a link): move it away") from None
-        if not os.path.samestat(os.fstat(self.fd), os.lstat(self.path)) or not os.path.isfile(self.path):
-            os.close(self.fd)
-            raise PhraseScorerError("the build lock is not a regular file", path=self.path, hint="move it away")
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        assert self.fd is not None
-        os.close(self.fd)  # releases the lock
-
-
 def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_options: ScoringOptions,
                corpus: Optional[Tuple[str, str]] = None, ems_dir: Optional[PathLike] = None,
                work_dir: Optional[PathLike] = None, given_models: Optional[Dict[str, str]] = None,
@@ -218,7 +192,7 @@ def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_op
     log.info("EMS tuning run %d: tuning set %s, tuned system %s; corpus %s", tuning.run, tuning.input,
              tuning.tuned_ini, " ".join(corpus))
     work.parent.mkdir(parents=True, exist_ok=True)
-    with WaitingLock(work.parent / f"{work.name}.lock"):  # beside the folder: claimed and built by one at a time
+    with OutputLock(work, wait=True):  # rescoring.lock beside the folder: claimed and built by one at a time
         claim_work_folder(work)
         built = build_reranker(tuning.tuned_ini, corpus, (tuning.input, tuning.reference), work, options=options,
                                scoring_options=scoring_options, given_models=given_models, moses=moses)

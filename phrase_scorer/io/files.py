@@ -448,11 +448,15 @@ class OutputLock:
     holds a lock this tool wrote and no process holds (a run that was killed); anything else
     there is refused with one line, and never opened for writing, truncated or removed. At the
     end the lock file is removed only while it is still the one this run held.
+
+    ``wait``: a second run waits for the first to let go instead of being refused (two EMS test
+    sets building one reranker: the second then reuses what the first built).
     """
 
-    def __init__(self, path: PathLike) -> None:
+    def __init__(self, path: PathLike, *, wait: bool = False) -> None:
         self.path = os.fspath(path)
         self.lock_path = self.path + ".lock"
+        self.wait = wait
         self._fd: Optional[int] = None
         self._users = 0  # acquisitions of this held lock not released yet (the holder's)
         self._holder: Optional["OutputLock"] = None  # the lock this one shares (the same file, held before)
@@ -538,7 +542,7 @@ class OutputLock:
             if fd is None:
                 continue
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX if self.wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
                 raise PhraseScorerError(
