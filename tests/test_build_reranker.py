@@ -234,7 +234,7 @@ def test_a_folder_no_record_names_is_refused_not_removed(tmp_path):
 
 
 def test_step_times_read_as_a_person_says_them():
-    from phrase_scorer.experiments.build_reranker import duration
+    from phrase_scorer.runtime.progress import duration
 
     assert [duration(s) for s in (4.2, 59.4, 61, 3500, 3599, 7500)] == ["4 s", "59 s", "1 min", "58 min",
                                                                        "1 h 00 min", "2 h 05 min"]

@@ -36,7 +36,8 @@ import os
 import statistics
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, fields, replace
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -44,13 +45,14 @@ from phrase_scorer.config import BuildRerankerOptions, ScoringOptions, TrainConf
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.experiments.report import NONE, closing_lines, mean_sd, table, two_decimals, write_report
 from phrase_scorer.experiments.rescoring import (
-    RETUNED_ROW, EvalSet, Row, RowRun, decoded_nbest, first_hypotheses, nbest_flags, rescored_nbest, scores_of,
+    RETUNED_ROW, EvalSet, Row, decoded_nbest, first_hypotheses, nbest_flags, rescored_nbest, scores_of,
     set_name, tuned_row_run, write_rerankers,
 )
 from phrase_scorer.io.files import OutputLock, PathLike, TextLines, file_identity, write_text_atomically
 from phrase_scorer.io.model_layout import BEST_WEIGHTS, CHECKPOINT
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.records import Step
+from phrase_scorer.runtime.progress import duration
 from phrase_scorer.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -157,7 +159,7 @@ def trained_model(name: str, corpus: Tuple[str, str], tuning: Tuple[str, str], w
                   options: BuildRerankerOptions) -> Path:
     """``models/<name>``: trained, or continued from its checkpoint, or reused as it was finished."""
     from phrase_scorer.data.sentence_pairs import SentenceCorpus
-    from phrase_scorer.training.run import train
+    from phrase_scorer.training.run import given_settings, train
 
     reverse, right_to_left = MODEL_KINDS[name]
     source, target = (corpus[1], corpus[0]) if reverse else corpus
@@ -176,10 +178,8 @@ def trained_model(name: str, corpus: Tuple[str, str], tuning: Tuple[str, str], w
         return folder
     with step:  # an interrupted training continues from its last checkpoint; with none, it starts again
         checkpoint = (folder / CHECKPOINT).exists()
-        default = TrainConfig()
-        given = {f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(default, f.name)}
         train(SentenceCorpus(source, target, dev_source, dev_target), folder, config, resume=checkpoint,
-              overwrite=not checkpoint, explicit=given | set(STOPPING))  # a resumed run takes the new stopping
+              overwrite=not checkpoint, explicit=given_settings(config) | set(STOPPING))  # the new stopping
     return folder
 
 
@@ -203,13 +203,14 @@ class StepClock:
         self.done = 0
         self.times: Dict[str, float] = {}
 
-    def begin(self, what: str) -> float:
+    @contextmanager
+    def step(self, name: str, what: str) -> Iterator[None]:
+        """Log ``what`` as the next step; record its time under ``name`` when it ends."""
         self.done += 1
         log.info("step %d of %d: %s", self.done, self.total, what)
-        return time.monotonic()
-
-    def end(self, what: str, began: float) -> None:
-        self.times[what] = time.monotonic() - began
+        began = time.monotonic()
+        yield
+        self.times[name] = time.monotonic() - began
 
 
 def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[str, str], work_dir: PathLike, *,
@@ -250,52 +251,46 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
     dirs: Dict[str, str] = dict(given)
     training = replace(options, models=tuple(to_train))  # a --budget is shared among the models trained here
     for k, name in enumerate(to_train):
-        began = clock.begin(f"training the {name} model ({k + 1} of {len(to_train)})")
-        dirs[name] = os.fspath(trained_model(name, corpus, tuning, work, vocabulary, training))
-        clock.end(f"training {name}", began)
+        with clock.step(f"training {name}", f"training the {name} model ({k + 1} of {len(to_train)})"):
+            dirs[name] = os.fspath(trained_model(name, corpus, tuning, work, vocabulary, training))
         left = len(to_train) - k - 1
         if left and clock.times[f"training {name}"] > 60:  # a training that ran, not one reused
             log.info("about %s left for the other %d training(s), at this one's pace",
                      duration(clock.times[f"training {name}"] * left), left)
 
-    began = clock.begin(f"decoding the tuning set's {options.experiment.nbest_size}-best list with Moses")
-    nbest = decoded_nbest(ini, dev, work, moses, options.experiment)
-    clock.end("decoding", began)
+    with clock.step("decoding", f"decoding the tuning set's {options.experiment.nbest_size}-best list with Moses"):
+        nbest = decoded_nbest(ini, dev, work, moses, options.experiment)
 
-    began = clock.begin("rescoring the list with every feature")
     forward = [("forward", FORWARD)] + ([("forward", ENSEMBLE), ("right-to-left", ENSEMBLE)]
                                          if "right-to-left" in dirs else [])
     reverse = [("reverse", REVERSE)] if "reverse" in dirs else []
-    loaded = ensembles_by_name(feature_models([dirs[m] for m, _ in forward], [dirs[m] for m, _ in reverse],
-                                              [f for _, f in forward], [f for _, f in reverse],
-                                              resolve_device(options.device)))
-    rescored = rescored_nbest(nbest, dev, work, loaded, options.experiment, scoring_options)
-    clock.end("rescoring", began)
+    with clock.step("rescoring", "rescoring the list with every feature"):
+        loaded = ensembles_by_name(feature_models([dirs[m] for m, _ in forward], [dirs[m] for m, _ in reverse],
+                                                  [f for _, f in forward], [f for _, f in reverse],
+                                                  resolve_device(options.device)))
+        rescored = rescored_nbest(nbest, dev, work, loaded, options.experiment, scoring_options)
 
-    began = clock.begin(f"tuning {len(rows)} rows x {options.experiment.runs} optimiser seeds")
-    features = [FORWARD, *([ENSEMBLE] if "right-to-left" in dirs else []), *([REVERSE] if reverse else [])]
-    runs: Dict[str, List[RowRun]] = {}
-    for candidate in rows:
-        runs[candidate.row.label] = [
-            tuned_row_run(candidate.row, seed, {dev.name: rescored}, [dev], features, ini, work, moses,
-                          options.experiment)
-            for seed in range(1, options.experiment.runs + 1)]
-    clock.end("tuning", began)
+    features = list(dict.fromkeys(m.name for m in loaded))  # an ensemble's models share one feature
+    with clock.step("tuning", f"tuning {len(rows)} rows x {options.experiment.runs} optimiser seeds"):
+        runs = {candidate.row.label: [tuned_row_run(candidate.row, seed, {dev.name: rescored}, [dev], features, ini,
+                                                    work, moses, options.experiment)
+                                      for seed in range(1, options.experiment.runs + 1)]
+                for candidate in rows}
 
-    began = clock.begin("choosing the row and writing the reranker")
-    figures = {label: [r.scores[dev.name]["bleu"] for r in row_runs] for label, row_runs in runs.items()}
-    chosen = choose([(c, statistics.mean(figures[c.row.label])) for c in rows], options.tie_margin)
-    reranker = work / "reranker.json"
-    flags = nbest_flags(options.experiment)
-    step = Step(work / "reranker.inputs.json", {"row": asdict(chosen.row), "list": file_identity(rescored),
-                                                "runs": [asdict(r) for r in runs[chosen.row.label]],
-                                                "decoder flags": flags}, [reranker])
-    if not step.done:
-        with step:
-            written = write_rerankers(runs[chosen.row.label], [chosen.row], rescored, work, flags, command=COMMAND)
-            write_text_atomically(reranker, Path(written[chosen.row.label]).read_text(encoding="utf-8"))
-    moses_bleu = scores_of(first_hypotheses(nbest), read_lines(dev.reference), options.experiment)
-    clock.end("choosing", began)
+    with clock.step("choosing", "choosing the row and writing the reranker"):
+        figures = {label: [r.scores[dev.name]["bleu"] for r in row_runs] for label, row_runs in runs.items()}
+        chosen = choose([(c, statistics.mean(figures[c.row.label])) for c in rows], options.tie_margin)
+        reranker = work / "reranker.json"
+        flags = nbest_flags(options.experiment)
+        step = Step(work / "reranker.inputs.json", {"row": asdict(chosen.row), "list": file_identity(rescored),
+                                                    "runs": [asdict(r) for r in runs[chosen.row.label]],
+                                                    "decoder flags": flags}, [reranker])
+        if not step.done:
+            with step:
+                written = write_rerankers(runs[chosen.row.label], [chosen.row], rescored, work, flags,
+                                          command=COMMAND)
+                write_text_atomically(reranker, Path(written[chosen.row.label]).read_text(encoding="utf-8"))
+        moses_bleu = scores_of(first_hypotheses(nbest), read_lines(dev.reference), options.experiment)
     markdown = report(rows, figures, chosen, moses_bleu.bleu, dev, ini, dirs, vocabulary, reranker, options,
                       clock, {"BLEU": moses_bleu.bleu_signature, "chrF": moses_bleu.chrf_signature})
     write_report(work, markdown, {"chosen": chosen.row.label, "reranker": os.fspath(reranker),
@@ -319,14 +314,6 @@ def claim_work_folder(work: Path) -> Path:
     if not mark.exists():
         write_text_atomically(mark, json.dumps({"format": "phrase-scorer build-reranker folder", "version": 1}) + "\n")
     return work
-
-
-def duration(seconds: float) -> str:
-    """``42 s``, ``7 min``, ``2 h 05 min``."""
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes = round(seconds / 60)
-    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 
 def report(rows: Sequence[Candidate], figures: Dict[str, List[float]], chosen: Candidate, moses_bleu: float,

@@ -16,6 +16,14 @@ from tqdm import tqdm
 show_bars: Optional[bool] = None
 
 
+def duration(seconds: float) -> str:
+    """A time as a person says it: ``42 s``, ``7 min``, ``2 h 05 min``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
 def bars_enabled() -> bool:
     return sys.stderr.isatty() if show_bars is None else show_bars
 

@@ -26,7 +26,7 @@ from phrase_scorer.data.cache import PairSet
 from phrase_scorer.model_dir import BEST_WEIGHTS, ModelDirectory
 from phrase_scorer.runtime import distributed
 from phrase_scorer.runtime.device import precision_context
-from phrase_scorer.runtime.progress import step_bar
+from phrase_scorer.runtime.progress import duration, step_bar
 from phrase_scorer.training.averaging import average_recent_weights
 from phrase_scorer.training.checkpoints import TrainState, keep_recent_weights, save_checkpoint
 from phrase_scorer.training.optimisation import set_learning_rate
@@ -231,8 +231,8 @@ class TrainingLoop:
         if not pairs_per_second:
             return
         epoch_hours = len(self.train_pairs) / pairs_per_second / 3600
-        log.info("speed: %.0f pairs/s, about %s per epoch of %d pairs", pairs_per_second,
-                 f"{epoch_hours:.1f} h" if epoch_hours >= 1 else f"{epoch_hours * 60:.0f} min", len(self.train_pairs))
+        log.info("speed: %.0f pairs/s, about %s per epoch of %d pairs", pairs_per_second, duration(epoch_hours * 3600),
+                 len(self.train_pairs))
         if self.device.type == "cpu" and cfg.preset == "paper":
             log.warning(
                 "the paper preset on CPU trains at %.0f pairs/s: about %.1f hours per epoch. "

@@ -174,6 +174,12 @@ def check_resume_settings(saved: TrainConfig, asked: TrainConfig, explicit: Set[
 TrainingData = PhraseTableData | SentenceCorpus  # the data sources training reads
 
 
+def given_settings(config: TrainConfig) -> Set[str]:
+    """The settings of ``config`` that differ from the defaults: those a caller gave."""
+    default = TrainConfig()
+    return {f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(default, f.name)}
+
+
 def train(data: TrainingData | os.PathLike | str, output: os.PathLike | str, config: TrainConfig = TrainConfig(), *,
           resume: bool = False, overwrite: bool = False, model_config: Optional[AnyModelConfig] = None,
           explicit: Optional[Set[str]] = None) -> TrainState:
@@ -193,8 +199,7 @@ def train(data: TrainingData | os.PathLike | str, output: os.PathLike | str, con
     if not isinstance(data, (PhraseTableData, SentenceCorpus)):
         data = PhraseTableData(os.fspath(data))
     if explicit is None:
-        default = TrainConfig()
-        explicit = {f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(default, f.name)}
+        explicit = given_settings(config)
     output = Path(output)
     started = distributed.init(distributed.device_for_rank(resolve_device(config.device)))
     try:
