@@ -54,6 +54,19 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
     click.echo(result.markdown)
 
 
+# The n-best lists' options that rescore-experiment and build-reranker (and ems-decoder) share
+nbest_size_option = click.option("--nbest-size", type=click.IntRange(min=1),
+                                 default=RescoreExperimentOptions.nbest_size, show_default=True,
+                                 help="Distinct hypotheses per sentence.")
+nbest_factor_option = click.option(
+    "--nbest-factor", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_factor, show_default=True,
+    help="Moses' -n-best-factor: it extracts at most FACTOR x N paths to find the N distinct hypotheses "
+         "(Moses' own default, 20, finds fewer: 74 of 100 on English-French, 0.36 BLEU less).")
+target_lang_option = click.option("--lang", default=RescoreExperimentOptions.lang, help="Target language.")
+decoder_threads_option = click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
+                                      help="Threads of the decoder and of mert [default: all cores].")
+
+
 @cli.command("rescore-experiment")
 @click.argument("moses_ini", type=PathName(dir_okay=False, exists=True))
 @click.option("--dev", nargs=2, required=True, type=PathName(dir_okay=False, exists=True),
@@ -78,12 +91,8 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
                    "(repeatable).")
 @click.option("-o", "--output", "work_dir", required=True, type=PathName(file_okay=False),
               help="Working directory (the lists, the runs, report.md and results.json); resumable.")
-@click.option("--nbest-size", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_size,
-              help="Distinct hypotheses per sentence.")
-@click.option("--nbest-factor", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_factor,
-              show_default=True,
-              help="Moses' -n-best-factor: it extracts at most FACTOR x N paths to find the N distinct hypotheses "
-                   "(Moses' own default, 20, finds fewer: 74 of 100 on English-French, 0.36 BLEU less).")
+@nbest_size_option
+@nbest_factor_option
 @click.option("--runs", type=click.IntRange(min=1), default=RescoreExperimentOptions.runs,
               help="Optimiser runs per row (seeds 1..RUNS).")
 @click.option("--method", type=click.Choice(["mert", "mira"]), default=RescoreExperimentOptions.method,
@@ -94,9 +103,8 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
               help="Features are log p per predicted token (words + </s>) instead of log p.")
 @click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]),
               default=RescoreExperimentOptions.references)
-@click.option("--lang", default=RescoreExperimentOptions.lang, help="Target language.")
-@click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
-              help="Threads of the decoder and of mert [default: all cores].")
+@target_lang_option
+@decoder_threads_option
 @click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags, help="More decoder options.")
 @click.option("--decoder", default=RescoreExperimentOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
 @click.option("--report", type=PathName(dir_okay=False), default=None, help="Also write the Markdown report here.")
@@ -162,18 +170,13 @@ def build_options(command):
         click.option("--budget", "training_hours", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Hours for all trainings together, shared equally among the models trained (each also "
                           "stops at --max-steps)."),
-        click.option("--nbest-size", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_size,
-                     show_default=True, help="Distinct hypotheses per sentence."),
-        click.option("--nbest-factor", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_factor,
-                     show_default=True, help="Moses' -n-best-factor."),
+        nbest_size_option, nbest_factor_option,
         click.option("--runs", type=click.IntRange(min=1), default=RescoreExperimentOptions.runs, show_default=True,
                      help="Optimiser runs per candidate row (seeds 1..RUNS)."),
         click.option("--tie-margin", type=click.FloatRange(min=0), default=BuildRerankerOptions.tie_margin,
                      show_default=True,
                      help="A row with fewer models is kept when its tuning BLEU is within this much of the best."),
-        click.option("--lang", default=RescoreExperimentOptions.lang, help="Target language."),
-        click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
-                     help="Threads of the decoder and of mert [default: all cores]."),
+        target_lang_option, decoder_threads_option,
         click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags,
                      help="More decoder options for the tuning set's n-best list."),
         batch_tokens_option, device_option, threads_option, moses_home_option,
