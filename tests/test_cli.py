@@ -139,6 +139,15 @@ def test_the_command_line_makes_waiting_openmp_threads_sleep_unless_told_otherwi
                           text=True, check=True).stdout.strip() == "ACTIVE"
 
 
+def test_the_command_line_asks_torch_for_huge_pages_unless_told_otherwise():
+    show = "import os, phrase_scorer.cli; print(os.environ['THP_MEM_ALLOC_ENABLE'])"
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    assert subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "1"
+    assert subprocess.run([sys.executable, "-c", show], env={**env, "THP_MEM_ALLOC_ENABLE": "0"},
+                          capture_output=True, text=True, check=True).stdout.strip() == "0"
+
+
 def test_a_library_error_names_the_setting_in_python_and_the_flag_on_the_command_line(tmp_path):
     """A library message names a setting; a Python caller reads its Python name, the command
     line's user the flag: the same refusal of an existing output (no overwrite) both ways."""

@@ -42,7 +42,9 @@ without them). It reports:
 The device is ``--device`` (``cuda`` when a GPU is there, else ``cpu``); on a CPU the scorer runs
 in the main process with ``--threads`` threads (1 by default: the batches one after another, as on
 a GPU) and the workers prepare and finish the windows, the layout ``annotate`` has on a GPU.
-Every child runs with ``OMP_WAIT_POLICY=PASSIVE`` (the command line's default).
+Every child runs with ``OMP_WAIT_POLICY=PASSIVE`` and ``THP_MEM_ALLOC_ENABLE=1`` (the command line's
+defaults) unless the environment sets them (``THP_MEM_ALLOC_ENABLE=0``: the C library's 4 kB pages);
+the section names both and the kernel's transparent huge page mode.
 """
 
 from __future__ import annotations
@@ -482,10 +484,9 @@ def child_main(argv: Sequence[str]) -> None:
     """``bench_stages.py measure OUT.json DEVICE -- phrase-scorer arguments``."""
     started_wall, started = time.time(), time.perf_counter()
     out, device, cli_args = argv[0], argv[1], list(argv[3:])
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import torch  # noqa: F401
+    from phrase_scorer.cli import cli  # its environment defaults first: torch reads them when it loads
 
-    from phrase_scorer.cli import cli
+    import torch  # noqa: F401
 
     imported = time.perf_counter()
     recorder = Recorder(cuda=device.startswith("cuda"))
@@ -612,6 +613,15 @@ def start_row(f: Dict[str, Any]) -> List[object]:
             f"{f['first_batch']:.2f}", f"{f['batches']:,}", rate, f"{f['whole']:.1f}"]
 
 
+def huge_page_mode() -> str:
+    """The kernel's transparent huge page setting (the bracketed word), or 'unknown'."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "unknown"
+    return text[text.find("[") + 1 : text.find("]")] if "[" in text else text.strip()
+
+
 def section(rows: List[Dict[str, Any]], args, where: str, load: str, shared: bool) -> str:
     info = benchlib.machine()
     unit = {"annotate": "lines", "rescore": "hypotheses"}
@@ -621,7 +631,9 @@ def section(rows: List[Dict[str, Any]], args, where: str, load: str, shared: boo
         f"## The batch scorer's stages{' on a GPU' if device == 'GPU' else ''} (`tools/bench_stages.py`)\n",
         f"Command: `python tools/bench_stages.py --device {args.device} --presets {args.presets} --lines "
         f"{args.lines} --hypotheses {args.hypotheses} --threads {args.threads} --write`; machine: {where}, torch "
-        f"{info['torch']}, fp32, OMP_WAIT_POLICY=PASSIVE, the scorer on {rows[0]['threads']} thread(s) in the main "
+        f"{info['torch']}, fp32, OMP_WAIT_POLICY=PASSIVE, "
+        f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '1')} (the kernel's transparent huge pages: "
+        f"{huge_page_mode()}), the scorer on {rows[0]['threads']} thread(s) in the main "
         f"process, annotate's default workers preparing and finishing the windows; {load}."
         + (" **The machine was shared with other work during this run: rerun for idle figures.**" if shared else "")
         + f" Models: untrained ones of each preset (shortlists counted on the table). Inputs: `{Path(args.table).name}`"

@@ -14,6 +14,10 @@ the updates each model reached and its training seconds (from the models' train.
 budget is wall-clock time, so on a busy machine fewer updates fit in it; the updates are what
 decide the quality. MOSES_HOME must point to a Moses build. The figures are written to
 WORK/curve.md as well.
+
+Each budget's row is kept in WORK/curve/row.budgetB.json once its test set is scored, and a later
+run prints that row again instead of building it: the models have trained on past that budget
+since, so building it again would measure the larger budget under the smaller one's name.
 """
 
 from __future__ import annotations
@@ -71,6 +75,11 @@ def main(argv: List[str] = None) -> None:
     base = score(baseline, references, lang=args.lang)
     rows = [f"| Moses 1-best | – | – | – | {base.bleu:.2f} | {base.chrf:.2f} | – |"]
     for budget in (float(b) for b in args.budgets.split(",")):
+        kept = args.work / "curve" / f"row.budget{budget:g}.json"
+        if kept.exists():
+            rows.append(json.loads(kept.read_text(encoding="utf-8"))["row"])
+            print(rows[-1], flush=True)
+            continue
         phrase_scorer("build-reranker", args.system, "--corpus", *args.corpus, "--tuning-set", *args.tuning_set,
                       "--lang", args.lang, "--budget", f"{budget:g}", "-o", str(args.work), *args.build_options)
         output = args.work / "curve" / f"test.budget{budget:g}"
@@ -85,6 +94,11 @@ def main(argv: List[str] = None) -> None:
         hours = sum(seconds for _, seconds in trained.values()) / 3600
         rows.append(f"| {budget:g} h | {updates} | {hours:.2f} | {results['chosen']} | {ours.bleu:.2f} "
                     f"({ours.bleu - base.bleu:+.2f}) | {ours.chrf:.2f} | {p:.3f} |")
+        kept.write_text(json.dumps({"row": rows[-1], "chosen": results["chosen"], "bleu": ours.bleu,
+                                    "moses_bleu": base.bleu, "chrf": ours.chrf, "p": p,
+                                    "updates": {name: step for name, (step, _) in trained.items()},
+                                    "training_seconds": {name: s for name, (_, s) in trained.items()}},
+                                   indent=1) + "\n", encoding="utf-8")
         print(rows[-1], flush=True)
     table = "\n".join(["| budget | updates per model | training hours (logged) | row kept | test BLEU | chrF | "
                        "p vs Moses |", "|---|---|---|---|---|---|---|", *rows])
