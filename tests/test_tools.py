@@ -246,3 +246,24 @@ def test_bench_stages_reports_start_up_and_a_stage_table_per_command(tmp_path):
         ("annotate", "before", 0), ("annotate", "now", 0), ("rescore", "before", 0), ("rescore", "now", 0)]
     assert [r["pairs"] for r in measured] == [2000, 2000, pairs[1], pairs[1]]
     assert '"differing_lines": 0' in result.stdout
+
+
+def test_reranker_curve_prints_a_kept_budget_row_again_instead_of_building_it(tmp_path):
+    """A budget whose test set was scored keeps its row: the models have trained on past it since,
+    so building it again would measure a larger budget under its name. Nothing is built here (no
+    Moses system exists: a build would fail)."""
+    work = tmp_path / "work"
+    (work / "curve").mkdir(parents=True)
+    references = tmp_path / "test.fr"
+    references.write_text("un chat noir\nune maison\n", encoding="utf-8")
+    (work / "curve" / "test.moses").write_text("un chat noir\nune maison bleue\n", encoding="utf-8")
+    row = "| 1 h | forward 10 | 0.01 | Forward | 99.00 (+1.00) | 99.00 | 0.001 |"
+    (work / "curve" / "row.budget1.json").write_text(json.dumps({"row": row}), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "reranker_curve.py"), "--system", str(tmp_path / "absent.ini"),
+         "--corpus", "a", "b", "--tuning-set", "c", "d", "--test", str(tmp_path / "test.en"), str(references),
+         "--lang", "fr", "--work", str(work), "--budgets", "1"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (work / "curve.md").read_text(encoding="utf-8")
+    assert row in table and "| Moses 1-best |" in table
