@@ -516,6 +516,7 @@ def child_main(argv: Sequence[str]) -> None:
         "operators": operators,
         "operator_cost": operator_cost(),
         "threads": torch.get_num_threads(),
+        "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE"),  # as the command line left it
         "cuda": recorder.cuda,
         "kernels": kernels,
     }
@@ -591,6 +592,7 @@ def figures(command: str, preset: str, result: dict) -> Dict[str, Any]:
         "dispatch_us": dispatch, "device_us": device, "copies_us": copies, "device_share": device / wall,
         "ops_per_batch": ops_total, "ops_per_1k": ops_total / pairs_per_batch * 1000,
         "operator_cost_us": cost * 1e6, "top_operators": operators["top"], "threads": result["threads"],
+        "huge_pages": result["huge_pages"],
         "kernels": result.get("kernels"),
         "peak_rss_mb": result["peak_rss_mb"], "ops_by_stage_per_1k": {k: v * 1000 for k, v in per_pair.items() if v},
     }
@@ -632,7 +634,7 @@ def section(rows: List[Dict[str, Any]], args, where: str, load: str, shared: boo
         f"Command: `python tools/bench_stages.py --device {args.device} --presets {args.presets} --lines "
         f"{args.lines} --hypotheses {args.hypotheses} --threads {args.threads} --write`; machine: {where}, torch "
         f"{info['torch']}, fp32, OMP_WAIT_POLICY=PASSIVE, "
-        f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '1')} (the kernel's transparent huge pages: "
+        f"THP_MEM_ALLOC_ENABLE={rows[0]['huge_pages']} (the kernel's transparent huge pages: "
         f"{huge_page_mode()}), the scorer on {rows[0]['threads']} thread(s) in the main "
         f"process, annotate's default workers preparing and finishing the windows; {load}."
         + (" **The machine was shared with other work during this run: rerun for idle figures.**" if shared else "")

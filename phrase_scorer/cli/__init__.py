@@ -26,10 +26,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # On a CPU, torch frees a scored depth's states with the C library, which hands buffers of more
 # than a few MB back to the kernel at once (and takes them again, page by page, at the next depth):
-# on the main thread between a batch's operators, about half of the `paper` network's host work
-# per pair (docs/benchmarks.md, "The batch scorer's stages"). With THP_MEM_ALLOC_ENABLE torch's
-# CPU allocator asks for 2 MB pages for such buffers (where the kernel's transparent huge pages
-# allow it: "madvise" or "always"), a page fault per 2 MB instead of per 4 kB. No score changes.
+# on the main thread between a batch's operators, most of the `paper` network's host work per pair
+# (8.7 against 3.5 µs with huge pages: docs/benchmarks.md, "The batch scorer's stages"). With
+# THP_MEM_ALLOC_ENABLE torch's CPU allocator asks for 2 MB pages for such buffers (where the
+# kernel's transparent huge pages allow it: "madvise" or "always"), a page fault per 2 MB instead
+# of per 4 kB. No score changes.
 # Read at torch's first allocation, after this line; THP_MEM_ALLOC_ENABLE=0 turns it off.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 

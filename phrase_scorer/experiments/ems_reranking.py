@@ -172,7 +172,7 @@ def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_op
                stdout=None) -> str:
     """EMS's decode step (see the module docstring): ``args`` are the decoder and the options EMS
     gave it; the input comes from ``stdin`` and the 1-best goes to ``stdout``. Returns the reranker."""
-    from phrase_scorer.experiments.build_reranker import build_reranker, claim_work_folder
+    from phrase_scorer.experiments.build_reranker import build_reranker
     from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.rescoring.translation import translate_reranked
     from phrase_scorer.runtime.device import resolve_device
@@ -193,7 +193,6 @@ def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_op
              tuning.tuned_ini, " ".join(corpus))
     work.parent.mkdir(parents=True, exist_ok=True)
     with OutputLock(work, wait=True):  # rescoring.lock beside the folder: claimed and built by one at a time
-        claim_work_folder(work)
         built = build_reranker(tuning.tuned_ini, corpus, (tuning.input, tuning.reference), work, options=options,
                                scoring_options=scoring_options, given_models=given_models, moses=moses)
     (work / "evaluation").mkdir(exist_ok=True)
