@@ -256,26 +256,23 @@ class BatchScorer:
         return plan, self._finished(plan, host_scores.numpy(), int(host_not_finite))
 
     def _slots(self, plan: BatchPlan) -> Callable[..., Tensor]:
-        """``take(slot, shape=None)``: a piece of the plan's buffer as a long tensor on the device.
-        The buffer goes to a GPU in one copy through pinned memory, without waiting; its pieces
-        are views of it there. On the CPU each piece is the plan's own memory (no copy, no
-        operator dispatched)."""
-        if self.device.type == "cpu":
-            def take_here(slot: Slot, shape: Optional[Tuple[int, int]] = None) -> Tensor:
-                array = plan.view(slot)
-                return torch.from_numpy(array if shape is None else array.reshape(shape))
-
-            return take_here
+        """``take(slot, shape=None)``: a piece of the plan's buffer as a long tensor on the device,
+        a view of one split of the buffer (one operator for all the pieces, not a tensor made per
+        piece). The buffer goes to a GPU in one copy through pinned memory, without waiting; on the
+        CPU the pieces are the plan's own memory (no copy)."""
         buffer = torch.from_numpy(plan.buffer)
-        buffer = buffer.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" \
-            else buffer.to(self.device)
+        if self.device.type == "cuda":
+            buffer = buffer.pin_memory().to(self.device, non_blocking=True)
+        elif self.device.type != "cpu":
+            buffer = buffer.to(self.device)
         pieces = dict(zip(itertools.accumulate(plan.parts, initial=0), buffer.split(plan.parts)))  # one operator
+        empty = buffer[:0]
 
-        def take_there(slot: Slot, shape: Optional[Tuple[int, int]] = None) -> Tensor:
-            piece = pieces[slot[0]] if slot[1] else buffer[:0]
+        def take(slot: Slot, shape: Optional[Tuple[int, int]] = None) -> Tensor:
+            piece = pieces[slot[0]] if slot[1] else empty
             return piece if shape is None else piece.view(shape)
 
-        return take_there
+        return take
 
     def _run(self, plan: BatchPlan, exact_rows: Optional[List[int]] = None) -> Tuple[Tensor, Tensor]:
         """log p of each pair of the plan's batch (float64, on the device) and the number of those
