@@ -6,8 +6,11 @@ import gzip
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -267,3 +270,22 @@ def test_reranker_curve_prints_a_kept_budget_row_again_instead_of_building_it(tm
     assert result.returncode == 0, result.stderr[-3000:]
     table = (work / "curve.md").read_text(encoding="utf-8")
     assert row in table and "| Moses 1-best |" in table
+
+
+def test_bench_stages_counts_a_paused_process_as_no_load():
+    """A run of this package stopped with SIGSTOP (paused while a benchmark runs) does not mark the
+    benchmark's machine as shared; the same process running does."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_stages
+
+    marker = "phrase_scorer-paused-marker"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker])
+    try:
+        assert marker in bench_stages.machine_load()[1]
+        proc.send_signal(signal.SIGSTOP)
+        while Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] != "T":
+            time.sleep(0.01)  # the signal is delivered asynchronously: wait for the state to say so
+        assert marker not in bench_stages.machine_load()[1]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -32,8 +32,9 @@ without them). It reports:
     arithmetic: the time inside the torch operators (below the dispatcher), of the model and of
     the scorer (gathers of parent states, scatters of scores), measured per operator in the
     counting pass below and scaled to the batch's pairs;
-  - *copies*: a batch's plan to the device (``BatchScorer._slots``: one copy) and the scores
-    back (``Tensor.cpu``, or on a GPU ``_collected``: both wait for the device);
+  - *copies*: a batch's plan to the device and its pieces (``BatchScorer._slots``: one copy, none
+    on a CPU, and one split) and the scores back (``Tensor.cpu``, or on a GPU ``_collected``: both
+    wait for the device);
   - *device share*: device / wall time of a batch;
 * the torch operators dispatched per batch and per 1,000 pairs, counted with a
   ``TorchDispatchMode`` while one representative window (the run's second, else its first) is
@@ -671,9 +672,9 @@ def section(rows: List[Dict[str, Any]], args, where: str, load: str, shared: boo
            "the arithmetic: the time inside the torch operators (below the dispatcher) of the model and of the "
            "scorer, measured per operator while the representative window is scored again and scaled to the "
            "batch's pairs")
-        + "; *copies*: a batch's plan to the device (`_slots`, one copy) and the scores back (`Tensor.cpu`, on a GPU "
-        "`_collected`); *device "
-        "share*: device / the batch's wall time; *ops*: torch operators dispatched (counted with a "
+        + "; *copies*: a batch's plan to the device and its pieces (`_slots`: one copy, none on a CPU, and one "
+        "split) and the scores back (`Tensor.cpu`, on a GPU `_collected`); *device share*: device / the batch's "
+        "wall time; *ops*: torch operators dispatched (counted with a "
         "`TorchDispatchMode` while the run's second window is scored again, scaled to the batch's pairs).\n",
         benchlib.markdown_table(STAGE_COLUMNS, [stage_row(r) for r in rows]) + "\n",
         "Operators per 1,000 pairs by stage (*model*: the model's steps, the softmax, and the scorer's gathers of "
@@ -715,10 +716,18 @@ def section(rows: List[Dict[str, Any]], args, where: str, load: str, shared: boo
 
 
 def machine_load() -> Tuple[float, str]:
+    """The 1-minute load average, and the running (not stopped) processes of tests or of this
+    package other than this benchmark's own."""
     load = os.getloadavg()[0]
-    busy = subprocess.run("ps aux | grep -E 'pytest|phrase-scorer|phrase_scorer' | grep -v grep | grep -v bench_stages",
-                          shell=True, capture_output=True, text=True).stdout.strip()
-    return load, busy
+    listing = subprocess.run(["ps", "-ww", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
+    busy = []
+    for line in listing.splitlines():
+        pid, stat, command = (line.split(None, 2) + ["", ""])[:3]
+        if stat.startswith("T") or int(pid) == os.getpid() or "bench_stages" in command:
+            continue  # stopped (paused) or this benchmark
+        if any(name in command for name in ("pytest", "phrase-scorer", "phrase_scorer")):
+            busy.append(command)
+    return load, "\n".join(busy)
 
 
 def main() -> None:
