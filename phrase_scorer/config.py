@@ -556,6 +556,9 @@ class BuildRerankerOptions:
     valid_every: int = 500
     max_steps: int = 8000
     training_hours: Optional[float] = None  # all trainings together, shared equally; None: max_steps alone
+    # The trainings side by side, each on its share of the cores (None: on a CPU with 2 threads or
+    # more; experiments/build_reranker.side_by_side_threads), or one after another
+    side_by_side: Optional[bool] = None
     device: str = "auto"
     # A row is kept over a better one with more models when its tuning BLEU is within this much
     tie_margin: float = 0.1

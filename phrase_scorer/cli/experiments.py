@@ -168,8 +168,11 @@ def build_options(command):
         click.option("--valid-every", type=click.IntRange(min=1), default=BuildRerankerOptions.valid_every,
                      show_default=True, help="Updates between validations on the tuning set (and checkpoints)."),
         click.option("--budget", "training_hours", type=click.FloatRange(min=0, min_open=True), default=None,
-                     help="Hours for all trainings together, shared equally among the models trained (each also "
-                          "stops at --max-steps)."),
+                     help="Hours of training: each model's own when they train side by side, else shared equally "
+                          "among the models (each also stops at --max-steps)."),
+        click.option("--side-by-side/--one-at-a-time", "side_by_side", default=None,
+                     help="Train the models at the same time, each on its share of --threads, or one after "
+                          "another [default: side by side on a CPU with 2 threads or more]."),
         nbest_size_option, nbest_factor_option,
         click.option("--runs", type=click.IntRange(min=1), default=RescoreExperimentOptions.runs, show_default=True,
                      help="Optimiser runs per candidate row (seeds 1..RUNS)."),
@@ -185,11 +188,13 @@ def build_options(command):
     return command
 
 
-def make_build_options(models, vocabulary, preset, max_steps, valid_every, training_hours, nbest_size, nbest_factor,
-                       runs, tie_margin, lang, decoder_threads, decoder_flags, device) -> BuildRerankerOptions:
+def make_build_options(models, vocabulary, preset, max_steps, valid_every, training_hours, side_by_side, nbest_size,
+                       nbest_factor, runs, tie_margin, lang, decoder_threads, decoder_flags,
+                       device) -> BuildRerankerOptions:
     return BuildRerankerOptions(
         models=tuple(m.strip() for m in models.split(",") if m.strip()), vocabulary=vocabulary, preset=preset,
-        max_steps=max_steps, valid_every=valid_every, training_hours=training_hours, device=device,
+        max_steps=max_steps, valid_every=valid_every, training_hours=training_hours, side_by_side=side_by_side,
+        device=device,
         tie_margin=tie_margin,
         experiment=RescoreExperimentOptions(nbest_size=nbest_size, nbest_factor=nbest_factor, runs=runs, lang=lang,
                                             threads=decoder_threads, decoder_flags=decoder_flags))

@@ -147,12 +147,24 @@ def vocabulary_choice(corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
 # --- the models ------------------------------------------------------------------------------------
 
 
+def side_by_side_threads(options: BuildRerankerOptions, trainings: int, device: str) -> int:
+    """The threads of each training when the ``trainings`` run side by side, else 0 (one after
+    another). By default (``options.side_by_side`` None) they do on a CPU with two threads or
+    more: on one core each, two trainings go further in the same time than one on both
+    (docs/benchmarks.md, "Training side by side")."""
+    import torch
+
+    threads = torch.get_num_threads()
+    wanted = options.side_by_side if options.side_by_side is not None else device == "cpu" and threads >= 2
+    return max(1, threads // trainings) if wanted and trainings > 1 else 0
+
+
 def training_config(options: BuildRerankerOptions, vocabulary: str, right_to_left: bool) -> TrainConfig:
     hours = options.training_hours
+    share = 1 if options.side_by_side else max(len(options.models), 1)  # side by side: each has the whole budget
     return TrainConfig(arch=options.arch, preset=options.preset, vocabulary=vocabulary, batch_size=options.batch_size,
                        valid_every=options.valid_every, max_steps=options.max_steps, device=options.device,
-                       right_to_left=right_to_left,
-                       max_time=None if hours is None else hours * 3600 / max(len(options.models), 1))
+                       right_to_left=right_to_left, max_time=None if hours is None else hours * 3600 / share)
 
 
 def trained_model(name: str, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path, vocabulary: str,
@@ -241,6 +253,7 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
            moses: MosesInstallation) -> BuildResult:
     from phrase_scorer.rescoring.features import ensembles_by_name, feature_models
     from phrase_scorer.runtime.device import resolve_device
+    from phrase_scorer.runtime.side_by_side import Job, run_side_by_side
 
     dev = EvalSet(set_name(tuning[0]), tuning[0], tuning[1])
     rows = candidates(models)
@@ -249,8 +262,17 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
 
     vocabulary = vocabulary_choice(corpus, tuning, work, options) if to_train else "given"
     dirs: Dict[str, str] = dict(given)
-    training = replace(options, models=tuple(to_train))  # a --budget is shared among the models trained here
-    for k, name in enumerate(to_train):
+    threads_each = side_by_side_threads(options, len(to_train), resolve_device(options.device).type)
+    # a --budget is shared among the models trained here, or given whole to each when they train side by side
+    training = replace(options, models=tuple(to_train), side_by_side=bool(threads_each))
+    if threads_each:
+        clock.total -= len(to_train) - 1
+        with clock.step("training", f"training the {', '.join(to_train)} models side by side "
+                                    f"({threads_each} thread{'s' if threads_each > 1 else ''} each)"):
+            folders = run_side_by_side([Job(name, trained_model, (name, corpus, tuning, work, vocabulary, training))
+                                        for name in to_train], threads_each)
+        dirs.update({name: os.fspath(folder) for name, folder in zip(to_train, folders)})
+    for k, name in enumerate(to_train if not threads_each else []):
         with clock.step(f"training {name}", f"training the {name} model ({k + 1} of {len(to_train)})"):
             dirs[name] = os.fspath(trained_model(name, corpus, tuning, work, vocabulary, training))
         left = len(to_train) - k - 1

@@ -1,0 +1,167 @@
+"""Jobs side by side: each in a Python process of its own on this machine, all at once, each on
+its share of the cores. ``build-reranker`` trains its models this way on a CPU: two trainings on
+one core each go further in the same time than one training on both (docs/benchmarks.md).
+
+A job is a module-level function and its arguments (both pickled to the child). The child logs
+as the command does, each line marked with the job's name, shows no progress bars (they would
+overwrite each other), and hands back the function's value or its exception.
+
+Signals. The children run in sessions of their own, so a terminal's Ctrl-C reaches this process
+alone, and :func:`run_side_by_side` passes each SIGINT, SIGTERM or SIGHUP it gets on to every
+child still running, once (a training stops after its current step with a checkpoint; a second
+Ctrl-C stops it at once), then waits for them and raises the interruption. A job that fails
+stops the others the same way (SIGTERM), since the command cannot go on without it, and its
+error is raised once they have ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str  # marks the child's log lines
+    function: Callable[..., Any]  # a module-level function (pickled by reference)
+    args: Tuple[Any, ...] = ()
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Order:
+    job: Job
+    threads: int
+    log_level: int
+    formatter: Optional[logging.Formatter]  # the command's own (each line is marked with the job's name)
+    result: str  # where the child pickles ("value", x) or ("error", exception)
+
+
+def run_side_by_side(jobs: Sequence[Job], threads_each: int) -> List[Any]:
+    """The value of each job's function, in the jobs' order, each run in a child process with
+    ``threads_each`` torch threads, all at once."""
+    from phrase_scorer.errors import PhraseScorerError
+
+    results = Path(tempfile.mkdtemp(prefix="phrase-scorer-jobs-"))
+    children: List[subprocess.Popen] = []
+    interruption: Optional[BaseException] = None
+    stopped_for: Optional[int] = None  # the job whose failure stopped the others
+    logger = logging.getLogger("phrase_scorer")
+    level = logger.getEffectiveLevel()
+    formatter = next((h.formatter for h in logger.handlers if h.formatter is not None), None)
+    try:
+        for k, job in enumerate(jobs):
+            order = _Order(job, threads_each, level, formatter, os.fspath(results / f"job{k}.pickle"))
+            child = subprocess.Popen([sys.executable, "-c", "from phrase_scorer.runtime.side_by_side import "
+                                      "child_main; child_main()"], stdin=subprocess.PIPE, start_new_session=True)
+            assert child.stdin is not None
+            child.stdin.write(pickle.dumps(order))
+            child.stdin.close()
+            children.append(child)
+        while True:
+            try:
+                if not [child for child in children if child.poll() is None]:  # every child polled
+                    break
+                if stopped_for is None and interruption is None:
+                    failed = next((k for k, child in enumerate(children) if child.returncode), None)
+                    if failed is not None:
+                        stopped_for = failed
+                        _signal_running(children, signal.SIGTERM)
+                time.sleep(POLL_SECONDS)
+            except KeyboardInterrupt as exc:  # Ctrl-C, or the command line's Terminated for SIGTERM, SIGHUP
+                interruption = interruption or exc
+                _signal_running(children, getattr(exc, "number", signal.SIGINT))
+        outcomes = [_outcome(results / f"job{k}.pickle") for k in range(len(jobs))]
+    finally:
+        for child in children:  # an error here (children not all started) leaves none behind
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        for path in results.iterdir():
+            path.unlink()
+        results.rmdir()
+    if interruption is not None:
+        raise interruption
+    order = ([stopped_for] if stopped_for is not None else []) + list(range(len(jobs)))
+    for k in order:
+        kind, value = outcomes[k] or ("error", None)
+        if kind == "error":
+            if isinstance(value, BaseException):
+                raise value
+            number = -children[k].returncode if children[k].returncode and children[k].returncode < 0 else None
+            how = f"was killed by {signal.Signals(number).name}" if number in signal.Signals._value2member_map_ \
+                else f"ended with status {children[k].returncode}"
+            raise PhraseScorerError(f"the {jobs[k].name} job {how}",
+                                    hint="run the same command again: it continues from what was kept")
+    return [value for _, value in outcomes]  # type: ignore[misc]
+
+
+def _signal_running(children: Sequence[subprocess.Popen], number: int) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(number)
+
+
+def _outcome(path: Path) -> Optional[Tuple[str, Any]]:
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None  # the child ended before writing it (killed)
+
+
+class _Marked(logging.Formatter):
+    """The command's formatter, each line led by the job's name."""
+
+    def __init__(self, inner: logging.Formatter, name: str) -> None:
+        super().__init__()
+        self.inner, self.name = inner, name
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"[{self.name}] {self.inner.format(record)}"
+
+
+def child_main() -> None:
+    """A child's side: read the order from stdin, run the job, pickle its outcome."""
+    import torch
+
+    from phrase_scorer.runtime import progress
+
+    order: _Order = pickle.load(sys.stdin.buffer)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Marked(order.formatter or logging.Formatter("%(levelname)s %(message)s"), order.job.name))
+    root = logging.getLogger("phrase_scorer")
+    root.handlers[:] = [handler]
+    root.setLevel(order.log_level)
+    root.propagate = False
+    progress.show_bars = False
+    torch.set_num_threads(order.threads)
+    try:
+        outcome: Tuple[str, Any] = ("value", order.job.function(*order.job.args, **order.job.kwargs))
+        status = 0
+    except BaseException as exc:  # noqa: B036 - handed to the parent, which raises it
+        outcome, status = ("error", exc), 1
+    try:
+        data = pickle.dumps(outcome)
+    except Exception:  # an exception that does not pickle: its traceback instead
+        data = pickle.dumps(("error", RuntimeError("".join(traceback.format_exception(
+            type(outcome[1]), outcome[1], outcome[1].__traceback__)))))
+    part = f"{order.result}.part"
+    with open(part, "wb") as f:
+        f.write(data)
+    os.replace(part, order.result)
+    sys.exit(status)

@@ -1,0 +1,25 @@
+"""A job for tests/test_side_by_side.py: it says it began, then waits until a signal stops it,
+and records which signal, as a training records its checkpoint before it stops."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+
+def wait_for_a_signal(folder: str, name: str) -> None:
+    got = []
+
+    def stop(number, frame):
+        got.append(number)
+        raise KeyboardInterrupt
+
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, stop)
+    (Path(folder) / f"{name}.began").write_text("")
+    try:
+        while True:
+            time.sleep(0.05)
+    finally:
+        (Path(folder) / f"{name}.stopped").write_text(",".join(map(str, got)))

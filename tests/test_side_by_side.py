@@ -1,0 +1,114 @@
+"""Jobs side by side (runtime/side_by_side.py) and build-reranker's trainings run that way: each
+job in a process of its own, its value or its error handed back, a failure stopping the others,
+and models trained side by side the same as those trained one after another."""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import DATA, TRAIN_EN, TRAIN_FR
+from phrase_scorer.config import BuildRerankerOptions
+from phrase_scorer.experiments.build_reranker import side_by_side_threads, trained_model
+from phrase_scorer.io.model_layout import BEST_WEIGHTS
+from phrase_scorer.runtime.side_by_side import Job, run_side_by_side
+
+
+def test_each_job_runs_in_a_process_of_its_own_with_its_threads(capfd):
+    import logging
+
+    import torch
+
+    pids = run_side_by_side([Job("a", os.getpid), Job("b", os.getpid)], threads_each=1)
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert run_side_by_side([Job("t", torch.get_num_threads)], threads_each=3) == [3]
+    assert run_side_by_side([Job("sum", operator.add, (2, 3)), Job("kw", dict, (), {"x": 1})], 1) == [5, {"x": 1}]
+    run_side_by_side([Job("loud", logging.getLogger("phrase_scorer.training").warning, ("a %s line", "logged"))], 1)
+    # the child's log, as the command's formatter writes it (a time first), marked with its job
+    assert re.search(r"^\[loud\] (\S+ )?WARNING a logged line$", capfd.readouterr().err, re.M)
+
+
+def test_a_failing_job_stops_the_others_and_its_error_is_raised():
+    began = time.monotonic()
+    with pytest.raises(ZeroDivisionError):
+        run_side_by_side([Job("sleeper", time.sleep, (600,)), Job("divide", operator.truediv, (1, 0))], 1)
+    assert time.monotonic() - began < 300  # the sleeper was stopped, not waited for
+
+
+def test_side_by_side_is_the_default_on_a_cpu_with_two_threads_or_more(monkeypatch):
+    import torch
+
+    options = BuildRerankerOptions()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert side_by_side_threads(options, 3, "cpu") == 1
+    assert side_by_side_threads(options, 1, "cpu") == 0  # one training: nothing beside it
+    assert side_by_side_threads(options, 3, "cuda") == 0
+    assert side_by_side_threads(replace(options, side_by_side=False), 3, "cpu") == 0
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert side_by_side_threads(options, 3, "cpu") == 2
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert side_by_side_threads(options, 3, "cpu") == 0
+    assert side_by_side_threads(replace(options, side_by_side=True), 3, "cpu") == 1
+
+
+def test_models_trained_side_by_side_are_those_trained_one_after_another(tmp_path):
+    import torch
+
+    options = replace(BuildRerankerOptions(), preset="tiny", max_steps=4, valid_every=2, batch_size=8, device="cpu")
+    corpus = (str(TRAIN_EN), str(TRAIN_FR))
+    tuning = (str(DATA / "multi30k.val100.en"), str(DATA / "multi30k.val100.fr"))
+    together = run_side_by_side([Job(name, trained_model, (name, corpus, tuning, tmp_path / "together", "words",
+                                                          replace(options, side_by_side=True)))
+                                 for name in ("forward", "reverse")], threads_each=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = [trained_model(name, corpus, tuning, tmp_path / "alone", "words", replace(options, side_by_side=False))
+                 for name in ("forward", "reverse")]
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(together, alone):
+        assert (a / BEST_WEIGHTS).read_bytes() == (b / BEST_WEIGHTS).read_bytes()
+
+
+PARENT = """
+import sys
+from phrase_scorer.cli.group import ending_like_ctrl_c
+from phrase_scorer.runtime.side_by_side import Job, run_side_by_side
+from side_by_side_jobs import wait_for_a_signal
+try:
+    with ending_like_ctrl_c():
+        run_side_by_side([Job(name, wait_for_a_signal, (sys.argv[1], name)) for name in ("a", "b")], 1)
+except KeyboardInterrupt as exc:
+    print(getattr(exc, "number", "SIGINT"))
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_command_reaches_every_job_once_and_the_command_ends_interrupted(tmp_path, number):
+    """SIGTERM (a scheduler) or SIGINT (Ctrl-C, which reaches only the command: the jobs have
+    sessions of their own) sent to the command is passed on to each job once; the command waits
+    for them to stop and ends as interrupted."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                              text=True)
+    deadline = time.monotonic() + 300
+    while not all((tmp_path / f"{name}.began").exists() for name in "ab"):  # both jobs waiting
+        assert parent.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    parent.send_signal(number)
+    out, _ = parent.communicate(timeout=300)
+    assert parent.returncode == 3
+    assert out.strip() == (str(int(number)) if number == signal.SIGTERM else "SIGINT")
+    for name in "ab":
+        assert (tmp_path / f"{name}.stopped").read_text() == str(int(number))  # once each
