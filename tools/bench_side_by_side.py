@@ -1,0 +1,102 @@
+"""build-reranker's trainings one after another or side by side: training pairs per second.
+
+    python tools/bench_side_by_side.py --steps 300 --write
+
+Runs ``phrase-scorer train --corpus`` of RNNsearch ``small`` on the Multi30k English-French
+sentence pairs (``--data``), the build's recipe, for ``--steps`` updates: one training on all the
+cores (``--threads`` = the cores: how ``build-reranker --one-at-a-time`` trains each model), then
+2 and 3 trainings at once on their share of the cores (at least one thread each: how
+``build-reranker`` trains them side by side), each a process of its own started together. A
+training's rate is the mean of its log's validation intervals after the first (start-up and
+validation excluded); the rate of trainings side by side is the sum of theirs, over the time they
+all ran. *x one at a time*: that sum against the one training's rate in the same run. Every
+configuration runs ``--repeats`` times, in rounds, and the best round counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+SECTION = "bench_side_by_side"
+DATA = benchlib.ROOT.parent / "shared" / "data" / "multi30k-en-fr"
+
+
+def trainings(args, work: Path, count: int) -> Dict[str, object]:
+    """``count`` trainings started together; each one's pairs/s."""
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // count)
+    data = Path(args.data)
+    every = max(1, args.steps // 3)
+    runs = []
+    for k in range(count):
+        out = work / f"x{count}-{k}"
+        command = benchlib.phrase_scorer_command(
+            "train", "--corpus", data / "train.tok.en.gz", data / "train.tok.fr.gz", "--dev", data / "val.tok.en.gz",
+            data / "val.tok.fr.gz", "--arch", "rnnsearch", "--preset", "small", "--threads", threads,
+            "--valid-metric", "nll", "--valid-every", every, "--max-steps", 3 * every, "--seed", k + 1, "-o", out,
+            "--overwrite")
+        runs.append((out, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+    rates = []
+    for out, proc in runs:
+        _, err = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"{out}: training failed: {err[-2000:]}")
+        records = [json.loads(line) for line in (out / "train.log.jsonl").read_text().splitlines() if line.strip()]
+        later = records[1:]  # the first interval holds the start-up
+        if not later:
+            raise SystemExit(f"{out}: fewer than 2 validations; raise --steps")
+        rates.append(sum(r["pairs_per_second"] for r in later) / len(later))
+        shutil.rmtree(out, ignore_errors=True)
+    return {"trainings": count, "threads": threads, "rates": rates, "total": sum(rates)}
+
+
+def main() -> None:
+    parser, _ = benchlib.bench_parser(__doc__)
+    parser.add_argument("--data", default=str(DATA), help="a folder with train.tok.{en,fr}.gz, val.tok.{en,fr}.gz")
+    parser.add_argument("--steps", type=int, default=300, help="updates per training")
+    parser.add_argument("--counts", default="1,2,3", help="trainings at once, per configuration")
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    counts = [int(c) for c in args.counts.split(",")]
+    load_before = os.getloadavg()[0]
+    best: Dict[int, dict] = {}
+    with benchlib.work_dir(args.work_dir, "bench-side-by-side-") as work:
+        for _ in range(args.repeats):
+            for count in counts:
+                r = trainings(args, work, count)
+                print(json.dumps(r), flush=True)
+                if count not in best or r["total"] > best[count]["total"]:
+                    best[count] = r
+    one = best[counts[0]]["total"]
+    rows: List[List[object]] = []
+    for count in counts:
+        r = best[count]
+        rows.append([count, r["threads"], " / ".join(f"{x:,.0f}" for x in r["rates"]), f"**{r['total']:,.0f}**",
+                     f"{r['total'] / one:.2f}"])
+    info = benchlib.machine()
+    text = (
+        "## Training side by side (`tools/bench_side_by_side.py`)\n\n"
+        f"Command: `python tools/bench_side_by_side.py --steps {args.steps} --counts {args.counts} --repeats "
+        f"{args.repeats} --write`; machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}, fp32, "
+        f"OMP_WAIT_POLICY=PASSIVE; 1-minute load average {load_before:.2f} before. Each configuration starts "
+        "*trainings* processes of `phrase-scorer train --corpus train.tok.en.gz train.tok.fr.gz --arch rnnsearch "
+        f"--preset small --threads T --max-steps {3 * max(1, args.steps // 3)}` together (Multi30k English-French, "
+        "the build's recipe); *pairs/s each*: the mean of each training log's validation intervals after the "
+        "first; *x one at a time*: their sum against the first row, the best of the rounds.\n\n"
+        + benchlib.markdown_table(["trainings", "threads each", "pairs/s each", "pairs/s in all", "x one at a time"],
+                                  rows) + "\n"
+    )
+    benchlib.report(SECTION, text, args.write)
+
+
+if __name__ == "__main__":
+    main()
