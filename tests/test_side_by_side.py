@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, TRAIN_EN, TRAIN_FR
+from conftest import DATA, TRAIN_EN, TRAIN_FR, default_sigint
 from phrase_scorer.config import BuildRerankerOptions
 from phrase_scorer.experiments.build_reranker import side_by_side_threads, trained_model
 from phrase_scorer.io.model_layout import BEST_WEIGHTS
@@ -101,7 +101,7 @@ def test_a_signal_to_the_command_reaches_every_job_once_and_the_command_ends_int
     for them to stop and ends as interrupted."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], env=env, stdout=subprocess.PIPE,
-                              text=True)
+                              text=True, preexec_fn=default_sigint)  # SIGINT's default even in a background run
     deadline = time.monotonic() + 300
     while not all((tmp_path / f"{name}.began").exists() for name in "ab"):  # both jobs waiting
         assert parent.poll() is None and time.monotonic() < deadline
