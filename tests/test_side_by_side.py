@@ -112,3 +112,22 @@ def test_a_signal_to_the_command_reaches_every_job_once_and_the_command_ends_int
     assert out.strip() == (str(int(number)) if number == signal.SIGTERM else "SIGINT")
     for name in "ab":
         assert (tmp_path / f"{name}.stopped").read_text() == str(int(number))  # once each
+
+
+def test_the_jobs_of_a_command_killed_outright_stop_as_on_a_sigterm(tmp_path):
+    """SIGKILL leaves the command no chance to pass anything on: each job sees its command gone
+    and stops as a SIGTERM stops it (a training: after its step, with a checkpoint)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not all((tmp_path / f"{name}.began").exists() for name in "ab"):
+        assert parent.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    parent.kill()
+    parent.wait()
+    stopped = [tmp_path / f"{name}.stopped" for name in "ab"]
+    while not all(path.exists() and path.read_text() for path in stopped):  # bounded: fails, not hangs
+        assert time.monotonic() < deadline, "a job went on after its command was killed"
+        time.sleep(0.05)
+    for name in "ab":
+        assert (tmp_path / f"{name}.stopped").read_text() == str(int(signal.SIGTERM))

@@ -1,6 +1,7 @@
 """Jobs side by side: each in a Python process of its own on this machine, all at once, each on
 its share of the cores. ``build-reranker`` trains its models this way on a CPU: two trainings on
-one core each go further in the same time than one training on both (docs/benchmarks.md).
+one core each go 1.88 times as far in the same time as one training on both (docs/benchmarks.md,
+"Training side by side").
 
 A job is a module-level function and its arguments (both pickled to the child). The child logs
 as the command does, each line marked with the job's name, shows no progress bars (they would
@@ -11,7 +12,8 @@ alone, and :func:`run_side_by_side` passes each SIGINT, SIGTERM or SIGHUP it get
 child still running, once (a training stops after its current step with a checkpoint; a second
 Ctrl-C stops it at once), then waits for them and raises the interruption. A job that fails
 stops the others the same way (SIGTERM), since the command cannot go on without it, and its
-error is raised once they have ended.
+error is raised once they have ended. A job whose command is killed outright (SIGKILL) stops as
+on a SIGTERM within a second.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -32,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2
+PARENT_CHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Job:
 @dataclass(frozen=True)
 class _Order:
     job: Job
+    parent: int  # the pid of the process that started the job
     threads: int
     log_level: int
     formatter: Optional[logging.Formatter]  # the command's own (each line is marked with the job's name)
@@ -65,7 +70,7 @@ def run_side_by_side(jobs: Sequence[Job], threads_each: int) -> List[Any]:
     formatter = next((h.formatter for h in logger.handlers if h.formatter is not None), None)
     try:
         for k, job in enumerate(jobs):
-            order = _Order(job, threads_each, level, formatter, os.fspath(results / f"job{k}.pickle"))
+            order = _Order(job, os.getpid(), threads_each, level, formatter, os.fspath(results / f"job{k}.pickle"))
             child = subprocess.Popen([sys.executable, "-c", "from phrase_scorer.runtime.side_by_side import "
                                       "child_main; child_main()"], stdin=subprocess.PIPE, start_new_session=True)
             assert child.stdin is not None
@@ -135,6 +140,15 @@ class _Marked(logging.Formatter):
         return f"[{self.name}] {self.inner.format(record)}"
 
 
+def _stop_without(parent: int) -> None:
+    """A job whose command is gone (killed with SIGKILL: it could pass nothing on) stops as on a
+    SIGTERM: a training after its current step, with a checkpoint. Without this it would go on
+    alone, in a session of its own, into a folder no lock guards any more."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_SECONDS)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def child_main() -> None:
     """A child's side: read the order from stdin, run the job, pickle its outcome."""
     import torch
@@ -150,6 +164,7 @@ def child_main() -> None:
     root.propagate = False
     progress.show_bars = False
     torch.set_num_threads(order.threads)
+    threading.Thread(target=_stop_without, args=(order.parent,), daemon=True).start()
     try:
         outcome: Tuple[str, Any] = ("value", order.job.function(*order.job.args, **order.job.kwargs))
         status = 0
