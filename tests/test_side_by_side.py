@@ -44,6 +44,13 @@ def test_a_failing_job_stops_the_others_and_its_error_is_raised():
     assert time.monotonic() - began < 300  # the sleeper was stopped, not waited for
 
 
+def test_a_job_killed_by_a_signal_is_named_with_it():
+    from phrase_scorer.errors import PhraseScorerError
+
+    with pytest.raises(PhraseScorerError, match="the crash job was killed by SIGABRT"):
+        run_side_by_side([Job("crash", os.abort)], 1)
+
+
 def test_side_by_side_is_the_default_on_a_cpu_with_two_threads_or_more(monkeypatch):
     import torch
 

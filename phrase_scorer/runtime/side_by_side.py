@@ -101,8 +101,8 @@ def run_side_by_side(jobs: Sequence[Job], threads_each: int) -> List[Any]:
         results.rmdir()
     if interruption is not None:
         raise interruption
-    order = ([stopped_for] if stopped_for is not None else []) + list(range(len(jobs)))
-    for k in order:
+    first = [stopped_for] if stopped_for is not None else []  # the failure that stopped the others
+    for k in first + list(range(len(jobs))):
         kind, value = outcomes[k] or ("error", None)
         if kind == "error":
             if isinstance(value, BaseException):
