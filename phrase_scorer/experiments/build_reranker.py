@@ -258,27 +258,27 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
     dev = EvalSet(set_name(tuning[0]), tuning[0], tuning[1])
     rows = candidates(models)
     to_train = [m for m in models if m not in given]
-    clock = StepClock(total=len(to_train) + 4)
+    threads_each = side_by_side_threads(options, len(to_train), resolve_device(options.device).type)
+    clock = StepClock(total=(1 if threads_each else len(to_train)) + 4)
 
     vocabulary = vocabulary_choice(corpus, tuning, work, options) if to_train else "given"
     dirs: Dict[str, str] = dict(given)
-    threads_each = side_by_side_threads(options, len(to_train), resolve_device(options.device).type)
     # a --budget is shared among the models trained here, or given whole to each when they train side by side
     training = replace(options, models=tuple(to_train), side_by_side=bool(threads_each))
     if threads_each:
-        clock.total -= len(to_train) - 1
         with clock.step("training", f"training the {', '.join(to_train)} models side by side "
                                     f"({threads_each} thread{'s' if threads_each > 1 else ''} each)"):
             folders = run_side_by_side([Job(name, trained_model, (name, corpus, tuning, work, vocabulary, training))
                                         for name in to_train], threads_each)
         dirs.update({name: os.fspath(folder) for name, folder in zip(to_train, folders)})
-    for k, name in enumerate(to_train if not threads_each else []):
-        with clock.step(f"training {name}", f"training the {name} model ({k + 1} of {len(to_train)})"):
-            dirs[name] = os.fspath(trained_model(name, corpus, tuning, work, vocabulary, training))
-        left = len(to_train) - k - 1
-        if left and clock.times[f"training {name}"] > 60:  # a training that ran, not one reused
-            log.info("about %s left for the other %d training(s), at this one's pace",
-                     duration(clock.times[f"training {name}"] * left), left)
+    else:
+        for k, name in enumerate(to_train):
+            with clock.step(f"training {name}", f"training the {name} model ({k + 1} of {len(to_train)})"):
+                dirs[name] = os.fspath(trained_model(name, corpus, tuning, work, vocabulary, training))
+            left = len(to_train) - k - 1
+            if left and clock.times[f"training {name}"] > 60:  # a training that ran, not one reused
+                log.info("about %s left for the other %d training(s), at this one's pace",
+                         duration(clock.times[f"training {name}"] * left), left)
 
     with clock.step("decoding", f"decoding the tuning set's {options.experiment.nbest_size}-best list with Moses"):
         nbest = decoded_nbest(ini, dev, work, moses, options.experiment)

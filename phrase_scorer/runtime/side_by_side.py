@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-log = logging.getLogger(__name__)
-
 POLL_SECONDS = 0.2
 PARENT_CHECK_SECONDS = 1.0
 
