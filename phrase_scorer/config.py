@@ -544,6 +544,7 @@ class BuildRerankerOptions:
     and how it tunes and chooses the row (the lists, the optimiser: ``experiment``)."""
 
     models: Tuple[str, ...] = ("forward", "right-to-left", "reverse")  # kinds of experiments/build_reranker.py
+    members: int = 1  # forward and right-to-left models each trained this many times (seeds 1..members)
     vocabulary: Optional[str] = None  # words | bpe | unigram; None: chosen from the shortlist coverage
     # Subword pieces when a word shortlist leaves more than this share of the tuning set's tokens out
     # (either side). Multi30k: French 2.0%, Czech 8.2%; on Czech the BPE ensemble bought the same

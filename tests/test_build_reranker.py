@@ -20,8 +20,8 @@ from conftest import DATA, SHARED_SYSTEM, TRAIN_EN, TRAIN_FR
 from phrase_scorer.config import BuildRerankerOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.experiments.build_reranker import (
-    ENSEMBLE, FORWARD, MODEL_KINDS, REVERSE, Candidate, candidates, choose, outside_shortlist, trained_model,
-    vocabulary_choice,
+    ENSEMBLE, FORWARD, MODEL_KINDS, REVERSE, Candidate, candidates, choose, kind_and_seed, model_names,
+    outside_shortlist, trained_model, vocabulary_choice,
 )
 from phrase_scorer.experiments.rescoring import RETUNED_ROW, Row
 from phrase_scorer.io.model_layout import BEST_WEIGHTS
@@ -41,6 +41,37 @@ def test_the_candidate_rows_are_those_the_models_allow():
     }
     assert [c.row.label for c in candidates(["forward"])] == [RETUNED_ROW, "Forward"]
     assert [c.row.label for c in candidates(["forward", "reverse"])] == [RETUNED_ROW, "Forward", "Forward + Reverse"]
+
+
+def test_more_members_train_each_left_to_right_kind_again_and_join_the_ensemble():
+    kinds = ["forward", "right-to-left", "reverse"]
+    assert model_names(kinds, 1) == kinds
+    names = model_names(kinds, 3)
+    assert names == ["forward", "forward-2", "forward-3", "right-to-left", "right-to-left-2", "right-to-left-3",
+                     "reverse"]
+    assert [kind_and_seed(n) for n in names] == [("forward", 1), ("forward", 2), ("forward", 3),
+                                                 ("right-to-left", 1), ("right-to-left", 2), ("right-to-left", 3),
+                                                 ("reverse", 1)]
+    rows = {c.row.label: c.models for c in candidates(model_names(kinds, 2))}
+    assert rows["Forward"] == ("forward",)
+    assert rows["Ensemble"] == ("forward", "forward-2", "right-to-left", "right-to-left-2")
+    assert rows["Ensemble + Reverse"] == rows["Ensemble"] + ("reverse",)
+    # forward alone, two members: the two seeds are the ensemble
+    assert {c.row.label: c.models for c in candidates(model_names(["forward"], 2))}["Ensemble"] == (
+        "forward", "forward-2")
+
+
+def test_a_further_member_trains_with_its_own_seed(tmp_path):
+    options = replace(BuildRerankerOptions(), preset="tiny", max_steps=3, valid_every=3, batch_size=8,
+                      device="cpu", members=2)
+    corpus = (str(TRAIN_EN), str(TRAIN_FR))
+    tuning = (str(VAL_EN), str(VAL_FR))
+    first = trained_model("right-to-left", corpus, tuning, tmp_path, "words", options)
+    second = trained_model("right-to-left-2", corpus, tuning, tmp_path, "words", options)
+    configs = [json.loads((f / "config.json").read_text(encoding="utf-8"))["training"] for f in (first, second)]
+    assert [c["seed"] for c in configs] == [1, 2] and all(c["right_to_left"] for c in configs)
+    assert second == tmp_path / "models" / "right-to-left-2"
+    assert (first / BEST_WEIGHTS).read_bytes() != (second / BEST_WEIGHTS).read_bytes()
 
 
 def test_a_near_tie_keeps_the_row_with_fewer_models():
@@ -109,6 +140,8 @@ def test_a_training_step_is_reused_and_redone_when_its_settings_change(tmp_path,
     ("--models", "forward,sideways", "no model kind 'sideways'"),
     ("--models", "reverse", "every row needs the forward model"),
     ("-m", "forward", "is not NAME=DIR"),
+    ("-m", "forward-2=.", "no model 'forward-2' to give"),  # a second member needs --members 2
+    ("-m", "reverse-2=.", "no model 'reverse-2' to give"),
 ])
 def test_a_bad_model_choice_is_refused_before_anything_runs(tmp_path, option, value, said):
     from click.testing import CliRunner
@@ -200,6 +233,27 @@ def test_an_interrupted_build_resumes_to_the_same_reranker(built, tmp_path):
     assert ours["tuning BLEU per seed"] == theirs["tuning BLEU per seed"]
     ours, theirs = (json.loads((w / "reranker.json").read_text(encoding="utf-8")) for w in (work, built))
     assert ours["weights"] == theirs["weights"]
+
+
+@pytest.mark.moses
+def test_two_members_of_the_forward_model_become_the_ensemble_row(built, moses, tmp_path):
+    """--members 2 with --models forward: two forward models (seeds 1 and 2) side by side, the
+    Ensemble feature their mean; the seed-1 model of the first build is given, not trained again."""
+    from phrase_scorer.rescoring.reranker import Reranker
+
+    work = tmp_path / "work"
+    log = run_cli([*build_command(work), "--models", "forward", "--members", "2", "-m", f"forward={built / 'models' / 'forward'}",
+                   "--threads", "2"])
+    assert "training the forward-2 model" in log
+    assert not (work / "models" / "forward").exists() and (work / "models" / "forward-2" / BEST_WEIGHTS).is_file()
+    results = json.loads((work / "results.json").read_text(encoding="utf-8"))
+    assert set(results["tuning BLEU per seed"]) == {"Moses, re-tuned on the lists", "Forward", "Ensemble"}
+    assert results["models"]["forward-2"] == os.fspath(work / "models" / "forward-2")
+    with gzip.open(work / "rescored" / "multi30k.nbest.gz", "rt", encoding="utf-8") as f:
+        first = next(f)
+    assert f"{FORWARD}=" in first and f"{ENSEMBLE}=" in first and f"{REVERSE}=" not in first
+    reranker = Reranker.read(work / "reranker.json")
+    assert reranker.nbest_size == 10
 
 
 def test_a_training_killed_before_its_first_checkpoint_starts_again(tmp_path):

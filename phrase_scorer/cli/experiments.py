@@ -156,9 +156,13 @@ def build_options(command):
         click.option("--models", "models", default=",".join(BuildRerankerOptions.models), show_default=True,
                      help="The models to train, comma-separated: forward, right-to-left, reverse (forward is "
                           "needed)."),
-        click.option("-m", "--model", "given", multiple=True, type=NamedDirectory(), metavar="KIND=DIR",
-                     help="A model trained before, used instead of training that kind (repeatable): "
-                          "forward=MODELS/en-fr."),
+        click.option("--members", type=click.IntRange(min=1), default=BuildRerankerOptions.members,
+                     show_default=True,
+                     help="Forward and right-to-left models of each kind, trained with seeds 1..N: the Ensemble "
+                          "feature is the mean of all of them (2 x N models)."),
+        click.option("-m", "--model", "given", multiple=True, type=NamedDirectory(), metavar="NAME=DIR",
+                     help="A model trained before, used instead of training it (repeatable): forward=MODELS/en-fr; "
+                          "further members are named forward-2, right-to-left-2 and so on."),
         click.option("--vocabulary", type=click.Choice(["words", "bpe", "unigram"]), default=None,
                      help="Words or subword pieces for every model [default: chosen from the tuning set's "
                           "shortlist coverage: pieces when a word shortlist leaves more than 5% of its tokens out]."),
@@ -188,11 +192,12 @@ def build_options(command):
     return command
 
 
-def make_build_options(models, vocabulary, preset, max_steps, valid_every, training_hours, side_by_side, nbest_size,
-                       nbest_factor, runs, tie_margin, lang, decoder_threads, decoder_flags,
+def make_build_options(models, members, vocabulary, preset, max_steps, valid_every, training_hours, side_by_side,
+                       nbest_size, nbest_factor, runs, tie_margin, lang, decoder_threads, decoder_flags,
                        device) -> BuildRerankerOptions:
     return BuildRerankerOptions(
-        models=tuple(m.strip() for m in models.split(",") if m.strip()), vocabulary=vocabulary, preset=preset,
+        models=tuple(m.strip() for m in models.split(",") if m.strip()), members=members, vocabulary=vocabulary,
+        preset=preset,
         max_steps=max_steps, valid_every=valid_every, training_hours=training_hours, side_by_side=side_by_side,
         device=device,
         tie_margin=tie_margin,

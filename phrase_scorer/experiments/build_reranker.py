@@ -10,11 +10,13 @@
         --the best row (near-ties: fewer models)--> the reranker and the report     reranker.json, report.md
 
 The models. ``forward`` reads the source and predicts the target left to right, ``right-to-left``
-the same read last word first, ``reverse`` predicts the source from the target. They give three
-features: *Forward* (the forward model), *Ensemble* (the mean log p of the forward and
-right-to-left models) and *Reverse*. The candidate rows are the decoder's features plus *Forward*,
-*Ensemble*, *Forward* and *Reverse*, *Ensemble* and *Reverse* (those the trained models allow),
-and the decoder's features alone (*Moses, re-tuned on the list*: what re-tuning by itself buys).
+the same read last word first, ``reverse`` predicts the source from the target. With ``members``
+N > 1 the forward and right-to-left kinds are each trained N times, with seeds 1..N (``forward``,
+``forward-2``, ...). They give three features: *Forward* (the first forward model), *Ensemble*
+(the mean log p of every forward and right-to-left model) and *Reverse*. The candidate rows are
+the decoder's features plus *Forward*, *Ensemble*, *Forward* and *Reverse*, *Ensemble* and
+*Reverse* (those the trained models allow), and the decoder's features alone (*Moses, re-tuned
+on the list*: what re-tuning by itself buys).
 
 The choice. Each row is tuned on the tuning set's list with ``runs`` optimiser seeds; a row's
 figure is the mean BLEU of its reranked tuning set over the seeds. The row kept is the one with
@@ -63,6 +65,7 @@ MODEL_KINDS: Dict[str, Tuple[bool, bool]] = {
     "right-to-left": (False, True),
     "reverse": (True, False),
 }
+ENSEMBLED = ("forward", "right-to-left")  # the kinds trained once per ensemble member (seed)
 FORWARD, ENSEMBLE, REVERSE = "Forward", "Ensemble", "Reverse"  # the features, as the lists name them
 COMMAND = "phrase-scorer build-reranker"
 WORK_MARK = "build-reranker.json"  # in the working folder: this command made it
@@ -79,13 +82,39 @@ class Candidate:
     models: Tuple[str, ...]
 
 
+def member_name(kind: str, seed: int) -> str:
+    """The model of ``kind`` trained with ``seed``: ``forward``, ``forward-2``, ..."""
+    return kind if seed == 1 else f"{kind}-{seed}"
+
+
+def kind_and_seed(name: str) -> Tuple[str, int]:
+    """The kind and seed of a model name (:func:`member_name`); a name of no kind is returned as
+    it is, with seed 1."""
+    kind, _, seed = name.rpartition("-")
+    if kind in ENSEMBLED and seed.isdigit() and int(seed) > 1:
+        return kind, int(seed)
+    return name, 1
+
+
+def model_names(kinds: Sequence[str], members: int) -> List[str]:
+    """The models a run uses: each of ``kinds``, those of :data:`ENSEMBLED` once per member."""
+    return [member_name(kind, seed) for kind in kinds
+            for seed in range(1, (members if kind in ENSEMBLED else 1) + 1)]
+
+
+def ensemble_members(models: Sequence[str]) -> List[str]:
+    """The models whose mean log p is the *Ensemble* feature: every forward and right-to-left one."""
+    return [m for m in models if kind_and_seed(m)[0] in ENSEMBLED]
+
+
 def candidates(models: Sequence[str]) -> List[Candidate]:
     """The rows the trained ``models`` allow, the decoder's features alone first."""
     have = set(models)
     rows = [Candidate(Row(RETUNED_ROW, ()), ())]
     bases = [((FORWARD,), ("forward",))]
-    if "right-to-left" in have:
-        bases.append(((ENSEMBLE,), ("forward", "right-to-left")))
+    ensemble = ensemble_members(models)
+    if len(ensemble) > 1:
+        bases.append(((ENSEMBLE,), tuple(ensemble)))
     for features, used in bases:
         rows.append(Candidate(Row(" + ".join(features), features), used))
         if "reverse" in have:
@@ -159,12 +188,13 @@ def side_by_side_threads(options: BuildRerankerOptions, trainings: int, device: 
     return max(1, threads // trainings) if wanted and trainings > 1 else 0
 
 
-def training_config(options: BuildRerankerOptions, vocabulary: str, right_to_left: bool) -> TrainConfig:
+def training_config(options: BuildRerankerOptions, vocabulary: str, right_to_left: bool, seed: int = 1) -> TrainConfig:
     hours = options.training_hours
     share = 1 if options.side_by_side else max(len(options.models), 1)  # side by side: each has the whole budget
     return TrainConfig(arch=options.arch, preset=options.preset, vocabulary=vocabulary, batch_size=options.batch_size,
                        valid_every=options.valid_every, max_steps=options.max_steps, device=options.device,
-                       right_to_left=right_to_left, max_time=None if hours is None else hours * 3600 / share)
+                       right_to_left=right_to_left, seed=seed,
+                       max_time=None if hours is None else hours * 3600 / share)
 
 
 def trained_model(name: str, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path, vocabulary: str,
@@ -173,10 +203,11 @@ def trained_model(name: str, corpus: Tuple[str, str], tuning: Tuple[str, str], w
     from phrase_scorer.data.sentence_pairs import SentenceCorpus
     from phrase_scorer.training.run import given_settings, train
 
-    reverse, right_to_left = MODEL_KINDS[name]
+    kind, seed = kind_and_seed(name)
+    reverse, right_to_left = MODEL_KINDS[kind]
     source, target = (corpus[1], corpus[0]) if reverse else corpus
     dev_source, dev_target = (tuning[1], tuning[0]) if reverse else tuning
-    config = training_config(options, vocabulary, right_to_left)
+    config = training_config(options, vocabulary, right_to_left, seed)
     folder = work / "models" / name
     settings = asdict(config)
     stopping = {key: settings.pop(key) for key in STOPPING}
@@ -230,13 +261,19 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
                    scoring_options: ScoringOptions = ScoringOptions(), given_models: Optional[Dict[str, str]] = None,
                    moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None) -> BuildResult:
     """Run (or continue) the whole build into ``work_dir``; returns the chosen row and the
-    reranker's path (``work_dir/reranker.json``). ``given_models`` maps a model name of
-    :data:`MODEL_KINDS` to a directory trained before, used instead of training it."""
+    reranker's path (``work_dir/reranker.json``). ``given_models`` maps a model name
+    (:func:`model_names`: a kind of :data:`MODEL_KINDS`, or a further member such as ``forward-2``)
+    to a directory trained before, used instead of training it."""
     given = dict(given_models or {})
-    unknown = sorted(set(given) - set(MODEL_KINDS)) + [m for m in options.models if m not in MODEL_KINDS]
+    unknown = [m for m in options.models if m not in MODEL_KINDS]
     if unknown:
         raise PhraseScorerError(f"no model kind {unknown[0]!r}", hint=f"the kinds are {', '.join(MODEL_KINDS)}")
-    models = list(dict.fromkeys([*options.models, *given]))
+    allowed = model_names(list(MODEL_KINDS), options.members)
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise PhraseScorerError(f"no model {unknown[0]!r} to give", hint=Text(
+            f"give one of {', '.join(allowed)} (further members with ", setting("members"), ")"))
+    models = list(dict.fromkeys([*model_names(options.models, options.members), *given]))
     if "forward" not in models:
         raise PhraseScorerError("every row needs the forward model",
                                 hint=Text("keep forward in ", setting("models"), " or give one trained before"))
@@ -283,8 +320,8 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
     with clock.step("decoding", f"decoding the tuning set's {options.experiment.nbest_size}-best list with Moses"):
         nbest = decoded_nbest(ini, dev, work, moses, options.experiment)
 
-    forward = [("forward", FORWARD)] + ([("forward", ENSEMBLE), ("right-to-left", ENSEMBLE)]
-                                         if "right-to-left" in dirs else [])
+    ensemble = ensemble_members(models)
+    forward = [("forward", FORWARD)] + ([(m, ENSEMBLE) for m in ensemble] if len(ensemble) > 1 else [])
     reverse = [("reverse", REVERSE)] if "reverse" in dirs else []
     with clock.step("rescoring", "rescoring the list with every feature"):
         loaded = ensembles_by_name(feature_models([dirs[m] for m, _ in forward], [dirs[m] for m, _ in reverse],
@@ -357,6 +394,7 @@ def report(rows: Sequence[Candidate], figures: Dict[str, List[float]], chosen: C
         + "".join(f"- {name}: `{path}`\n" for name, path in dirs.items())
         + f"- vocabulary: {vocabulary}; {options.arch} `{options.preset}`, batch {options.batch_size}, "
         f"{options.max_steps} updates at most"
+        + (f", {options.members} members (seeds) of each left-to-right kind" if options.members > 1 else "")
         + (f", {options.training_hours:g} h of training in all" if options.training_hours else "") + "\n"
         f"- n-best lists: {options.experiment.nbest_size} distinct, decoder flags "
         f"`{nbest_flags(options.experiment)}`; {options.experiment.method}, {options.experiment.restarts} restarts, "
