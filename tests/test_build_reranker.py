@@ -242,8 +242,8 @@ def test_two_members_of_the_forward_model_become_the_ensemble_row(built, moses, 
     from phrase_scorer.rescoring.reranker import Reranker
 
     work = tmp_path / "work"
-    log = run_cli([*build_command(work), "--models", "forward", "--members", "2", "-m", f"forward={built / 'models' / 'forward'}",
-                   "--threads", "2"])
+    log = run_cli([*build_command(work), "--models", "forward", "--members", "2",
+                   "-m", f"forward={built / 'models' / 'forward'}", "--threads", "2"])
     assert "training the forward-2 model" in log
     assert not (work / "models" / "forward").exists() and (work / "models" / "forward-2" / BEST_WEIGHTS).is_file()
     results = json.loads((work / "results.json").read_text(encoding="utf-8"))
