@@ -23,3 +23,21 @@ def wait_for_a_signal(folder: str, name: str) -> None:
             time.sleep(0.05)
     finally:
         (Path(folder) / f"{name}.stopped").write_text(",".join(map(str, got)))
+
+
+def hold_until_released(folder: str, name: str) -> None:
+    """Like :func:`wait_for_a_signal`, but once stopped it goes on until the file ``release``
+    exists in ``folder``: a job still writing its checkpoint after its command has gone."""
+    got = []
+
+    def stop(number, frame):
+        got.append(number)
+
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, stop)
+    (Path(folder) / f"{name}.began").write_text("")
+    while not got:
+        time.sleep(0.05)
+    (Path(folder) / f"{name}.stopping").write_text(",".join(map(str, got)))
+    while not (Path(folder) / "release").exists():
+        time.sleep(0.05)

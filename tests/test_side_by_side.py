@@ -101,6 +101,50 @@ except KeyboardInterrupt as exc:
 """
 
 
+LOCKED_PARENT = """
+import sys
+from pathlib import Path
+from phrase_scorer.io.files import OutputLock
+from phrase_scorer.runtime.side_by_side import Job, run_side_by_side
+from side_by_side_jobs import hold_until_released
+with OutputLock(Path(sys.argv[1]) / "work"):
+    run_side_by_side([Job(name, hold_until_released, (sys.argv[1], name)) for name in ("a", "b")], 1)
+"""
+
+
+def test_the_jobs_keep_the_commands_lock_until_the_last_of_them_ends(tmp_path):
+    """The command holds its output's lock and is killed outright while its jobs run: until the
+    last job has ended, a second run is refused the output; then it takes it."""
+    from phrase_scorer.errors import PhraseScorerError
+    from phrase_scorer.io.files import OutputLock
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, "-c", LOCKED_PARENT, str(tmp_path)], env=env,
+                              stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not all((tmp_path / f"{name}.began").exists() for name in "ab"):
+        assert parent.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    parent.kill()
+    parent.wait()
+    while not all((tmp_path / f"{name}.stopping").exists() for name in "ab"):  # the jobs saw it, and go on
+        assert time.monotonic() < deadline, "a job did not see its command killed"
+        time.sleep(0.05)
+    with pytest.raises(PhraseScorerError, match="another phrase-scorer run is writing this output"):
+        OutputLock(tmp_path / "work").acquire()
+    (tmp_path / "release").write_text("")
+    while True:  # bounded: the jobs end once released, and the lock with them
+        try:
+            lock = OutputLock(tmp_path / "work")
+            lock.acquire()
+            break
+        except PhraseScorerError:
+            assert time.monotonic() < deadline, "the lock outlived the jobs"
+            time.sleep(0.05)
+    lock.release()
+    assert not (tmp_path / "work.lock").exists()
+
+
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_command_reaches_every_job_once_and_the_command_ends_interrupted(tmp_path, number):
     """SIGTERM (a scheduler) or SIGINT (Ctrl-C, which reaches only the command: the jobs have

@@ -467,6 +467,12 @@ class OutputLock:
     def held(self) -> bool:
         return self._fd is not None or self._holder is not None
 
+    def fileno(self) -> Optional[int]:
+        """The descriptor that holds the lock (None when none is held here). A child process
+        given a copy keeps the lock held until it ends, even past this process's death; it must
+        not unlock it, only close it."""
+        return self._holder.fileno() if self._holder is not None else self._fd
+
     def _refuse(self, problem: str) -> PhraseScorerError:
         return PhraseScorerError(f"{self.lock_path} {problem}, not a lock of this tool", path=self.path,
                                  hint=f"move {self.lock_path} away, or choose another output")

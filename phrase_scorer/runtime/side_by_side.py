@@ -14,6 +14,11 @@ Ctrl-C stops it at once), then waits for them and raises the interruption. A job
 stops the others the same way (SIGTERM), since the command cannot go on without it, and its
 error is raised once they have ended. A job whose command is killed outright (SIGKILL) stops as
 on a SIGTERM within a second.
+
+Locks. Each child is given a copy of the descriptor of every output lock the command holds
+(:class:`~phrase_scorer.io.files.OutputLock`: ``build-reranker``'s working folder), so the folder
+stays locked until the last job has ended: a command killed outright leaves no moment in which a
+second run could take the folder while its jobs still write their checkpoints.
 """
 
 from __future__ import annotations
@@ -58,7 +63,9 @@ def run_side_by_side(jobs: Sequence[Job], threads_each: int) -> List[Any]:
     """The value of each job's function, in the jobs' order, each run in a child process with
     ``threads_each`` torch threads, all at once."""
     from phrase_scorer.errors import PhraseScorerError
+    from phrase_scorer.io.files import held_output_locks
 
+    locks = [fd for fd in (lock.fileno() for lock in held_output_locks()) if fd is not None]
     results = Path(tempfile.mkdtemp(prefix="phrase-scorer-jobs-"))
     children: List[subprocess.Popen] = []
     interruption: Optional[BaseException] = None
@@ -70,7 +77,8 @@ def run_side_by_side(jobs: Sequence[Job], threads_each: int) -> List[Any]:
         for k, job in enumerate(jobs):
             order = _Order(job, os.getpid(), threads_each, level, formatter, os.fspath(results / f"job{k}.pickle"))
             child = subprocess.Popen([sys.executable, "-c", "from phrase_scorer.runtime.side_by_side import "
-                                      "child_main; child_main()"], stdin=subprocess.PIPE, start_new_session=True)
+                                      "child_main; child_main()"], stdin=subprocess.PIPE, start_new_session=True,
+                                     pass_fds=locks)
             assert child.stdin is not None
             child.stdin.write(pickle.dumps(order))
             child.stdin.close()
