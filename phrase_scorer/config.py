@@ -545,6 +545,9 @@ class BuildRerankerOptions:
 
     models: Tuple[str, ...] = ("forward", "right-to-left", "reverse")  # kinds of experiments/build_reranker.py
     members: int = 1  # forward and right-to-left models each trained this many times (seeds 1..members)
+    # Each model's weights of its last K validations averaged when it stops, kept when the mean
+    # validates better (training/averaging.py); 0: the best single weights
+    average_checkpoints: int = 0
     vocabulary: Optional[str] = None  # words | bpe | unigram; None: chosen from the shortlist coverage
     # Subword pieces when a word shortlist leaves more than this share of the tuning set's tokens out
     # (either side). Multi30k: French 2.0%, Czech 8.2%; on Czech the BPE ensemble bought the same

@@ -74,6 +74,18 @@ def test_a_further_member_trains_with_its_own_seed(tmp_path):
     assert (first / BEST_WEIGHTS).read_bytes() != (second / BEST_WEIGHTS).read_bytes()
 
 
+def test_averaged_checkpoints_reach_each_training(tmp_path):
+    """--average-checkpoints K: the training keeps its last K validations' weights and weighs
+    their mean against its best single weights (config.json records which became model.pt)."""
+    options = replace(BuildRerankerOptions(), preset="tiny", max_steps=4, valid_every=2, batch_size=8,
+                      device="cpu", average_checkpoints=2)
+    folder = trained_model("forward", (str(TRAIN_EN), str(TRAIN_FR)), (str(VAL_EN), str(VAL_FR)), tmp_path, "words",
+                           options)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    assert config["training"]["average_checkpoints"] == 2
+    assert config["averaged"]["steps"] == [2, 4] and isinstance(config["averaged"]["kept_as_model"], bool)
+
+
 def test_a_near_tie_keeps_the_row_with_fewer_models():
     one, two, three = (Candidate(Row(name, (name,)), models) for name, models in
                        (("one", ("a",)), ("two", ("a", "b")), ("three", ("a", "b", "c"))))

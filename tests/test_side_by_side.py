@@ -122,17 +122,20 @@ def test_the_jobs_keep_the_commands_lock_until_the_last_of_them_ends(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", LOCKED_PARENT, str(tmp_path)], env=env,
                               stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
-    while not all((tmp_path / f"{name}.began").exists() for name in "ab"):
-        assert parent.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    parent.kill()
-    parent.wait()
-    while not all((tmp_path / f"{name}.stopping").exists() for name in "ab"):  # the jobs saw it, and go on
-        assert time.monotonic() < deadline, "a job did not see its command killed"
-        time.sleep(0.05)
-    with pytest.raises(PhraseScorerError, match="another phrase-scorer run is writing this output"):
-        OutputLock(tmp_path / "work").acquire()
-    (tmp_path / "release").write_text("")
+    try:
+        while not all((tmp_path / f"{name}.began").exists() for name in "ab"):
+            assert parent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        parent.kill()
+        parent.wait()
+        while not all((tmp_path / f"{name}.stopping").exists() for name in "ab"):  # the jobs saw it, and go on
+            assert time.monotonic() < deadline, "a job did not see its command killed"
+            time.sleep(0.05)
+        with pytest.raises(PhraseScorerError, match="another phrase-scorer run is writing this output"):
+            OutputLock(tmp_path / "work").acquire()
+    finally:
+        parent.kill()
+        (tmp_path / "release").write_text("")  # the jobs end, whatever happened above
     while True:  # bounded: the jobs end once released, and the lock with them
         try:
             lock = OutputLock(tmp_path / "work")

@@ -160,6 +160,10 @@ def build_options(command):
                      show_default=True,
                      help="Forward and right-to-left models of each kind, trained with seeds 1..N: the Ensemble "
                           "feature is the mean of all of them (2 x N models)."),
+        click.option("--average-checkpoints", type=click.IntRange(min=0),
+                     default=BuildRerankerOptions.average_checkpoints, show_default=True, metavar="K",
+                     help="Each model's weights of its last K validations averaged when it stops, kept when the "
+                          "mean validates better (0: the best single weights)."),
         click.option("-m", "--model", "given", multiple=True, type=NamedDirectory(), metavar="NAME=DIR",
                      help="A model trained before, used instead of training it (repeatable): forward=MODELS/en-fr; "
                           "further members are named forward-2, right-to-left-2 and so on."),
@@ -192,14 +196,13 @@ def build_options(command):
     return command
 
 
-def make_build_options(models, members, vocabulary, preset, max_steps, valid_every, training_hours, side_by_side,
-                       nbest_size, nbest_factor, runs, tie_margin, lang, decoder_threads, decoder_flags,
-                       device) -> BuildRerankerOptions:
+def make_build_options(models, members, average_checkpoints, vocabulary, preset, max_steps, valid_every,
+                       training_hours, side_by_side, nbest_size, nbest_factor, runs, tie_margin, lang, decoder_threads,
+                       decoder_flags, device) -> BuildRerankerOptions:
     return BuildRerankerOptions(
-        models=tuple(m.strip() for m in models.split(",") if m.strip()), members=members, vocabulary=vocabulary,
-        preset=preset,
-        max_steps=max_steps, valid_every=valid_every, training_hours=training_hours, side_by_side=side_by_side,
-        device=device,
+        models=tuple(m.strip() for m in models.split(",") if m.strip()), members=members,
+        average_checkpoints=average_checkpoints, vocabulary=vocabulary, preset=preset, max_steps=max_steps,
+        valid_every=valid_every, training_hours=training_hours, side_by_side=side_by_side, device=device,
         tie_margin=tie_margin,
         experiment=RescoreExperimentOptions(nbest_size=nbest_size, nbest_factor=nbest_factor, runs=runs, lang=lang,
                                             threads=decoder_threads, decoder_flags=decoder_flags))

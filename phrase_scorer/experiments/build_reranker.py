@@ -188,12 +188,13 @@ def side_by_side_threads(options: BuildRerankerOptions, trainings: int, device: 
     return max(1, threads // trainings) if wanted and trainings > 1 else 0
 
 
-def training_config(options: BuildRerankerOptions, vocabulary: str, right_to_left: bool, seed: int = 1) -> TrainConfig:
+def training_config(options: BuildRerankerOptions, vocabulary: str, right_to_left: bool,
+                    seed: int = 1) -> TrainConfig:
     hours = options.training_hours
     share = 1 if options.side_by_side else max(len(options.models), 1)  # side by side: each has the whole budget
     return TrainConfig(arch=options.arch, preset=options.preset, vocabulary=vocabulary, batch_size=options.batch_size,
                        valid_every=options.valid_every, max_steps=options.max_steps, device=options.device,
-                       right_to_left=right_to_left, seed=seed,
+                       right_to_left=right_to_left, seed=seed, average_checkpoints=options.average_checkpoints,
                        max_time=None if hours is None else hours * 3600 / share)
 
 
