@@ -41,3 +41,8 @@ def hold_until_released(folder: str, name: str) -> None:
     (Path(folder) / f"{name}.stopping").write_text(",".join(map(str, got)))
     while not (Path(folder) / "release").exists():
         time.sleep(0.05)
+
+
+def autogroup_niceness() -> str:
+    """What the job's scheduler group says of itself (``/autogroup-N nice K``)."""
+    return Path("/proc/self/autogroup").read_text()

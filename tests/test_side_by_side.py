@@ -101,6 +101,32 @@ except KeyboardInterrupt as exc:
 """
 
 
+NICE_PARENT = """
+import os, sys
+from phrase_scorer.runtime.side_by_side import Job, run_side_by_side
+from side_by_side_jobs import autogroup_niceness
+os.nice(5)
+print(run_side_by_side([Job("a", autogroup_niceness)], 1)[0])
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="the kernel has no scheduler autogroups")
+def test_a_niced_command_s_jobs_stay_niced_in_their_own_sessions():
+    """The jobs run in sessions of their own, so each in a scheduler group of its own: the group
+    takes the command's niceness, or nice on the command would lower nothing."""
+    try:  # this machine lets a process set its group's niceness (the same value again: no change)
+        mine = Path("/proc/self/autogroup").read_text().split()[-1]
+        Path("/proc/self/autogroup").write_text(mine)
+    except OSError:
+        pytest.skip("this machine does not let a process set its scheduler group's niceness")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", NICE_PARENT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    own = Path("/proc/self/autogroup").read_text().split()[0]
+    group, _, niceness = out.stdout.split()
+    assert group != own and niceness == str(min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5))
+
+
 LOCKED_PARENT = """
 import sys
 from pathlib import Path

@@ -13,7 +13,8 @@ child still running, once (a training stops after its current step with a checkp
 Ctrl-C stops it at once), then waits for them and raises the interruption. A job that fails
 stops the others the same way (SIGTERM), since the command cannot go on without it, and its
 error is raised once they have ended. A job whose command is killed outright (SIGKILL) stops as
-on a SIGTERM within a second.
+on a SIGTERM within a second. A command started with ``nice`` keeps its jobs as nice: each
+child's scheduler group takes the child's niceness (:func:`keep_niceness`).
 
 Locks. Each child is given a copy of the descriptor of every output lock the command holds
 (:class:`~phrase_scorer.io.files.OutputLock`: ``build-reranker``'s working folder), so the folder
@@ -155,6 +156,24 @@ def _stop_without(parent: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+AUTOGROUP = "/proc/self/autogroup"
+
+
+def keep_niceness() -> None:
+    """A child in a session of its own is, on Linux with the scheduler's autogroups, in a group of
+    its own, which shares the CPU with the others by the group's niceness (0), not the process's:
+    ``nice phrase-scorer build-reranker`` would lower nothing. The group takes the process's
+    niceness (inherited from the command) where the kernel has autogroups."""
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)
+    if niceness <= 0 or not os.path.exists(AUTOGROUP):
+        return
+    try:
+        with open(AUTOGROUP, "w", encoding="ascii") as f:
+            f.write(str(niceness))
+    except OSError:  # autogroups switched off, or not allowed: nothing to keep
+        pass
+
+
 def child_main() -> None:
     """A child's side: read the order from stdin, run the job, pickle its outcome."""
     import torch
@@ -162,6 +181,7 @@ def child_main() -> None:
     from phrase_scorer.runtime import progress
 
     order: _Order = pickle.load(sys.stdin.buffer)
+    keep_niceness()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Marked(order.formatter or logging.Formatter("%(levelname)s %(message)s"), order.job.name))
     root = logging.getLogger("phrase_scorer")
