@@ -8,6 +8,12 @@ import time
 from pathlib import Path
 
 
+def on_stop_signals(handler) -> None:
+    """``handler`` for each signal that stops a job: SIGINT, SIGTERM, SIGHUP."""
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, handler)
+
+
 def wait_for_a_signal(folder: str, name: str) -> None:
     got = []
 
@@ -15,8 +21,7 @@ def wait_for_a_signal(folder: str, name: str) -> None:
         got.append(number)
         raise KeyboardInterrupt
 
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(number, stop)
+    on_stop_signals(stop)
     (Path(folder) / f"{name}.began").write_text("")
     try:
         while True:
@@ -33,8 +38,7 @@ def hold_until_released(folder: str, name: str) -> None:
     def stop(number, frame):
         got.append(number)
 
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(number, stop)
+    on_stop_signals(stop)
     (Path(folder) / f"{name}.began").write_text("")
     while not got:
         time.sleep(0.05)

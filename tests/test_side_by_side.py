@@ -87,6 +87,11 @@ def test_models_trained_side_by_side_are_those_trained_one_after_another(tmp_pat
         assert (a / BEST_WEIGHTS).read_bytes() == (b / BEST_WEIGHTS).read_bytes()
 
 
+def jobs_env() -> dict:
+    """The environment of a command whose jobs are in tests/side_by_side_jobs.py."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+
+
 PARENT = """
 import sys
 from phrase_scorer.cli.group import ending_like_ctrl_c
@@ -119,8 +124,8 @@ def test_a_niced_command_s_jobs_stay_niced_in_their_own_sessions():
         Path("/proc/self/autogroup").write_text(mine)
     except OSError:
         pytest.skip("this machine does not let a process set its scheduler group's niceness")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", NICE_PARENT], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", NICE_PARENT], env=jobs_env(), capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     own = Path("/proc/self/autogroup").read_text().split()[0]
     group, _, niceness = out.stdout.split()
@@ -144,8 +149,7 @@ def test_the_jobs_keep_the_commands_lock_until_the_last_of_them_ends(tmp_path):
     from phrase_scorer.errors import PhraseScorerError
     from phrase_scorer.io.files import OutputLock
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    parent = subprocess.Popen([sys.executable, "-c", LOCKED_PARENT, str(tmp_path)], env=env,
+    parent = subprocess.Popen([sys.executable, "-c", LOCKED_PARENT, str(tmp_path)], env=jobs_env(),
                               stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     try:
@@ -179,8 +183,7 @@ def test_a_signal_to_the_command_reaches_every_job_once_and_the_command_ends_int
     """SIGTERM (a scheduler) or SIGINT (Ctrl-C, which reaches only the command: the jobs have
     sessions of their own) sent to the command is passed on to each job once; the command waits
     for them to stop and ends as interrupted."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], env=env, stdout=subprocess.PIPE,
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], env=jobs_env(), stdout=subprocess.PIPE,
                               text=True, preexec_fn=default_sigint)  # SIGINT's default even in a background run
     deadline = time.monotonic() + 300
     while not all((tmp_path / f"{name}.began").exists() for name in "ab"):  # both jobs waiting
@@ -197,8 +200,7 @@ def test_a_signal_to_the_command_reaches_every_job_once_and_the_command_ends_int
 def test_the_jobs_of_a_command_killed_outright_stop_as_on_a_sigterm(tmp_path):
     """SIGKILL leaves the command no chance to pass anything on: each job sees its command gone
     and stops as a SIGTERM stops it (a training: after its step, with a checkpoint)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], env=env, stdout=subprocess.DEVNULL)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], env=jobs_env(), stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not all((tmp_path / f"{name}.began").exists() for name in "ab"):
         assert parent.poll() is None and time.monotonic() < deadline
