@@ -148,6 +148,12 @@ RNNSEARCH_PRESETS: Dict[str, RNNsearchConfig] = {
         embedding_dim=128, hidden_dim=256, alignment_dim=256, maxout_units=128,
         source_shortlist=6000, target_shortlist=6000,
     ),
+    # Twice "small"'s width (n = 512, the same proportions and shortlists): more capacity for
+    # the same words, at about three times the arithmetic per update.
+    "medium": RNNsearchConfig(
+        embedding_dim=256, hidden_dim=512, alignment_dim=512, maxout_units=256,
+        source_shortlist=6000, target_shortlist=6000,
+    ),
     # For tests: trains and scores in seconds.
     "tiny": RNNsearchConfig(
         embedding_dim=16, hidden_dim=24, alignment_dim=20, maxout_units=12,
