@@ -1,15 +1,16 @@
 """build-reranker's trainings one after another or side by side: training pairs per second.
 
     python tools/bench_side_by_side.py --steps 300 --write
+    python tools/bench_side_by_side.py --counts 1,2,3,5 --presets small,medium --write
 
-Runs ``phrase-scorer train --corpus`` of RNNsearch ``small`` on the Multi30k English-French
+Runs ``phrase-scorer train --corpus`` of RNNsearch ``small`` (or each of ``--presets``) on the Multi30k English-French
 sentence pairs (``--data``), the build's recipe, for ``--steps`` updates: one training on all the
 cores (``--threads`` = the cores: how ``build-reranker --one-at-a-time`` trains each model), then
-2 and 3 trainings at once on their share of the cores (at least one thread each: how
+2 and 3 (``--counts``) trainings at once on their share of the cores (at least one thread each: how
 ``build-reranker`` trains them side by side), each a process of its own started together. A
 training's rate is the mean of its log's validation intervals after the first (start-up and
 validation excluded); the rate of trainings side by side is the sum of theirs, over the time they
-all ran. *x one at a time*: that sum against the one training's rate in the same run. Every
+all ran. *x one at a time*: that sum against the first count's rate of the same preset in the same run. Every
 configuration runs ``--repeats`` times, in rounds, and the best round counts.
 """
 
@@ -21,7 +22,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
@@ -30,8 +31,8 @@ SECTION = "bench_side_by_side"
 DATA = benchlib.ROOT.parent / "shared" / "data" / "multi30k-en-fr"
 
 
-def trainings(args, work: Path, count: int) -> Dict[str, object]:
-    """``count`` trainings started together; each one's pairs/s."""
+def trainings(args, work: Path, preset: str, count: int) -> Dict[str, object]:
+    """``count`` trainings of ``preset`` started together; each one's pairs/s."""
     cores = os.cpu_count() or 1
     threads = max(1, cores // count)
     data = Path(args.data)
@@ -41,7 +42,7 @@ def trainings(args, work: Path, count: int) -> Dict[str, object]:
         out = work / f"x{count}-{k}"
         command = benchlib.phrase_scorer_command(
             "train", "--corpus", data / "train.tok.en.gz", data / "train.tok.fr.gz", "--dev", data / "val.tok.en.gz",
-            data / "val.tok.fr.gz", "--arch", "rnnsearch", "--preset", "small", "--threads", threads,
+            data / "val.tok.fr.gz", "--arch", "rnnsearch", "--preset", preset, "--threads", threads,
             "--valid-metric", "nll", "--valid-every", every, "--max-steps", 3 * every, "--seed", k + 1, "-o", out,
             "--overwrite")
         runs.append((out, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
@@ -56,7 +57,7 @@ def trainings(args, work: Path, count: int) -> Dict[str, object]:
             raise SystemExit(f"{out}: fewer than 2 validations; raise --steps")
         rates.append(sum(r["pairs_per_second"] for r in later) / len(later))
         shutil.rmtree(out, ignore_errors=True)
-    return {"trainings": count, "threads": threads, "rates": rates, "total": sum(rates)}
+    return {"preset": preset, "trainings": count, "threads": threads, "rates": rates, "total": sum(rates)}
 
 
 def main() -> None:
@@ -64,36 +65,41 @@ def main() -> None:
     parser.add_argument("--data", default=str(DATA), help="a folder with train.tok.{en,fr}.gz, val.tok.{en,fr}.gz")
     parser.add_argument("--steps", type=int, default=300, help="updates per training")
     parser.add_argument("--counts", default="1,2,3", help="trainings at once, per configuration")
+    parser.add_argument("--presets", default="small", help="RNNsearch presets, each with every count")
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
+    presets = [p for p in args.presets.split(",") if p]
     load_before = os.getloadavg()[0]
-    best: Dict[int, dict] = {}
+    best: Dict[Tuple[str, int], dict] = {}
     with benchlib.work_dir(args.work_dir, "bench-side-by-side-") as work:
         for _ in range(args.repeats):
-            for count in counts:
-                r = trainings(args, work, count)
-                print(json.dumps(r), flush=True)
-                if count not in best or r["total"] > best[count]["total"]:
-                    best[count] = r
-    one = best[counts[0]]["total"]
+            for preset in presets:
+                for count in counts:
+                    r = trainings(args, work, preset, count)
+                    print(json.dumps(r), flush=True)
+                    if (preset, count) not in best or r["total"] > best[preset, count]["total"]:
+                        best[preset, count] = r
     rows: List[List[object]] = []
-    for count in counts:
-        r = best[count]
-        rows.append([count, r["threads"], " / ".join(f"{x:,.0f}" for x in r["rates"]), f"**{r['total']:,.0f}**",
-                     f"{r['total'] / one:.2f}"])
+    for preset in presets:
+        one = best[preset, counts[0]]["total"]
+        for count in counts:
+            r = best[preset, count]
+            rows.append([preset, count, r["threads"], " / ".join(f"{x:,.0f}" for x in r["rates"]),
+                         f"**{r['total']:,.0f}**", f"{r['total'] / one:.2f}"])
     info = benchlib.machine()
     text = (
         "## Training side by side (`tools/bench_side_by_side.py`)\n\n"
-        f"Command: `python tools/bench_side_by_side.py --steps {args.steps} --counts {args.counts} --repeats "
-        f"{args.repeats} --write`; machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}, fp32, "
+        f"Command: `python tools/bench_side_by_side.py --steps {args.steps} --counts {args.counts} --presets "
+        f"{args.presets} --repeats {args.repeats} --write`; machine: {info['cpu']}, {info['cores']} cores, "
+        f"torch {info['torch']}, fp32, "
         f"OMP_WAIT_POLICY=PASSIVE; 1-minute load average {load_before:.2f} before. Each configuration starts "
         "*trainings* processes of `phrase-scorer train --corpus train.tok.en.gz train.tok.fr.gz --arch rnnsearch "
-        f"--preset small --threads T --max-steps {3 * max(1, args.steps // 3)}` together (Multi30k English-French, "
+        f"--preset P --threads T --max-steps {3 * max(1, args.steps // 3)}` together (Multi30k English-French, "
         "the build's recipe); *pairs/s each*: the mean of each training log's validation intervals after the "
-        "first; *x one at a time*: their sum against the first row, the best of the rounds.\n\n"
-        + benchlib.markdown_table(["trainings", "threads each", "pairs/s each", "pairs/s in all", "x one at a time"],
-                                  rows) + "\n"
+        "first; *x one at a time*: their sum against the preset's first row, the best of the rounds.\n\n"
+        + benchlib.markdown_table(["preset", "trainings", "threads each", "pairs/s each", "pairs/s in all",
+                                   "x one at a time"], rows) + "\n"
     )
     benchlib.report(SECTION, text, args.write)
 
