@@ -148,8 +148,8 @@ RNNSEARCH_PRESETS: Dict[str, RNNsearchConfig] = {
         embedding_dim=128, hidden_dim=256, alignment_dim=256, maxout_units=128,
         source_shortlist=6000, target_shortlist=6000,
     ),
-    # Twice "small"'s width (n = 512, the same proportions and shortlists): more capacity for
-    # the same words, at about three times the arithmetic per update.
+    # Twice "small"'s sizes (n = 512, the same proportions and shortlists): 2.9 times the
+    # parameters, more capacity for the same words (docs/results.md, "A larger model").
     "medium": RNNsearchConfig(
         embedding_dim=256, hidden_dim=512, alignment_dim=512, maxout_units=256,
         source_shortlist=6000, target_shortlist=6000,

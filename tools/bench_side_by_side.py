@@ -3,15 +3,16 @@
     python tools/bench_side_by_side.py --steps 300 --write
     python tools/bench_side_by_side.py --counts 1,2,3,5 --presets small,medium --write
 
-Runs ``phrase-scorer train --corpus`` of RNNsearch ``small`` (or each of ``--presets``) on the Multi30k English-French
-sentence pairs (``--data``), the build's recipe, for ``--steps`` updates: one training on all the
-cores (``--threads`` = the cores: how ``build-reranker --one-at-a-time`` trains each model), then
-2 and 3 (``--counts``) trainings at once on their share of the cores (at least one thread each: how
-``build-reranker`` trains them side by side), each a process of its own started together. A
-training's rate is the mean of its log's validation intervals after the first (start-up and
-validation excluded); the rate of trainings side by side is the sum of theirs, over the time they
-all ran. *x one at a time*: that sum against the first count's rate of the same preset in the same run. Every
-configuration runs ``--repeats`` times, in rounds, and the best round counts.
+Runs ``phrase-scorer train --corpus`` of RNNsearch ``small`` (or each of ``--presets``) on the
+Multi30k English-French sentence pairs (``--data``), the build's recipe, for ``--steps`` updates:
+one training on all the cores (``--threads`` = the cores: how ``build-reranker --one-at-a-time``
+trains each model), then 2 and 3 (``--counts``) trainings at once on their share of the cores
+(at least one thread each: how ``build-reranker`` trains them side by side), each a process of
+its own started together. A training's rate is the mean of its log's validation intervals after
+the first (start-up and validation excluded); the rate of trainings side by side is the sum of
+theirs, over the time they all ran. *x one at a time*: that sum against the first count's rate
+of the same preset in the same run. Every configuration runs ``--repeats`` times, in rounds, and
+the best round counts.
 """
 
 from __future__ import annotations
