@@ -179,8 +179,8 @@ def vocabulary_choice(corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
 def side_by_side_threads(options: BuildRerankerOptions, trainings: int, device: str) -> int:
     """The threads of each training when the ``trainings`` run side by side, else 0 (one after
     another). By default (``options.side_by_side`` None) they do on a CPU with two threads or
-    more: on one core each, two trainings go 1.88 times as far in the same time as one on both,
-    three 1.79 times (docs/benchmarks.md, "Training side by side")."""
+    more: on one core each, two, three or five trainings go 1.8 to 2.1 times as far in the same
+    time as one on both (docs/benchmarks.md, "Training side by side")."""
     import torch
 
     threads = torch.get_num_threads()

@@ -1,6 +1,6 @@
 """Jobs side by side: each in a Python process of its own on this machine, all at once, each on
 its share of the cores. ``build-reranker`` trains its models this way on a CPU: two trainings on
-one core each go 1.88 times as far in the same time as one training on both (docs/benchmarks.md,
+one core each go about twice as far in the same time as one training on both (docs/benchmarks.md,
 "Training side by side").
 
 A job is a module-level function and its arguments (both pickled to the child). The child logs
