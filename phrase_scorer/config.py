@@ -549,7 +549,7 @@ class BuildRerankerOptions:
     """``build-reranker``: which sentence models it trains and how, how it chooses the vocabulary,
     and how it tunes and chooses the row (the lists, the optimiser: ``experiment``)."""
 
-    models: Tuple[str, ...] = ("forward", "right-to-left", "reverse")  # kinds of experiments/build_reranker.py
+    model_kinds: Tuple[str, ...] = ("forward", "right-to-left", "reverse")  # kinds of experiments/build_reranker.py
     members: int = 1  # forward and right-to-left models each trained this many times (seeds 1..members)
     # Each model's weights of its last K validations averaged when it stops, kept when the mean
     # validates better (training/averaging.py); 0: the best single weights

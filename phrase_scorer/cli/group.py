@@ -100,6 +100,7 @@ FLAGS = {
     "model_dir": ("-m", "--model"),
     "models": ("-m", "--model"),
     "reverse_models": ("-r", "--reverse-model"),
+    "model_kinds": (None, "--models"),
     "names": (None, "--name"),
     "reverse_names": (None, "--reverse-name"),
     "sources": (None, "--source"),

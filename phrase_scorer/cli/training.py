@@ -90,5 +90,7 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
             message = "interrupted before the first checkpoint; run the same command again to start over"
         raise UserError(message, exit_code=130) from None
     if current.is_main:
-        click.echo(f"model in {output}: {state.step} steps, best validation NLL {state.best_valid_nll:.4f} per token "
-                   f"at step {state.best_step} ({shown(state.stop_reason)})", err=True)
+        from phrase_scorer.training.validation import best_summary
+
+        click.echo(f"model in {output}: {state.step} steps, {best_summary(state)} ({shown(state.stop_reason)})",
+                   err=True)

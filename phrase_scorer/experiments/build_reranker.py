@@ -191,7 +191,7 @@ def side_by_side_threads(options: BuildRerankerOptions, trainings: int, device: 
 def training_config(options: BuildRerankerOptions, vocabulary: str, right_to_left: bool,
                     seed: int = 1) -> TrainConfig:
     hours = options.training_hours
-    share = 1 if options.side_by_side else max(len(options.models), 1)  # side by side: each has the whole budget
+    share = 1 if options.side_by_side else max(len(options.model_kinds), 1)  # side by side: each has the whole budget
     return TrainConfig(arch=options.arch, preset=options.preset, vocabulary=vocabulary, batch_size=options.batch_size,
                        valid_every=options.valid_every, max_steps=options.max_steps, device=options.device,
                        right_to_left=right_to_left, seed=seed, average_checkpoints=options.average_checkpoints,
@@ -266,7 +266,7 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
     (:func:`model_names`: a kind of :data:`MODEL_KINDS`, or a further member such as ``forward-2``)
     to a directory trained before, used instead of training it."""
     given = dict(given_models or {})
-    unknown = [m for m in options.models if m not in MODEL_KINDS]
+    unknown = [m for m in options.model_kinds if m not in MODEL_KINDS]
     if unknown:
         raise PhraseScorerError(f"no model kind {unknown[0]!r}", hint=f"the kinds are {', '.join(MODEL_KINDS)}")
     allowed = model_names(list(MODEL_KINDS), options.members)
@@ -274,10 +274,10 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
     if unknown:
         raise PhraseScorerError(f"no model {unknown[0]!r} to give", hint=Text(
             f"give one of {', '.join(allowed)} (further members with ", setting("members"), ")"))
-    models = list(dict.fromkeys([*model_names(options.models, options.members), *given]))
+    models = list(dict.fromkeys([*model_names(options.model_kinds, options.members), *given]))
     if "forward" not in models:
         raise PhraseScorerError("every row needs the forward model",
-                                hint=Text("keep forward in ", setting("models"), " or give one trained before"))
+                                hint=Text("keep forward in ", setting("model_kinds"), " or give one trained before"))
     moses = moses or MosesInstallation.find(moses_home)
     moses.check_mert(options.experiment.mertdir)
     ini = Path(moses_ini).resolve()
@@ -302,7 +302,7 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
     vocabulary = vocabulary_choice(corpus, tuning, work, options) if to_train else "given"
     dirs: Dict[str, str] = dict(given)
     # a --budget is shared among the models trained here, or given whole to each when they train side by side
-    training = replace(options, models=tuple(to_train), side_by_side=bool(threads_each))
+    training = replace(options, model_kinds=tuple(to_train), side_by_side=bool(threads_each))
     if threads_each:
         with clock.step("training", f"training the {', '.join(to_train)} models side by side "
                                     f"({threads_each} thread{'s' if threads_each > 1 else ''} each)"):

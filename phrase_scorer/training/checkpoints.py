@@ -28,6 +28,7 @@ class TrainState:
     best_valid_nll: float = math.inf  # at the best step (by valid_metric)
     best_valid_bleu: float = -math.inf  # at the best step, when BLEU is measured
     best_step: int = 0
+    best_by: str = ""  # what chose it (training/validation.py, chosen_by): BLEU, validation or training NLL
     bad_validations: int = 0
     lr: float = 0.0  # the learning rate now (the recipe's, times its decays); 0: not yet set
     lr_bad_validations: int = 0  # validations without improvement since the rate last changed

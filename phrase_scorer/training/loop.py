@@ -32,7 +32,9 @@ from phrase_scorer.training.checkpoints import TrainState, keep_recent_weights, 
 from phrase_scorer.training.optimisation import set_learning_rate
 from phrase_scorer.training.prefetch import Prefetcher
 from phrase_scorer.training.stopping import StopRequests, TrainingInterrupted, stop_reason
-from phrase_scorer.training.validation import improves, record_validation, validate, validation_bleu
+from phrase_scorer.training.validation import (
+    best_summary, improves, record_validation, validate, validation_bleu,
+)
 from phrase_scorer.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -198,8 +200,7 @@ class TrainingLoop:
         if cfg.average_checkpoints > 1 and distributed.world().is_main:
             average_recent_weights(self.model, self.directory, cfg, st, self.measure)
         distributed.barrier()
-        log.info("training stopped: %s; best validation NLL %.4f per token at step %d",
-                 reason, st.best_valid_nll, st.best_step)
+        log.info("training stopped: %s; %s", reason, best_summary(st))
 
     def train_step(self, batch: LoadedBatch) -> torch.Tensor:
         """One update on a global batch; returns the summed NLL of this rank's pairs (on the device)."""
@@ -267,7 +268,8 @@ class TrainingLoop:
             nll = metrics.get("valid_nll_token", record["train_nll_token"])
             if self.config.average_checkpoints > 1:
                 keep_recent_weights(self.directory, self.model, st.step, self.config.average_checkpoints)
-            if record_validation(self.config, st, nll, metrics.get("valid_bleu")):
+            if record_validation(self.config, st, nll, metrics.get("valid_bleu"),
+                                 held_out="valid_nll_token" in metrics):
                 self.directory.save_weights(self.model.state_dict(), BEST_WEIGHTS)
                 record["best"] = True
             self.directory.append_log(record)

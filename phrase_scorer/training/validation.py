@@ -92,18 +92,44 @@ def improves(valid_metric: str, state, nll: float, bleu: Optional[float]) -> boo
     return nll < state.best_valid_nll - 1e-6
 
 
-def record_validation(config: TrainConfig, state, nll: float, bleu: Optional[float]) -> bool:
+# What chose the best step (TrainState.best_by), as the training's summary names it
+BY_BLEU, BY_VALID_NLL, BY_TRAIN_NLL = "validation BLEU", "validation NLL", "training NLL"
+
+
+def chosen_by(valid_metric: str, bleu: Optional[float], held_out: bool) -> str:
+    """The measure :func:`improves` compares: BLEU where it is the metric and was measured, else
+    the NLL per token of the validation pairs (``held_out``) or, with none, of the training."""
+    if valid_metric == "bleu" and bleu is not None:
+        return BY_BLEU
+    return BY_VALID_NLL if held_out else BY_TRAIN_NLL
+
+
+def record_validation(config: TrainConfig, state, nll: float, bleu: Optional[float], held_out: bool = True) -> bool:
     """The policy of a validation's outcome, kept in ``state`` (a TrainState): the best so far by
-    ``valid_metric`` (:func:`improves`) becomes the best (its NLL, BLEU and step; the counts of
-    validations without improvement start again); any other counts as one more validation without
-    improvement, for early stopping (``patience``) and the rate's decay on plateaus. Returns
-    whether it is the best."""
+    ``valid_metric`` (:func:`improves`) becomes the best (its NLL, BLEU and step, and the measure
+    that chose it, :func:`chosen_by`; the counts of validations without improvement start again);
+    any other counts as one more validation without improvement, for early stopping
+    (``patience``) and the rate's decay on plateaus. ``nll`` is the validation pairs' NLL per
+    token, or the training's where none are ``held_out``. Returns whether it is the best."""
     if improves(config.valid_metric, state, nll, bleu):
         state.best_valid_nll, state.best_valid_bleu, state.best_step = (nll, -math.inf if bleu is None else bleu,
                                                                          state.step)
+        state.best_by = chosen_by(config.valid_metric, bleu, held_out)
         state.bad_validations = state.lr_bad_validations = 0
         return True
     state.bad_validations += 1
     state.lr_bad_validations += 1
     decay_on_plateau(config, state)
     return False
+
+
+def best_summary(state) -> str:
+    """The training's best step, named by the measure that chose it (``state``: a TrainState):
+    ``best validation BLEU 23.40 at step 10 (NLL 1.2345 per token)``, ``best validation NLL
+    1.2345 per token at step 10``, or the training NLL where no pairs were held out. A state
+    saved before it recorded the measure says NLL, as it did."""
+    if state.best_by == BY_BLEU and math.isfinite(state.best_valid_bleu):
+        return (f"best {BY_BLEU} {state.best_valid_bleu:.2f} at step {state.best_step} "
+                f"(NLL {state.best_valid_nll:.4f} per token)")
+    measure = BY_TRAIN_NLL if state.best_by == BY_TRAIN_NLL else BY_VALID_NLL
+    return f"best {measure} {state.best_valid_nll:.4f} per token at step {state.best_step}"
