@@ -138,7 +138,7 @@ class PhraseScorerError(Exception):
         """The whole line: where, the message and the hint (in parentheses)."""
         where = ""
         if self.path is not None:
-            where = "<stdin>" if self.path == "-" else self.path
+            where = "<stdin>" if self.path == "-" else shown_name(self.path)
             if self.line is not None:
                 where += f" line {self.line}"
             where += ": "
@@ -155,6 +155,23 @@ class PhraseScorerError(Exception):
 
     def __str__(self) -> str:
         return str.__str__(self.text)
+
+
+def shown_name(name: str) -> str:
+    """A file name as a message shows it: unchanged while every character prints, else quoted and
+    escaped as Python's ``repr`` writes it (``'bad\\nname.txt'``), so that a newline, a carriage
+    return or a terminal's escape sequence in a name neither splits the one-line error nor acts
+    on the terminal."""
+    return name if name.isprintable() else repr(name)
+
+
+def one_line(message: str) -> str:
+    """``message`` with every character that does not print (a newline, a tab, an escape) written
+    as Python's ``repr`` writes it: what the command line shows is one line whatever the names in
+    it hold."""
+    if message.isprintable():
+        return message
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
 def _text(value: object) -> Text:

@@ -8,7 +8,7 @@ import click
 
 from phrase_scorer.cli.group import UserError, cli
 from phrase_scorer.cli.options import (
-    PathName, device_option, model_option, overwrite_option, threads_option,
+    Count, PathName, SEED, device_option, model_option, overwrite_option, threads_option,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -16,14 +16,14 @@ from phrase_scorer.runtime.threads import set_threads
 @cli.command()
 @model_option
 @click.argument("table", type=PathName(dir_okay=False, exists=True))
-@click.option("--frequent", type=click.IntRange(min=0), default=5, help="Long sources with the largest counts.")
-@click.option("--rare", type=click.IntRange(min=0), default=5, help="Long sources with the smallest counts.")
+@click.option("--frequent", type=Count(min=0), default=5, help="Long sources with the largest counts.")
+@click.option("--rare", type=Count(min=0), default=5, help="Long sources with the smallest counts.")
 @click.option("--source", "sources", multiple=True,
               help="Show this source phrase (as the table writes it); repeatable.")
-@click.option("--top", type=click.IntRange(min=1), default=3, help="Targets shown per source and side.")
-@click.option("--min-words", type=click.IntRange(min=1), default=4, help="Shortest source considered.")
-@click.option("--min-targets", type=click.IntRange(min=1), default=3, help="Fewest targets a source must have.")
-@click.option("--table-column", type=click.IntRange(min=0), default=2,
+@click.option("--top", type=Count(min=1), default=3, help="Targets shown per source and side.")
+@click.option("--min-words", type=Count(min=1), default=4, help="Shortest source considered.")
+@click.option("--min-targets", type=Count(min=1), default=3, help="Fewest targets a source must have.")
+@click.option("--table-column", type=Count(min=0), default=2,
               help="Score column of the table to rank by (2: p(e|f), the direct translation probability).")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of Markdown.")
 @device_option
@@ -53,12 +53,12 @@ def plot():
 @plot.command("scores")
 @click.argument("table", type=PathName(dir_okay=False, exists=True))
 @click.option("-o", "--output", required=True, type=PathName(dir_okay=False), help="PNG file to write.")
-@click.option("--table-column", type=click.IntRange(min=0), default=0, help="Table score on the x axis (0: p(f|e)).")
-@click.option("--model-column", type=click.IntRange(min=0), default=None,
+@click.option("--table-column", type=Count(min=0), default=0, help="Table score on the x axis (0: p(f|e)).")
+@click.option("--model-column", type=Count(min=0), default=None,
               help="The model's p(y|x) column [default: from the table's signature, else the second last].")
-@click.option("--max-points", type=click.IntRange(min=2), default=2_000_000,
+@click.option("--max-points", type=Count(min=2), default=2_000_000,
               help="Plot a uniform sample of this many pairs.")
-@click.option("--seed", type=int, default=1)
+@click.option("--seed", type=SEED, default=1)
 @overwrite_option
 def plot_scores(table, output, table_column, model_column, max_points, seed, overwrite):
     """Density of model log p(y|x) against a table score for an annotated TABLE."""
@@ -81,13 +81,13 @@ def plot_scores(table, output, table_column, model_column, max_points, seed, ove
               help="Word embeddings e(x) (Fig. 4) or phrase representations c (Fig. 5).")
 @click.option("--table", type=PathName(dir_okay=False, exists=True), default=None,
               help="Phrase table to take source phrases from (for --kind phrases).")
-@click.option("--words", type=click.IntRange(min=5), default=1000, help="Most frequent source words to map.")
-@click.option("--phrases", type=click.IntRange(min=5), default=2000, help="Source phrases to map.")
-@click.option("--min-words", type=click.IntRange(min=1), default=4, help="Shortest phrase mapped.")
+@click.option("--words", type=Count(min=5), default=1000, help="Most frequent source words to map.")
+@click.option("--phrases", type=Count(min=5), default=2000, help="Source phrases to map.")
+@click.option("--min-words", type=Count(min=1), default=4, help="Shortest phrase mapped.")
 @click.option("--method", type=click.Choice(["auto", "tsne", "umap"]), default="auto",
               help="auto: UMAP where installed, else t-SNE.")
-@click.option("--labels", type=click.IntRange(min=0), default=60, help="Points labelled in the PNG.")
-@click.option("--seed", type=int, default=1)
+@click.option("--labels", type=Count(min=0), default=60, help="Points labelled in the PNG.")
+@click.option("--seed", type=SEED, default=1)
 @overwrite_option
 @device_option
 def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases, min_words, method, labels, seed,
@@ -117,10 +117,10 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
 @click.option("-o", "--output", required=True, type=PathName(dir_okay=False),
               help="OUT.png: each pair is drawn into OUT-LINE.png.")
 @click.option("--lines", default=None, help="Plot these lines (numbers from 1, comma-separated), e.g. 1,5,9.")
-@click.option("--count", type=click.IntRange(min=1), default=None,
+@click.option("--count", type=Count(min=1), default=None,
               help="Without --lines: plot this many pairs drawn at random (fixed by --seed) [default: 4].")
-@click.option("--seed", type=int, default=1)
-@click.option("--max-words", type=click.IntRange(min=1), default=30,
+@click.option("--seed", type=SEED, default=1)
+@click.option("--max-words", type=Count(min=1), default=30,
               help="Longest side plotted; --count draws among the pairs within it.")
 @overwrite_option
 @device_option

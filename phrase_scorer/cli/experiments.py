@@ -11,7 +11,8 @@ from phrase_scorer.config import (
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import cli, explicit_options
 from phrase_scorer.cli.options import (
-    batch_tokens_option, column_options, device_option, make_training_settings, make_tune_options,
+    PARALLEL, Count, FiniteFloat, batch_tokens_option, column_options, device_option, make_training_settings,
+    make_tune_options,
     NamedDirectory, PathName, RowType, SystemType, moses_home_option, precision_option, threads_option,
     training_options, tune_options,
 )
@@ -30,7 +31,7 @@ from phrase_scorer.runtime.threads import set_threads
               help="Test source and reference.")
 @click.option("-o", "--output", "work_dir", required=True, type=PathName(file_okay=False),
               help="Working directory (resumable: finished tuning runs are kept).")
-@click.option("--runs", type=click.IntRange(min=1), default=ExperimentOptions.runs, help="Tuning runs per system.")
+@click.option("--runs", type=Count(min=1), default=ExperimentOptions.runs, help="Tuning runs per system.")
 @click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=ExperimentOptions.references)
 @click.option("--lang", default=ExperimentOptions.lang, help="Target language.")
 @click.option("--report", type=PathName(dir_okay=False), default=None, help="Also write the Markdown report here.")
@@ -55,15 +56,15 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
 
 
 # The n-best lists' options that rescore-experiment and build-reranker (and ems-decoder) share
-nbest_size_option = click.option("--nbest-size", type=click.IntRange(min=1),
+nbest_size_option = click.option("--nbest-size", type=Count(min=1),
                                  default=RescoreExperimentOptions.nbest_size, show_default=True,
                                  help="Distinct hypotheses per sentence.")
 nbest_factor_option = click.option(
-    "--nbest-factor", type=click.IntRange(min=1), default=RescoreExperimentOptions.nbest_factor, show_default=True,
+    "--nbest-factor", type=Count(min=1), default=RescoreExperimentOptions.nbest_factor, show_default=True,
     help="Moses' -n-best-factor: it extracts at most FACTOR x N paths to find the N distinct hypotheses "
          "(Moses' own default, 20, finds fewer: 74 of 100 on English-French, 0.36 BLEU less).")
 target_lang_option = click.option("--lang", default=RescoreExperimentOptions.lang, help="Target language.")
-decoder_threads_option = click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
+decoder_threads_option = click.option("--decoder-threads", type=PARALLEL, default=None,
                                       help="Threads of the decoder and of mert [default: all cores].")
 
 
@@ -93,11 +94,11 @@ decoder_threads_option = click.option("--decoder-threads", type=click.IntRange(m
               help="Working directory (the lists, the runs, report.md and results.json); resumable.")
 @nbest_size_option
 @nbest_factor_option
-@click.option("--runs", type=click.IntRange(min=1), default=RescoreExperimentOptions.runs,
+@click.option("--runs", type=Count(min=1), default=RescoreExperimentOptions.runs,
               help="Optimiser runs per row (seeds 1..RUNS).")
 @click.option("--method", type=click.Choice(["mert", "mira"]), default=RescoreExperimentOptions.method,
               help="Moses' mert or kbmira (batch MIRA).")
-@click.option("--restarts", type=click.IntRange(min=0), default=RescoreExperimentOptions.restarts,
+@click.option("--restarts", type=Count(min=0), default=RescoreExperimentOptions.restarts,
               help="mert's random starting points per run.")
 @click.option("--normalize/--no-normalize", default=RescoreExperimentOptions.normalize,
               help="Features are log p per predicted token (words + </s>) instead of log p.")
@@ -156,11 +157,11 @@ def build_options(command):
         click.option("--models", "models", default=",".join(BuildRerankerOptions.model_kinds), show_default=True,
                      help="The models to train, comma-separated: forward, right-to-left, reverse (forward is "
                           "needed)."),
-        click.option("--members", type=click.IntRange(min=1), default=BuildRerankerOptions.members,
+        click.option("--members", type=Count(min=1), default=BuildRerankerOptions.members,
                      show_default=True,
                      help="Forward and right-to-left models of each kind, trained with seeds 1..N: the Ensemble "
                           "feature is the mean of all of them (2 x N models)."),
-        click.option("--average-checkpoints", type=click.IntRange(min=0),
+        click.option("--average-checkpoints", type=Count(min=0),
                      default=BuildRerankerOptions.average_checkpoints, show_default=True, metavar="K",
                      help="Each model's weights of its last K validations averaged when it stops, kept when the "
                           "mean validates better (0: the best single weights)."),
@@ -171,20 +172,20 @@ def build_options(command):
                      help="Words or subword pieces for every model [default: chosen from the tuning set's "
                           "shortlist coverage: pieces when a word shortlist leaves more than 5% of its tokens out]."),
         click.option("--preset", default=BuildRerankerOptions.preset, show_default=True, help="The models' preset."),
-        click.option("--max-steps", type=click.IntRange(min=1), default=BuildRerankerOptions.max_steps,
+        click.option("--max-steps", type=Count(min=1), default=BuildRerankerOptions.max_steps,
                      show_default=True, help="Updates per model (80 sentence pairs each)."),
-        click.option("--valid-every", type=click.IntRange(min=1), default=BuildRerankerOptions.valid_every,
+        click.option("--valid-every", type=Count(min=1), default=BuildRerankerOptions.valid_every,
                      show_default=True, help="Updates between validations on the tuning set (and checkpoints)."),
-        click.option("--budget", "training_hours", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--budget", "training_hours", type=FiniteFloat(min=0, min_open=True), default=None,
                      help="Hours of training: each model's own when they train side by side, else shared equally "
                           "among the models (each also stops at --max-steps)."),
         click.option("--side-by-side/--one-at-a-time", "side_by_side", default=None,
                      help="Train the models at the same time, each on its share of --threads, or one after "
                           "another [default: side by side on a CPU with 2 threads or more]."),
         nbest_size_option, nbest_factor_option,
-        click.option("--runs", type=click.IntRange(min=1), default=RescoreExperimentOptions.runs, show_default=True,
+        click.option("--runs", type=Count(min=1), default=RescoreExperimentOptions.runs, show_default=True,
                      help="Optimiser runs per candidate row (seeds 1..RUNS)."),
-        click.option("--tie-margin", type=click.FloatRange(min=0), default=BuildRerankerOptions.tie_margin,
+        click.option("--tie-margin", type=FiniteFloat(min=0), default=BuildRerankerOptions.tie_margin,
                      show_default=True,
                      help="A row with fewer models is kept when its tuning BLEU is within this much of the best."),
         target_lang_option, decoder_threads_option,

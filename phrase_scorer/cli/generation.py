@@ -9,8 +9,8 @@ from phrase_scorer.config import SampleOptions, ScoringOptions, TranslateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
-    PathName, batch_tokens_option, device_option, model_option, moses_home_option, overwrite_option, precision_option,
-    resume_option, threads_option,
+    PARALLEL, SEED, Count, FiniteFloat, PathName, batch_tokens_option, device_option, model_option, moses_home_option,
+    overwrite_option, precision_option, resume_option, threads_option,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -20,13 +20,13 @@ from phrase_scorer.runtime.threads import set_threads
 @click.argument("phrases", nargs=-1)
 @click.option("-i", "--input", "input_file", type=PathName(dir_okay=False, allow_dash=True), default=None,
               help="Read source phrases from this file, one per line ('-': stdin).")
-@click.option("-n", "--samples", type=click.IntRange(min=1), default=SampleOptions.samples,
+@click.option("-n", "--samples", type=Count(min=1), default=SampleOptions.samples,
               help="Ancestral samples per source.")
-@click.option("--top", type=click.IntRange(min=1), default=SampleOptions.top, help="Candidates shown per source.")
-@click.option("--beam", type=click.IntRange(min=1), default=None, help="Beam search of this width instead of sampling.")
-@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=SampleOptions.temperature)
-@click.option("--max-length", type=click.IntRange(min=1), default=SampleOptions.max_length, help="Most target words.")
-@click.option("--seed", type=int, default=SampleOptions.seed)
+@click.option("--top", type=Count(min=1), default=SampleOptions.top, help="Candidates shown per source.")
+@click.option("--beam", type=Count(min=1), default=None, help="Beam search of this width instead of sampling.")
+@click.option("--temperature", type=FiniteFloat(min=0, min_open=True), default=SampleOptions.temperature)
+@click.option("--max-length", type=Count(min=1), default=SampleOptions.max_length, help="Most target words.")
+@click.option("--seed", type=SEED, default=SampleOptions.seed)
 @click.option("--lang", default="en", help="Language of the source phrases, for the tokenizer.")
 @click.option("--tokenize/--no-tokenize", default=True,
               help="Tokenize and escape raw text as Moses does (--no-tokenize: phrases are already in table form).")
@@ -89,23 +89,23 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
 @click.argument("input", type=PathName(dir_okay=False, allow_dash=True), default="-")
 @click.option("-o", "--output", type=PathName(dir_okay=False, allow_dash=True), default="-",
               help="Where to write the translations (a name ending in .gz is gzipped).")
-@click.option("--beam", type=click.IntRange(min=1), default=TranslateOptions.beam,
+@click.option("--beam", type=Count(min=1), default=TranslateOptions.beam,
               help="Beam width (1: greedy search).")
 @click.option("--length-normalize/--no-length-normalize", default=TranslateOptions.length_normalize,
               help="Rank the ended hypotheses by log p per token (</s> included) instead of log p.")
-@click.option("--max-length-ratio", type=click.FloatRange(min=0, min_open=True),
+@click.option("--max-length-ratio", type=FiniteFloat(min=0, min_open=True),
               default=TranslateOptions.max_length_ratio,
               help="A translation has at most ceil(RATIO * source words) words.")
-@click.option("--batch-sentences", type=click.IntRange(min=1), default=TranslateOptions.batch_sentences,
+@click.option("--batch-sentences", type=Count(min=1), default=TranslateOptions.batch_sentences,
               help="Sentences searched together.")
 @click.option("--moses", "moses_ini", type=PathName(dir_okay=False, exists=True), default=None,
               help="Or: translate with this (tuned) moses.ini and --reranker: Moses' n-best lists, rescored by the "
                    "reranker's models and reranked by its weights.")
 @click.option("--reranker", type=PathName(dir_okay=False, exists=True), default=None,
               help="With --moses: the reranker 'rerank --dev ...' wrote (its OUTPUT.json).")
-@click.option("--chunk-sentences", type=click.IntRange(min=1), default=TranslateOptions.chunk_sentences,
+@click.option("--chunk-sentences", type=Count(min=1), default=TranslateOptions.chunk_sentences,
               help="With --moses: sentences decoded, rescored and reranked at a time (also the resume granularity).")
-@click.option("--decoder-threads", type=click.IntRange(min=1), default=None,
+@click.option("--decoder-threads", type=PARALLEL, default=None,
               help="With --moses: the decoder's threads [default: all cores].")
 @click.option("--working-dir", type=PathName(file_okay=False), default=None,
               help="With --moses: for the chunks being translated, made fresh [default: OUTPUT.work].")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import click
 
 from phrase_scorer import __version__
 from phrase_scorer.runtime import progress
-from phrase_scorer.errors import PhraseScorerError, Setting, Text, rendered
+from phrase_scorer.errors import PhraseScorerError, Setting, Text, one_line, rendered
 
 
 log = logging.getLogger("phrase_scorer")
@@ -25,7 +26,7 @@ class UserError(click.ClickException):
     """A PhraseScorerError (or an interruption) as click reports it: one line, no traceback."""
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
+        super().__init__(one_line(message))
         self.exit_code = exit_code
 
     def show(self, file=None) -> None:
@@ -153,6 +154,9 @@ class Group(click.Group):
                 return super().invoke(ctx)
             except PhraseScorerError as exc:
                 raise UserError(shown(exc)) from None
+            except click.ClickException as exc:  # the parser's own errors: one line too
+                exc.message = one_line(exc.message)
+                raise
             except KeyboardInterrupt:
                 raise interrupted() from None
             except OSError as exc:  # an I/O failure the library did not anticipate: still one line
@@ -175,7 +179,7 @@ class Duration(click.ParamType):
     _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
     def convert(self, value, param, ctx):
-        if isinstance(value, (int, float)):
+        if isinstance(value, (int, float)) and math.isfinite(value):
             return float(value)
         text = str(value).strip().lower()
         pos, total = 0, 0.0
@@ -187,6 +191,8 @@ class Duration(click.ParamType):
             pos = match.end()
         if not text:
             self.fail("empty duration", param, ctx)
+        if not math.isfinite(total):  # float() of 400 nines is infinity: no time a run can stop at
+            self.fail(f"{value!r} is not a finite duration", param, ctx)
         if self.positive and total <= 0:
             self.fail(f"{value!r} is no time at all; give a positive duration (a run that stops before its first "
                       "step writes no model)", param, ctx)

@@ -7,7 +7,8 @@ import click
 from phrase_scorer.config import ExperimentOptions, TuneOptions
 from phrase_scorer.cli.group import cli
 from phrase_scorer.cli.options import (
-    PathName, make_tune_options, moses_home_option, overwrite_option, parse_weights, tune_options,
+    PARALLEL, SEED, Count, PathName, make_tune_options, moses_home_option, overwrite_option, parse_weights,
+    tune_options,
 )
 
 
@@ -17,7 +18,7 @@ from phrase_scorer.cli.options import (
               help="The new table, written into the feature's path= (the binary table with --binarize-from).")
 @click.option("-o", "--output", required=True, type=PathName(dir_okay=False, allow_dash=True),
               help="The patched moses.ini to write ('-' for stdout).")
-@click.option("--add-features", type=click.IntRange(min=0), default=2, help="Score columns added to the table.")
+@click.option("--add-features", type=Count(min=0), default=2, help="Score columns added to the table.")
 @click.option("--initial-weights", "--initial-weight", "initial_weights", callback=parse_weights, default=None,
               help="Start weights of the new columns until tuning, comma-separated, or one for all "
                    "[default: annotate's columns in order, prob 0.2, unk -0.2: the unknown-word count is a penalty].")
@@ -63,7 +64,7 @@ def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_wei
               help="Where to write the tuned moses.ini.")
 @click.option("--working-dir", type=PathName(file_okay=False), default=None,
               help="mert-moses.pl's working directory, made fresh [default: OUTPUT.work].")
-@click.option("--seed", type=int, default=TuneOptions.seed, help="Seed of the optimiser's random restarts.")
+@click.option("--seed", type=SEED, default=TuneOptions.seed, help="Seed of the optimiser's random restarts.")
 @overwrite_option
 @tune_options
 @moses_home_option
@@ -88,7 +89,7 @@ def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **opt
               help="Tokenised references are compared as they are (--tokenize none); raw ones after detokenising "
                    "the output with sacremoses. auto: tokenised if they carry Moses escapes.")
 @click.option("--lang", default=ExperimentOptions.lang, help="Target language (for detokenising).")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Decoder threads [default: all cores].")
+@click.option("--threads", type=PARALLEL, default=None, help="Decoder threads [default: all cores].")
 @click.option("--decoder-flags", default="", help="More decoder options.")
 @click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

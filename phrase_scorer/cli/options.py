@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 
 import click
@@ -30,6 +31,72 @@ def refuse_empty(value, param: click.Parameter, what: str = "a file name") -> No
         raise PhraseScorerError(f"{parameter_name(param)} is empty", hint=f"an unset shell variable? give {what}")
 
 
+#: The largest whole number an option takes where the option sets no smaller bound: what a C int
+#: holds, the type of the counts and seeds that torch, numpy and Moses' programs take.
+COUNT_LIMIT = 2**31 - 1
+#: The most threads or processes an option asks for: more than any machine this runs on has cores
+#: (torch.set_num_threads overflows at 2^31; a million worker processes is a typo, not a setting).
+PARALLEL_LIMIT = 1024
+
+
+class FiniteFloat(click.FloatRange):
+    """The type of every number option: a finite float within :class:`click.FloatRange`'s bounds.
+    ``float()`` reads 'nan', 'inf', '1e400' and 400 nines (both infinity), and a range lets NaN
+    through (it compares false with every bound): refused here, with the option's own flag."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+class Count(click.IntRange):
+    """The type of every whole-number option: :class:`click.IntRange`, and never above ``limit``
+    (:data:`COUNT_LIMIT` unless the option names a smaller one), so a number no program takes is
+    refused with the option's flag rather than overflowing deep inside a verb."""
+
+    def __init__(self, min=None, max=None, min_open=False, max_open=False, clamp=False, *,
+                 limit: int = COUNT_LIMIT, what: str = "") -> None:
+        super().__init__(min, max, min_open, max_open, clamp)
+        self.limit, self.what = limit, what
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number > self.limit:
+            self.fail(f"{number} is too large: at most {self.limit}{' ' + self.what if self.what else ''}",
+                      param, ctx)
+        return number
+
+
+#: A random seed: what torch, numpy, ``mert -r`` and ``kbmira --random-seed`` all take.
+SEED = Count(min=0)
+#: Threads or processes (:data:`PARALLEL_LIMIT`).
+PARALLEL = Count(min=1, limit=PARALLEL_LIMIT, what="threads or processes")
+
+
+def distinct(ctx, param, values):
+    """The values of a repeated option, each given once: a value given twice is refused naming it
+    (``--seed 1 --seed 1`` would run the same thing twice into the same folder)."""
+    seen = set()
+    for value in values or ():
+        if value in seen:
+            raise click.BadParameter(f"{value!r} is given twice; give each value once", ctx, param)
+        seen.add(value)
+    return values
+
+
+def decoder_flags_value(ctx, param, value):
+    """``--decoder-flags``, refused at the parser when Moses may not be given them
+    (:mod:`phrase_scorer.moses.decoder_flags`: options that write or read files of their own)."""
+    from phrase_scorer.moses.decoder_flags import check_decoder_flags
+
+    check_decoder_flags(value)
+    return value
+
+
 class PathName(click.Path):
     """The type of every file and folder name a verb takes: :class:`click.Path`, and never empty
     (:func:`refuse_empty`)."""
@@ -41,12 +108,12 @@ class PathName(click.Path):
 
 device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=TrainConfig.device,
                              help="Where to run the model.")
-threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
+threads_option = click.option("--threads", type=PARALLEL, default=None,
                               help="CPU threads for the model [default: the cores this process may use, shared "
                                    "with the other ranks on the machine under torchrun; for score, annotate and "
                                    "rescore, one with a model of under a million parameters].")
 batch_tokens_option = click.option(
-    "--batch-tokens", type=click.IntRange(min=1), default=ScoringOptions.batch_tokens,
+    "--batch-tokens", type=Count(min=1), default=ScoringOptions.batch_tokens,
     help=f"Target tokens per scoring batch [default: {CPU_BATCH_TOKENS} on a CPU, {GPU_BATCH_TOKENS} on a GPU, "
          f"where a larger batch pays: {GPU_BATCH_TOKENS} rescored 1.4-2.1 times as fast as {CPU_BATCH_TOKENS} on "
          "an H100 and an H200 (docs/benchmarks.md, 'On a GPU')]. Recorded in the output's signature.")
@@ -69,7 +136,7 @@ moses_home_option = click.option("--moses-home", type=PathName(file_okay=False),
 def workers_option(work: str):
     """``--workers``: the processes that do a command's per-line ``work`` beside its model(s)
     (runtime/workers.default_workers when not given)."""
-    return click.option("--workers", type=click.IntRange(min=0), default=None,
+    return click.option("--workers", type=Count(min=0, limit=PARALLEL_LIMIT, what="processes"), default=None,
                         help=f"Processes that {work} (0: none, all in one process) [default: the cores, at most 8].")
 
 
@@ -86,10 +153,10 @@ def training_options(function):
         click.option("--preset", type=click.Choice(sorted({p for presets in ARCH_PRESETS.values() for p in presets})),
                      default=TrainConfig.preset,
                      help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests."),
-        click.option("--source-shortlist", type=click.IntRange(min=1, max=MAX_SHORTLIST), default=None,
+        click.option("--source-shortlist", type=Count(min=1, max=MAX_SHORTLIST), default=None,
                      help="Source words kept [default: the preset's: 15000 for the encoder-decoder's paper preset, "
                           "30000 for RNNsearch's]."),
-        click.option("--target-shortlist", type=click.IntRange(min=1, max=MAX_SHORTLIST), default=None,
+        click.option("--target-shortlist", type=Count(min=1, max=MAX_SHORTLIST), default=None,
                      help="Target words kept [default: the preset's: 15000 for the encoder-decoder's paper preset, "
                           "30000 for RNNsearch's]."),
         click.option("--vocabulary", type=click.Choice(VOCABULARIES), default=TrainConfig.vocabulary,
@@ -101,47 +168,47 @@ def training_options(function):
                           "initialisation, rate halved on validation plateaus) or 'paper' (the papers' Adadelta and "
                           "initialisations, for reproductions). The options below override single settings."),
         click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None, help="[default: the recipe's]"),
-        click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None,
                      help="Learning rate [default: the recipe's: 1e-3 for Adam, 1.0 for Adadelta]."),
-        click.option("--lr-decay", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+        click.option("--lr-decay", type=FiniteFloat(min=0, max=1, min_open=True), default=None,
                      help="Rate times this after --lr-patience validations without improvement (1: never) "
                           "[default: the recipe's]."),
-        click.option("--lr-patience", type=click.IntRange(min=1), default=None, help="[default: the recipe's]"),
-        click.option("--dropout", type=click.FloatRange(min=0, max=1, max_open=True), default=None,
+        click.option("--lr-patience", type=Count(min=1), default=None, help="[default: the recipe's]"),
+        click.option("--dropout", type=FiniteFloat(min=0, max=1, max_open=True), default=None,
                      help="Dropout on embeddings, encoder outputs and readout features, in training only "
                           "[default: the recipe's]."),
-        click.option("--label-smoothing", type=click.FloatRange(min=0, max=1, max_open=True), default=None,
+        click.option("--label-smoothing", type=FiniteFloat(min=0, max=1, max_open=True), default=None,
                      help="[default: the recipe's]"),
         click.option("--loss", type=click.Choice(LOSSES), default=None,
                      help="Mean NLL per pair (the papers) or per target token [default: the recipe's]."),
         click.option("--init", type=click.Choice(INITS), default=None,
                      help="Initial weights: the papers' or Glorot-uniform [default: the recipe's]."),
-        click.option("--batch-size", type=click.IntRange(min=1), default=TrainConfig.batch_size,
+        click.option("--batch-size", type=Count(min=1), default=TrainConfig.batch_size,
                      help="Pairs per update."),
-        click.option("--valid-pairs", type=click.IntRange(min=0), default=TrainConfig.valid_pairs,
+        click.option("--valid-pairs", type=Count(min=0), default=TrainConfig.valid_pairs,
                      help="About this many pairs are held out for validation, by source phrase (0: none; the "
                           "training NLL then picks the best weights)."),
-        click.option("--valid-every", type=click.IntRange(min=1), default=TrainConfig.valid_every,
+        click.option("--valid-every", type=Count(min=1), default=TrainConfig.valid_every,
                      help="Steps between validations and checkpoints."),
         click.option("--valid-metric", type=click.Choice(VALID_METRICS), default=None,
                      help="What picks the best weights, stops early and decays the rate: validation NLL per token, or "
                           "the BLEU of the validation translations (sentence pairs only) [default: bleu with --corpus, "
                           "else nll]."),
-        click.option("--valid-beam", type=click.IntRange(min=1), default=TrainConfig.valid_beam,
+        click.option("--valid-beam", type=Count(min=1), default=TrainConfig.valid_beam,
                      help="Beam of the validation translations (1: greedy)."),
-        click.option("--average-checkpoints", type=click.IntRange(min=0), default=TrainConfig.average_checkpoints,
+        click.option("--average-checkpoints", type=Count(min=0), default=TrainConfig.average_checkpoints,
                      metavar="K", help="When training stops, the mean of the weights of the last K validations becomes "
                                        "model.pt if it validates better than the best single weights (0: off)."),
-        click.option("--patience", type=click.IntRange(min=1), default=TrainConfig.patience,
+        click.option("--patience", type=Count(min=1), default=TrainConfig.patience,
                      help="Stop after this many validations without improvement."),
-        click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many updates."),
-        click.option("--max-epochs", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--max-steps", type=Count(min=1), default=None, help="Stop after this many updates."),
+        click.option("--max-epochs", type=FiniteFloat(min=0, min_open=True), default=None,
                      help="Stop after this many passes over the pairs."),
         click.option("--max-time", type=Duration(positive=True), default=None,
                      help="Stop after this long (3600, 90m, 2h, ...)."),
-        click.option("--clip-norm", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--clip-norm", type=FiniteFloat(min=0, min_open=True), default=None,
                      help="Gradient-norm clipping threshold [default: the recipe's]."),
-        click.option("--seed", type=int, default=TrainConfig.seed,
+        click.option("--seed", type=SEED, default=TrainConfig.seed,
                      help="Random seed (initial weights, validation split, data order)."),
         device_option,
         click.option("--precision", type=click.Choice(TRAIN_PRECISIONS), default=TrainConfig.precision,
@@ -183,6 +250,8 @@ def parse_weights(ctx, param, value):
         weights = tuple(float(w) for w in value.split(","))
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers") from None
+    if not all(map(math.isfinite, weights)):
+        raise click.BadParameter(f"{value!r} holds a number that is not finite")
     return weights[0] if len(weights) == 1 else weights
 
 
@@ -196,7 +265,7 @@ def column_options(function):
         click.option("--length-normalize/--no-length-normalize", default=AnnotateOptions.length_normalize,
                      help="Write exp(log p / (target words + 1)), p per target token, instead of p(y|x)."),
         batch_tokens_option,
-        click.option("--window-lines", type=click.IntRange(min=1), default=AnnotateOptions.window_lines,
+        click.option("--window-lines", type=Count(min=1), default=AnnotateOptions.window_lines,
                      help="Lines read, scored and written at a time (also the resume granularity)."),
     ]
     for option in reversed(options):
@@ -209,14 +278,14 @@ def tune_options(function):
     options = [
         click.option("--method", type=click.Choice(["mert", "mira"]), default=TuneOptions.method,
                      help="MERT or batch MIRA (PRO is left out: mert-moses.pl downloads it at run time)."),
-        click.option("--max-iterations", type=click.IntRange(min=1), default=TuneOptions.max_iterations),
+        click.option("--max-iterations", type=Count(min=1), default=TuneOptions.max_iterations),
         click.option("--return-best-dev/--return-last", default=TuneOptions.return_best_dev,
                      help="Keep the iteration with the best dev BLEU, or the last one."),
-        click.option("--threads", type=click.IntRange(min=1), default=None,
+        click.option("--threads", type=PARALLEL, default=None,
                      help="Decoder threads [default: all cores]."),
         click.option("--decoder-flags", default=TuneOptions.decoder_flags,
                      help="More decoder options, e.g. '-v 0 -search-algorithm 1 -s 400'."),
-        click.option("--nbest", type=click.IntRange(min=1), default=TuneOptions.nbest),
+        click.option("--nbest", type=Count(min=1), default=TuneOptions.nbest),
         click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin."),
         click.option("--mertdir", type=PathName(file_okay=False, exists=True), default=None,
                      help="Folder of mert's programs (extractor, mert, kbmira, pro, evaluator) "

@@ -10,8 +10,8 @@ import click
 from phrase_scorer.config import RerankOptions, RescoreOptions, ScoringOptions
 from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
-    PathName, batch_tokens_option, device_option, moses_home_option, overwrite_option, precision_option,
-    resume_option, threads_option, workers_option,
+    PARALLEL, SEED, Count, FiniteFloat, PathName, batch_tokens_option, device_option, distinct, moses_home_option,
+    overwrite_option, precision_option, resume_option, threads_option, workers_option,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -37,7 +37,7 @@ from phrase_scorer.runtime.threads import set_threads
 @click.option("--normalize/--no-normalize", default=RescoreOptions.normalize,
               help="Write log p divided by the predicted tokens (words + 1) instead of log p.")
 @batch_tokens_option
-@click.option("--window-lines", type=click.IntRange(min=1), default=RescoreOptions.window_lines,
+@click.option("--window-lines", type=Count(min=1), default=RescoreOptions.window_lines,
               help="About this many lines (whole sentences) read, scored and written at a time (also the resume "
                    "granularity).")
 @device_option
@@ -94,13 +94,13 @@ def moved_to_apply_reranker(weights: Optional[str]) -> None:
                    "[default: fitted to the dev list's totals].")
 @click.option("--method", type=click.Choice(["mert", "mira"]), default=RerankOptions.method,
               help="Moses' mert or kbmira (batch MIRA).")
-@click.option("--seed", "seeds", type=int, multiple=True, default=RerankOptions.seeds,
+@click.option("--seed", "seeds", type=SEED, multiple=True, default=RerankOptions.seeds, callback=distinct,
               help="One optimiser run per seed (repeatable); the run best on dev is kept.")
-@click.option("--restarts", type=click.IntRange(min=0), default=RerankOptions.restarts,
+@click.option("--restarts", type=Count(min=0), default=RerankOptions.restarts,
               help="mert's random starting points per run.")
-@click.option("--iterations", "mira_iterations", type=click.IntRange(min=1), default=RerankOptions.mira_iterations,
+@click.option("--iterations", "mira_iterations", type=Count(min=1), default=RerankOptions.mira_iterations,
               help="kbmira's epochs per run.")
-@click.option("--threads", type=click.IntRange(min=1), default=RerankOptions.threads, help="mert's threads.")
+@click.option("--threads", type=PARALLEL, default=RerankOptions.threads, help="mert's threads.")
 @click.option("--working-dir", type=PathName(file_okay=False), default=None,
               help="For the extractor's files and the optimiser runs, made fresh [default: OUTPUT.work].")
 @click.option("--mertdir", type=PathName(file_okay=False, exists=True), default=None,
@@ -109,7 +109,7 @@ def moved_to_apply_reranker(weights: Optional[str]) -> None:
               help="A dense feature of the lists to leave out, neither tuned nor used (repeatable).")
 @click.option("--decoder-flags", default=None,
               help="The decoder options the n-best lists were made with, recorded in the reranker.")
-@click.option("--min-feature-gain", type=float, default=RerankOptions.min_feature_gain, show_default=True,
+@click.option("--min-feature-gain", type=FiniteFloat(), default=RerankOptions.min_feature_gain, show_default=True,
               help="Dev BLEU points a model feature must buy to keep its tuned weight (measured by setting it "
                    "to 0): one that buys no more is weighted 0 and translate --moses does not run its model; "
                    "negative: keep every feature.")

@@ -11,7 +11,7 @@ import click
 from phrase_scorer.runtime import progress
 from phrase_scorer.cli.group import UserError, cli, log, shown
 from phrase_scorer.cli.options import (
-    PathName, make_training_settings, threads_option, training_options,
+    PARALLEL, Count, PathName, make_training_settings, threads_option, training_options,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -23,7 +23,7 @@ from phrase_scorer.runtime.threads import set_threads
 @click.option("--dev", nargs=2, type=PathName(exists=True, dir_okay=False), default=None, metavar="SRC TGT",
               help="With --corpus: validate on these sentence pairs "
                    "[default: hold out about --valid-pairs training pairs].")
-@click.option("--max-length", type=click.IntRange(min=1), default=None,
+@click.option("--max-length", type=Count(min=1), default=None,
               help="With --corpus: leave out training pairs with a side longer than this many words (paper: 30 or 50) "
                    "[default: no limit].")
 @click.option("--right-to-left", is_flag=True, default=False,
@@ -32,7 +32,7 @@ from phrase_scorer.runtime.threads import set_threads
 @click.option("-o", "--output", required=True, type=PathName(file_okay=False), help="Model directory to create.")
 @training_options
 @threads_option
-@click.option("--processes", type=click.IntRange(min=1), default=1,
+@click.option("--processes", type=PARALLEL, default=1,
               help="Train in this many processes on this machine, each on its part of every batch (as under "
                    "torchrun --standalone; the batch stays --batch-size pairs). On an idle 2-core CPU, 2 processes "
                    "train RNNsearch small on sentence pairs 1.36 times as fast as the default single process.")
