@@ -168,6 +168,11 @@ class SourceSentences:
 
     def words(self, sentence_id: int, nbest_line: int) -> List[str]:
         """The words of source line ``sentence_id + 1``; ids must increase from call to call."""
+        return split_words(self.through(sentence_id, nbest_line))
+
+    def through(self, sentence_id: int, nbest_line: int) -> Optional[str]:
+        """Read on to source line ``sentence_id + 1`` and return it (None when it was read
+        before); a source too short for the id is an error naming the list's line."""
         text = None
         while self.lines_read <= sentence_id:
             text = self._next()
@@ -176,14 +181,18 @@ class SourceSentences:
                     f"sentence id {sentence_id} needs source line {sentence_id + 1}, but {self._name()} has only "
                     f"{self.lines_read} lines", path=self.nbest, line=nbest_line,
                     hint="give the source sentences the n-best list was decoded from, one per line")
-        return split_words(text)
+        return text
 
-    def check_all_read(self, last_id: int) -> None:
-        """The source must not have lines beyond the n-best list's last sentence."""
-        if self._next() is not None:
+    def check_all_read(self, last_id: int, nbest_line: int) -> None:
+        """The source must have exactly the lines of the n-best list's sentences: line
+        ``last_id + 1`` (the list's line ``nbest_line`` asks for it) and none after it."""
+        self.through(last_id, nbest_line)
+        extra = self._next()
+        if extra is not None:
+            empty = " (an empty line: remove the empty lines at its end)" if not extra.strip() else ""
             raise PhraseScorerError(
-                f"{self._name()} has more lines than the n-best list has sentences (its last sentence id is {last_id})",
-                path=self.path, line=self.lines_read,
+                f"{self._name()} has more lines than the n-best list has sentences (its last sentence id is "
+                f"{last_id}){empty}", path=self.path, line=self.lines_read,
                 hint="give the source sentences the n-best list was decoded from, one per line")
 
     def _next(self) -> Optional[str]:
@@ -322,6 +331,7 @@ def read_raw_windows(nbest: PathLike, skip: int, sources: "SourceSentences", win
     index = 0
     first = skip + 1
     last_id = -1
+    last_id_line = 0  # the list's line where ``last_id`` begins
     number = skip
 
     def flush() -> bool:
@@ -339,21 +349,22 @@ def read_raw_windows(nbest: PathLike, skip: int, sources: "SourceSentences", win
             with open_input(nbest) as source:
                 reading.follow(source)
                 for number, data in enumerate(source, 1):
-                    if number <= skip:
-                        continue
                     sentence_id = sentence_id_of(data, nbest, number)
                     if sentence_id != last_id:
                         check_id_order(sentence_id, last_id, nbest, number)
+                        last_id, last_id_line = sentence_id, number
+                        if number <= skip:  # done before: its source line is read past, not looked up
+                            continue
                         if len(lines) >= window_lines and not flush():
                             return
                         sentences[sentence_id] = sources.words(sentence_id, number)
-                        last_id = sentence_id
                         counts["sentences"] += 1
-                    lines.append(data)
+                    if number > skip:
+                        lines.append(data)
         except (EOFError, OSError, ValueError) as exc:
             raise read_failure(exc, nbest, number) from None
-        if last_id >= 0:
-            sources.check_all_read(last_id)
+        if last_id >= 0:  # the whole list's ids, those a resumed run skipped included
+            sources.check_all_read(last_id, last_id_line)
     except PhraseScorerError as exc:
         if lines and not flush():
             return

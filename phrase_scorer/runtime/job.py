@@ -26,7 +26,8 @@ A job owns everything between the command's options and the finished file:
   output is in place, after the resume record is removed.
 * **Failure.** Leaving the block with an exception removes the temporary file, unless it is a
   ``OUT.part`` that ``--resume`` can continue (some chunks finished, and the failure does not
-  come from the input, which would fail ``--resume``'s check anyway); the error says which.
+  come from an input, which would fail the same check on resume: the record holds the inputs'
+  bytes); the error says which.
 
 Its rule for the files beside the output: a file this run did not create is never opened for
 writing, truncated or removed. ``OUT.part`` and the lock are created exclusively, never through
@@ -327,8 +328,7 @@ class OutputJob:
         if self._record is None:
             self.out.abort()
             return
-        from_input = isinstance(exc, PhraseScorerError) and exc.path is not None and self.source is not None and \
-            os.path.abspath(exc.path) == os.path.abspath(self.source)
+        from_input = isinstance(exc, PhraseScorerError) and self._names_an_input(exc.path)
         resumable = self.recorded_lines > 0 and not from_input
         self.out.keep_on_failure = resumable
         self.out.abort()
@@ -344,6 +344,16 @@ class OutputJob:
                 note = f"{part} is removed: nothing can be resumed from it ({reason})"
             hint = Text(exc.hint, "; ", note) if exc.hint else note
             raise PhraseScorerError(exc.message, path=exc.path, line=exc.line, hint=hint) from None
+
+    def _names_an_input(self, path: Optional[PathLike]) -> bool:
+        """Whether an error naming ``path`` comes from one of the inputs (the source or any other
+        the job was given): the resume that follows reads the same bytes (the record names them)
+        and would fail the same check, so the partial output is not kept for it."""
+        if path is None:
+            return False
+        named = os.path.abspath(path)
+        return any(given is not None and os.path.abspath(given) == named
+                   for given in (self.source, *(p for _, p in self.inputs)))
 
 
 def _key_or_none(path: Path):
