@@ -366,6 +366,93 @@ def test_the_cli_fuzz_reaches_the_success_path(tmp_path, tiny_model):
     assert len((tmp_path / "o.txt").read_bytes().splitlines()) == len(example.splitlines())
 
 
+# --- option values -------------------------------------------------------------------------------------
+
+def numeric_options():
+    """(the words naming a verb, its flag, whether it takes whole numbers) for every number option
+    of every verb, found by walking the command line's tree, so an option added later is fuzzed
+    too."""
+    import click
+
+    from phrase_scorer.cli.group import Duration
+
+    def walk(group, path):
+        for name, command in sorted(group.commands.items()):
+            if isinstance(command, click.Group):
+                yield from walk(command, path + (name,))
+                continue
+            for param in command.params:
+                if isinstance(param.type, (click.types.IntParamType, click.types.FloatParamType, Duration)):
+                    yield path + (name,), max(param.opts, key=len), isinstance(param.type, click.types.IntParamType)
+
+    return list(walk(cli, ()))
+
+
+NUMERIC_OPTIONS = numeric_options()
+HOSTILE_NUMBERS = ["nan", "-nan", "NaN", "inf", "-inf", "+inf", "Infinity", "1e400", "-1e400", "9" * 400,
+                   "-" + "9" * 400, str(2 ** 31), str(2 ** 63), str(2 ** 64), str(-2 ** 31 - 1), "-1", "0", "-0",
+                   "1e-400", "-1e-400", "1_000", "0x10", " 3 ", "", "1.5", "2h"]
+number_text = st.one_of(
+    st.sampled_from(HOSTILE_NUMBERS),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(min_value=-2 ** 70, max_value=2 ** 70).map(str),
+)
+
+
+def must_be_refused(value: str, whole: bool) -> bool:
+    """What no number option takes, whatever its range: NaN, an infinity; and for a whole-number
+    option, a number beyond what a C int holds."""
+    import math
+
+    try:
+        number = float(value)
+    except ValueError:
+        return False
+    if not math.isfinite(number):
+        return True
+    if not whole:
+        return False
+    try:
+        return not -2 ** 31 <= int(value) <= 2 ** 31 - 1
+    except ValueError:
+        return False
+
+
+def fuzz_option_value(tmp_path, monkeypatch, words: tuple, flag: str, whole: bool, value: str) -> None:
+    """A number option given any text: a value no option takes (NaN, an infinity, a number
+    beyond a C int) is refused at the parser naming the flag; any other ends with one line (the
+    verb's own inputs are not given, so it fails right after parsing) and never a traceback; and
+    nothing is left in the working folder."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, [*words, flag, value])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    if must_be_refused(value, whole):
+        assert result.exit_code == 2, result.output
+        assert lines[-1].startswith("Error: Invalid value for") and f"'{flag}'" in lines[-1], result.output
+    elif result.exit_code:
+        assert result.exit_code in (1, 2), result.output
+        assert lines[-1].startswith("phrase-scorer: error: " if result.exit_code == 1 else "Error: "), result.output
+    assert list(tmp_path.iterdir()) == []
+    record("fuzz", reader="option values", outcome="error" if result.exit_code else "ok")
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(option=st.sampled_from(NUMERIC_OPTIONS), value=number_text)
+def test_fuzz_option_values(tmp_path_factory, monkeypatch, option, value):
+    fuzz_option_value(tmp_path_factory.mktemp("v"), monkeypatch, *option, value)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=5000, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(option=st.sampled_from(NUMERIC_OPTIONS), value=number_text)
+def test_fuzz_option_values_long(tmp_path_factory, monkeypatch, option, value):
+    fuzz_option_value(tmp_path_factory.mktemp("v"), monkeypatch, *option, value)
+
+
 # --- outputs that are inputs ---------------------------------------------------------------------------
 
 ALIASES = ["same path", "./ in the path", "dir/../ in the path", "symbolic link", "hard link", "input is OUT.part"]
