@@ -33,6 +33,7 @@ an entry beside ``model``. Weights written before the record existed load as the
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 import struct
@@ -440,3 +441,110 @@ def average_weights(paths, trained_as: Optional[Dict[str, Any]] = None) -> Dict[
             dtypes[name] = tensor.dtype
             total[name] = total.get(name, 0) + tensor.double()
     return {name: (tensor / len(paths)).to(dtypes[name]) for name, tensor in total.items()}
+
+
+# --- what a model reads: its direction and its languages ----------------------------------------
+
+#: Lines of each text a model's vocabularies are measured on when its record of the corpus does not
+#: decide (:func:`check_model_reads`): enough for shares that differ by tens of points
+SAMPLE_LINES = 2000
+
+
+def known_share(vocab: Vocabulary, words: list) -> float:
+    """How well ``vocab`` reads ``words``: the mean over the words of 1 / the pieces a word takes,
+    0 for one read as ``<unk>``: the share of the words in the shortlist for a word vocabulary; for
+    subword pieces, a text in the language they were learnt on takes fewer pieces per word."""
+    from phrase_scorer.vocab import UNK_ID
+
+    total = 0.0
+    for word in words:
+        ids = vocab.encode([word])
+        total += 0.0 if UNK_ID in ids else 1.0 / max(len(ids), 1)
+    return total / max(len(words), 1)
+
+
+def _sample_words(path: PathLike) -> list:
+    from itertools import islice
+
+    from phrase_scorer.io.files import TextLines
+
+    return [word for _, line in islice(TextLines(path), SAMPLE_LINES) for word in line.split()]
+
+
+def _corpus_hashes(record: Any) -> Optional[Tuple[Any, Any]]:
+    """The SHA-256s of the two sides of the corpus a config.json records (``corpus``), or None."""
+    if not isinstance(record, dict):
+        return None
+    sides = [record.get(side) for side in ("source", "target")]
+    if not all(isinstance(side, dict) and isinstance(side.get("sha256"), str) for side in sides):
+        return None
+    return sides[0]["sha256"], sides[1]["sha256"]
+
+
+def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left: bool,
+                      corpus: Optional[Tuple[PathLike, PathLike]] = None,
+                      texts: Optional[Tuple[PathLike, PathLike]] = None) -> None:
+    """Refuse the model at ``path``, given as ``role`` (its name in the message, ``forward`` say),
+    unless it loads and reads what the role needs: the system's source to its target (or, where
+    ``reverse``, its target to its source), its target left to right (or, where ``right_to_left``,
+    last word first).
+
+    The reading order is in the weights' record (``trained_as``). The direction and the languages
+    are decided by the corpus its config.json records when that is ``corpus`` (the system's
+    training corpus, source and target: the same bytes, by SHA-256, read one way or the other);
+    else by its vocabularies against ``texts`` (a source text and its translation: the tuning
+    set): its source vocabulary must read the side it is to read better than its target
+    vocabulary does, and its target vocabulary the side it predicts better than its source
+    vocabulary does. A model of the other direction, or into another language, fails one of them.
+    One line names the folder, what the model is and what the role needs."""
+    from phrase_scorer.io.files import file_identity, identity_sha256
+
+    folder = Path(path)
+    loaded = ModelDirectory(folder).load("cpu")  # it exists, loads, and its parts agree
+    source_vocab, target_vocab = loaded.source_vocab, loaded.target_vocab
+    del loaded
+    wanted = "reads the system's target and predicts its source" if reverse else \
+        "reads the system's source and predicts its target"
+    order = "right to left (last word first)" if right_to_left else "left to right"
+    hint = f"give a model that {wanted}, {order}, as {role}="
+
+    def refuse(what: str) -> None:
+        raise PhraseScorerError(f"given as {role}, but {what}", path=folder, hint=hint)
+
+    if bool(target_vocab.right_to_left) != right_to_left:
+        refuse("it predicts its target " + ("right to left (a right-to-left model)" if target_vocab.right_to_left
+                                             else "left to right"))
+    data = ModelDirectory(folder).read_config()
+    recorded = _corpus_hashes(data.get("corpus"))
+    if corpus is not None and recorded is not None:
+        given = tuple(identity_sha256(file_identity(side)) for side in corpus)
+        if given[0] != given[1] and recorded in (given, given[::-1]):  # trained on this very corpus
+            backwards = recorded == given[::-1]
+            if backwards != reverse:
+                refuse("it was trained on the corpus read " + ("target to source (a reverse model)" if backwards
+                                                                 else "source to target (a forward model)"))
+            return
+    if texts is None:
+        return
+    source_words, target_words = (_sample_words(text) for text in texts)
+    reads, predicts = (target_words, source_words) if reverse else (source_words, target_words)
+    shares = {(vocab, side): known_share(vocab_of, words)
+              for vocab, vocab_of in (("source", source_vocab), ("target", target_vocab))
+              for side, words in (("reads", reads), ("predicts", predicts))}
+    names = (texts[1], texts[0]) if reverse else (texts[0], texts[1])
+    if shares["source", "reads"] <= shares["target", "reads"] and shares["target", "predicts"] <= \
+            shares["source", "predicts"]:
+        refuse(f"it translates the other way: its source vocabulary reads {shown_path(names[1])} "
+               f"({shares['source', 'predicts']:.0%} of its words known) better than {shown_path(names[0])} "
+               f"({shares['source', 'reads']:.0%})")
+    if shares["source", "reads"] <= shares["target", "reads"]:
+        refuse(f"it reads another language: its source vocabulary knows {shares['source', 'reads']:.0%} of the "
+               f"words of {shown_path(names[0])}, its target vocabulary {shares['target', 'reads']:.0%}")
+    if shares["target", "predicts"] <= shares["source", "predicts"]:
+        refuse(f"it translates into another language: its target vocabulary knows "
+               f"{shares['target', 'predicts']:.0%} of the words of {shown_path(names[1])}, its source vocabulary "
+               f"{shares['source', 'predicts']:.0%}")
+
+
+def shown_path(path: PathLike) -> str:
+    return os.path.basename(os.fspath(path))

@@ -49,3 +49,174 @@ def test_an_empty_models_list_names_the_models_option(tmp_path):
     line = result.stderr.strip().splitlines()[-1]
     assert "--models" in line and "--model " not in line
     assert not (tmp_path / "work").exists()
+
+
+# --- build-reranker checks everything before its first step ----------------------------------------
+
+import math  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+import pytest  # noqa: E402
+
+from conftest import DATA, error_line  # noqa: E402
+from phrase_scorer.errors import PhraseScorerError  # noqa: E402
+
+TRAIN_CS = DATA / "multi30k.train500.cs.gz"  # the Czech side of the same 500 English sentences
+QUICK = ["--preset", "tiny", "--max-steps", "2", "--valid-every", "2", "--vocabulary", "words", "--device", "cpu",
+         "--threads", "1"]
+WORKING_INI = "[feature]\nWordPenalty\n\n[weight]\nWordPenalty0= -1\n"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Tiny models trained for two updates on the 500 Multi30k pairs: English→French read left to
+    right (``forward``) and right to left, French→English (``reverse``), English→Czech (``czech``)."""
+    from phrase_scorer.config import TrainConfig
+    from phrase_scorer.data.sentence_pairs import SentenceCorpus
+    from phrase_scorer.training.run import train
+
+    folder = tmp_path_factory.mktemp("models")
+    made = {}
+    for name, source, target, right_to_left in (("forward", TRAIN_EN, TRAIN_FR, False),
+                                                ("right-to-left", TRAIN_EN, TRAIN_FR, True),
+                                                ("reverse", TRAIN_FR, TRAIN_EN, False),
+                                                ("czech", TRAIN_EN, TRAIN_CS, False)):
+        made[name] = folder / name
+        train(SentenceCorpus(str(source), str(target)), made[name],
+              TrainConfig(preset="tiny", max_steps=2, valid_every=2, batch_size=8, device="cpu", vocabulary="words",
+                          right_to_left=right_to_left, valid_pairs=0))
+    return made
+
+
+@pytest.fixture
+def failing_moses(tmp_path) -> Path:
+    """A Moses installation whose every program fails: what a build reaches only past its checks."""
+    home = tmp_path / "moses"
+    (home / "bin").mkdir(parents=True)
+    for name in ("moses", "extractor", "mert", "kbmira", "pro", "evaluator"):
+        program = home / "bin" / name
+        program.write_text("#!/bin/sh\necho 'this Moses fails' >&2\nexit 3\n", encoding="utf-8")
+        program.chmod(0o755)
+    (home / "scripts" / "training").mkdir(parents=True)
+    (home / "scripts" / "training" / "mert-moses.pl").write_text("exit 3\n", encoding="utf-8")
+    return home
+
+
+def build(tmp_path, *more, moses_home=None):
+    ini = tmp_path / "system.ini"
+    if not ini.exists():
+        ini.write_text(WORKING_INI, encoding="utf-8")
+    home = ["--moses-home", moses_home] if moses_home else []
+    return run_cli("build-reranker", ini, "--corpus", TRAIN_EN, TRAIN_FR, "--tuning-set", VAL_EN, VAL_FR,
+                   "-o", tmp_path / "work", "--nbest-size", 10, "--runs", 1, *QUICK, *home, *more)
+
+
+def test_a_misspelt_model_folder_is_refused_before_any_training(tmp_path, failing_moses):
+    result = build(tmp_path, "--models", "forward,reverse", "-m", f"forward={tmp_path / 'fwdd'}",
+                   moses_home=failing_moses)
+    line = error_line(result)
+    assert "fwdd" in line and "does not exist" in line
+    assert not (tmp_path / "work").exists()  # nothing trained, nothing decoded
+
+
+@pytest.mark.parametrize("role, model, said", [
+    ("forward", "reverse", "given as forward, but it was trained on the corpus read target to source"),
+    ("reverse", "forward", "given as reverse, but it was trained on the corpus read source to target"),
+    ("right-to-left", "forward", "given as right-to-left, but it predicts its target left to right"),
+    ("forward", "right-to-left", "given as forward, but it predicts its target right to left"),
+])
+def test_a_model_of_another_direction_is_refused_naming_its_folder(tmp_path, failing_moses, models, role, model,
+                                                                    said):
+    result = build(tmp_path, "--models", "forward", "-m", f"{role}={models[model]}", moses_home=failing_moses)
+    line = error_line(result)
+    assert said in line and models[model].name in line
+    assert not (tmp_path / "work").exists()
+
+
+def test_an_english_to_czech_model_is_refused_for_an_english_to_french_build(tmp_path, failing_moses, models):
+    result = build(tmp_path, "--models", "forward", "-m", f"forward={models['czech']}", moses_home=failing_moses)
+    line = error_line(result)
+    assert "given as forward, but it translates into another language" in line and "multi30k.val100.fr" in line
+    assert not (tmp_path / "work").exists()
+
+
+def test_without_its_corpus_a_model_of_the_other_direction_is_known_by_its_vocabularies(tmp_path, models):
+    """The corpus given is not the one the model recorded (the same sentences, unzipped): its
+    vocabularies against the tuning set decide."""
+    from phrase_scorer.model_dir import check_model_reads
+
+    import gzip
+
+    corpus = []
+    for side in (TRAIN_EN, TRAIN_FR):
+        plain = tmp_path / side.name.replace(".gz", "")
+        plain.write_bytes(gzip.decompress(side.read_bytes()))
+        corpus.append(plain)
+    with pytest.raises(PhraseScorerError, match="given as forward, but it translates the other way"):
+        check_model_reads(models["reverse"], "forward", reverse=False, right_to_left=False, corpus=tuple(corpus),
+                          texts=(VAL_EN, VAL_FR))
+    check_model_reads(models["forward"], "forward", reverse=False, right_to_left=False, corpus=tuple(corpus),
+                      texts=(VAL_EN, VAL_FR))  # the right model passes
+    check_model_reads(models["reverse"], "reverse", reverse=True, right_to_left=False, corpus=tuple(corpus),
+                      texts=(VAL_EN, VAL_FR))
+
+
+def test_more_members_than_the_machine_can_train_at_once_are_refused(tmp_path):
+    """--members 1000 would start 2,001 trainings side by side: refused naming --members and the
+    memory, before the working folder exists (and before Moses is looked for)."""
+    result = build(tmp_path, "--members", 1000, "--side-by-side")
+    line = error_line(result)
+    assert "2,001 trainings side by side (--members 1000)" in line and "GiB" in line
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_missing_file_of_the_moses_ini_is_refused_before_any_training(tmp_path, failing_moses):
+    (tmp_path / "system.ini").write_text("[feature]\nKENLM name=LM0 factor=0 path=lm.arpa.gz order=5\n\n"
+                                         "[weight]\nLM0= 0.5\n", encoding="utf-8")
+    result = build(tmp_path, "--models", "forward", moses_home=failing_moses)
+    line = error_line(result)
+    assert "system.ini line 2" in line and "LM0's file lm.arpa.gz is missing" in line
+    assert not (tmp_path / "work").exists()
+
+
+def test_corpus_sides_of_different_lengths_are_refused_before_any_training(tmp_path, failing_moses):
+    short = tmp_path / "short.fr"
+    short.write_text("une ligne\n", encoding="utf-8")
+    ini = tmp_path / "system.ini"
+    ini.write_text(WORKING_INI, encoding="utf-8")
+    result = run_cli("build-reranker", ini, "--corpus", TRAIN_EN, short, "--tuning-set", VAL_EN, VAL_FR,
+                     "-o", tmp_path / "work", *QUICK, "--moses-home", failing_moses)
+    line = error_line(result)
+    assert "the corpus: 500 lines, but its other side" in line and "short.fr" in line
+    assert not (tmp_path / "work").exists()
+
+
+def test_the_checks_are_logged_before_the_first_step_and_made_again_by_a_run_given_again(tmp_path, failing_moses,
+                                                                                        models):
+    given = ["--models", "forward", "-m", f"forward={models['forward']}", "-m", f"reverse={models['reverse']}"]
+    first = build(tmp_path, *given, moses_home=failing_moses)
+    assert "this Moses fails" in error_line(first)  # past the checks: the decoding failed
+    log = first.stderr
+    assert "checked before the first step" in log and log.index("checked before the first step") < log.index("step 1")
+    # the same folder again, with the reverse model given as the forward one: refused before any step
+    again = build(tmp_path, "--models", "forward", "-m", f"forward={models['reverse']}", moses_home=failing_moses)
+    assert "given as forward, but it was trained on the corpus read target to source" in error_line(again)
+    assert "step 1" not in again.stderr
+
+
+@pytest.mark.parametrize("change, said", [
+    (dict(tie_margin=math.nan), "tie_margin is nan"),
+    (dict(training_hours=math.inf), "training_hours is inf"),
+    (dict(members=0), "members is 0"),
+    (dict(bpe_above=2.0), "bpe_above is 2.0"),
+])
+def test_a_library_caller_s_bad_value_is_refused_before_the_folder_exists(tmp_path, change, said):
+    from phrase_scorer.config import BuildRerankerOptions
+    from phrase_scorer.experiments.build_reranker import build_reranker
+
+    ini = tmp_path / "system.ini"
+    ini.write_text(WORKING_INI, encoding="utf-8")
+    with pytest.raises(PhraseScorerError, match=said):
+        build_reranker(ini, (str(TRAIN_EN), str(TRAIN_FR)), (str(VAL_EN), str(VAL_FR)), tmp_path / "work",
+                       options=replace(BuildRerankerOptions(), **change))
+    assert not (tmp_path / "work").exists()

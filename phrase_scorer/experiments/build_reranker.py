@@ -25,6 +25,13 @@ system to run), the higher figure among equals; its reranker is the weights of i
 best tuning BLEU. The tuning set both tunes and chooses: the figures of the report are tuning-set
 figures, not a test result.
 
+Before its first step the build checks everything it will use (:func:`preflight`), and a run
+given again checks it all again before it continues: the options; each model given, which must
+load and read the direction and the languages its name says (by the corpus its config.json
+records, else by its vocabularies against the tuning set); the moses.ini and the files it names;
+the corpus and the tuning set; the memory the trainings side by side and the rescoring need
+(``members`` multiplies both); Moses; the working folder. One log line says so.
+
 Every step records what made it (:class:`~phrase_scorer.records.Step`: files by their bytes) and
 is reused when a re-run has the same inputs, redone when they changed; an interrupted run given
 again continues where it stopped (a training from its checkpoint, a rescoring inside its list).
@@ -266,6 +273,139 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
     (:func:`model_names`: a kind of :data:`MODEL_KINDS`, or a further member such as ``forward-2``)
     to a directory trained before, used instead of training it."""
     given = dict(given_models or {})
+    ini, work = Path(moses_ini).resolve(), Path(work_dir).resolve()
+    models, moses = preflight(ini, corpus, tuning, work, options, given, moses, moses_home)
+    work = claim_work_folder(work)
+    with OutputLock(work):  # WORK.lock: a second build into the same folder is refused
+        return _build(ini, corpus, tuning, work, models, given, options, scoring_options, moses)
+
+
+# --- everything checked before the first step ----------------------------------------------------
+
+#: A training process before its model: torch, the pair cache's reader, the batches prefetched
+#: (a small-preset training on CPU peaks at about 420 MiB, docs/benchmarks.md)
+TRAINING_BASE_BYTES = 300 << 20
+TYPICAL_TOKENS = 50  # target tokens of a long training sentence: the logits a batch holds per pair
+
+
+def training_bytes(options: BuildRerankerOptions) -> int:
+    """About what one training of ``options``' preset takes at its peak: the process, the weights
+    with their gradients and the optimiser's two moments (16 bytes a parameter), and a batch's
+    logits and their gradients over the full target shortlist."""
+    from phrase_scorer.models.architectures import full_size_parameters
+
+    model = preset_config(training_config(options, "words", False))
+    logits = options.batch_size * TYPICAL_TOKENS * (model.target_shortlist + 3) * 4 * 2
+    return TRAINING_BASE_BYTES + 16 * full_size_parameters(model) + logits
+
+
+def machine_memory() -> int:
+    """The memory this process may use, in bytes: the machine's, or its control group's limit
+    where lower."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit, encoding="ascii") as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            total = min(total, int(value))
+    return total
+
+
+def check_machine_holds(options: BuildRerankerOptions, models: Sequence[str], to_train: Sequence[str],
+                        given: Dict[str, str], side_by_side: bool) -> str:
+    """Refuse a build whose trainings at once, or whose models loaded together for the rescoring,
+    would need more memory than the machine has (the trainings grow with ``members``: 2 x N + 1
+    processes side by side). Returns what was found, for the log."""
+    from phrase_scorer.models.architectures import full_size_parameters
+
+    gib = 1 << 30
+    total = machine_memory()
+    each = training_bytes(options) if to_train else 0
+    at_once = len(to_train) if side_by_side else min(len(to_train), 1)
+    fix = Text("give fewer ", setting("members"), " or a smaller ", setting("preset"), ", or use a machine with more "
+               "memory")
+    if at_once * each > total:
+        raise PhraseScorerError(Text(f"{len(to_train):,} trainings side by side (", setting("members", options.members),
+                                     f") need about {at_once * each / gib:.1f} GiB ({each / gib:.2f} GiB each, preset "
+                                     f"{options.preset}), more than the {total / gib:.1f} GiB this machine has"),
+                                hint=fix)
+    weights = 4 * full_size_parameters(preset_config(training_config(options, "words", False)))
+    loaded = sum(os.path.getsize(Path(given[m]) / BEST_WEIGHTS) if m in given else weights for m in models)
+    if loaded > total:
+        raise PhraseScorerError(Text(f"the {len(models):,} models (", setting("members", options.members),
+                                     f") rescore the list together and need about {loaded / gib:.1f} GiB, more than "
+                                     f"the {total / gib:.1f} GiB this machine has"), hint=fix)
+    return (f"{at_once} training{'s' if at_once != 1 else ''} at once in about {at_once * each / gib:.1f} GiB "
+            f"of {total / gib:.1f} GiB")
+
+
+def check_options(options: BuildRerankerOptions) -> None:
+    """Every value of ``options`` in its range (a library caller's too; the command line's parser
+    refuses the same values under their flags)."""
+    from phrase_scorer.config import check_number, check_whole_number
+
+    experiment = options.experiment
+    for name, value, least in (("members", options.members, 1), ("max_steps", options.max_steps, 1),
+                               ("valid_every", options.valid_every, 1), ("batch_size", options.batch_size, 1),
+                               ("average_checkpoints", options.average_checkpoints, 0),
+                               ("nbest_size", experiment.nbest_size, 1), ("nbest_factor", experiment.nbest_factor, 1),
+                               ("runs", experiment.runs, 1), ("restarts", experiment.restarts, 0)):
+        check_whole_number(name, value, least, 1 << 31)
+    check_number("tie_margin", options.tie_margin, 0.0, 100.0)  # BLEU points
+    check_number("bpe_above", options.bpe_above, 0.0, 1.0)
+    if options.training_hours is not None:
+        check_number("training_hours", options.training_hours, 0.0, 1e6, low_open=True)
+    preset_config(training_config(options, "words", False))  # the architecture and its preset are known
+
+
+def check_text_pair(sides: Tuple[str, str], what: str) -> int:
+    """The two sides of a corpus or tuning set: readable text of as many lines, not empty.
+    Returns the lines."""
+    counts = []
+    for side in sides:
+        lines = 0
+        for lines, _ in TextLines(side):
+            pass
+        counts.append(lines)
+    if counts[0] != counts[1]:
+        raise PhraseScorerError(f"{what}: {counts[0]} lines, but its other side {sides[1]} has {counts[1]}",
+                                path=sides[0], hint="give the two sides of one set, line n translating line n")
+    if not counts[0]:
+        raise PhraseScorerError(f"{what}: no lines", path=sides[0], hint="give a non-empty file")
+    return counts[0]
+
+
+def check_ini(ini: Path) -> None:
+    """The moses.ini reads, and each file its features name is there (Moses would fail on a
+    missing one only when it decodes, after the trainings)."""
+    import glob
+
+    from phrase_scorer.io.moses_ini import MosesIni
+
+    system = MosesIni.read(ini)
+    for feature in system.features():
+        path = feature.get("path")
+        if path and not (os.path.exists(system.resolve(path)) or glob.glob(glob.escape(system.resolve(path)) + ".*")):
+            raise system.error(f"{feature.name}'s file {path} is missing", line=feature.line.number,
+                               hint="correct its path=, or give the moses.ini of a whole system")
+
+
+def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path,
+              options: BuildRerankerOptions, given: Dict[str, str], moses: Optional[MosesInstallation],
+              moses_home: Optional[PathLike]) -> Tuple[List[str], MosesInstallation]:
+    """Everything the build will use, checked before its first step, as every run checks it again
+    (a build given again continues only what a fresh run would accept): the options, the models
+    given (each loads, reads the direction and the languages its name needs:
+    :func:`~phrase_scorer.model_dir.check_model_reads`), the moses.ini and the files it names, the
+    corpus and the tuning set, the memory the trainings and the rescoring need, Moses, and the
+    working folder. Returns the models the build uses and the Moses installation; logs one line."""
+    from phrase_scorer.model_dir import check_model_reads
+    from phrase_scorer.runtime.device import resolve_device
+
+    check_options(options)
     unknown = [m for m in options.model_kinds if m not in MODEL_KINDS]
     if unknown:
         raise PhraseScorerError(f"no model kind {unknown[0]!r}", hint=f"the kinds are {', '.join(MODEL_KINDS)}")
@@ -278,12 +418,24 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
     if "forward" not in models:
         raise PhraseScorerError("every row needs the forward model",
                                 hint=Text("keep forward in ", setting("model_kinds"), " or give one trained before"))
+    to_train = [m for m in models if m not in given]
+    device = resolve_device(options.device)
+    side_by_side = side_by_side_threads(options, len(to_train), device.type) > 0
+    check_ini(ini)
+    pairs = check_text_pair(corpus, "the corpus")
+    sentences = check_text_pair(tuning, "the tuning set")
+    for name, folder in given.items():
+        reverse, right_to_left = MODEL_KINDS[kind_and_seed(name)[0]]
+        check_model_reads(folder, name, reverse=reverse, right_to_left=right_to_left, corpus=corpus, texts=tuning)
+    resources = check_machine_holds(options, models, to_train, given, side_by_side)
     moses = moses or MosesInstallation.find(moses_home)
     moses.check_mert(options.experiment.mertdir)
-    ini = Path(moses_ini).resolve()
-    work = claim_work_folder(Path(work_dir).resolve())
-    with OutputLock(work):  # WORK.lock: a second build into the same folder is refused
-        return _build(ini, corpus, tuning, work, models, given, options, scoring_options, moses)
+    moses.decoder(options.experiment.decoder)
+    check_work_folder(work)
+    log.info("checked before the first step: the options, %d model%s given, the moses.ini, the corpus (%d pairs), "
+             "the tuning set (%d sentences), Moses, the working folder; %s", len(given), "s" if len(given) != 1 else "",
+             pairs, sentences, resources)
+    return models, moses
 
 
 def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path, models: List[str],
@@ -361,15 +513,21 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
     return BuildResult(os.fspath(reranker), chosen.row.label, figures, markdown)
 
 
-def claim_work_folder(work: Path) -> Path:
-    """``work``, new or empty, or one this command made (its mark, ``build-reranker.json``, says
-    so): a folder holding anything else may hold the user's own files, which the build would
-    write over, and is refused."""
+def check_work_folder(work: Path) -> None:
+    """Refuse ``work`` unless it is new or empty, or one this command made (its mark,
+    ``build-reranker.json``, says so): a folder holding anything else may hold the user's own
+    files, which the build would write over."""
     mark = work / WORK_MARK
     if work.exists() and not (mark.is_file() and not mark.is_symlink()):
         if not work.is_dir() or any(work.iterdir()):
             raise PhraseScorerError("the working folder holds files build-reranker did not make", path=work,
                                     hint="give a new or empty folder (or the one an earlier build-reranker run made)")
+
+
+def claim_work_folder(work: Path) -> Path:
+    """``work`` (:func:`check_work_folder`), made and marked as this command's."""
+    mark = work / WORK_MARK
+    check_work_folder(work)
     work.mkdir(parents=True, exist_ok=True)
     if not mark.exists():
         write_text_atomically(mark, json.dumps({"format": "phrase-scorer build-reranker folder", "version": 1}) + "\n")
