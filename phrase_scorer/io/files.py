@@ -218,6 +218,14 @@ def describe_os_error(exc: OSError, path: PathLike) -> PhraseScorerError:
             path=path,
             hint="free some space or write elsewhere; the previous output, if any, is untouched",
         )
+    if exc.errno == errno.EFBIG:  # past the file-size limit (ulimit -f), or the file system's largest file
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        shown = f": the limit is {limit:,} bytes (ulimit -f)" if limit != resource.RLIM_INFINITY else ""
+        return PhraseScorerError(f"file too large (EFBIG){shown}", path=path,
+                                 hint="raise the limit (ulimit -f unlimited) or write elsewhere; the previous "
+                                      "output, if any, is untouched")
     return PhraseScorerError(f"cannot write: {exc.strerror or exc}", path=path)
 
 
