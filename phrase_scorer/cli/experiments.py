@@ -14,7 +14,7 @@ from phrase_scorer.cli.options import (
     PARALLEL, Count, FiniteFloat, batch_tokens_option, column_options, device_option, make_training_settings,
     make_tune_options,
     NamedDirectory, PathName, RowType, SystemType, moses_home_option, precision_option, threads_option,
-    training_options, tune_options,
+    decoder_flags_value, training_options, tune_options,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -106,7 +106,8 @@ decoder_threads_option = click.option("--decoder-threads", type=PARALLEL, defaul
               default=RescoreExperimentOptions.references)
 @target_lang_option
 @decoder_threads_option
-@click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags, help="More decoder options.")
+@click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags, callback=decoder_flags_value,
+              help="More decoder options.")
 @click.option("--decoder", default=RescoreExperimentOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
 @click.option("--report", type=PathName(dir_okay=False), default=None, help="Also write the Markdown report here.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --report file.")
@@ -189,7 +190,7 @@ def build_options(command):
                      show_default=True,
                      help="A row with fewer models is kept when its tuning BLEU is within this much of the best."),
         target_lang_option, decoder_threads_option,
-        click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags,
+        click.option("--decoder-flags", default=RescoreExperimentOptions.decoder_flags, callback=decoder_flags_value,
                      help="More decoder options for the tuning set's n-best list."),
         batch_tokens_option, device_option, threads_option, moses_home_option,
     ]):

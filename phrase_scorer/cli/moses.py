@@ -8,7 +8,7 @@ from phrase_scorer.config import ExperimentOptions, TuneOptions
 from phrase_scorer.cli.group import cli
 from phrase_scorer.cli.options import (
     PARALLEL, SEED, Count, PathName, make_tune_options, moses_home_option, overwrite_option, parse_weights,
-    tune_options,
+    decoder_flags_value, tune_options,
 )
 
 
@@ -90,7 +90,7 @@ def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **opt
                    "the output with sacremoses. auto: tokenised if they carry Moses escapes.")
 @click.option("--lang", default=ExperimentOptions.lang, help="Target language (for detokenising).")
 @click.option("--threads", type=PARALLEL, default=None, help="Decoder threads [default: all cores].")
-@click.option("--decoder-flags", default="", help="More decoder options.")
+@click.option("--decoder-flags", default="", callback=decoder_flags_value, help="More decoder options.")
 @click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @overwrite_option

@@ -283,7 +283,7 @@ def tune_options(function):
                      help="Keep the iteration with the best dev BLEU, or the last one."),
         click.option("--threads", type=PARALLEL, default=None,
                      help="Decoder threads [default: all cores]."),
-        click.option("--decoder-flags", default=TuneOptions.decoder_flags,
+        click.option("--decoder-flags", default=TuneOptions.decoder_flags, callback=decoder_flags_value,
                      help="More decoder options, e.g. '-v 0 -search-algorithm 1 -s 400'."),
         click.option("--nbest", type=Count(min=1), default=TuneOptions.nbest),
         click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin."),

@@ -11,7 +11,7 @@ from phrase_scorer.config import RerankOptions, RescoreOptions, ScoringOptions
 from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
     PARALLEL, SEED, Count, FiniteFloat, PathName, batch_tokens_option, device_option, distinct, moses_home_option,
-    overwrite_option, precision_option, resume_option, threads_option, workers_option,
+    decoder_flags_value, overwrite_option, precision_option, resume_option, threads_option, workers_option,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -107,7 +107,7 @@ def moved_to_apply_reranker(weights: Optional[str]) -> None:
               help="Folder of extractor, mert and kbmira [default: MOSES_HOME/bin].")
 @click.option("--ignore-feature", "ignore_features", multiple=True,
               help="A dense feature of the lists to leave out, neither tuned nor used (repeatable).")
-@click.option("--decoder-flags", default=None,
+@click.option("--decoder-flags", default=None, callback=decoder_flags_value,
               help="The decoder options the n-best lists were made with, recorded in the reranker.")
 @click.option("--min-feature-gain", type=FiniteFloat(), default=RerankOptions.min_feature_gain, show_default=True,
               help="Dev BLEU points a model feature must buy to keep its tuned weight (measured by setting it "

@@ -59,6 +59,8 @@ from phrase_scorer.experiments.rescoring import (
 )
 from phrase_scorer.io.files import OutputLock, PathLike, TextLines, file_identity, write_text_atomically
 from phrase_scorer.io.model_layout import BEST_WEIGHTS, CHECKPOINT
+from phrase_scorer.moses.decoder_flags import check_decoder_flags
+from phrase_scorer.moses.system import system_record
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.records import Step
 from phrase_scorer.runtime.progress import duration
@@ -272,6 +274,7 @@ def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[s
     reranker's path (``work_dir/reranker.json``). ``given_models`` maps a model name
     (:func:`model_names`: a kind of :data:`MODEL_KINDS`, or a further member such as ``forward-2``)
     to a directory trained before, used instead of training it."""
+    check_decoder_flags(options.experiment.decoder_flags)  # before anything is made
     given = dict(given_models or {})
     ini, work = Path(moses_ini).resolve(), Path(work_dir).resolve()
     models, moses = preflight(ini, corpus, tuning, work, options, given, moses, moses_home)
@@ -500,7 +503,7 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
         if not step.done:
             with step:
                 written = write_rerankers(runs[chosen.row.label], [chosen.row], rescored, work, flags,
-                                          command=COMMAND)
+                                          command=COMMAND, system=system_record(ini))
                 write_text_atomically(reranker, Path(written[chosen.row.label]).read_text(encoding="utf-8"))
         moses_bleu = scores_of(first_hypotheses(nbest), read_lines(dev.reference), options.experiment)
     markdown = report(rows, figures, chosen, moses_bleu.bleu, dev, ini, dirs, vocabulary, reranker, options,

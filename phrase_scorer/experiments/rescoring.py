@@ -47,6 +47,8 @@ from phrase_scorer.config import RerankOptions, RescoreExperimentOptions, Rescor
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike, file_identity, file_sha256, part_path, write_text_atomically
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
+from phrase_scorer.moses.decoder_flags import check_decoder_flags
+from phrase_scorer.moses.system import system_record
 from phrase_scorer.moses.evaluate import Evaluation, decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.rescoring.optimisers import learn_weights
@@ -287,10 +289,12 @@ def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence
 
 def write_rerankers(runs: Sequence[RowRun], rows: Sequence[Row], dev_nbest: Path, work: Path,
                     decoder_flags: Optional[str],
-                    command: str = "phrase-scorer rescore-experiment") -> Dict[str, str]:
+                    command: str = "phrase-scorer rescore-experiment",
+                    system: Optional[dict] = None) -> Dict[str, str]:
     """Per tuned row, the reranker of its run with the best tuned dev BLEU (the first such seed),
     as ``rerank`` writes one (weights, the features left out, the models behind the rescored
-    dev list's features, the n-best size and ``decoder_flags``): ``work/rerankers/<row>.json``,
+    dev list's features, the n-best size and ``decoder_flags``, the ``system`` that decoded the
+    dev list, :func:`~phrase_scorer.moses.system.system_record`): ``work/rerankers/<row>.json``,
     what ``translate --moses INI --reranker`` takes. Row label -> path."""
     models = rescored_models(dev_nbest)
     largest = max((len(group) for _, group in group_by_sentence(read_nbest(dev_nbest))), default=0)
@@ -303,7 +307,7 @@ def write_rerankers(runs: Sequence[RowRun], rows: Sequence[Row], dev_nbest: Path
         layout = tuple((name, len(values)) for name, values in best.weights.items())
         weights = Weights(layout, [v for values in best.weights.values() for v in values])
         tuned = Reranker(weights, tuple(name for name in models if name not in row.features), models,
-                         nbest_size=largest, decoder_flags=decoder_flags)
+                         nbest_size=largest, decoder_flags=decoder_flags, system=system)
         path = work / "rerankers" / f"{row.folder}.json"
         path.parent.mkdir(exist_ok=True)
         record = Signature.build(command, tuned.to_json(), row=row.label, seed=best.seed,
@@ -374,6 +378,7 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
     systems reported beside Moses. The Markdown report is also written to ``report`` when given,
     which is checked before anything runs (never one of the inputs, an existing one replaced only
     with ``overwrite``); Moses is ``moses``, else found from ``moses_home`` (default: ``MOSES_HOME``)."""
+    check_decoder_flags(options.decoder_flags)  # before anything is made
     inputs = [("the moses.ini", moses_ini)]
     for i, s in enumerate(sets):
         inputs += ([("the dev source", s.source), ("the dev reference", s.reference), ("the dev n-best list", s.nbest)]
@@ -436,7 +441,8 @@ def _run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_d
             runs.append(tuned_row_run(row, seed, rescored, sets, features, ini, work, moses, options))
 
     flags = None if sets[0].nbest else nbest_flags(options)  # a list given by the user: its flags are unknown
-    rerankers = write_rerankers(runs, rows, rescored[sets[0].name], work, flags)
+    system = None if sets[0].nbest else system_record(ini)  # the system that decoded the dev list
+    rerankers = write_rerankers(runs, rows, rescored[sets[0].name], work, flags, system=system)
     report = RescoreExperimentReport(runs, significance(runs, sets, options), oracle, signatures, rerankers)
     report.markdown = markdown(report, ini, sets, models, rows, systems, options)
     write_report(work, report.markdown, {"runs": [asdict(r) for r in runs], "significance": report.significance,

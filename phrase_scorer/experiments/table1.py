@@ -53,6 +53,7 @@ from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.ini_patch import patch_moses_ini
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.io.phrase_table import PhraseTableReader
+from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.evaluate import decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.moses.tune import tune, with_absolute_paths
@@ -193,6 +194,7 @@ def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[
     ``report`` when given. ``report`` is checked before anything runs (never one of the inputs,
     an existing one replaced only with ``overwrite``); Moses is ``moses``, else found from
     ``moses_home`` (default: ``MOSES_HOME``)."""
+    check_decoder_flags(tune_options.decoder_flags)  # before anything is made
     inputs = [("the moses.ini", moses_ini), ("the annotated table", annotated), ("the dev source", dev[0]),
               ("the dev reference", dev[1]), ("the test source", test[0]), ("the test reference", test[1])]
     with report_job(report, inputs, overwrite) as job:

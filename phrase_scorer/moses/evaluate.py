@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.programs import run_logged
@@ -125,6 +126,7 @@ def evaluate(ini: PathLike, source: PathLike, reference: PathLike, output: PathL
     ``output`` is checked before anything runs: never one of the inputs (nor its log beside it),
     an existing one replaced only with ``overwrite``. Moses is ``moses``, else found from
     ``moses_home`` (default: ``MOSES_HOME``) once the output is known to be writable."""
+    check_decoder_flags(decoder_flags)  # before anything is made
     inputs = [("the moses.ini", ini), ("the test source", source), ("the test reference", reference)]
     with OutputJob(output, inputs, overwrite=overwrite, companions=DECODED_COMPANIONS, what="the decoder output",
                    regular_only=True) as job:

@@ -23,6 +23,7 @@ from phrase_scorer.config import TuneOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
+from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.ini_patch import patch_moses_ini
 from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.programs import fresh_directory, run_logged
@@ -65,6 +66,7 @@ def tune(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, output_in
     ``output_ini`` is checked before anything runs: a regular file, never one of the inputs, an
     existing one replaced only with ``overwrite``. Moses is ``moses``, else found from
     ``moses_home`` (default: ``MOSES_HOME``) once the output is known to be writable."""
+    check_decoder_flags(options.decoder_flags)  # before anything is made
     inputs = [("the moses.ini", ini), ("the dev source", dev_source), ("the dev reference", dev_reference)]
     with OutputJob(output_ini, inputs, overwrite=overwrite, what="the tuned moses.ini", regular_only=True) as job:
         moses = moses or MosesInstallation.find(moses_home)
@@ -83,6 +85,7 @@ def run_tuning(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, out
     if options.method not in ("mert", "mira"):
         raise PhraseScorerError(Text(setting("method"),
                                      " takes mert or mira (PRO downloads its optimiser at run time)"))
+    check_decoder_flags(options.decoder_flags)
     mertdir = moses.check_mert(options.mertdir)
     decoder = moses.decoder(options.decoder)
     script = moses.script("training/mert-moses.pl")
@@ -100,9 +103,6 @@ def run_tuning(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, out
 
     threads = options.threads or os.cpu_count() or 1
     flags = f"-threads {threads} {options.decoder_flags}".strip()
-    if re.search(r"(^|\s)-(config|f|t|tt|report-segmentation)(\s|$)", options.decoder_flags):
-        raise PhraseScorerError(Text(setting("decoder_flags"), " may not set -config/-f, nor "
-                                     "-t/-tt/-report-segmentation (their markers would enter BLEU)"))
     args = ["perl", script, work / "dev.src", work / "dev.ref", decoder, work / "start.ini",
             "--working-dir", work / "mert", "--mertdir", mertdir, "--decoder-flags", flags,
             "--maximum-iterations", str(options.max_iterations), "--nbest", str(options.nbest)]

@@ -23,6 +23,7 @@ from phrase_scorer.io.nbest import (
     Layout,
     describe_layout,
 )
+from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.records import Signature
 from phrase_scorer.rescoring.weights import Weights, write_best_hypotheses
 from phrase_scorer.runtime.job import OutputJob
@@ -101,6 +102,9 @@ class Reranker:
     nbest_size: Optional[int] = None
     decoder_flags: Optional[str] = None
     path: Optional[str] = None
+    # the system the lists were decoded by (moses/system.py's system_record: its moses.ini and the
+    # weights of its dense features); None when not known (lists given without their moses.ini)
+    system: Optional[Dict[str, Any]] = None
 
     @property
     def decoder(self) -> Dict[str, Any]:
@@ -110,7 +114,8 @@ class Reranker:
         """What the reranker file holds (``rerank`` adds its runs and dev BLEU beside it)."""
         return {"format": RERANKER_FORMAT, "version": RERANKER_VERSION,
                 "layout": [[name, count] for name, count in self.weights.layout], "weights": self.weights.by_name(),
-                "ignore_features": list(self.ignore_features), "models": self.models, "decoder": self.decoder}
+                "ignore_features": list(self.ignore_features), "models": self.models, "decoder": self.decoder,
+                **({"system": self.system} if self.system is not None else {})}
 
     @classmethod
     def from_json(cls, data: Any, path: str = "<reranker>") -> "Reranker":
@@ -122,7 +127,8 @@ class Reranker:
         """The reranker file ``path``, read through its one schema (:class:`RerankerFile`): the format
         and version, a non-empty layout of dense features, one list of finite numbers per feature as
         long as the layout says, the features left out, the models (directory, weights' SHA-256,
-        direction, normalisation) and the decoder's n-best size and flags. Keys it does not know
+        direction, normalisation), the decoder's n-best size and flags (never options that make Moses
+        write or read files of its own) and the system tuned for, when recorded. Keys it does not know
         (the runs and BLEU ``rerank`` records) are left alone."""
         return RerankerFile(os.fspath(path)).read()
 
@@ -258,8 +264,21 @@ class RerankerFile:
     def decoder(self, value: Any) -> Dict[str, Any]:
         record = self.mapping(value, "decoder")
         size, flags = record.get("nbest_size"), record.get("decoder_flags")
+        if flags is not None:  # Moses is given them: never options that write or read files of their own
+            check_decoder_flags(self.string(flags, "decoder.decoder_flags"), path=self.path,
+                                key="decoder.decoder_flags")
         return {"nbest_size": None if size is None else self.count(size, "decoder.nbest_size"),
                 "decoder_flags": None if flags is None else self.string(flags, "decoder.decoder_flags")}
+
+    def system(self, value: Any) -> Dict[str, Any]:
+        record = self.mapping(value, "system")
+        ini = self.string(self.required(record, "system.moses.ini", "moses.ini"), "system.moses.ini")
+        weights = {self.feature_name(name, f"system.weights.{name}"):
+                   [self.number(v, f"system.weights.{name}[{i}]")
+                    for i, v in enumerate(self.sequence(values, f"system.weights.{name}"))]
+                   for name, values in self.mapping(self.required(record, "system.weights", "weights"),
+                                                    "system.weights").items()}
+        return {"moses.ini": ini, "weights": weights}
 
     def read(self) -> Reranker:
         try:
@@ -288,7 +307,8 @@ class RerankerFile:
         models = {self.feature_name(name, f"models.{name}"): self.model(record, f"models.{name}")
                   for name, record in self.mapping(data.get("models", {}), "models").items()}
         decoder = self.decoder(data.get("decoder", {}))
-        return Reranker(weights, ignore, models, decoder["nbest_size"], decoder["decoder_flags"], self.path)
+        system = self.system(data["system"]) if "system" in data else None
+        return Reranker(weights, ignore, models, decoder["nbest_size"], decoder["decoder_flags"], self.path, system)
 
 
 

@@ -49,6 +49,7 @@ from phrase_scorer.io.outputs import model_files
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
 from phrase_scorer.rescoring.reranker import Reranker
 from phrase_scorer.moses.streaming import NBestStream
+from phrase_scorer.moses.system import check_features, check_system
 from phrase_scorer.rescoring.weights import Weights, apply_weights
 from phrase_scorer.runtime.programs import fresh_directory
 from phrase_scorer.runtime.heap import steady_heap
@@ -94,6 +95,17 @@ def unrecorded_decoder_options(reranker: Reranker) -> Optional[str]:
                 f"({MOSES_NBEST_FACTOR}); if the dev lists were decoded otherwise (rescore-experiment decodes with "
                 f"a factor of {RescoreExperimentOptions.nbest_factor}), tune it again with rerank's ",
                 setting("decoder_flags"), " saying how")
+
+
+def check_reranker_system(reranker: Reranker, ini: PathLike) -> None:
+    """Refuse a moses.ini whose lists would not be those ``reranker`` was tuned on: other dense
+    features (one it weights missing, one it does not know added, another number of values), or
+    another system (the weights it records differ); see :mod:`phrase_scorer.moses.system`."""
+    check_features(reranker.weights.layout, reranker.ignore_features, list(reranker.models), ini, reranker.path)
+    if reranker.system is None:
+        log.info("%s records no system it was tuned for: its features are checked against %s, not its weights",
+                 reranker.path or "the reranker", os.fspath(ini))
+    check_system(reranker.system, ini, reranker.path)
 
 
 def reranker_models(reranker: Reranker, device: Any = "cpu") -> Tuple[list, bool]:
@@ -268,6 +280,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     unrecorded = unrecorded_decoder_options(tuned)
     if unrecorded:
         log.warning("%s", unrecorded)
+    check_reranker_system(tuned, ini)  # before any model loads and Moses decodes
     parsed_at_start = text_loaded_features(MosesIni.read(ini))
     if parsed_at_start:  # the models wait for it: the first chunk's lists come after it
         log.info("Moses parses the text files of %s on one core before its first sentence; binarised, they "

@@ -22,9 +22,12 @@ from typing import Dict, List, Optional
 
 
 from phrase_scorer.config import MOSES_NBEST_FACTOR, RerankOptions
-from phrase_scorer.errors import PhraseScorerError, setting
+from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import STDIO, PathLike
+from phrase_scorer.io.nbest import dense_layout, read_nbest
+from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.installation import MosesInstallation
+from phrase_scorer.moses.system import system_record
 from phrase_scorer.runtime.programs import fresh_directory
 from phrase_scorer.records import Signature
 from phrase_scorer.rescoring.optimisers import OptimiserRun, drop_unhelpful, learn_weights, mert_programs
@@ -75,6 +78,7 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
     ``output.json``), an existing one (or an ``output.json`` kept without it) replaced only with
     ``overwrite``. Moses' programs are those of ``options.mertdir``, else of ``moses``, else of
     the installation found from ``moses_home`` (default: ``MOSES_HOME``)."""
+    check_rerank_inputs(dev_nbest, test_nbest, options, decoder_flags)  # before anything is made
     inputs = [("the dev n-best list", dev_nbest), ("the dev references", dev_reference),
               ("the test n-best list", test_nbest), ("the moses.ini", start_ini)]
     with OutputJob(output, inputs, overwrite=overwrite, companions=RERANK_COMPANIONS, what="the reranked output",
@@ -85,13 +89,34 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
                        working_dir=working_dir, decoder_flags=decoder_flags)
 
 
+def check_rerank_inputs(dev_nbest: PathLike, test_nbest: PathLike, options: RerankOptions,
+                        decoder_flags: Optional[str]) -> None:
+    """What ``rerank`` refuses before it makes anything: lists given as '-' (they are read twice),
+    decoder flags Moses may not be given (:mod:`~phrase_scorer.moses.decoder_flags`), a seed given
+    twice (its runs would share one folder and repeat each other), and a feature to leave out that
+    the dev list does not have (a misspelt name would leave every feature in)."""
+    for path in (dev_nbest, test_nbest):
+        if os.fspath(path) == STDIO:
+            raise PhraseScorerError("rerank reads its n-best lists twice; give them as files, not '-'")
+    check_decoder_flags(decoder_flags)
+    repeated = sorted({seed for seed in options.seeds if options.seeds.count(seed) > 1})
+    if repeated:
+        raise PhraseScorerError(Text(setting("seeds", repeated[0]), " is given twice: each seed runs the "
+                                     "optimiser once"), hint="give each seed once")
+    if options.ignore_features:
+        first = next(iter(read_nbest(dev_nbest)), None)
+        have = [name for name, _ in dense_layout(first)] if first is not None else None
+        for name in options.ignore_features:
+            if have is not None and name not in have:
+                raise PhraseScorerError(Text(setting("ignore_features", name), ": the dev list has no dense "
+                                             f"feature {name}"), path=dev_nbest, line=first.line_number,
+                                        hint=f"its dense features are {', '.join(have)}")
+
+
 def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, *,
             moses: Optional[MosesInstallation], options: RerankOptions, start_ini: Optional[PathLike],
             working_dir: Optional[PathLike], decoder_flags: Optional[str]) -> RerankResult:
     output = job.output  # a regular file: the job refuses '-', a device and a pipe
-    for path in (dev_nbest, test_nbest):
-        if os.fspath(path) == STDIO:
-            raise PhraseScorerError("rerank reads its n-best lists twice; give them as files, not '-'")
     mert_programs(moses, options)  # before any work
     if decoder_flags is None:
         log.warning("%s not given: the reranker records no decoder options, so the reranked system will decode "
@@ -116,7 +141,8 @@ def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_n
         best_seed=learned.best.seed, dropped=dropped, runs=learned.runs, working_dir=os.fspath(work),
     )
     tuned = Reranker(weights, tuple(options.ignore_features), dev_models,
-                     nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags)
+                     nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags,
+                     system=system_record(start_ini) if start_ini is not None else None)
     run = {k: v for k, v in result.to_dict().items() if k != "output"}  # the signature names the output itself
     job.commit(Signature.build("phrase-scorer rerank", tuned.to_json(), output=output,
                                dev={"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
