@@ -35,8 +35,7 @@ from phrase_scorer.data.cache import (
     MAX_PHRASE_WORDS, id_dtype_for, reuse_cache, source_hash, vocab_digest, write_cache,
 )
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.data.phrase_pairs import TWO_READINGS
-from phrase_scorer.io.files import PathLike, TextLines, file_identity, hash_identities, refuse_single_pass
+from phrase_scorer.io.files import PathLike, TextLines, file_identity, hash_identities
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary
@@ -109,10 +108,6 @@ class SentenceCorpus:
     def __post_init__(self) -> None:
         if (self.dev_source is None) != (self.dev_target is None):
             raise PhraseScorerError("a development set needs both a source and a target file")
-        for path, option in ((self.source, "corpus"), (self.target, "corpus"), (self.dev_source, "dev"),
-                             (self.dev_target, "dev")):
-            if path is not None:
-                refuse_single_pass(path, Text("a file of ", setting(option)), TWO_READINGS)
 
     @property
     def path(self) -> str:
