@@ -433,6 +433,12 @@ class RerankOptions:
     min_feature_gain: float = 0.0
 
 
+# The lowest sampling temperature: the logits divided by it stay far inside a 32-bit float (near
+# 1e-36 they overflow to infinity and no word can be drawn); at 1e-6 sampling already draws the
+# most probable word every time.
+MIN_TEMPERATURE = 1e-6
+
+
 @dataclass(frozen=True)
 class SampleOptions:
     """How candidates are generated and ranked."""
@@ -440,7 +446,7 @@ class SampleOptions:
     samples: int = 50  # ancestral samples per source
     top: int = 5  # candidates shown per source
     beam: Optional[int] = None  # beam search with this width instead of sampling
-    temperature: float = 1.0
+    temperature: float = 1.0  # at least MIN_TEMPERATURE
     max_length: int = 10  # target words; a sample reaching it stops without </s>
     seed: int = 1
     allow_unk: bool = True  # may <unk> be generated?

@@ -191,3 +191,29 @@ def test_control_characters_in_a_message_are_escaped_and_printable_names_kept():
     assert shown_name("a\x1b[31mb") == "'a\\x1b[31mb'"
     assert shown_name("a\rb\tc") == "'a\\rb\\tc'"
     assert "\n" not in str(PhraseScorerError("cannot read", path="x\ny", line=3))
+
+
+def test_a_training_batch_larger_than_any_shortlist_is_refused_with_its_flag(tmp_path):
+    """The training settings' own check (config.py) named it ``training.batch_size``; the flag
+    takes what the settings take."""
+    output = tmp_path / "model"
+    for flag in ("--batch-size", "--valid-beam"):
+        result = run_cli("train", "--corpus", TRAIN_EN, TRAIN_FR, "-o", output, flag, str(2 ** 30))
+        refused_at_the_parser(result, flag)
+        assert not output.exists()
+
+
+@pytest.mark.parametrize("words", [("annotate",), ("rescore",), ("train",)])
+def test_more_worker_processes_than_any_machine_runs_are_refused(words):
+    """``annotate --workers 1024`` started a thousand processes that each load torch (the run
+    hung, the killed children printed tracebacks); ``train --processes 1024`` a thousand ranks."""
+    flag = "--processes" if words == ("train",) else "--workers"
+    result = run_cli(*words, flag, "1024")
+    refused_at_the_parser(result, flag)
+
+
+def test_a_temperature_that_overflows_the_logits_is_refused(tiny_model):
+    """``sample --temperature 1e-300``: logits / temperature overflowed to infinity and sampling
+    raised torch's RuntimeError ('probability tensor contains either inf, nan ...')."""
+    result = run_cli("sample", "-m", tiny_model, "a man", "--temperature", "1e-300")
+    refused_at_the_parser(result, "--temperature")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from phrase_scorer.config import SampleOptions, ScoringOptions, TranslateOptions
+from phrase_scorer.config import MIN_TEMPERATURE, SampleOptions, ScoringOptions, TranslateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
@@ -24,7 +24,9 @@ from phrase_scorer.runtime.threads import set_threads
               help="Ancestral samples per source.")
 @click.option("--top", type=Count(min=1), default=SampleOptions.top, help="Candidates shown per source.")
 @click.option("--beam", type=Count(min=1), default=None, help="Beam search of this width instead of sampling.")
-@click.option("--temperature", type=FiniteFloat(min=0, min_open=True), default=SampleOptions.temperature)
+@click.option("--temperature", type=FiniteFloat(min=MIN_TEMPERATURE), default=SampleOptions.temperature,
+              help="The logits are divided by it before sampling (1: the model's own distribution; lower: nearer "
+                   "the most probable word).")
 @click.option("--max-length", type=Count(min=1), default=SampleOptions.max_length, help="Most target words.")
 @click.option("--seed", type=SEED, default=SampleOptions.seed)
 @click.option("--lang", default="en", help="Language of the source phrases, for the tokenizer.")
