@@ -138,6 +138,11 @@ def group_by_sentence(entries: Iterable[NBestEntry]) -> Iterator[Tuple[int, List
         yield sentence_id, list(group)
 
 
+# The sentences in a row an n-best list may have no hypotheses for (Moses writes every sentence's
+# id, from 0): a larger jump in ids is refused, since each such sentence is an empty output line.
+MAX_SKIPPED_SENTENCES = 10_000
+
+
 def check_sentence_order(entry: NBestEntry, last_id: int, path: PathLike) -> None:
     """Refuse an entry whose sentence id is below ``last_id``, the id of the entry before it
     (-1 for none): Moses writes a list grouped by sentence id in increasing order."""
@@ -145,11 +150,22 @@ def check_sentence_order(entry: NBestEntry, last_id: int, path: PathLike) -> Non
 
 
 def check_id_order(sentence_id: int, last_id: int, path: PathLike, line: Optional[int]) -> None:
-    """:func:`check_sentence_order` for the sentence id of line ``line``."""
+    """:func:`check_sentence_order` for the sentence id of line ``line``; an id that skips more
+    than :data:`MAX_SKIPPED_SENTENCES` sentences is refused too (each sentence without hypotheses
+    is an empty line of a chosen translation: an id such as 99999999 in a short list would ask
+    for a hundred million of them)."""
     if sentence_id < last_id:
         raise PhraseScorerError(f"sentence id {sentence_id} comes after {last_id}", path=path,
                                 line=line, hint="the n-best list must be grouped by sentence id in "
                                                 "increasing order, as Moses writes it")
+    skipped = sentence_id - max(last_id, -1) - 1
+    if skipped > MAX_SKIPPED_SENTENCES:
+        after = "as the list's first sentence" if last_id < 0 else f"after sentence {last_id:,}"
+        raise PhraseScorerError(
+            f"sentence id {sentence_id:,} {after} skips {skipped:,} sentences without hypotheses, more than the "
+            f"{MAX_SKIPPED_SENTENCES:,} a list may skip at once", path=path, line=line,
+            hint="give the n-best list Moses wrote for this input: it numbers the sentences from 0, one after "
+                 "the other")
 
 
 _PLAIN_ID = re.compile(rb" *([0-9]+) *")
