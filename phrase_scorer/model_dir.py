@@ -481,13 +481,14 @@ def _corpus_hashes(record: Any) -> Optional[Tuple[Any, Any]]:
     return sides[0]["sha256"], sides[1]["sha256"]
 
 
-def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left: bool,
+def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left: Optional[bool] = None,
                       corpus: Optional[Tuple[PathLike, PathLike]] = None,
-                      texts: Optional[Tuple[PathLike, PathLike]] = None) -> None:
-    """Refuse the model at ``path``, given as ``role`` (its name in the message, ``forward`` say),
-    unless it loads and reads what the role needs: the system's source to its target (or, where
-    ``reverse``, its target to its source), its target left to right (or, where ``right_to_left``,
-    last word first).
+                      texts: Optional[Tuple[PathLike, PathLike]] = None,
+                      loaded: Optional[LoadedModel] = None) -> None:
+    """Refuse the model at ``path`` (``loaded`` from there already, or loaded here), given as
+    ``role`` (its name in the message, ``forward`` say), unless it loads and reads what the role
+    needs: the system's source to its target (or, where ``reverse``, its target to its source),
+    its target left to right (or, where ``right_to_left``, last word first; None: either).
 
     The reading order is in the weights' record (``trained_as``). The direction and the languages
     are decided by the corpus its config.json records when that is ``corpus`` (the system's
@@ -500,18 +501,18 @@ def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left
     from phrase_scorer.io.files import file_identity, identity_sha256
 
     folder = Path(path)
-    loaded = ModelDirectory(folder).load("cpu")  # it exists, loads, and its parts agree
+    if loaded is None:
+        loaded = ModelDirectory(folder).load("cpu")  # it exists, loads, and its parts agree
     source_vocab, target_vocab = loaded.source_vocab, loaded.target_vocab
-    del loaded
     wanted = "reads the system's target and predicts its source" if reverse else \
         "reads the system's source and predicts its target"
-    order = "right to left (last word first)" if right_to_left else "left to right"
-    hint = f"give a model that {wanted}, {order}, as {role}="
+    order = {None: "", True: ", right to left (last word first)", False: ", left to right"}[right_to_left]
+    hint = f"give a model that {wanted}{order}, as {role}="
 
     def refuse(what: str) -> None:
         raise PhraseScorerError(f"given as {role}, but {what}", path=folder, hint=hint)
 
-    if bool(target_vocab.right_to_left) != right_to_left:
+    if right_to_left is not None and bool(target_vocab.right_to_left) != right_to_left:
         refuse("it predicts its target " + ("right to left (a right-to-left model)" if target_vocab.right_to_left
                                              else "left to right"))
     data = ModelDirectory(folder).read_config()

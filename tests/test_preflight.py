@@ -220,3 +220,51 @@ def test_a_library_caller_s_bad_value_is_refused_before_the_folder_exists(tmp_pa
         build_reranker(ini, (str(TRAIN_EN), str(TRAIN_FR)), (str(VAL_EN), str(VAL_FR)), tmp_path / "work",
                        options=replace(BuildRerankerOptions(), **change))
     assert not (tmp_path / "work").exists()
+
+
+# --- rescore-experiment checks everything before its first step ----------------------------------
+
+
+def rescore_experiment(tmp_path, moses_home, *more):
+    ini = tmp_path / "system.ini"
+    if not ini.exists():
+        ini.write_text(WORKING_INI, encoding="utf-8")
+    sets = []
+    for name in ("dev", "test"):
+        for side, source in (("en", VAL_EN), ("fr", VAL_FR)):
+            copy = tmp_path / f"{name}.{side}"
+            if not copy.exists():
+                copy.write_bytes(source.read_bytes())
+        sets.append((tmp_path / f"{name}.en", tmp_path / f"{name}.fr"))
+    return run_cli("rescore-experiment", ini, "--dev", *sets[0], "--test", *sets[1], "-o", tmp_path / "work",
+                   "--nbest-size", 10, "--runs", 1, "--moses-home", moses_home, "--device", "cpu", *more)
+
+
+@pytest.mark.parametrize("option, model, said", [
+    ("-m", "reverse", "given as RNN, but it translates the other way"),
+    ("-r", "forward", "given as RNN, but it translates the other way"),
+    ("-m", "czech", "given as RNN, but it translates into another language"),
+])
+def test_rescore_experiment_refuses_a_model_of_another_direction_or_language_before_decoding(
+        tmp_path, failing_moses, models, option, model, said):
+    result = rescore_experiment(tmp_path, failing_moses, option, f"RNN={models[model]}")
+    assert said in error_line(result)
+    assert not (tmp_path / "work").exists()
+
+
+def test_rescore_experiment_refuses_a_missing_file_of_its_system_before_decoding(tmp_path, failing_moses, models):
+    (tmp_path / "system.ini").write_text("[feature]\nKENLM name=LM0 factor=0 path=lm.arpa.gz order=5\n\n"
+                                         "[weight]\nLM0= 0.5\n", encoding="utf-8")
+    result = rescore_experiment(tmp_path, failing_moses, "-m", f"RNN={models['forward']}")
+    assert "LM0's file lm.arpa.gz is missing" in error_line(result)
+    assert not (tmp_path / "work").exists()
+
+
+def test_rescore_experiment_logs_its_checks_and_makes_them_again_when_given_again(tmp_path, failing_moses, models):
+    first = rescore_experiment(tmp_path, failing_moses, "-m", f"RNN={models['forward']}",
+                               "-r", f"RNNReverse={models['reverse']}")
+    assert "this Moses fails" in error_line(first)  # past the checks: the decoding failed
+    assert "checked before the first step" in first.stderr
+    (tmp_path / "test.fr").write_text("une ligne\n", encoding="utf-8")  # the test set cut to one line
+    again = rescore_experiment(tmp_path, failing_moses, "-m", f"RNN={models['forward']}")
+    assert "the test set test: 100 lines, but its other side" in error_line(again)

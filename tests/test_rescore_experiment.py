@@ -202,10 +202,20 @@ def split_list(tmp_path: Path, cut: int):
 
 @pytest.mark.moses
 def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_tiny, caplog):
+    from conftest import TRAIN_EN, TRAIN_FR
+    from phrase_scorer.config import TrainConfig
+    from phrase_scorer.data.sentence_pairs import SentenceCorpus
+    from phrase_scorer.model_dir import load_model
     from phrase_scorer.rescoring.features import FeatureModel
+    from phrase_scorer.training.run import train
 
     sets = split_list(tmp_path, 50)
-    models = [FeatureModel("RNN", loaded_tiny), FeatureModel("RNNReverse", loaded_tiny, reverse=True)]
+    # the reverse feature's model reads French and predicts English (the experiment checks each
+    # model's direction against the dev set before it starts)
+    train(SentenceCorpus(str(TRAIN_FR), str(TRAIN_EN)), tmp_path / "reverse",
+          TrainConfig(preset="tiny", max_length=12, max_steps=30, valid_every=30, valid_pairs=50, seed=2))
+    models = [FeatureModel("RNN", loaded_tiny), FeatureModel("RNNReverse", load_model(tmp_path / "reverse"),
+                                                             reverse=True)]
     options = RescoreExperimentOptions(nbest_size=100, runs=2, restarts=2, bootstrap_samples=100)
     work = tmp_path / "work"
     report = run_rescore_experiment(TUNED_INI, sets, work, moses=moses, models=models, options=options)

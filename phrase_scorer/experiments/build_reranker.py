@@ -302,26 +302,12 @@ def training_bytes(options: BuildRerankerOptions) -> int:
     return TRAINING_BASE_BYTES + 16 * full_size_parameters(model) + logits
 
 
-def machine_memory() -> int:
-    """The memory this process may use, in bytes: the machine's, or its control group's limit
-    where lower."""
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(limit, encoding="ascii") as f:
-                value = f.read().strip()
-        except OSError:
-            continue
-        if value.isdigit():
-            total = min(total, int(value))
-    return total
-
-
 def check_machine_holds(options: BuildRerankerOptions, models: Sequence[str], to_train: Sequence[str],
                         given: Dict[str, str], side_by_side: bool) -> str:
     """Refuse a build whose trainings at once, or whose models loaded together for the rescoring,
     would need more memory than the machine has (the trainings grow with ``members``: 2 x N + 1
     processes side by side). Returns what was found, for the log."""
+    from phrase_scorer.experiments.preflight import machine_memory
     from phrase_scorer.models.architectures import full_size_parameters
 
     gib = 1 << 30
@@ -364,38 +350,6 @@ def check_options(options: BuildRerankerOptions) -> None:
     preset_config(training_config(options, "words", False))  # the architecture and its preset are known
 
 
-def check_text_pair(sides: Tuple[str, str], what: str) -> int:
-    """The two sides of a corpus or tuning set: readable text of as many lines, not empty.
-    Returns the lines."""
-    counts = []
-    for side in sides:
-        lines = 0
-        for lines, _ in TextLines(side):
-            pass
-        counts.append(lines)
-    if counts[0] != counts[1]:
-        raise PhraseScorerError(f"{what}: {counts[0]} lines, but its other side {sides[1]} has {counts[1]}",
-                                path=sides[0], hint="give the two sides of one set, line n translating line n")
-    if not counts[0]:
-        raise PhraseScorerError(f"{what}: no lines", path=sides[0], hint="give a non-empty file")
-    return counts[0]
-
-
-def check_ini(ini: Path) -> None:
-    """The moses.ini reads, and each file its features name is there (Moses would fail on a
-    missing one only when it decodes, after the trainings)."""
-    import glob
-
-    from phrase_scorer.io.moses_ini import MosesIni
-
-    system = MosesIni.read(ini)
-    for feature in system.features():
-        path = feature.get("path")
-        if path and not (os.path.exists(system.resolve(path)) or glob.glob(glob.escape(system.resolve(path)) + ".*")):
-            raise system.error(f"{feature.name}'s file {path} is missing", line=feature.line.number,
-                               hint="correct its path=, or give the moses.ini of a whole system")
-
-
 def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path,
               options: BuildRerankerOptions, given: Dict[str, str], moses: Optional[MosesInstallation],
               moses_home: Optional[PathLike]) -> Tuple[List[str], MosesInstallation]:
@@ -405,6 +359,7 @@ def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work:
     :func:`~phrase_scorer.model_dir.check_model_reads`), the moses.ini and the files it names, the
     corpus and the tuning set, the memory the trainings and the rescoring need, Moses, and the
     working folder. Returns the models the build uses and the Moses installation; logs one line."""
+    from phrase_scorer.experiments.preflight import check_ini, check_moses, check_text_pair, log_checked
     from phrase_scorer.model_dir import check_model_reads
     from phrase_scorer.runtime.device import resolve_device
 
@@ -432,12 +387,11 @@ def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work:
         check_model_reads(folder, name, reverse=reverse, right_to_left=right_to_left, corpus=corpus, texts=tuning)
     resources = check_machine_holds(options, models, to_train, given, side_by_side)
     moses = moses or MosesInstallation.find(moses_home)
-    moses.check_mert(options.experiment.mertdir)
-    moses.decoder(options.experiment.decoder)
+    check_moses(moses, options.experiment.decoder, options.experiment.mertdir)
     check_work_folder(work)
-    log.info("checked before the first step: the options, %d model%s given, the moses.ini, the corpus (%d pairs), "
-             "the tuning set (%d sentences), Moses, the working folder; %s", len(given), "s" if len(given) != 1 else "",
-             pairs, sentences, resources)
+    log_checked(["the options", f"{len(given)} model{'s' if len(given) != 1 else ''} given", "the moses.ini",
+                 f"the corpus ({pairs:,} pairs)", f"the tuning set ({sentences:,} sentences)", "Moses",
+                 "the working folder", resources])
     return models, moses
 
 

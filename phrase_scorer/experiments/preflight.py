@@ -1,0 +1,87 @@
+"""What the long commands check before their first step (``build-reranker``, ``ems-decoder``,
+``rescore-experiment``, ``experiment``): the inputs that a step hours in would otherwise be the
+first to read. Each command calls these before it makes anything, and again whenever it is given
+again to continue: a check a fresh run fails is never skipped by continuing.
+
+- the moses.ini reads, and every file its features name is there (:func:`check_ini`);
+- a text and its translation (a corpus, a tuning, dev or test set) are readable text of as many
+  lines, and not empty (:func:`check_text_pair`);
+- Moses has the decoder and mert's programs (:func:`check_moses`);
+- what the machine holds (:func:`machine_memory`), against which a command bounds what a count
+  multiplies;
+- one log line says what was checked (:func:`log_checked`).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from typing import Optional, Sequence, Tuple
+
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.files import PathLike, TextLines
+from phrase_scorer.io.moses_ini import MosesIni
+
+log = logging.getLogger(__name__)
+
+
+def check_ini(path: PathLike) -> MosesIni:
+    """The moses.ini at ``path``, read; each file its features name (``path=``, against the ini's
+    folder, or a binary table's file beside that name) is there: Moses fails on a missing one only
+    when it decodes, after the steps before it."""
+    system = MosesIni.read(path)
+    for feature in system.features():
+        named = feature.get("path")
+        if named is None:
+            continue
+        where = system.resolve(named)
+        if not (os.path.exists(where) or glob.glob(glob.escape(where) + ".*")):
+            raise system.error(f"{feature.name}'s file {named} is missing", line=feature.line.number,
+                               hint="correct its path=, or give the moses.ini of a whole system")
+    return system
+
+
+def check_text_pair(sides: Tuple[PathLike, PathLike], what: str) -> int:
+    """The two sides of ``what`` (a corpus, a tuning set): readable text of as many lines, not
+    empty. Returns the lines."""
+    counts = []
+    for side in sides:
+        lines = 0
+        for lines, _ in TextLines(side):
+            pass
+        counts.append(lines)
+    if counts[0] != counts[1]:
+        raise PhraseScorerError(f"{what}: {counts[0]} lines, but its other side {os.fspath(sides[1])} has "
+                                f"{counts[1]}", path=sides[0],
+                                hint="give the two sides of one set, line n translating line n")
+    if not counts[0]:
+        raise PhraseScorerError(f"{what}: no lines", path=sides[0], hint="give a non-empty file")
+    return counts[0]
+
+
+def check_moses(moses, decoder: str, mertdir: Optional[PathLike] = None) -> None:
+    """``moses`` (a :class:`~phrase_scorer.moses.installation.MosesInstallation`) has the
+    decoder ``decoder`` and mert's programs (in ``mertdir``, by default its ``bin/``)."""
+    moses.check_mert(mertdir)
+    moses.decoder(decoder)
+
+
+def machine_memory() -> int:
+    """The memory this process may use, in bytes: the machine's, or its control group's limit
+    where lower."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit, encoding="ascii") as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            total = min(total, int(value))
+    return total
+
+
+def log_checked(what: Sequence[str]) -> None:
+    """The one line that says the checks passed, before the first step."""
+    log.info("checked before the first step: %s", "; ".join(what))
