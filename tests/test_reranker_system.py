@@ -147,3 +147,18 @@ def test_rerank_refuses_a_feature_to_leave_out_that_the_list_does_not_have(tmp_p
     # a feature the list has passes the check: what fails next is the missing Moses
     result = run_cli("rerank", "--dev", NBEST, REFERENCE, "--test", NBEST, "-o", out, "--ignore-feature", "LM0")
     assert "no Moses installation given" in error_line(result)
+
+
+def test_the_rerankers_the_experiments_write_record_the_system_that_decoded_the_dev_list(tmp_path):
+    """rescore-experiment and build-reranker write their rerankers through write_rerankers, given
+    the moses.ini that decoded the dev list: translate --moses then refuses another system."""
+    from phrase_scorer.experiments.rescoring import RETUNED_ROW, Row, RowRun, write_rerankers
+
+    weights = weights_from_ini(EN_FR, dense_layout(next(iter(read_nbest(NBEST)))))
+    run = RowRun(row=RETUNED_ROW, seed=1, scores={}, hypotheses={}, weights=weights.by_name(), tuned_dev_bleu=50.0)
+    written = write_rerankers([run], [Row(RETUNED_ROW, ())], NBEST, tmp_path, "-v 0", system=system_record(EN_FR))
+    reranker = Reranker.read(written[RETUNED_ROW])
+    assert reranker.system == {"moses.ini": str(EN_FR.resolve()), "weights": ini_features_of(EN_FR)}
+    check_reranker_system(reranker, EN_FR)
+    with pytest.raises(PhraseScorerError, match="was tuned for another system"):
+        check_reranker_system(reranker, EN_CS)

@@ -74,8 +74,8 @@ def refused_decoder_flags(flags: str) -> List[Tuple[Optional[str], str]]:
     problems: List[Tuple[Optional[str], str]] = []
     for character in dict.fromkeys(flags):
         if character in SHELL_CHARACTERS or (not character.isprintable() and not character.isspace()):
-            problems.append((None, f"holds {character!r}, which the shell mert-moses.pl runs Moses through "
-                                   "would read"))
+            problems.append((None, f"holds {character!r}, which a shell reads (mert-moses.pl runs Moses "
+                                   "through one)"))
     for token in flags.split():
         name = option_name(token)
         if name in WHY:

@@ -72,7 +72,8 @@ def check_features(layout: Sequence[Tuple[str, int]], ignored: Sequence[str], mo
             continue
         if name not in have:
             raise PhraseScorerError(f"{name_of} weights the decoder feature {name} ({_count(count)}), which this "
-                                    "moses.ini does not have", path=ini, hint=hint)
+                                    "moses.ini does not have (nor is it one of the reranker's models)", path=ini,
+                                    hint=hint)
         if have[name] != count:
             raise PhraseScorerError(f"{name} has {_count(have[name])} here, but {name_of} weights "
                                     f"{_count(count)} of it", path=ini, line=parsed.weight_line(name).line.number,
