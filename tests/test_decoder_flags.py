@@ -75,7 +75,7 @@ def test_options_that_write_or_read_files_of_their_own_are_refused(option):
 
 
 @pytest.mark.parametrize("flags", ["-v 0 > out.txt", "-v 0; rm -rf x", "-v $(touch x)", "-v `x`", "-s 400 | tee x",
-                                   "-v 0 # the rest"])
+                                   "-v 0 # the rest", "-v 0\ntouch x", "-v 0\r\ntouch x", "-v\x000"])
 def test_characters_a_shell_reads_are_refused(flags):
     """tune hands the flags to mert-moses.pl, which runs Moses through a shell."""
     with pytest.raises(PhraseScorerError, match="shell"):

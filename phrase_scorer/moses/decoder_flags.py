@@ -72,8 +72,8 @@ def refused_decoder_flags(flags: str) -> List[Tuple[Optional[str], str]]:
     """The problems of ``flags``, in their order: (the option's name, or None for a character;
     what is wrong), one per option or character refused; empty when Moses may be given them."""
     problems: List[Tuple[Optional[str], str]] = []
-    for character in dict.fromkeys(flags):
-        if character in SHELL_CHARACTERS or (not character.isprintable() and not character.isspace()):
+    for character in dict.fromkeys(flags):  # a newline too: it ends mert-moses.pl's shell command, starts another
+        if character in SHELL_CHARACTERS or not (character.isprintable() or character in " \t"):
             problems.append((None, f"holds {character!r}, which a shell reads (mert-moses.pl runs Moses "
                                    "through one)"))
     for token in flags.split():
