@@ -130,3 +130,23 @@ def test_apply_reranker_still_fills_a_small_gap_with_empty_lines(tmp_path):
     lines = out.read_text(encoding="utf-8").split("\n")
     assert lines[:3] == ["", "", ""] and lines[3] and lines[4:] == [""]
 
+
+
+def test_score_refuses_an_nbest_list_pointing_to_rescore(tmp_path, tiny_model):
+    """`score -m M list.nbest.gz` once scored each sentence id as a source phrase ("0 ||| un homme
+    ..."), exit 0: an n-best list is refused at its first line, naming rescore."""
+    out = tmp_path / "scores.txt"
+    line = error_line(run_cli("score", "-m", tiny_model, NBEST, "-o", out))
+    assert f"{NBEST} line 1: " in line and "n-best list" in line and "rescore" in line, line
+    assert not out.exists()
+
+
+def test_score_still_scores_pairs_whose_source_is_a_number(tmp_path, tiny_model):
+    """A pair file whose sources are numbers and whose third field holds scores is not an n-best
+    list: it is scored."""
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("0 ||| un ||| 0.5 0.5 ||| 0-0\n12 ||| douze\n", encoding="utf-8")
+    out = tmp_path / "scores.txt"
+    result = run_cli("score", "-m", tiny_model, pairs, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    assert len(out.read_text().split()) == 2

@@ -171,6 +171,16 @@ def check_id_order(sentence_id: int, last_id: int, path: PathLike, line: Optiona
 _PLAIN_ID = re.compile(rb" *([0-9]+) *")
 
 
+def is_nbest_line(fields: Sequence[bytes]) -> bool:
+    """Whether a line, split on ``|||``, reads as a Moses n-best line rather than a phrase pair:
+    a whole-number sentence id, a hypothesis, features written ``Name= values`` (a phrase table's
+    third field holds bare numbers) and a total."""
+    if len(fields) < 4 or _PLAIN_ID.fullmatch(fields[0]) is None:
+        return False
+    features = fields[2].split()
+    return bool(features) and features[0].endswith(b"=")
+
+
 def sentence_id_of(data: bytes, path: PathLike, number: int) -> int:
     """The sentence id of the raw line ``data`` (line ``number``, its line end included), read
     without parsing the rest of the line; a line whose id field is not a plain whole number is
