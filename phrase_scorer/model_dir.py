@@ -507,7 +507,7 @@ def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left
     wanted = "reads the system's target and predicts its source" if reverse else \
         "reads the system's source and predicts its target"
     order = {None: "", True: ", right to left (last word first)", False: ", left to right"}[right_to_left]
-    hint = f"give a model that {wanted}{order}, as {role}="
+    hint = f"give a model that {wanted}{order}"
 
     def refuse(what: str) -> None:
         raise PhraseScorerError(f"given as {role}, but {what}", path=folder, hint=hint)

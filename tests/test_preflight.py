@@ -268,3 +268,36 @@ def test_rescore_experiment_logs_its_checks_and_makes_them_again_when_given_agai
     (tmp_path / "test.fr").write_text("une ligne\n", encoding="utf-8")  # the test set cut to one line
     again = rescore_experiment(tmp_path, failing_moses, "-m", f"RNN={models['forward']}")
     assert "the test set test: 100 lines, but its other side" in error_line(again)
+
+
+# --- experiment (Table 1) checks everything before its first step ---------------------------------
+
+
+def table1(tmp_path, moses_home, *more):
+    from conftest import A_MAN_TABLE
+
+    ini = tmp_path / "system.ini"
+    ini.write_text(f"[feature]\nPhraseDictionaryMemory name=TranslationModel0 num-features=4 path={A_MAN_TABLE} "
+                   "input-factor=0 output-factor=0\n\n[weight]\nTranslationModel0= 0.2 0.2 0.2 0.2\n",
+                   encoding="utf-8")
+    return run_cli("experiment", ini, "--dev", VAL_EN, VAL_FR, "--test", VAL_EN, VAL_FR, "-o", tmp_path / "work",
+                   "--runs", 1, "--moses-home", moses_home, *more)
+
+
+def test_experiment_refuses_a_model_of_the_other_direction_before_annotating(tmp_path, failing_moses, models):
+    result = table1(tmp_path, failing_moses, "-m", models["reverse"])
+    assert "given as the phrase table's model, but it translates the other way" in error_line(result)
+    assert not (tmp_path / "work").exists()
+
+
+def test_experiment_refuses_a_misspelt_model_folder_before_making_its_folder(tmp_path, failing_moses):
+    result = table1(tmp_path, failing_moses, "-m", tmp_path / "modle")
+    line = error_line(result)
+    assert "modle" in line and "does not exist" in line
+    assert not (tmp_path / "work").exists()
+
+
+def test_experiment_logs_its_checks_before_the_first_step(tmp_path, failing_moses, models):
+    result = table1(tmp_path, failing_moses, "-m", models["forward"])
+    assert "checked before the first step" in result.stderr
+    assert result.stderr.index("checked before the first step") < result.stderr.index("annotating")

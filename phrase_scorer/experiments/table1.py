@@ -205,11 +205,39 @@ def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[
     return result
 
 
+def preflight(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike], moses: MosesInstallation,
+              model_dir: Optional[PathLike], tune_options: TuneOptions, options: ExperimentOptions) -> None:
+    """Everything the comparison will use, checked before its first step, as every run checks it
+    again before it continues (:mod:`~phrase_scorer.experiments.preflight`): the options, the
+    moses.ini (with its phrase table) and the files it names, the dev and test sets, the model
+    against the dev set (it reads the system's source and predicts its target:
+    :func:`~phrase_scorer.model_dir.check_model_reads`), Moses and its tuning script. Logs one
+    line."""
+    from phrase_scorer.config import check_whole_number
+    from phrase_scorer.experiments.preflight import check_ini, check_moses, check_text_pair, log_checked
+    from phrase_scorer.model_dir import check_model_reads
+
+    for name, value, least in (("runs", options.runs, 1), ("bootstrap_samples", options.bootstrap_samples, 1),
+                               ("max_iterations", tune_options.max_iterations, 1), ("nbest", tune_options.nbest, 1)):
+        check_whole_number(name, value, least, 1 << 31)
+    check_ini(moses_ini).find_phrase_table()
+    sentences = [check_text_pair((pair[0], pair[1]), what) for pair, what in ((dev, "the dev set"),
+                                                                              (test, "the test set"))]
+    if model_dir is not None:
+        check_model_reads(model_dir, "the phrase table's model", reverse=False, texts=(dev[0], dev[1]))
+    check_moses(moses, tune_options.decoder, tune_options.mertdir)
+    moses.script("training/mert-moses.pl")
+    log_checked(["the options", "the moses.ini", f"the dev set ({sentences[0]:,} sentences)",
+                 f"the test set ({sentences[1]:,} sentences)", *(["the model"] if model_dir is not None else []),
+                 "Moses"])
+
+
 def _run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike], work_dir: PathLike, *,
                     moses: MosesInstallation, model_dir: Optional[PathLike], annotated: Optional[PathLike],
                     tune_options: TuneOptions, options: ExperimentOptions,
                     systems: Sequence[System]) -> ExperimentReport:
     work = Path(work_dir).resolve()
+    preflight(moses_ini, dev, test, moses, model_dir, tune_options, options)
     work.mkdir(parents=True, exist_ok=True)
     tables = prepare_tables(moses_ini, work, model_dir=model_dir, annotated=annotated)
     test_references = read_lines(test[1])
