@@ -150,3 +150,18 @@ def test_score_still_scores_pairs_whose_source_is_a_number(tmp_path, tiny_model)
     result = run_cli("score", "-m", tiny_model, pairs, "-o", out)
     assert result.exit_code == 0, result.stderr
     assert len(out.read_text().split()) == 2
+
+
+def test_reranked_translation_refuses_a_pipe_source_before_moses_starts(tmp_path, pipes):
+    """translate --moses --reranker reads its source twice (the lines Moses decodes, and the
+    chunks the models rerank): a process substitution would give each reader part of the lines.
+    Refused before anything runs (no Moses is needed to see it)."""
+    from phrase_scorer.errors import PhraseScorerError
+    from phrase_scorer.rescoring.translation import translate_reranked
+
+    source = pipes(VAL_EN.read_bytes()[:2000])
+    out = tmp_path / "out.txt"
+    with pytest.raises(PhraseScorerError, match="pipe") as raised:
+        translate_reranked(source, out, ini=DATA / "moses.tuned.ini", reranker=tmp_path / "none.json", moses=None)
+    assert raised.value.path == source
+    assert not out.exists() and not (tmp_path / "out.txt.work").exists()

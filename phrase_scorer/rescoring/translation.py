@@ -43,7 +43,7 @@ from phrase_scorer.config import (
     MOSES_NBEST_FACTOR, RescoreExperimentOptions, ScoringOptions, TranslateOptions, default_bound,
 )
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, file_sha256, text_lines
+from phrase_scorer.io.files import PathLike, file_sha256, refuse_single_pass, text_lines
 from phrase_scorer.io.moses_ini import MosesIni, text_loaded_features
 from phrase_scorer.io.outputs import model_files
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
@@ -266,6 +266,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     from phrase_scorer.scoring.batch_scorer import default_batch_tokens
     from phrase_scorer.scoring.int8_output import int8_engine
 
+    refuse_single_pass(source, "the source", "Moses and the reranking read it each in turn, a chunk at a time")
     output = os.fspath(output)
     scoring_options = scoring_options or ScoringOptions()
     where = torch.device(device)
