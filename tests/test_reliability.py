@@ -220,7 +220,12 @@ def reranker_text(draw) -> bytes:
                                                                        max_size=2), json_value)),
               "decoder": draw(st.one_of(st.just(maybe), json_value, st.fixed_dictionaries(
                   {"nbest_size": st.one_of(st.none(), st.integers(-1, 200), json_scalar),
-                   "decoder_flags": st.one_of(st.none(), st.text(max_size=8), json_scalar)}))),
+                   "decoder_flags": st.one_of(st.none(), st.text(max_size=8), json_scalar,
+                                              st.sampled_from(["-v 0 -n-best-list x 10", "-osg g", "-s 4 > x"]))}))),
+              "system": draw(st.one_of(st.just(maybe), json_value, st.fixed_dictionaries(
+                  {"moses.ini": st.one_of(st.text(max_size=8), json_scalar),
+                   "weights": st.one_of(json_value, st.dictionaries(feature_label, st.lists(weight_value, max_size=3),
+                                                                    max_size=2))}))),
               "runs": draw(json_value)}
     if draw(st.booleans()):  # a file as rerank writes it, but for the weights of at most one feature
         weights = {name: draw(st.lists(good_weight, min_size=count, max_size=count))
@@ -259,6 +264,8 @@ def fuzz_reranker(tmp_path, data: bytes) -> None:
     layout = loaded.weights.layout
     assert layout and all(count >= 1 for _, count in layout) and len({name for name, _ in layout}) == len(layout)
     assert all(math.isfinite(v) for v in loaded.weights.values)
+    assert loaded.system is None or all(math.isfinite(v) for values in loaded.system["weights"].values()
+                                        for v in values)
     given = json.loads(data)["weights"]
     assert loaded.weights.by_name() == {name: [float(v) for v in given[name]] for name, _ in layout}
     out = tmp_path / "out.txt"
