@@ -301,3 +301,21 @@ def test_experiment_logs_its_checks_before_the_first_step(tmp_path, failing_mose
     result = table1(tmp_path, failing_moses, "-m", models["forward"])
     assert "checked before the first step" in result.stderr
     assert result.stderr.index("checked before the first step") < result.stderr.index("annotating")
+
+
+# --- ems-decoder checks the system it translates with before it builds ----------------------------
+
+
+def test_ems_decoder_refuses_a_missing_file_of_the_evaluated_system_before_the_build(tmp_path, failing_moses,
+                                                                                     monkeypatch):
+    from test_ems_reranking import WEIGHTS, tuning_step
+
+    ems = tmp_path / "ems"
+    tuning_step(ems, 1, WEIGHTS)
+    monkeypatch.chdir(ems)  # EMS runs its decoder in its working folder
+    config = tmp_path / "evaluation.ini"  # EMS's -f: the tuned weights on tables filtered for the test set
+    config.write_text("[feature]\nKENLM name=LM0 path=filtered/lm.bin\n" + WEIGHTS, encoding="utf-8")
+    result = run_cli("ems-decoder", "--corpus", TRAIN_EN, TRAIN_FR, "--work", tmp_path / "rescoring", *QUICK,
+                     "--", failing_moses / "bin" / "moses", "-v", "0", "-f", config, input="a man .\n")
+    assert "LM0's file filtered/lm.bin is missing" in error_line(result)
+    assert not (tmp_path / "rescoring").exists()

@@ -173,6 +173,7 @@ def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_op
     """EMS's decode step (see the module docstring): ``args`` are the decoder and the options EMS
     gave it; the input comes from ``stdin`` and the 1-best goes to ``stdout``. Returns the reranker."""
     from phrase_scorer.experiments.build_reranker import build_reranker
+    from phrase_scorer.experiments.preflight import check_ini
     from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.rescoring.translation import translate_reranked
     from phrase_scorer.runtime.device import resolve_device
@@ -184,6 +185,7 @@ def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_op
     config = absolute(call.config, folder)
     tuning = find_tuning(folder, config)
     corpus = corpus or find_corpus(folder)
+    check_ini(config)  # the system the translation decodes with: checked before the build, as the build checks its own
     # the Moses EMS names (its bin/ folder's parent), else the one given
     home = Path(call.program).resolve().parent.parent if os.path.isfile(call.program) else moses_home
     moses = MosesInstallation.find(home)
