@@ -21,6 +21,9 @@ from phrase_scorer.errors import PhraseScorerError, Text, setting
 MAX_WIDTH = 1 << 16  # embedding, hidden, alignment and readout units, output rank
 MAX_SHORTLIST = 1 << 24  # words per shortlist
 MAX_MAXOUT_PIECES = 64
+# The largest learning rate: the largest 32-bit float, since an update multiplies 32-bit weights
+# by it (torch refuses a larger one at the first step).
+MAX_LR = 3.4028234663852886e38
 
 
 def check_whole_number(name: str, value: Any, low: int = 1, high: Optional[int] = None) -> None:
@@ -286,7 +289,7 @@ class TrainConfig:
     WHOLE = {"batch_size": 1, "valid_pairs": 0, "valid_every": 1, "valid_beam": 1, "patience": 1,
              "average_checkpoints": 0, "lr_patience": 1, "max_steps": 1, "max_length": 1}
     OPTIONAL = ("lr_patience", "max_steps", "max_length")
-    NUMBERS = {"lr": (0.0, math.inf, True, True), "clip_norm": (0.0, math.inf, True, True),
+    NUMBERS = {"lr": (0.0, MAX_LR, True, False), "clip_norm": (0.0, math.inf, True, True),
                "label_smoothing": (0.0, 1.0, False, True), "dropout": (0.0, 1.0, False, True),
                "lr_decay": (0.0, 1.0, True, False), "min_lr": (0.0, math.inf, False, True),
                "adadelta_rho": (0.0, 1.0, True, True), "adadelta_eps": (0.0, 1.0, True, False),

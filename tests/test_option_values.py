@@ -217,3 +217,22 @@ def test_a_temperature_that_overflows_the_logits_is_refused(tiny_model):
     raised torch's RuntimeError ('probability tensor contains either inf, nan ...')."""
     result = run_cli("sample", "-m", tiny_model, "a man", "--temperature", "1e-300")
     refused_at_the_parser(result, "--temperature")
+
+
+def test_a_learning_rate_beyond_a_32_bit_float_is_refused(tmp_path):
+    """``train --lr 1e300`` ended in torch's RuntimeError ('value cannot be converted to type
+    float without overflow') at the first update: the step multiplies 32-bit weights by it."""
+    output = tmp_path / "model"
+    result = run_cli("train", "--corpus", TRAIN_EN, TRAIN_FR, "-o", output, "--lr", "1e300")
+    refused_at_the_parser(result, "--lr")
+    assert not output.exists()
+
+
+def test_the_training_settings_refuse_a_learning_rate_beyond_a_32_bit_float():
+    """A library caller gets the same range as the flag (one home: config.py)."""
+    from phrase_scorer.config import TrainConfig
+    from phrase_scorer.errors import PhraseScorerError
+
+    with pytest.raises(PhraseScorerError, match="training.lr"):
+        TrainConfig(lr=1e300)
+

@@ -144,6 +144,13 @@ model_option = click.option("-m", "--model", "model_dir", required=True, type=Pa
                             help="Model directory made by 'phrase-scorer train'.")
 
 
+def training_number(name: str) -> FiniteFloat:
+    """The type of the training setting ``name``'s flag: the range the settings check
+    (``TrainConfig.NUMBERS``, their one home), an infinite end left open."""
+    low, high, low_open, high_open = TrainConfig.NUMBERS[name]
+    return FiniteFloat(min=low, max=None if math.isinf(high) else high, min_open=low_open, max_open=high_open)
+
+
 def training_options(function):
     """The options that say what model to train and how: shared by 'train' and 'ems-config'."""
     options = [
@@ -168,16 +175,16 @@ def training_options(function):
                           "initialisation, rate halved on validation plateaus) or 'paper' (the papers' Adadelta and "
                           "initialisations, for reproductions). The options below override single settings."),
         click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None, help="[default: the recipe's]"),
-        click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None,
+        click.option("--lr", type=training_number("lr"), default=None,
                      help="Learning rate [default: the recipe's: 1e-3 for Adam, 1.0 for Adadelta]."),
-        click.option("--lr-decay", type=FiniteFloat(min=0, max=1, min_open=True), default=None,
+        click.option("--lr-decay", type=training_number("lr_decay"), default=None,
                      help="Rate times this after --lr-patience validations without improvement (1: never) "
                           "[default: the recipe's]."),
         click.option("--lr-patience", type=Count(min=1), default=None, help="[default: the recipe's]"),
-        click.option("--dropout", type=FiniteFloat(min=0, max=1, max_open=True), default=None,
+        click.option("--dropout", type=training_number("dropout"), default=None,
                      help="Dropout on embeddings, encoder outputs and readout features, in training only "
                           "[default: the recipe's]."),
-        click.option("--label-smoothing", type=FiniteFloat(min=0, max=1, max_open=True), default=None,
+        click.option("--label-smoothing", type=training_number("label_smoothing"), default=None,
                      help="[default: the recipe's]"),
         click.option("--loss", type=click.Choice(LOSSES), default=None,
                      help="Mean NLL per pair (the papers) or per target token [default: the recipe's]."),
@@ -202,11 +209,11 @@ def training_options(function):
         click.option("--patience", type=Count(min=1), default=TrainConfig.patience,
                      help="Stop after this many validations without improvement."),
         click.option("--max-steps", type=Count(min=1), default=None, help="Stop after this many updates."),
-        click.option("--max-epochs", type=FiniteFloat(min=0, min_open=True), default=None,
+        click.option("--max-epochs", type=training_number("max_epochs"), default=None,
                      help="Stop after this many passes over the pairs."),
         click.option("--max-time", type=Duration(positive=True), default=None,
                      help="Stop after this long (3600, 90m, 2h, ...)."),
-        click.option("--clip-norm", type=FiniteFloat(min=0, min_open=True), default=None,
+        click.option("--clip-norm", type=training_number("clip_norm"), default=None,
                      help="Gradient-norm clipping threshold [default: the recipe's]."),
         click.option("--seed", type=SEED, default=TrainConfig.seed,
                      help="Random seed (initial weights, validation split, data order)."),
