@@ -34,9 +34,13 @@ def refuse_empty(value, param: click.Parameter, what: str = "a file name") -> No
 #: The largest whole number an option takes where the option sets no smaller bound: what a C int
 #: holds, the type of the counts and seeds that torch, numpy and Moses' programs take.
 COUNT_LIMIT = 2**31 - 1
-#: The most threads or processes an option asks for: more than any machine this runs on has cores
-#: (torch.set_num_threads overflows at 2^31; a million worker processes is a typo, not a setting).
+#: The most threads an option asks for: more than any machine this runs on has cores
+#: (torch.set_num_threads overflows at 2^31; a million threads is a typo, not a setting).
 PARALLEL_LIMIT = 1024
+#: The most processes an option starts (worker processes, training ranks), each loading torch and
+#: a model: 8 workers already read and write faster than a GPU scores
+#: (runtime/workers.default_workers), and a thousand ranks hold a thousand copies of a model.
+PROCESS_LIMIT = 64
 
 
 class FiniteFloat(click.FloatRange):
@@ -73,8 +77,10 @@ class Count(click.IntRange):
 
 #: A random seed: what torch, numpy, ``mert -r`` and ``kbmira --random-seed`` all take.
 SEED = Count(min=0)
-#: Threads or processes (:data:`PARALLEL_LIMIT`).
-PARALLEL = Count(min=1, limit=PARALLEL_LIMIT, what="threads or processes")
+#: Threads (:data:`PARALLEL_LIMIT`).
+PARALLEL = Count(min=1, limit=PARALLEL_LIMIT, what="threads")
+#: Processes (:data:`PROCESS_LIMIT`).
+PROCESSES = Count(min=1, limit=PROCESS_LIMIT, what="processes")
 
 
 def distinct(ctx, param, values):
@@ -136,7 +142,7 @@ moses_home_option = click.option("--moses-home", type=PathName(file_okay=False),
 def workers_option(work: str):
     """``--workers``: the processes that do a command's per-line ``work`` beside its model(s)
     (runtime/workers.default_workers when not given)."""
-    return click.option("--workers", type=Count(min=0, limit=PARALLEL_LIMIT, what="processes"), default=None,
+    return click.option("--workers", type=Count(min=0, limit=PROCESS_LIMIT, what="processes"), default=None,
                         help=f"Processes that {work} (0: none, all in one process) [default: the cores, at most 8].")
 
 
@@ -190,7 +196,7 @@ def training_options(function):
                      help="Mean NLL per pair (the papers) or per target token [default: the recipe's]."),
         click.option("--init", type=click.Choice(INITS), default=None,
                      help="Initial weights: the papers' or Glorot-uniform [default: the recipe's]."),
-        click.option("--batch-size", type=Count(min=1), default=TrainConfig.batch_size,
+        click.option("--batch-size", type=Count(min=1, max=MAX_SHORTLIST), default=TrainConfig.batch_size,
                      help="Pairs per update."),
         click.option("--valid-pairs", type=Count(min=0), default=TrainConfig.valid_pairs,
                      help="About this many pairs are held out for validation, by source phrase (0: none; the "
@@ -201,7 +207,7 @@ def training_options(function):
                      help="What picks the best weights, stops early and decays the rate: validation NLL per token, or "
                           "the BLEU of the validation translations (sentence pairs only) [default: bleu with --corpus, "
                           "else nll]."),
-        click.option("--valid-beam", type=Count(min=1), default=TrainConfig.valid_beam,
+        click.option("--valid-beam", type=Count(min=1, max=MAX_SHORTLIST), default=TrainConfig.valid_beam,
                      help="Beam of the validation translations (1: greedy)."),
         click.option("--average-checkpoints", type=Count(min=0), default=TrainConfig.average_checkpoints,
                      metavar="K", help="When training stops, the mean of the weights of the last K validations becomes "

@@ -11,7 +11,7 @@ import click
 from phrase_scorer.runtime import progress
 from phrase_scorer.cli.group import UserError, cli, log, shown
 from phrase_scorer.cli.options import (
-    PARALLEL, Count, PathName, make_training_settings, threads_option, training_options,
+    PROCESSES, Count, PathName, make_training_settings, threads_option, training_options,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -32,7 +32,7 @@ from phrase_scorer.runtime.threads import set_threads
 @click.option("-o", "--output", required=True, type=PathName(file_okay=False), help="Model directory to create.")
 @training_options
 @threads_option
-@click.option("--processes", type=PARALLEL, default=1,
+@click.option("--processes", type=PROCESSES, default=1,
               help="Train in this many processes on this machine, each on its part of every batch (as under "
                    "torchrun --standalone; the batch stays --batch-size pairs). On an idle 2-core CPU, 2 processes "
                    "train RNNsearch small on sentence pairs 1.36 times as fast as the default single process.")
