@@ -162,3 +162,18 @@ def test_the_rerankers_the_experiments_write_record_the_system_that_decoded_the_
     check_reranker_system(reranker, EN_FR)
     with pytest.raises(PhraseScorerError, match="was tuned for another system"):
         check_reranker_system(reranker, EN_CS)
+
+
+def test_rerank_records_the_ini_only_when_its_weights_made_the_dev_list(tmp_path, caplog):
+    """Moses' totals of the dev list are its features weighted by the system that decoded it: the
+    ini given to rerank is recorded as the system only when its weights reproduce them."""
+    from phrase_scorer.moses.system import decoded_with
+    from phrase_scorer.rescoring.tuning import decoding_system
+
+    assert decoded_with(NBEST, ini_features_of(EN_FR), []) is True
+    assert decoded_with(NBEST, ini_features_of(EN_CS), []) is False
+    assert decoded_with(NBEST, {"LM0": [1.0]}, []) is None  # features the weights do not name: cannot tell
+    assert decoding_system(NBEST, EN_FR, {}) == system_record(EN_FR)
+    assert decoding_system(NBEST, EN_CS, {}) is None
+    assert f"{NBEST} was not decoded with the weights of {EN_CS}" in caplog.text
+    assert decoding_system(NBEST, None, {}) is None

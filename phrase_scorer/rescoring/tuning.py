@@ -27,7 +27,7 @@ from phrase_scorer.io.files import STDIO, PathLike
 from phrase_scorer.io.nbest import dense_layout, read_nbest
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.installation import MosesInstallation
-from phrase_scorer.moses.system import system_record
+from phrase_scorer.moses.system import decoded_with, system_record
 from phrase_scorer.runtime.programs import fresh_directory
 from phrase_scorer.records import Signature
 from phrase_scorer.rescoring.optimisers import OptimiserRun, drop_unhelpful, learn_weights, mert_programs
@@ -113,6 +113,21 @@ def check_rerank_inputs(dev_nbest: PathLike, test_nbest: PathLike, options: Rera
                                         hint=f"its dense features are {', '.join(have)}")
 
 
+def decoding_system(dev_nbest: PathLike, start_ini: Optional[PathLike], dev_models: Dict[str, dict]) -> Optional[dict]:
+    """The system the reranker records (:func:`~phrase_scorer.moses.system.system_record`): the
+    moses.ini given, when the dev list's totals show it was decoded with that ini's weights; else
+    None, with a warning when an ini was given (its weights only start the optimiser)."""
+    if start_ini is None:
+        return None
+    record = system_record(start_ini)
+    if decoded_with(dev_nbest, record["weights"], list(dev_models)):
+        return record
+    log.warning("%s was not decoded with the weights of %s (or cannot be told so): the reranker records no system, "
+                "and a reranked translation cannot tell another system from the one the lists came from",
+                os.fspath(dev_nbest), os.fspath(start_ini))
+    return None
+
+
 def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, *,
             moses: Optional[MosesInstallation], options: RerankOptions, start_ini: Optional[PathLike],
             working_dir: Optional[PathLike], decoder_flags: Optional[str]) -> RerankResult:
@@ -124,6 +139,7 @@ def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_n
                     "decoded with (a rescoring report prints them)", setting("decoder_flags"),
                     MOSES_NBEST_FACTOR)
     dev_models = rescored_models(dev_nbest)  # a stale signature is refused before the optimisers run
+    system = decoding_system(dev_nbest, start_ini, dev_models)
     work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="rerank")
     learned = learn_weights(dev_nbest, dev_reference, work, moses=moses, options=options, start_ini=start_ini)
     assert learned.data is not None
@@ -142,7 +158,7 @@ def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_n
     )
     tuned = Reranker(weights, tuple(options.ignore_features), dev_models,
                      nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags,
-                     system=system_record(start_ini) if start_ini is not None else None)
+                     system=system)
     run = {k: v for k, v in result.to_dict().items() if k != "output"}  # the signature names the output itself
     job.commit(Signature.build("phrase-scorer rerank", tuned.to_json(), output=output,
                                dev={"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
