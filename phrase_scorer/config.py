@@ -24,6 +24,9 @@ MAX_MAXOUT_PIECES = 64
 # The largest learning rate: the largest 32-bit float, since an update multiplies 32-bit weights
 # by it (torch refuses a larger one at the first step).
 MAX_LR = 3.4028234663852886e38
+# The most hours of training a build takes (a century), and the widest tie margin (all of BLEU).
+MAX_TRAINING_HOURS = 1e6
+MAX_TIE_MARGIN = 100.0
 
 
 def check_whole_number(name: str, value: Any, low: int = 1, high: Optional[int] = None) -> None:
@@ -575,10 +578,12 @@ class BuildRerankerOptions:
     valid_every: int = 500
     max_steps: int = 8000
     training_hours: Optional[float] = None  # all trainings together, shared equally; None: max_steps alone
+    # (at most MAX_TRAINING_HOURS)
     # The trainings side by side, each on its share of the cores (None: on a CPU with 2 threads or
     # more; experiments/build_reranker.side_by_side_threads), or one after another
     side_by_side: Optional[bool] = None
     device: str = "auto"
     # A row is kept over a better one with more models when its tuning BLEU is within this much
+    # (BLEU points, at most MAX_TIE_MARGIN)
     tie_margin: float = 0.1
     experiment: RescoreExperimentOptions = RescoreExperimentOptions()

@@ -236,3 +236,14 @@ def test_the_training_settings_refuse_a_learning_rate_beyond_a_32_bit_float():
     with pytest.raises(PhraseScorerError, match="training.lr"):
         TrainConfig(lr=1e300)
 
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--budget", "1e300"), ("--tie-margin", "101")])
+def test_a_build_number_beyond_what_the_build_takes_is_refused_with_its_flag(tmp_path, flag, value):
+    """The build's own check named them by their settings (``training_hours``); a million hours
+    of training and a margin of more than 100 BLEU points are refused at the parser."""
+    work = tmp_path / "work"
+    result = run_cli("build-reranker", DATA / "moses.ini", "--corpus", TRAIN_EN, TRAIN_FR,
+                     "--tuning-set", VAL_EN, VAL_FR, "-o", work, flag, value)
+    refused_at_the_parser(result, flag)
+    assert not work.exists()

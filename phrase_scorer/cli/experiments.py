@@ -6,7 +6,8 @@ from __future__ import annotations
 import click
 
 from phrase_scorer.config import (
-    SYSTEMS, AnnotateOptions, BuildRerankerOptions, ExperimentOptions, RescoreExperimentOptions, ScoringOptions,
+    MAX_TIE_MARGIN, MAX_TRAINING_HOURS, SYSTEMS, AnnotateOptions, BuildRerankerOptions, ExperimentOptions,
+    RescoreExperimentOptions, ScoringOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import cli, explicit_options
@@ -177,7 +178,8 @@ def build_options(command):
                      show_default=True, help="Updates per model (80 sentence pairs each)."),
         click.option("--valid-every", type=Count(min=1), default=BuildRerankerOptions.valid_every,
                      show_default=True, help="Updates between validations on the tuning set (and checkpoints)."),
-        click.option("--budget", "training_hours", type=FiniteFloat(min=0, min_open=True), default=None,
+        click.option("--budget", "training_hours", type=FiniteFloat(min=0, max=MAX_TRAINING_HOURS, min_open=True),
+                     default=None,
                      help="Hours of training: each model's own when they train side by side, else shared equally "
                           "among the models (each also stops at --max-steps)."),
         click.option("--side-by-side/--one-at-a-time", "side_by_side", default=None,
@@ -186,7 +188,8 @@ def build_options(command):
         nbest_size_option, nbest_factor_option,
         click.option("--runs", type=Count(min=1), default=RescoreExperimentOptions.runs, show_default=True,
                      help="Optimiser runs per candidate row (seeds 1..RUNS)."),
-        click.option("--tie-margin", type=FiniteFloat(min=0), default=BuildRerankerOptions.tie_margin,
+        click.option("--tie-margin", type=FiniteFloat(min=0, max=MAX_TIE_MARGIN),
+                     default=BuildRerankerOptions.tie_margin,
                      show_default=True,
                      help="A row with fewer models is kept when its tuning BLEU is within this much of the best."),
         target_lang_option, decoder_threads_option,
