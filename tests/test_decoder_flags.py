@@ -194,3 +194,28 @@ def test_rerank_refuses_a_seed_given_twice_before_anything_runs(tmp_path, monkey
     with pytest.raises(PhraseScorerError, match="seeds=1 is given twice"):
         rerank(NBEST, REFERENCE, NBEST, tmp_path / "out", options=RerankOptions(seeds=(1, 2, 1)))
     assert not list(tmp_path.iterdir())
+
+
+def test_decode_asks_for_its_own_nbest_list_as_one_argument_per_value_and_checks_the_user_flags(tmp_path):
+    """The experiments' n-best lists go to a path of the tool's (a working folder may hold spaces),
+    handed to Moses as arguments of their own, never through the user's flags."""
+    from phrase_scorer.moses.evaluate import decode
+
+    home = tmp_path / "moses"
+    (home / "bin").mkdir(parents=True)
+    program = home / "bin" / "moses"
+    program.write_text(f"#!/bin/sh\nfor a in \"$@\"; do echo \"$a\" >> '{home}/argv'; done\ncat\n")
+    program.chmod(0o755)
+    moses = MosesInstallation(home)
+    folder = tmp_path / "a work folder"
+    folder.mkdir()
+    hypotheses = decode(TUNED_INI, SOURCE, folder / "out.1best", moses=moses, decoder_flags="-v 0",
+                        nbest_list=(folder / "dev.nbest", 7))
+    assert hypotheses == SOURCE.read_text(encoding="utf-8").splitlines()  # the stand-in copies its input
+    argv = (home / "argv").read_text(encoding="utf-8").splitlines()
+    at = argv.index("-n-best-list")
+    assert argv[at:at + 4] == ["-n-best-list", str(folder / "dev.nbest"), "7", "distinct"]
+    (home / "argv").unlink()
+    with pytest.raises(PhraseScorerError, match="-n-best-list"):
+        decode(TUNED_INI, SOURCE, folder / "other.1best", moses=moses, decoder_flags=NBEST_FLAGS)
+    assert not (home / "argv").exists() and not (folder / "other.1best").exists()

@@ -176,10 +176,10 @@ def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstalla
         building = Path(tempfile.mkdtemp(prefix=f"{eval_set.name}.nbest.", suffix=".part", dir=folder))
         try:
             part = building / nbest.name
-            flags = f"{nbest_flags(options)} -n-best-list {part} {options.nbest_size} distinct".strip()
             log.info("%s: decoding %d-best lists", eval_set.name, options.nbest_size)
             decode(ini, eval_set.source, folder / f"{eval_set.name}.1best", moses=moses, threads=options.threads,
-                   decoder_flags=flags, decoder=options.decoder, overwrite=True)
+                   decoder_flags=nbest_flags(options), nbest_list=(part, options.nbest_size),
+                   decoder=options.decoder, overwrite=True)
             os.replace(part, nbest)
         finally:
             shutil.rmtree(building, ignore_errors=True)

@@ -16,7 +16,7 @@ import re
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
@@ -56,18 +56,23 @@ DECODED_COMPANIONS = (".part", ".log")  # the decoder's log goes beside its outp
 
 def decode(ini: PathLike, source: PathLike, output: PathLike, *, moses: MosesInstallation,
            threads: Optional[int] = None, decoder_flags: str = "", decoder: str = "moses",
-           log_path: Optional[PathLike] = None, overwrite: bool = False) -> List[str]:
+           log_path: Optional[PathLike] = None, nbest_list: Optional[Tuple[PathLike, int]] = None,
+           overwrite: bool = False) -> List[str]:
     """Translate ``source`` (plain or gzip) with ``ini``; returns the hypotheses, also written to
-    ``output`` (an existing one is replaced only with ``overwrite``; never one of the inputs)."""
+    ``output`` (an existing one is replaced only with ``overwrite``; never one of the inputs).
+    ``decoder_flags`` are checked before anything is made (:mod:`~phrase_scorer.moses.decoder_flags`);
+    ``nbest_list`` (FILE, N): Moses also writes its N distinct best to FILE, a file the caller made
+    room for (``-n-best-list``, which the flags may not set)."""
+    check_decoder_flags(decoder_flags)
     with OutputJob(output, [("the moses.ini", ini), ("the source", source)], overwrite=overwrite,
                    companions=DECODED_COMPANIONS, what="the decoder output", regular_only=True) as job:
         return decode_into(job, ini, source, moses=moses, threads=threads, decoder_flags=decoder_flags,
-                           decoder=decoder, log_path=log_path)
+                           decoder=decoder, log_path=log_path, nbest_list=nbest_list)
 
 
 def decode_into(job: OutputJob, ini: PathLike, source: PathLike, *, moses: MosesInstallation,
                 threads: Optional[int] = None, decoder_flags: str = "", decoder: str = "moses",
-                log_path: Optional[PathLike] = None) -> List[str]:
+                log_path: Optional[PathLike] = None, nbest_list: Optional[Tuple[PathLike, int]] = None) -> List[str]:
     """:func:`decode` into the output ``job`` holds (a regular file): the decoder writes its
     temporary file, which is put in place once it has one line per sentence. Moses reads the
     sentences from an anonymous temporary file; its log goes to ``log_path`` (default OUT.log)."""
@@ -76,6 +81,8 @@ def decode_into(job: OutputJob, ini: PathLike, source: PathLike, *, moses: Moses
     output = Path(job.output)
     threads = threads or os.cpu_count() or 1
     args = [moses.decoder(decoder), "-f", ini, "-threads", str(threads), *decoder_flags.split()]
+    if nbest_list is not None:  # one argument each: a path with spaces stays one path
+        args += ["-n-best-list", os.fspath(nbest_list[0]), str(nbest_list[1]), "distinct"]
     log.info("decoding %d sentences with %s", len(lines), ini)
     assert job.out is not None and job.temporary is not None  # a regular file: written under a temporary name
     with tempfile.TemporaryFile("w+", encoding="utf-8") as stdin:
