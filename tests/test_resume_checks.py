@@ -8,13 +8,14 @@ val (sentences of 100, 33 and 88 hypotheses); the sources are the first three li
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import threading
 from pathlib import Path
 
 import pytest
 
-from conftest import DATA, error_line, run_cli
+from conftest import DATA, EXAMPLE_TABLE, error_line, run_cli
 from phrase_scorer.config import RescoreOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.rescoring.features import FeatureModel, rescore
@@ -146,3 +147,84 @@ def test_a_source_too_short_for_a_resumed_list_is_refused(tmp_path, loaded_tiny,
         rescore(NBEST, source, out, models, options, resume=True, workers=0)
     assert raised.value.line == 134
     assert not out.exists()
+
+
+def test_annotate_resume_checks_the_score_count_against_the_tables_first_line(tmp_path, loaded_tiny, monkeypatch):
+    """The table's lines from 601 on have five scores, its first lines four: a fresh run refuses
+    line 601. A run stopped after its first 600 lines resumes at line 601; it must hold those
+    lines to the first line's count too, not take theirs as the table's."""
+    from phrase_scorer.config import AnnotateOptions
+    from phrase_scorer.io.table_windows import RawWindows
+    from phrase_scorer.scoring.annotate import annotate
+
+    with gzip.open(EXAMPLE_TABLE, "rt", encoding="utf-8") as f:
+        lines = [next(f) for _ in range(900)]
+    fields = [line.split(" ||| ") for line in lines[600:]]
+    lines[600:] = [" ||| ".join([*parts[:2], parts[2] + " 0.5", *parts[3:]]) for parts in fields]
+    table = tmp_path / "table.gz"
+    table.write_bytes(gzip.compress("".join(lines).encode("utf-8")))
+    out = tmp_path / "out.gz"
+    options = AnnotateOptions(window_lines=300)
+    with pytest.raises(PhraseScorerError, match="line 601") as fresh:
+        annotate(table, out, loaded_tiny, options, workers=0)
+    assert not out.exists() and part_files(out) == []
+
+    write, windows = OutputJob.write, RawWindows.__iter__
+    written = threading.Event()
+
+    def write_and_tell(self, count, data):
+        write(self, count, data)
+        if self.lines_done == 600:
+            written.set()
+
+    def stop_at_line_601(self):
+        for window in windows(self):
+            if window.first_line == 601:
+                assert written.wait(60), "the first 600 lines were never written"
+                raise KeyboardInterrupt
+            yield window
+
+    monkeypatch.setattr(OutputJob, "write", write_and_tell)
+    monkeypatch.setattr(RawWindows, "__iter__", stop_at_line_601)
+    with pytest.raises(KeyboardInterrupt):
+        annotate(table, out, loaded_tiny, options, workers=0)
+    monkeypatch.undo()
+    assert json.loads(Path(str(out) + ".part.json").read_text())["lines_done"] == 600
+
+    with pytest.raises(PhraseScorerError, match="line 601") as resumed:
+        annotate(table, out, loaded_tiny, options, workers=0, resume=True)
+    assert resumed.value.message == fresh.value.message
+    assert not out.exists()
+
+
+def test_train_resume_on_other_sentence_pairs_is_refused_when_the_cache_is_rebuilt(tmp_path):
+    """A model trained on one corpus, its pair cache removed (to save space, or damaged): resumed
+    with other files, it once rebuilt the cache from them with the old vocabularies and trained
+    on, exit 0. The files the run recorded are checked as the cache's description would be."""
+    import shutil
+
+    from conftest import TRAIN_EN, TRAIN_FR
+    from phrase_scorer.config import TrainConfig
+    from phrase_scorer.data.sentence_pairs import SentenceCorpus
+    from phrase_scorer.model_dir import ModelDirectory
+    from phrase_scorer.training.run import train
+
+    sides = {}
+    for name, path in (("en", TRAIN_EN), ("fr", TRAIN_FR)):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = [next(f) for _ in range(160)]
+        for part, chosen in (("a", lines[:80]), ("b", lines[80:])):
+            sides[part, name] = tmp_path / f"{part}.{name}"
+            sides[part, name].write_text("".join(chosen), encoding="utf-8")
+    out = tmp_path / "m"
+    config = dict(preset="tiny", max_length=12, valid_every=2, valid_pairs=10, seed=2)
+    train(SentenceCorpus(str(sides["a", "en"]), str(sides["a", "fr"])), out, TrainConfig(max_steps=2, **config))
+    shutil.rmtree(ModelDirectory(out).cache_dir)
+
+    with pytest.raises(PhraseScorerError, match="cannot resume") as raised:
+        train(SentenceCorpus(str(sides["b", "en"]), str(sides["b", "fr"])), out, TrainConfig(max_steps=4, **config),
+              resume=True)
+    assert "source" in raised.value.message
+    state = train(SentenceCorpus(str(sides["a", "en"]), str(sides["a", "fr"])), out,
+                  TrainConfig(max_steps=4, **config), resume=True)
+    assert state.step == 4

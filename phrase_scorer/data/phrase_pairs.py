@@ -24,7 +24,7 @@ from phrase_scorer.data.cache import (
     MAX_PHRASE_WORDS, id_dtype_for, read_cache_description, reuse_cache, source_hash, vocab_digest, write_cache,
 )
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, file_identity
+from phrase_scorer.io.files import PathLike, file_identity, refuse_single_pass
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary
@@ -33,6 +33,8 @@ CACHE_FORMAT = "phrase-scorer-pair-cache"
 CACHE_VERSION = 2  # 2: the table by its bytes (file_identity), not by its path and time
 
 log = logging.getLogger(__name__)
+
+TWO_READINGS = "training reads its data twice (the words counted, then the pairs cached)"
 
 
 def unique_pairs(table: PathLike, desc: str = "reading") -> Iterator[Tuple[List[str], List[str]]]:
@@ -153,9 +155,17 @@ class PhraseTableData:
     kind: ClassVar[str] = "table"
     window_batches: ClassVar[int] = TABLE_WINDOW_BATCHES
 
+    def __post_init__(self) -> None:
+        refuse_single_pass(self.table, "the phrase table", TWO_READINGS)
+
     @property
     def path(self) -> str:
         return self.table
+
+    def refuse_other_data(self, recorded: dict, path: PathLike) -> None:
+        """A resumed run trains on the table it recorded: its cache's description names it by its
+        bytes (:meth:`build_cache`), and config.json by its path alone, so there is nothing more
+        to check here."""
 
     def count_words(self, config: TrainConfig) -> Tuple[Counter, Counter, dict]:
         if config.max_length is not None:

@@ -35,7 +35,9 @@ from phrase_scorer.data.cache import (
     MAX_PHRASE_WORDS, id_dtype_for, reuse_cache, source_hash, vocab_digest, write_cache,
 )
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, TextLines, file_identity, hash_identities
+from phrase_scorer.records import refuse_changed
+from phrase_scorer.data.phrase_pairs import TWO_READINGS
+from phrase_scorer.io.files import PathLike, TextLines, file_identity, hash_identities, refuse_single_pass
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary
@@ -47,6 +49,7 @@ CORPUS_CACHE_VERSION = 1
 PAPER_WINDOW_BATCHES = 20  # minibatches read, sorted by length and cut together (section 4.2)
 
 EMPTY, TOO_LONG = "empty", "too_long"
+CORPUS_FILES = ("source", "target", "dev_source", "dev_target")  # as config.json records them
 
 
 def read_sentence_pairs(source: PathLike, target: PathLike,
@@ -108,6 +111,10 @@ class SentenceCorpus:
     def __post_init__(self) -> None:
         if (self.dev_source is None) != (self.dev_target is None):
             raise PhraseScorerError("a development set needs both a source and a target file")
+        for path, option in ((self.source, "corpus"), (self.target, "corpus"), (self.dev_source, "dev"),
+                             (self.dev_target, "dev")):
+            if path is not None:
+                refuse_single_pass(path, Text("a file of ", setting(option)), TWO_READINGS)
 
     @property
     def path(self) -> str:
@@ -120,6 +127,15 @@ class SentenceCorpus:
             "dev_source": file_identity(self.dev_source) if self.dev_source else None,
             "dev_target": file_identity(self.dev_target) if self.dev_target else None,
         }
+
+    def refuse_other_data(self, recorded: dict, path: PathLike) -> None:
+        """A resumed run trains on the files its first run recorded (``recorded``, the corpus'
+        record in config.json), compared by their bytes, as the pair cache's description compares
+        them: checked whether or not the cache is still there to be reused."""
+        refuse_changed({key: recorded.get(key) for key in CORPUS_FILES},
+                       {key: value for key, value in self.identities().items()},
+                       path=path, hint=Text("resume with the same files of ", setting("corpus"), " and ",
+                                            setting("dev"), ", unchanged, or start a new run"))
 
     def count_words(self, config: TrainConfig) -> Tuple[Counter, Counter, dict]:
         """Word counts of each side over the training pairs that are kept, and a record of the

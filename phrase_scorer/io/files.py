@@ -36,7 +36,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, BinaryIO, Dict, Iterator, Mapping, Optional, Tuple, Union
 
-from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.errors import PhraseScorerError, Text
 
 fast_gzip: ModuleType
 try:  # ISA-L: the fast gzip (see the module docstring)
@@ -218,6 +218,14 @@ def describe_os_error(exc: OSError, path: PathLike) -> PhraseScorerError:
             path=path,
             hint="free some space or write elsewhere; the previous output, if any, is untouched",
         )
+    if exc.errno == errno.EFBIG:  # past the file-size limit (ulimit -f), or the file system's largest file
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        shown = f": the limit is {limit:,} bytes (ulimit -f)" if limit != resource.RLIM_INFINITY else ""
+        return PhraseScorerError(f"file too large (EFBIG){shown}", path=path,
+                                 hint="raise the limit (ulimit -f unlimited) or write elsewhere; the previous "
+                                      "output, if any, is untouched")
     return PhraseScorerError(f"cannot write: {exc.strerror or exc}", path=path)
 
 
@@ -842,3 +850,25 @@ def file_sha256(path: PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def refuse_single_pass(path: PathLike, what: Union[str, Text], reads: str) -> None:
+    """Refuse an input that a command reads more than once unless it is a regular file (or a
+    link to one): standard input (``-``), a pipe (a shell's process substitution, such as
+    ``<(zcat table.gz)``, is a pipe named ``/dev/fd/N``), a socket or a device gives its bytes
+    to the first reading alone, and the next would find nothing. ``what`` names the input as
+    the user gave it (its option), ``reads`` says why it is read again. Checked by its status
+    alone, before any work; a missing file is left to the reader to name."""
+    if os.fspath(path) == STDIO:
+        raise PhraseScorerError(Text(what, f" cannot be standard input ('-'): {reads}"),
+                                hint="give a regular file; a .gz file is read as it is")
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if S_ISREG(mode):
+        return
+    kind = ("a pipe (a process substitution is one)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    raise PhraseScorerError(Text(what, f" is {kind}, whose bytes can be read once: {reads}"), path=path,
+                            hint="save the stream to a regular file first; a .gz file is read as it is")

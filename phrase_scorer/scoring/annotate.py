@@ -249,7 +249,9 @@ class AnnotateJob:
                 progress_bar("annotating", windows) as progress:
 
             def read(put) -> None:
-                expected = None
+                # the table's first line sets the score count, also for a run that starts after it
+                # (a resumed run, a shard): it holds its lines to the count a fresh run would
+                expected = first_table_score_count(windows) if windows.start > 0 else None
                 for window in windows:
                     if pipeline.stopping.is_set():  # stopped while this thread waited for input
                         return
@@ -280,6 +282,17 @@ class AnnotateJob:
 
             pipeline.run(read, work, write)
         return num_scores[0]
+
+
+def first_table_score_count(windows: RawWindows) -> Optional[int]:
+    """The score count of the first line of the table ``windows`` reads (None: no score field, or
+    an empty table)."""
+    reader = iter(RawWindows(windows.path, 1, 0, 1))
+    try:
+        first = next(reader, None)
+    finally:
+        reader.close()  # type: ignore[attr-defined]  # a generator: its file closes now
+    return first_score_count(first) if first is not None else None
 
 
 def shard_output(output: str, rank: int, size: int) -> str:

@@ -260,6 +260,7 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
             raise PhraseScorerError(Text("the interrupted run trained on ", trained_on), path=output,
                                     hint="resume with the same training data, or start a new run")
         data_info = saved[data.kind]
+        data.refuse_other_data(data_info, output)  # the cache may be gone: its check would be skipped
     else:
         model_config = model_config or preset_config(config)
         config = replace(config, arch=model_config.arch).resolved(corpus=data.kind == "corpus")
