@@ -32,6 +32,7 @@ an entry beside ``model``. Weights written before the record existed load as the
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -471,6 +472,22 @@ def _sample_words(path: PathLike) -> list:
     return [word for _, line in islice(TextLines(path), SAMPLE_LINES) for word in line.split()]
 
 
+@functools.lru_cache(maxsize=16)
+def _sha256_of(path: str, stat: Tuple[int, ...]) -> str:
+    """The SHA-256 of the file at ``path`` as ``stat`` (device, inode, size, modification and
+    change time) finds it: read once while it stays that file, for the several models checked
+    against one corpus."""
+    from phrase_scorer.io.files import file_identity, identity_sha256
+
+    return identity_sha256(file_identity(path))
+
+
+def _corpus_sha256(path: PathLike) -> str:
+    info = os.stat(path)
+    return _sha256_of(os.path.abspath(path), (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns,
+                                                   info.st_ctime_ns))
+
+
 def _corpus_hashes(record: Any) -> Optional[Tuple[Any, Any]]:
     """The SHA-256s of the two sides of the corpus a config.json records (``corpus``), or None."""
     if not isinstance(record, dict):
@@ -498,8 +515,6 @@ def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left
     vocabulary does, and its target vocabulary the side it predicts better than its source
     vocabulary does. A model of the other direction, or into another language, fails one of them.
     One line names the folder, what the model is and what the role needs."""
-    from phrase_scorer.io.files import file_identity, identity_sha256
-
     folder = Path(path)
     if loaded is None:
         loaded = ModelDirectory(folder).load("cpu")  # it exists, loads, and its parts agree
@@ -518,7 +533,7 @@ def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left
     data = ModelDirectory(folder).read_config()
     recorded = _corpus_hashes(data.get("corpus"))
     if corpus is not None and recorded is not None:
-        given = tuple(identity_sha256(file_identity(side)) for side in corpus)
+        given = tuple(_corpus_sha256(side) for side in corpus)
         if given[0] != given[1] and recorded in (given, given[::-1]):  # trained on this very corpus
             backwards = recorded == given[::-1]
             if backwards != reverse:

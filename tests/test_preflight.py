@@ -319,3 +319,19 @@ def test_ems_decoder_refuses_a_missing_file_of_the_evaluated_system_before_the_b
                      "--", failing_moses / "bin" / "moses", "-v", "0", "-f", config, input="a man .\n")
     assert "LM0's file filtered/lm.bin is missing" in error_line(result)
     assert not (tmp_path / "rescoring").exists()
+
+
+def test_a_corpus_side_given_as_a_pipe_is_refused_before_it_is_read(tmp_path):
+    """A FIFO (what a process substitution gives) could be read once: the checks refuse it by its
+    kind, without opening it (which would wait for a writer, or consume what the steps need)."""
+    import os
+
+    fifo = tmp_path / "corpus.fr"
+    os.mkfifo(fifo)
+    ini = tmp_path / "system.ini"
+    ini.write_text(WORKING_INI, encoding="utf-8")
+    result = run_cli("build-reranker", ini, "--corpus", TRAIN_EN, fifo, "--tuning-set", VAL_EN, VAL_FR,
+                     "-o", tmp_path / "work", *QUICK)
+    line = error_line(result)
+    assert "corpus.fr" in line and "not a regular file" in line
+    assert not (tmp_path / "work").exists()

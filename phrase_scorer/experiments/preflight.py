@@ -4,8 +4,8 @@ first to read. Each command calls these before it makes anything, and again when
 again to continue: a check a fresh run fails is never skipped by continuing.
 
 - the moses.ini reads, and every file its features name is there (:func:`check_ini`);
-- a text and its translation (a corpus, a tuning, dev or test set) are readable text of as many
-  lines, and not empty (:func:`check_text_pair`);
+- a text and its translation (a corpus, a tuning, dev or test set) are regular files of readable
+  text, as many lines on both sides, and not empty (:func:`check_text_pair`);
 - Moses has the decoder and mert's programs (:func:`check_moses`);
 - what the machine holds (:func:`machine_memory`), against which a command bounds what a count
   multiplies;
@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import stat
 from typing import Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
@@ -43,8 +44,14 @@ def check_ini(path: PathLike) -> MosesIni:
 
 
 def check_text_pair(sides: Tuple[PathLike, PathLike], what: str) -> int:
-    """The two sides of ``what`` (a corpus, a tuning set): readable text of as many lines, not
-    empty. Returns the lines."""
+    """The two sides of ``what`` (a corpus, a tuning set): regular files (the steps read them more
+    than once, which a pipe or a device cannot give, and reading one here would consume it),
+    readable text of as many lines, not empty. Returns the lines."""
+    for side in sides:
+        if not stat.S_ISREG(os.stat(side).st_mode):
+            raise PhraseScorerError(f"{what}: not a regular file (a pipe, a process substitution or a device), "
+                                    "which the steps could read only once", path=side,
+                                    hint="write it to a file first and give that file")
     counts = []
     for side in sides:
         lines = 0
