@@ -65,7 +65,8 @@ def test_options_that_only_set_the_search_are_accepted(flags):
     "-Tall x", "-tree-translation-details x", "-Ttree x", "-output-word-graph x 0", "-owg x 0",
     "-alignment-output-file x", "-output-unknowns x", "-f other.ini", "-config other.ini", "-i input.txt",
     "-input-file input.txt", "-weight-file w", "-feature-add KENLM path=x", "-feature-overwrite LM0 path=x",
-    "-t", "-tt", "-report-segmentation", "-print-id", "-print-alignment-info-in-n-best", "-server", "-show-weights",
+    "-aws id", "-t", "-tt", "-report-segmentation", "-print-id", "-print-alignment-info-in-n-best", "-server",
+    "-show-weights",
 ])
 def test_options_that_write_or_read_files_of_their_own_are_refused(option):
     with pytest.raises(PhraseScorerError) as caught:

@@ -34,7 +34,7 @@ READS_FILES = ("config", "f", "input-file", "i", "weight-file", "wf", "reference
                "unknown-lhs", "distortion-file", "ttable-file", "lmodel-file", "generation-file",
                "global-lexical-file", "gl", "slmodel-file", "dlm-model")
 CHANGES_SYSTEM = ("feature", "feature-add", "feature-overwrite", "feature-name-overwrite", "weight", "weight-add",
-                  "weight-overwrite")
+                  "weight-overwrite", "alternate-weight-setting", "aws")
 CHANGES_OUTPUT = ("report-segmentation", "t", "report-segmentation-enriched", "tt", "print-id", "output-hypo-score",
                   "print-alignment-info", "report-all-factors", "output-factors", "print-passthrough",
                   "print-passthrough-in-n-best", "print-all-derivations", "labeled-n-best-list", "n-best-trees",
