@@ -247,3 +247,10 @@ def test_a_build_number_beyond_what_the_build_takes_is_refused_with_its_flag(tmp
                      "--tuning-set", VAL_EN, VAL_FR, "-o", work, flag, value)
     refused_at_the_parser(result, flag)
     assert not work.exists()
+
+
+def test_a_range_in_the_help_is_written_short():
+    """The learning rate's bound shows as 3.40282e+38, not with seventeen digits."""
+    result = run_cli("train", "--help")
+    assert result.exit_code == 0
+    assert "3.4028234663852886e+38" not in result.output and "0<x<=3.40282e+38" in result.output

@@ -56,6 +56,18 @@ class FiniteFloat(click.FloatRange):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return super().convert(number, param, ctx)
 
+    def _describe_range(self) -> str:
+        """The range as the help and the errors write it, its ends short (3.40282e+38)."""
+        low = "" if self.min is None else f"{self.min:g}{'<' if self.min_open else '<='}"
+        high = "" if self.max is None else f"{'<' if self.max_open else '<='}{self.max:g}"
+        if not low and not high:
+            return "any finite number"
+        if not low:
+            return f"x{high}"
+        if not high:
+            return f"x{'>' if self.min_open else '>='}{self.min:g}"
+        return f"{low}x{high}"
+
 
 class Count(click.IntRange):
     """The type of every whole-number option: :class:`click.IntRange`, and never above ``limit``
