@@ -64,10 +64,11 @@ def with_five_translation_scores(lines):
             else line + " 0.01" if line.startswith("TranslationModel0=") else line for line in lines]
 
 
-def translate(reranker: Path, ini: Path, tmp_path: Path):
+def translate(reranker: Path, ini: Path, tmp_path: Path, *more):
     home = stand_in_moses(tmp_path)
     out = tmp_path / "out.txt"
-    result = run_cli("translate", "--moses", ini, "--reranker", reranker, SOURCE, "-o", out, "--moses-home", home)
+    result = run_cli("translate", "--moses", ini, "--reranker", reranker, SOURCE, "-o", out, "--moses-home", home,
+                     *more)
     line = error_line(result)
     assert not (home / "started").exists(), "Moses was started"
     assert not out.exists() and not Path(f"{out}.work").exists()
@@ -89,9 +90,11 @@ def test_an_ini_with_other_features_is_refused_before_moses_decodes(tmp_path, ed
     assert "chunk" not in line
 
 
-def test_a_reranker_on_another_language_pairs_system_is_refused(tmp_path):
+@pytest.mark.parametrize("resume", [[], ["--resume"]])
+def test_a_reranker_on_another_language_pairs_system_is_refused(tmp_path, resume):
+    """Refused as a fresh run refuses it when the run is resumed too."""
     reranker = write_reranker(tmp_path / "reranker.json", system=system_record(EN_FR))
-    line = translate(reranker, EN_CS, tmp_path)
+    line = translate(reranker, EN_CS, tmp_path, *resume)
     assert re.search(rf"error: {re.escape(str(EN_CS))}: {re.escape(str(reranker))} was tuned for another system "
                      rf"\({re.escape(str(EN_FR.resolve()))}\): the weights of \w+ are", line), line
 
