@@ -12,6 +12,7 @@ from phrase_scorer.cli.options import (
     PARALLEL, SEED, Count, FiniteFloat, PathName, batch_tokens_option, device_option, model_option, moses_home_option,
     overwrite_option, precision_option, resume_option, threads_option,
 )
+from phrase_scorer.io.files import writes_directly
 from phrase_scorer.runtime.threads import set_threads
 
 
@@ -159,8 +160,8 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
             raise interrupted_resumable(output) from None
         phases = ", ".join(f"{name} {result.phase_seconds.get(name, 0.0):.1f} s" for name in PHASES)
         phases += f"; {WAITING} {result.phase_seconds.get(WAITING, 0.0):.1f} s"
-        click.echo(f"translated {result.sentences:,} sentences in {result.seconds:.0f}s ({phases}): {output}, "
-                   f"signature {output}.json", err=True)
+        click.echo(f"translated {result.sentences:,} sentences in {result.seconds:.0f}s ({phases}): {output}"
+                   + ("" if writes_directly(output) else f", signature {output}.json"), err=True)
         return
     if reranker is not None or resume:
         raise UserError("--reranker and --resume go with --moses")

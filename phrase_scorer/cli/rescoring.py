@@ -13,6 +13,7 @@ from phrase_scorer.cli.options import (
     PARALLEL, SEED, Count, FiniteFloat, PathName, batch_tokens_option, device_option, distinct, moses_home_option,
     decoder_flags_value, overwrite_option, precision_option, resume_option, threads_option, workers_option,
 )
+from phrase_scorer.io.files import writes_directly
 from phrase_scorer.runtime.threads import set_threads
 
 
@@ -68,7 +69,7 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, ensembl
     except KeyboardInterrupt:
         raise interrupted_resumable(output) from None
     click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"
-               + ("" if output == "-" else f": {output}, signature {output}.json"), err=True)
+               + ("" if writes_directly(output) else f": {output}, signature {output}.json"), err=True)
 
 
 def moved_to_apply_reranker(weights: Optional[str]) -> None:

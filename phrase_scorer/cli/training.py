@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import click
@@ -84,7 +83,9 @@ def train(ctx, table, corpus, dev, output, threads, processes, resume, overwrite
     except KeyboardInterrupt:
         if not current.is_main:
             raise SystemExit(130) from None
-        if os.path.exists(os.path.join(output, "checkpoint.pt")):
+        from phrase_scorer.training.run import interrupted_checkpoint
+
+        if interrupted_checkpoint(output):
             message = f"interrupted; resume from the last checkpoint with: {resume_command}"
         else:
             message = "interrupted before the first checkpoint; run the same command again to start over"

@@ -6,8 +6,11 @@ Every verb that writes a file checks its output here before it writes anything:
   the files written beside it (``OUT.part``, ``OUT.part.json``, ``OUT.json``, ``OUT.lock``) is.
   Files are compared by device and inode after following links, so a symbolic or hard link to
   an input, or another spelling of its path, is caught as well as the same name.
-* ``-`` (standard output) and an existing character device or FIFO (``/dev/null``, a named
-  pipe) are written to directly: never renamed over, locked, resumed or signed.
+* ``-`` (standard output), an open descriptor named through links (``/dev/stdout``,
+  ``/dev/fd/N``, a link to either: whatever file it is, even a regular file a shell redirected it
+  to) and an existing character device or FIFO (``/dev/null``, a named pipe, or a link to one)
+  are written to directly: never renamed over, locked, resumed or signed, and nothing is made
+  beside them (:func:`~phrase_scorer.io.files.named_descriptor`).
   Any other kind of file that is not a regular file (a block device, a socket) is refused.
 * An existing output is replaced only when the caller says so (``--overwrite``), except where
   ``--resume`` continues it (checked by the resumable writers, which know whether it does).
@@ -32,7 +35,9 @@ import stat
 from typing import Iterable, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import STDIO, OutputLock, PathLike, _stat, writes_directly
+from phrase_scorer.io.files import (
+    STDIO, OutputLock, PathLike, _stat, named_descriptor, own_descriptor, writes_directly,
+)
 from phrase_scorer.io.model_layout import MODEL_FILES, RECENT_WEIGHTS
 
 __all__ = ["check_output", "model_files", "refuse_existing", "same_file", "writes_directly"]
@@ -93,6 +98,9 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
                 raise PhraseScorerError(
                     f"{whose} is the same file as {name} {path}{alias}: writing it would overwrite the input",
                     hint=f"write {what} elsewhere")
+    if named_descriptor(output) is not None:
+        own_descriptor(output)  # one of this process's: open, and for writing
+        return claim  # written through the descriptor (a link to it is never replaced): nothing beside it
     info = _stat(output)
     if info is not None:
         mode = info.st_mode

@@ -68,6 +68,7 @@ from phrase_scorer.training.loop import LoopParts, TrainingLoop
 from phrase_scorer.training.checkpoints import TrainState, load_checkpoint
 from phrase_scorer.training.optimisation import make_grad_scaler, make_optimizer, set_learning_rate
 from phrase_scorer.records import refuse_changed
+from phrase_scorer.runtime.replacement import FolderReplacement
 from phrase_scorer.subwords import learn_vocabulary, load_vocabulary, piece_counts
 from phrase_scorer.vocab import FORMAT as VOCAB_FORMAT, Vocabulary
 
@@ -117,6 +118,59 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
         old.unlink()
     path.mkdir(parents=True, exist_ok=True)
     return False
+
+
+def model_folder(directory: ModelDirectory, resume: bool, overwrite: bool) -> Tuple[ModelDirectory, bool]:
+    """The folder this run trains in, checked against the flags (:func:`prepare_directory`), and
+    whether it resumes (rank 0, holding the output's lock).
+
+    A model replaced with ``overwrite`` stays whole until the new one is: the new model is trained
+    in ``DIR.new`` and swapped in when training ends (:class:`FolderReplacement`, also for what a
+    killed run left there). ``resume`` continues such an interrupted replacement; a run that is
+    not resuming removes it when it replaces the model again, or when it holds nothing to continue
+    (no config.json: a setup that never reached its first checkpoint), and is refused otherwise."""
+    replacement = model_replacement(directory.path)
+    replacement.recover()
+    if replacement.pending:
+        building = ModelDirectory(replacement.building)
+        if resume:
+            log.info("continuing the interrupted run that replaces %s, in %s", replacement.target, building.path)
+            return building, prepare_directory(building, True, True)
+        if building.exists() and not overwrite:
+            raise PhraseScorerError(
+                "an interrupted run that was to replace this model is kept beside it", path=building.path,
+                hint=Text("continue it with ", setting("resume", True), ", or start again with ",
+                          setting("overwrite", True)))
+        replacement.discard()
+    replaces = any((replacement.target / name).exists() for name in MODEL_STATE_FILES)
+    if overwrite and replaces and not (resume and directory.exists()):
+        building = ModelDirectory(replacement.begin())
+        log.info("the new model is trained in %s; it replaces %s when training ends", building.path,
+                 replacement.target)
+        return building, prepare_directory(building, False, True)
+    return directory, prepare_directory(directory, resume, overwrite)
+
+
+def model_replacement(output: Path) -> FolderReplacement:
+    """The replacement of the model folder ``output`` (its links followed: a link to a model keeps
+    pointing at the new one)."""
+    return FolderReplacement(Path(os.path.realpath(output)), model_entry)
+
+
+def model_entry(name: str) -> bool:
+    """Whether ``name`` is an entry ``train`` makes in a model folder: the model's files, its pair
+    cache, the weights of its last validations, and the temporary files of their writes."""
+    return (name in MODEL_FILES or name in (CACHE, CACHE + ".part", RECENT_WEIGHTS)
+            or re.fullmatch(r".+\.[0-9a-f]{8}\.part", name) is not None)
+
+
+def interrupted_checkpoint(output: os.PathLike | str) -> bool:
+    """Whether a run into ``output`` that was interrupted left a checkpoint to resume from: the
+    checkpoint of a replacement being trained beside ``output``, if there is one, else
+    ``output``'s own."""
+    replacement = model_replacement(Path(output))
+    folder = replacement.building if replacement.pending else Path(output)
+    return (folder / CHECKPOINT).exists()
 
 
 def setup_leftover(entry: Path) -> bool:
@@ -209,10 +263,24 @@ def train(data: TrainingData | os.PathLike | str, output: os.PathLike | str, con
         else:
             lock = contextlib.nullcontext()
         with lock:
-            return _train(data, output, config, resume, overwrite, model_config, explicit)
+            try:
+                return _train(data, output, config, resume, overwrite, model_config, explicit)
+            except Exception:
+                if distributed.world().is_main:
+                    discard_unstarted(output)
+                raise
     finally:
         if started:
             distributed.shutdown()
+
+
+def discard_unstarted(output: Path) -> None:
+    """After a failure: remove the replacement of ``output`` being trained beside it when it
+    holds nothing to continue (no config.json: it never reached its first checkpoint). Ctrl-C
+    keeps it (the next run removes it), as the message after Ctrl-C reads what it holds."""
+    replacement = model_replacement(output)
+    if replacement.pending and not (replacement.building / CONFIG).exists():
+        replacement.discard()
 
 
 @dataclass
@@ -226,13 +294,15 @@ class RunSetup:
     # config.json of a new run: written with its first checkpoint (TrainingLoop.write_config), so
     # that a run failing before it has anything to resume leaves no folder a re-run takes for a model
     new_config: Optional[Dict[str, Any]] = None
+    # the folder trained in: the output, or DIR.new where the run replaces a model (model_folder)
+    folder: str = ""
 
 
 def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConfig, resume: bool, overwrite: bool,
                 model_config: Optional[ModelConfig], explicit: Set[str]) -> RunSetup:
     """Prepare the directory: settings, vocabularies and the pair cache (rank 0 only)."""
+    directory, resuming = model_folder(directory, resume, overwrite)
     output = directory.path
-    resuming = prepare_directory(directory, resume, overwrite)
     new_config = None
     if resuming:
         saved = directory.read_config()
@@ -298,7 +368,7 @@ def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConf
         new_config = config_record(preset=config.preset, model=model_config, source_vocab=source_vocab,
                                    target_vocab=target_vocab, training=config.to_dict(), data_kind=data.kind,
                                    data_info=data_info)
-    return RunSetup(resuming, config, model_config, new_config=new_config)
+    return RunSetup(resuming, config, model_config, new_config=new_config, folder=os.fspath(directory.path))
 
 
 def check_validation_split(directory: ModelDirectory, data: TrainingData, config: TrainConfig, resuming: bool,
@@ -344,6 +414,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     directory = ModelDirectory(output)
     setup = agree_on_setup(lambda: prepare_run(data, directory, config, resume, overwrite, model_config, explicit))
     resuming, config, model_config = setup.resuming, setup.config, setup.model_config
+    directory = ModelDirectory(Path(setup.folder))  # DIR.new where the run replaces a model
     source_vocab = load_vocabulary(directory.file(SOURCE_VOCAB))
     target_vocab = load_vocabulary(directory.file(TARGET_VOCAB))
     train_pairs = PairSet(directory.cache_dir, "train")
@@ -410,6 +481,8 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
                                      "validation gave a finite NLL"), path=directory.file(BEST_WEIGHTS),
                                 hint=Text("lower ", setting("lr"), ", or raise the stopping limits and resume with ",
                                           setting("resume", True)))
+    if distributed.world().is_main and directory.path != output:
+        model_replacement(output).commit()  # the finished model takes the old one's place
     return loop.state
 
 
