@@ -335,3 +335,10 @@ def test_a_corpus_side_given_as_a_pipe_is_refused_before_it_is_read(tmp_path):
     line = error_line(result)
     assert "corpus.fr" in line and "not a regular file" in line
     assert not (tmp_path / "work").exists()
+
+
+def test_nbest_lists_larger_than_the_disk_are_refused_naming_the_size(tmp_path):
+    result = build(tmp_path, "--nbest-size", 10 ** 9)
+    line = error_line(result)
+    assert "--nbest-size 1000000000" in line and "GiB free there" in line
+    assert not (tmp_path / "work").exists()

@@ -359,7 +359,9 @@ def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work:
     :func:`~phrase_scorer.model_dir.check_model_reads`), the moses.ini and the files it names, the
     corpus and the tuning set, the memory the trainings and the rescoring need, Moses, and the
     working folder. Returns the models the build uses and the Moses installation; logs one line."""
-    from phrase_scorer.experiments.preflight import check_ini, check_moses, check_text_pair, log_checked
+    from phrase_scorer.experiments.preflight import (
+        check_disk_holds, check_ini, check_moses, check_text_pair, log_checked,
+    )
     from phrase_scorer.model_dir import check_model_reads
     from phrase_scorer.runtime.device import resolve_device
 
@@ -386,12 +388,13 @@ def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work:
         reverse, right_to_left = MODEL_KINDS[kind_and_seed(name)[0]]
         check_model_reads(folder, name, reverse=reverse, right_to_left=right_to_left, corpus=corpus, texts=tuning)
     resources = check_machine_holds(options, models, to_train, given, side_by_side)
+    disk = check_disk_holds(work, options.experiment.nbest_size, sentences)
     moses = moses or MosesInstallation.find(moses_home)
     check_moses(moses, options.experiment.decoder, options.experiment.mertdir)
     check_work_folder(work)
     log_checked(["the options", f"{len(given)} model{'s' if len(given) != 1 else ''} given", "the moses.ini",
                  f"the corpus ({pairs:,} pairs)", f"the tuning set ({sentences:,} sentences)", "Moses",
-                 "the working folder", resources])
+                 "the working folder", resources, disk])
     return models, moses
 
 

@@ -8,7 +8,7 @@ again to continue: a check a fresh run fails is never skipped by continuing.
   text, as many lines on both sides, and not empty (:func:`check_text_pair`);
 - Moses has the decoder and mert's programs (:func:`check_moses`);
 - what the machine holds (:func:`machine_memory`), against which a command bounds what a count
-  multiplies;
+  multiplies, and the disk the n-best lists need (:func:`check_disk_holds`);
 - one log line says what was checked (:func:`log_checked`).
 """
 
@@ -87,6 +87,34 @@ def machine_memory() -> int:
         if value.isdigit():
             total = min(total, int(value))
     return total
+
+
+#: Bytes an n-best hypothesis takes on disk over a build or an experiment: its line in Moses' list
+#: (words, every feature's scores: about 250 bytes), again in the rescored list and in mert's
+#: feature and score files
+NBEST_HYPOTHESIS_BYTES = 3 * 250
+
+
+def check_disk_holds(folder: PathLike, nbest_size: int, sentences: int) -> str:
+    """Refuse n-best lists of ``nbest_size`` hypotheses for ``sentences`` sentences in all that
+    would not fit in the free space where ``folder`` is (or will be). Returns what was found, for
+    the log."""
+    import shutil
+
+    from phrase_scorer.errors import Text, setting
+
+    where = os.path.abspath(folder)
+    while not os.path.exists(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    free = shutil.disk_usage(where).free
+    need = nbest_size * sentences * NBEST_HYPOTHESIS_BYTES
+    gib = 1 << 30
+    if need > free:
+        raise PhraseScorerError(Text(f"{sentences:,} sentences' lists of ", setting("nbest_size", nbest_size),
+                                     f" hypotheses need about {need / gib:,.1f} GiB, more than the {free / gib:,.1f} "
+                                     "GiB free there"), path=where,
+                                hint=Text("give a smaller ", setting("nbest_size"), ", or a folder on a larger disk"))
+    return f"n-best lists of about {need / gib:,.1f} GiB in {free / gib:,.1f} GiB free"
 
 
 def log_checked(what: Sequence[str]) -> None:

@@ -393,15 +393,17 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
 
 
 def preflight(ini: Path, sets: Sequence[EvalSet], models: Sequence, systems: Sequence[DecodedSystem],
-              options: RescoreExperimentOptions, moses: MosesInstallation) -> None:
+              options: RescoreExperimentOptions, moses: MosesInstallation, work: Path) -> None:
     """Everything the experiment will use, checked before its first step, as every run checks it
     again before it continues (:mod:`~phrase_scorer.experiments.preflight`): the options, the
     moses.ini and each other system's, with the files they name; each set's source and reference;
     each model against the dev set (a forward model reads its source and predicts its reference,
     a reverse model the other way round: :func:`~phrase_scorer.model_dir.check_model_reads`);
-    Moses. Logs one line."""
+    the disk the n-best lists need in ``work``; Moses. Logs one line."""
     from phrase_scorer.config import check_whole_number
-    from phrase_scorer.experiments.preflight import check_ini, check_moses, check_text_pair, log_checked
+    from phrase_scorer.experiments.preflight import (
+        check_disk_holds, check_ini, check_moses, check_text_pair, log_checked,
+    )
     from phrase_scorer.model_dir import check_model_reads
 
     for name in ("nbest_size", "nbest_factor", "runs", "bootstrap_samples"):
@@ -415,9 +417,10 @@ def preflight(ini: Path, sets: Sequence[EvalSet], models: Sequence, systems: Seq
     for model in models:
         check_model_reads(model.loaded.directory, model.name, reverse=model.reverse,
                           texts=(dev.source, dev.reference), loaded=model.loaded)
+    disk = check_disk_holds(work, options.nbest_size, sum(sentences))
     check_moses(moses, options.decoder, options.mertdir)
     log_checked(["the options", f"{len(systems) + 1} moses.ini", f"{len(sets)} sets ({sum(sentences):,} sentences)",
-                 f"{len(models)} model{'s' if len(models) != 1 else ''} against the dev set", "Moses"])
+                 f"{len(models)} model{'s' if len(models) != 1 else ''} against the dev set", "Moses", disk])
 
 
 def _run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_dir: PathLike, *,
@@ -443,7 +446,7 @@ def _run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_d
         raise PhraseScorerError(f"two rows of the report are called {max(labels, key=labels.count)!r}")
     ini = Path(moses_ini).resolve()
     work = Path(work_dir).resolve()
-    preflight(ini, sets, models, systems, options, moses)
+    preflight(ini, sets, models, systems, options, moses, work)
     work.mkdir(parents=True, exist_ok=True)
 
     lists = {s.name: decoded_nbest(ini, s, work, moses, options) for s in sets}
