@@ -254,3 +254,11 @@ def test_a_range_in_the_help_is_written_short():
     result = run_cli("train", "--help")
     assert result.exit_code == 0
     assert "3.4028234663852886e+38" not in result.output and "0<x<=3.40282e+38" in result.output
+
+
+def test_a_group_without_its_verb_still_shows_its_help_on_many_lines():
+    """``phrase-scorer plot`` shows the group's help (the parser raises it as an error): it is
+    not an error line, and is not escaped onto one."""
+    result = run_cli("plot")
+    assert "\\n" not in result.output
+    assert len(result.output.splitlines()) > 5 and "alignments" in result.output

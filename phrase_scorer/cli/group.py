@@ -155,8 +155,9 @@ class Group(click.Group):
                 return super().invoke(ctx)
             except PhraseScorerError as exc:
                 raise UserError(shown(exc)) from None
-            except click.ClickException as exc:  # the parser's own errors: one line too
-                exc.message = one_line(exc.message)
+            except click.ClickException as exc:  # the parser's own errors: one line too (a group's help is no error)
+                if not isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+                    exc.message = one_line(exc.message)
                 raise
             except KeyboardInterrupt:
                 raise interrupted() from None
