@@ -342,3 +342,18 @@ def test_nbest_lists_larger_than_the_disk_are_refused_naming_the_size(tmp_path):
     line = error_line(result)
     assert "--nbest-size 1000000000" in line and "GiB free there" in line
     assert not (tmp_path / "work").exists()
+
+
+# --- tune checks the system's files before it starts mert ------------------------------------------
+
+
+def test_tune_refuses_a_missing_file_of_the_moses_ini_before_its_working_folder(tmp_path, failing_moses):
+    from conftest import A_MAN_TABLE
+
+    ini = tmp_path / "system.ini"
+    ini.write_text(f"[feature]\nPhraseDictionaryMemory name=TranslationModel0 num-features=4 path={A_MAN_TABLE} "
+                   "input-factor=0 output-factor=0\nKENLM name=LM0 factor=0 path=lm.arpa.gz order=5\n\n"
+                   "[weight]\nTranslationModel0= 0.2 0.2 0.2 0.2\nLM0= 0.5\n", encoding="utf-8")
+    result = run_cli("tune", ini, "--dev", VAL_EN, VAL_FR, "-o", tmp_path / "tuned.ini", "--moses-home", failing_moses)
+    assert "system.ini line 3: LM0's file lm.arpa.gz is missing" in error_line(result)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["moses", "system.ini"]  # no working folder, no output

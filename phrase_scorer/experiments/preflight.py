@@ -3,7 +3,8 @@
 first to read. Each command calls these before it makes anything, and again whenever it is given
 again to continue: a check a fresh run fails is never skipped by continuing.
 
-- the moses.ini reads, and every file its features name is there (:func:`check_ini`);
+- the moses.ini reads, and every file its features name is there (:func:`check_ini`; the rule's
+  home is :meth:`~phrase_scorer.io.moses_ini.MosesIni.check_files`, which ``tune`` uses too);
 - a text and its translation (a corpus, a tuning, dev or test set) are regular files of readable
   text, as many lines on both sides, and not empty (:func:`check_text_pair`);
 - Moses has the decoder and mert's programs (:func:`check_moses`);
@@ -14,7 +15,6 @@ again to continue: a check a fresh run fails is never skipped by continuing.
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import stat
@@ -28,18 +28,10 @@ log = logging.getLogger(__name__)
 
 
 def check_ini(path: PathLike) -> MosesIni:
-    """The moses.ini at ``path``, read; each file its features name (``path=``, against the ini's
-    folder, or a binary table's file beside that name) is there: Moses fails on a missing one only
-    when it decodes, after the steps before it."""
+    """The moses.ini at ``path``, read, each file its features name there
+    (:meth:`~phrase_scorer.io.moses_ini.MosesIni.check_files`)."""
     system = MosesIni.read(path)
-    for feature in system.features():
-        named = feature.get("path")
-        if named is None:
-            continue
-        where = system.resolve(named)
-        if not (os.path.exists(where) or glob.glob(glob.escape(where) + ".*")):
-            raise system.error(f"{feature.name}'s file {named} is missing", line=feature.line.number,
-                               hint="correct its path=, or give the moses.ini of a whole system")
+    system.check_files()
     return system
 
 

@@ -180,6 +180,21 @@ class MosesIni:
     def error(self, message: str, line: Optional[int] = None, hint: Optional[str] = None) -> PhraseScorerError:
         return PhraseScorerError(message, path=self.path, line=line, hint=hint)
 
+    def check_files(self) -> None:
+        """Refuse an ini a feature of which names a file (``path=``, against the ini's folder) that
+        is not there, nor a binary table's file beside that name (``NAME.minphr``, ...): Moses
+        would fail on it only when it starts decoding, after the steps before it."""
+        import glob
+
+        for feature in self.features():
+            named = feature.get("path")
+            if named is None:
+                continue
+            where = self.resolve(named)
+            if not (os.path.exists(where) or glob.glob(glob.escape(where) + ".*")):
+                raise self.error(f"{feature.name}'s file {named} is missing", line=feature.line.number,
+                                 hint="correct its path=, or give the moses.ini of a whole system")
+
     # --- features and weights ---
 
     def features(self) -> List[FeatureLine]:

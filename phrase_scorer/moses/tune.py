@@ -89,14 +89,16 @@ def run_tuning(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, out
     mertdir = moses.check_mert(options.mertdir)
     decoder = moses.decoder(options.decoder)
     script = moses.script("training/mert-moses.pl")
-    work = fresh_directory(Path(working_dir) if working_dir else Path(str(output_ini) + ".work"))
-
+    MosesIni.read(ini).check_files()  # Moses would fail on a missing table only at its first decoding
     source_lines, reference_lines = read_lines(dev_source), read_lines(dev_reference)
     if len(source_lines) != len(reference_lines):
         raise PhraseScorerError(
             f"the dev source has {len(source_lines)} lines but the reference has {len(reference_lines)}",
             path=dev_reference, hint="give a line-aligned dev set",
         )
+    log.info("checked before the first step: the options, the moses.ini and its files, the dev set (%d sentences), "
+             "Moses", len(source_lines))
+    work = fresh_directory(Path(working_dir) if working_dir else Path(str(output_ini) + ".work"))
     write_lines(work / "dev.src", source_lines)
     write_lines(work / "dev.ref", reference_lines)
     with_absolute_paths(ini, work / "start.ini")
