@@ -543,6 +543,8 @@ def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left
     if texts is None:
         return
     source_words, target_words = (_sample_words(text) for text in texts)
+    if not source_words or not target_words:
+        return  # texts without words say nothing of a language
     reads, predicts = (target_words, source_words) if reverse else (source_words, target_words)
     shares = {(vocab, side): known_share(vocab_of, words)
               for vocab, vocab_of in (("source", source_vocab), ("target", target_vocab))

@@ -357,3 +357,11 @@ def test_tune_refuses_a_missing_file_of_the_moses_ini_before_its_working_folder(
     result = run_cli("tune", ini, "--dev", VAL_EN, VAL_FR, "-o", tmp_path / "tuned.ini", "--moses-home", failing_moses)
     assert "system.ini line 3: LM0's file lm.arpa.gz is missing" in error_line(result)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["moses", "system.ini"]  # no working folder, no output
+
+
+def test_texts_without_words_decide_nothing_about_a_model(tmp_path, models):
+    from phrase_scorer.model_dir import check_model_reads
+
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n\n", encoding="utf-8")
+    check_model_reads(models["reverse"], "forward", reverse=False, texts=(blank, blank))  # no grounds to refuse
