@@ -262,3 +262,13 @@ def test_a_group_without_its_verb_still_shows_its_help_on_many_lines():
     result = run_cli("plot")
     assert "\\n" not in result.output
     assert len(result.output.splitlines()) > 5 and "alignments" in result.output
+
+
+def test_more_plotted_points_than_memory_holds_are_refused(tmp_path):
+    """``plot scores --max-points 2147483647`` set aside 16 bytes a point before reading a line
+    (34 GB); the reservoir holds at most 100 million points."""
+    table = tmp_path / "t.txt"
+    table.write_text("a ||| b ||| 0.5 0.5 0.5 0.5 0.5 0.5\n")
+    result = run_cli("plot", "scores", table, "-o", tmp_path / "s.png", "--max-points", str(2 ** 31 - 1))
+    refused_at_the_parser(result, "--max-points")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]

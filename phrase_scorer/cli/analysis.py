@@ -12,6 +12,10 @@ from phrase_scorer.cli.options import (
 )
 from phrase_scorer.runtime.threads import set_threads
 
+#: The most points a density plot samples: its reservoir holds two 8-byte numbers a point, set
+#: aside before the table is read (1.6 GB at this many).
+MAX_POINTS = 100_000_000
+
 
 @cli.command()
 @model_option
@@ -56,8 +60,8 @@ def plot():
 @click.option("--table-column", type=Count(min=0), default=0, help="Table score on the x axis (0: p(f|e)).")
 @click.option("--model-column", type=Count(min=0), default=None,
               help="The model's p(y|x) column [default: from the table's signature, else the second last].")
-@click.option("--max-points", type=Count(min=2), default=2_000_000,
-              help="Plot a uniform sample of this many pairs.")
+@click.option("--max-points", type=Count(min=2, limit=MAX_POINTS, what="points (16 bytes each, held in memory)"),
+              default=2_000_000, help="Plot a uniform sample of this many pairs.")
 @click.option("--seed", type=SEED, default=1)
 @overwrite_option
 def plot_scores(table, output, table_column, model_column, max_points, seed, overwrite):
