@@ -272,3 +272,11 @@ def test_more_plotted_points_than_memory_holds_are_refused(tmp_path):
     result = run_cli("plot", "scores", table, "-o", tmp_path / "s.png", "--max-points", str(2 ** 31 - 1))
     refused_at_the_parser(result, "--max-points")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
+
+
+@pytest.mark.parametrize("verb", ["annotate", "rescore", "ems-config"])
+def test_a_window_larger_than_memory_should_hold_is_refused(verb):
+    """A window's lines are held in memory whole: ``--window-lines 2147483647`` read a whole
+    table or list into memory."""
+    result = run_cli(verb, "--window-lines", str(2 ** 31 - 1))
+    refused_at_the_parser(result, "--window-lines")

@@ -87,6 +87,12 @@ class Count(click.IntRange):
         return number
 
 
+#: The most lines a window of ``annotate`` or ``rescore`` holds: its lines are in memory whole,
+#: and 50 times the default window is still a small part of a table or a list, as the rule that
+#: memory stays flat as inputs grow asks.
+WINDOW_LIMIT = 1_000_000
+#: Lines per window (:data:`WINDOW_LIMIT`).
+WINDOW = Count(min=1, limit=WINDOW_LIMIT, what="lines (a window is held in memory whole)")
 #: A random seed: what torch, numpy, ``mert -r`` and ``kbmira --random-seed`` all take.
 SEED = Count(min=0)
 #: Threads (:data:`PARALLEL_LIMIT`).
@@ -290,7 +296,7 @@ def column_options(function):
         click.option("--length-normalize/--no-length-normalize", default=AnnotateOptions.length_normalize,
                      help="Write exp(log p / (target words + 1)), p per target token, instead of p(y|x)."),
         batch_tokens_option,
-        click.option("--window-lines", type=Count(min=1), default=AnnotateOptions.window_lines,
+        click.option("--window-lines", type=WINDOW, default=AnnotateOptions.window_lines,
                      help="Lines read, scored and written at a time (also the resume granularity)."),
     ]
     for option in reversed(options):

@@ -11,7 +11,7 @@ from phrase_scorer.config import RerankOptions, RescoreOptions, ScoringOptions
 from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
     PARALLEL, SEED, Count, FiniteFloat, PathName, batch_tokens_option, device_option, distinct, moses_home_option,
-    decoder_flags_value, overwrite_option, precision_option, resume_option, threads_option, workers_option,
+    WINDOW, decoder_flags_value, overwrite_option, precision_option, resume_option, threads_option, workers_option,
 )
 from phrase_scorer.io.files import writes_directly
 from phrase_scorer.runtime.threads import set_threads
@@ -38,7 +38,7 @@ from phrase_scorer.runtime.threads import set_threads
 @click.option("--normalize/--no-normalize", default=RescoreOptions.normalize,
               help="Write log p divided by the predicted tokens (words + 1) instead of log p.")
 @batch_tokens_option
-@click.option("--window-lines", type=Count(min=1), default=RescoreOptions.window_lines,
+@click.option("--window-lines", type=WINDOW, default=RescoreOptions.window_lines,
               help="About this many lines (whole sentences) read, scored and written at a time (also the resume "
                    "granularity).")
 @device_option
