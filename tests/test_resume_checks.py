@@ -228,3 +228,27 @@ def test_train_resume_on_other_sentence_pairs_is_refused_when_the_cache_is_rebui
     state = train(SentenceCorpus(str(sides["a", "en"]), str(sides["a", "fr"])), out,
                   TrainConfig(max_steps=4, **config), resume=True)
     assert state.step == 4
+
+
+def test_train_resume_on_another_phrase_table_is_refused_when_the_cache_is_rebuilt(tmp_path):
+    """As for sentence pairs: a table model whose pair cache is gone, resumed on another table,
+    once trained on with the old vocabularies; the run records its table by its bytes."""
+    import shutil
+
+    from phrase_scorer.config import TrainConfig
+    from phrase_scorer.model_dir import ModelDirectory
+    from phrase_scorer.training.run import train
+
+    with gzip.open(EXAMPLE_TABLE, "rb") as f:
+        lines = [next(f) for _ in range(1200)]
+    first, other = tmp_path / "first.txt", tmp_path / "other.txt"
+    first.write_bytes(b"".join(lines[:600]))
+    other.write_bytes(b"".join(lines[600:]))
+    out = tmp_path / "m"
+    config = dict(preset="tiny", valid_every=2, valid_pairs=20, seed=2)
+    train(first, out, TrainConfig(max_steps=2, **config))
+    shutil.rmtree(ModelDirectory(out).cache_dir)
+
+    with pytest.raises(PhraseScorerError, match="cannot resume"):
+        train(other, out, TrainConfig(max_steps=4, **config), resume=True)
+    assert train(first, out, TrainConfig(max_steps=4, **config), resume=True).step == 4

@@ -24,7 +24,8 @@ from phrase_scorer.data.cache import (
     MAX_PHRASE_WORDS, id_dtype_for, read_cache_description, reuse_cache, source_hash, vocab_digest, write_cache,
 )
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, file_identity, refuse_single_pass
+from phrase_scorer.io.files import PathLike, file_identity, hash_identities, refuse_single_pass
+from phrase_scorer.records import refuse_changed
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary
@@ -163,9 +164,12 @@ class PhraseTableData:
         return self.table
 
     def refuse_other_data(self, recorded: dict, path: PathLike) -> None:
-        """A resumed run trains on the table it recorded: its cache's description names it by its
-        bytes (:meth:`build_cache`), and config.json by its path alone, so there is nothing more
-        to check here."""
+        """A resumed run trains on the table it recorded (``recorded``, the table's record in
+        config.json), compared by its bytes, whether or not the pair cache is still there to be
+        reused (a model trained before the record held them is checked by its cache alone)."""
+        if "table" in recorded:
+            refuse_changed({"table": recorded["table"]}, {"table": file_identity(self.table)}, path=path,
+                           hint="resume with the same table, unchanged, or start a new run")
 
     def count_words(self, config: TrainConfig) -> Tuple[Counter, Counter, dict]:
         if config.max_length is not None:
@@ -174,7 +178,8 @@ class PhraseTableData:
         log.info("counting words over the unique phrase pairs of %s", self.table)
         source_counts, target_counts, num_pairs = count_words(self.table)
         log.info("%d unique pairs", num_pairs)
-        return source_counts, target_counts, {"path": os.path.abspath(self.table), "unique_pairs": num_pairs}
+        return source_counts, target_counts, {"path": os.path.abspath(self.table), "unique_pairs": num_pairs,
+                                              "table": hash_identities(file_identity(self.table))}
 
     def build_cache(self, cache_dir: Path, source_vocab: Vocabulary, target_vocab: Vocabulary, info: dict,
                     config: TrainConfig, keep_existing: bool) -> dict:
