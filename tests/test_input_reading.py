@@ -165,3 +165,20 @@ def test_reranked_translation_refuses_a_pipe_source_before_moses_starts(tmp_path
         translate_reranked(source, out, ini=DATA / "moses.tuned.ini", reranker=tmp_path / "none.json", moses=None)
     assert raised.value.path == source
     assert not out.exists() and not (tmp_path / "out.txt.work").exists()
+
+
+@pytest.mark.parametrize("which", ["dev", "test"])
+def test_rerank_refuses_a_pipe_list_before_anything_is_made(tmp_path, pipes, which):
+    """rerank reads each n-best list twice (the extractor's files, then the rows it chooses
+    from): a process substitution is refused as '-' is, naming the list, before Moses is looked for."""
+    from phrase_scorer.errors import PhraseScorerError
+    from phrase_scorer.rescoring.tuning import rerank
+
+    with gzip.open(NBEST, "rb") as f:
+        piped = pipes(b"".join(next(f) for _ in range(50)))
+    lists = {"dev": NBEST, "test": NBEST, which: piped}
+    out = tmp_path / "out.txt"
+    with pytest.raises(PhraseScorerError, match="pipe") as raised:
+        rerank(lists["dev"], DATA / "val.tok.fr.head", lists["test"], out, moses_home=tmp_path / "no-moses")
+    assert raised.value.path == piped and which in raised.value.message
+    assert not out.exists()

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 from phrase_scorer.config import MOSES_NBEST_FACTOR, RerankOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import STDIO, PathLike
+from phrase_scorer.io.files import PathLike, refuse_single_pass
 from phrase_scorer.io.nbest import dense_layout, read_nbest
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.installation import MosesInstallation
@@ -95,9 +95,8 @@ def check_rerank_inputs(dev_nbest: PathLike, test_nbest: PathLike, options: Rera
     decoder flags Moses may not be given (:mod:`~phrase_scorer.moses.decoder_flags`), a seed given
     twice (its runs would share one folder and repeat each other), and a feature to leave out that
     the dev list does not have (a misspelt name would leave every feature in)."""
-    for path in (dev_nbest, test_nbest):
-        if os.fspath(path) == STDIO:
-            raise PhraseScorerError("rerank reads its n-best lists twice; give them as files, not '-'")
+    for path, what in ((dev_nbest, "the dev n-best list"), (test_nbest, "the test n-best list")):
+        refuse_single_pass(path, what, "rerank reads its n-best lists twice")
     check_decoder_flags(decoder_flags)
     repeated = sorted({seed for seed in options.seeds if options.seeds.count(seed) > 1})
     if repeated:
