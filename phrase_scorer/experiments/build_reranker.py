@@ -327,8 +327,16 @@ def check_machine_holds(options: BuildRerankerOptions, models: Sequence[str], to
         raise PhraseScorerError(Text(f"the {len(models):,} models (", setting("members", options.members),
                                      f") rescore the list together and need about {loaded / gib:.1f} GiB, more than "
                                      f"the {total / gib:.1f} GiB this machine has"), hint=fix)
-    return (f"{at_once} training{'s' if at_once != 1 else ''} at once in about {at_once * each / gib:.1f} GiB "
-            f"of {total / gib:.1f} GiB")
+    trainings = (f"{at_once} training{'s' if at_once != 1 else ''} at once in about {size_text(at_once * each)}"
+                 if at_once else "no training")
+    return f"{trainings}, the {len(models)} models together in about {size_text(loaded)}, of {size_text(total)}"
+
+
+def size_text(size: int) -> str:
+    """Bytes as a person reads them: MiB below a GiB, else GiB with one decimal."""
+    if size < 1 << 20:
+        return "under 1 MiB"
+    return f"{size / (1 << 20):,.0f} MiB" if size < 1 << 30 else f"{size / (1 << 30):,.1f} GiB"
 
 
 def check_options(options: BuildRerankerOptions) -> None:

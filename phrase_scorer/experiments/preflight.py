@@ -106,7 +106,7 @@ def check_disk_holds(folder: PathLike, nbest_size: int, sentences: int) -> str:
                                      f" hypotheses need about {need / gib:,.1f} GiB, more than the {free / gib:,.1f} "
                                      "GiB free there"), path=where,
                                 hint=Text("give a smaller ", setting("nbest_size"), ", or a folder on a larger disk"))
-    return f"n-best lists of about {need / gib:,.1f} GiB in {free / gib:,.1f} GiB free"
+    return f"n-best lists of about {max(need >> 20, 1):,} MiB in {free / gib:,.1f} GiB free"
 
 
 def log_checked(what: Sequence[str]) -> None:
