@@ -280,3 +280,14 @@ def test_a_window_larger_than_memory_should_hold_is_refused(verb):
     table or list into memory."""
     result = run_cli(verb, "--window-lines", str(2 ** 31 - 1))
     refused_at_the_parser(result, "--window-lines")
+
+
+def test_a_model_name_given_twice_to_build_reranker_is_refused(tmp_path, tiny_model):
+    """``-m forward=A -m forward=B`` kept B alone and said nothing of A."""
+    work = tmp_path / "work"
+    result = run_cli("build-reranker", DATA / "moses.ini", "--corpus", TRAIN_EN, TRAIN_FR,
+                     "--tuning-set", VAL_EN, VAL_FR, "-o", work,
+                     "-m", f"forward={tiny_model}", "-m", f"forward={tmp_path}")
+    last = refused_at_the_parser(result, "--model")
+    assert "forward" in last and "twice" in last
+    assert not work.exists()

@@ -15,7 +15,7 @@ from phrase_scorer.cli.options import (
     PARALLEL, Count, FiniteFloat, batch_tokens_option, column_options, device_option, make_training_settings,
     make_tune_options,
     NamedDirectory, PathName, RowType, SystemType, moses_home_option, precision_option, threads_option,
-    decoder_flags_value, training_options, tune_options,
+    decoder_flags_value, distinct_names, training_options, tune_options,
 )
 from phrase_scorer.runtime.threads import set_threads
 
@@ -168,6 +168,7 @@ def build_options(command):
                      help="Each model's weights of its last K validations averaged when it stops, kept when the "
                           "mean validates better (0: the best single weights)."),
         click.option("-m", "--model", "given", multiple=True, type=NamedDirectory(), metavar="NAME=DIR",
+                     callback=distinct_names,
                      help="A model trained before, used instead of training it (repeatable): forward=MODELS/en-fr; "
                           "further members are named forward-2, right-to-left-2 and so on."),
         click.option("--vocabulary", type=click.Choice(["words", "bpe", "unigram"]), default=None,

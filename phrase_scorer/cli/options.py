@@ -121,6 +121,18 @@ def decoder_flags_value(ctx, param, value):
     return value
 
 
+def distinct_names(ctx, param, values):
+    """``NAME=DIR`` values (:class:`NamedDirectory`), each name given once: a second ``forward=``
+    would replace the first without a word."""
+    given = {}
+    for name, directory in values or ():
+        if name in given:
+            raise click.BadParameter(f"{name!r} is given twice ({name}={given[name]}, {name}={directory}); "
+                                     "give each name once", ctx, param)
+        given[name] = directory
+    return values
+
+
 class PathName(click.Path):
     """The type of every file and folder name a verb takes: :class:`click.Path`, and never empty
     (:func:`refuse_empty`)."""
