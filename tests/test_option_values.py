@@ -291,3 +291,14 @@ def test_a_model_name_given_twice_to_build_reranker_is_refused(tmp_path, tiny_mo
     last = refused_at_the_parser(result, "--model")
     assert "forward" in last and "twice" in last
     assert not work.exists()
+
+
+def test_a_logged_line_naming_a_file_with_a_newline_stays_one_line(tmp_path, tiny_model):
+    """A warning names the output as given: its newline is escaped as in an error."""
+    table = tmp_path / "t.txt"
+    table.write_text("a ||| b ||| 0.5 0.5 0.5 0.5\n")
+    result = run_cli("annotate", table, "-m", tiny_model, "-o", tmp_path / "out\nnew.txt", "--resume")
+    assert result.exit_code == 0, result.output
+    warning = [line for line in result.stderr.splitlines() if "nothing to resume" in line]
+    assert len(warning) == 1, result.stderr
+    assert "out\\nnew.txt (no interrupted run left a record): starting afresh" in warning[0], result.stderr

@@ -132,7 +132,12 @@ def shown(value: object) -> str:
 
 
 class FlagFormatter(logging.Formatter):
-    """A log line with the settings its arguments name written as flags (:func:`shown`)."""
+    """A log line with the settings its arguments name written as flags (:func:`shown`), on one
+    line whatever the names in it hold (:func:`~phrase_scorer.errors.one_line`; a traceback
+    logged with it keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
         if isinstance(record.msg, Text) or (isinstance(record.args, tuple) and record.args):
