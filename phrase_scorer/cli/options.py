@@ -44,7 +44,7 @@ PROCESS_LIMIT = 64
 
 
 class FiniteFloat(click.FloatRange):
-    """The type of every number option: a finite float within :class:`click.FloatRange`'s bounds.
+    """The type of every option that takes a fraction: a finite float within the range's bounds.
     ``float()`` reads 'nan', 'inf', '1e400' and 400 nines (both infinity), and a range lets NaN
     through (it compares false with every bound): refused here, with the option's own flag."""
 
