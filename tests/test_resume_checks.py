@@ -252,3 +252,27 @@ def test_train_resume_on_another_phrase_table_is_refused_when_the_cache_is_rebui
     with pytest.raises(PhraseScorerError, match="cannot resume"):
         train(other, out, TrainConfig(max_steps=4, **config), resume=True)
     assert train(first, out, TrainConfig(max_steps=4, **config), resume=True).step == 4
+
+
+@pytest.mark.parametrize("piped", ["nbest", "source"])
+def test_resume_from_a_pipe_is_refused_before_any_work(tmp_path, tiny_model, piped):
+    """--resume skips what the record says is done, trusting the input's bytes to be those it
+    recorded: a pipe's cannot be checked (nor read again), so --resume with one is refused as
+    with '-', before anything is scored."""
+    import os
+
+    files = {"nbest": tmp_path / "list.nbest", "source": SOURCE}
+    files["nbest"].write_bytes(gzip.decompress(NBEST.read_bytes()))
+    data = files[piped].read_bytes()
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, data[:60_000])
+        os.close(write_end)
+        files[piped] = f"/dev/fd/{read_end}"
+        out = tmp_path / "out.txt"
+        line = error_line(run_cli("rescore", files["nbest"], "--source", files["source"], "-m", tiny_model,
+                                  "-o", out, "--resume"))
+        assert "--resume needs named input and output files" in line, line
+        assert not out.exists() and part_files(out) == []
+    finally:
+        os.close(read_end)

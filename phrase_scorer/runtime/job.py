@@ -42,6 +42,7 @@ import hashlib
 import json
 import logging
 import os
+from stat import S_ISREG
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Sequence
@@ -185,7 +186,8 @@ class OutputJob:
         return writes_directly(self.output)
 
     def _open(self) -> AtomicOutput:
-        if self.resume and self.resumable and (self.direct or self.source == STDIO):
+        if self.resume and self.resumable and (
+                self.direct or any(_streamed(path) for path in (self.source, *(path for _, path in self.inputs)))):
             raise PhraseScorerError(Text(setting("resume"),
                                          " needs named input and output files, not '-', a device or a pipe"))
         if not self.resumable or self.direct:
@@ -354,6 +356,19 @@ class OutputJob:
         named = os.path.abspath(path)
         return any(given is not None and os.path.abspath(given) == named
                    for given in (self.source, *(p for _, p in self.inputs)))
+
+
+def _streamed(path: Optional[PathLike]) -> bool:
+    """Whether an input is ``-``, a pipe or a device: bytes a resumed run can neither read again
+    nor check against its record."""
+    if path is None:
+        return False
+    if os.fspath(path) == STDIO:
+        return True
+    try:
+        return not S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False  # missing: its reader names it
 
 
 def _key_or_none(path: Path):
