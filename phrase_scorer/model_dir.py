@@ -41,7 +41,7 @@ import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, BinaryIO, Dict, Optional, Tuple
 
 import torch
 
@@ -205,6 +205,26 @@ class LoadedModel:
     weights_sha256: str
 
 
+class _WriteErrors:
+    """A binary file for ``torch.save`` that keeps the OSError a write raised (a full disk, a
+    file-size limit): torch's zip writer replaces it by ``RuntimeError: [enforce fail at
+    inline_container.cc] ... unexpected pos``, which names neither the file nor the cause."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self.error: Optional[OSError] = None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
 class ModelDirectory:
     def __init__(self, path: PathLike) -> None:
         self.path = Path(path)
@@ -243,7 +263,13 @@ class ModelDirectory:
         target = self.path / name
         try:
             with AtomicOutput(target) as out:  # a new temporary file, never one already there
-                torch.save(saved, out.file)
+                written = _WriteErrors(out.file)
+                try:
+                    torch.save(saved, written)
+                except RuntimeError:  # torch's zip writer reports a failed write as its own error
+                    if written.error is None:
+                        raise
+                    raise written.error from None
                 out.commit()
         except OSError as exc:
             raise describe_os_error(exc, target) from None

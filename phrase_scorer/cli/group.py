@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 import click
 
 from phrase_scorer import __version__
-from phrase_scorer.runtime import progress
+from phrase_scorer.runtime import progress, resources
 from phrase_scorer.errors import PhraseScorerError, Setting, Text, one_line, rendered
 
 
@@ -155,7 +155,7 @@ class Group(click.Group):
         from phrase_scorer.io.files import held_output_locks, release_output_locks
 
         held_before = held_output_locks()  # a caller's own, kept
-        with ending_like_ctrl_c():
+        with ending_like_ctrl_c(), resources.checked_before_torch():
             try:
                 return super().invoke(ctx)
             except PhraseScorerError as exc:
@@ -166,9 +166,14 @@ class Group(click.Group):
                 raise
             except KeyboardInterrupt:
                 raise interrupted() from None
-            except OSError as exc:  # an I/O failure the library did not anticipate: still one line
+            except (OSError, MemoryError, RuntimeError) as exc:  # what the library did not anticipate: one line
                 from phrase_scorer.io.files import describe_os_error
 
+                error = resources.exhausted(exc)  # memory, disk, open files, processes: named with the limit
+                if error is not None:
+                    raise UserError(shown(error)) from None
+                if not isinstance(exc, OSError):
+                    raise
                 raise UserError(str(describe_os_error(exc, exc.filename or "output"))) from None
             finally:  # the outputs the command claimed and did not release (phrase_scorer.io.outputs)
                 release_output_locks(keep=held_before)

@@ -28,6 +28,7 @@ import contextlib
 import datetime
 import logging
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -93,6 +94,8 @@ LAUNCH_GRACE = 30.0  # seconds the other ranks of a local job get to end after o
 # Set by launch_local for each rank: the file where the rank writes a failure it did not expect
 # (a traceback) instead of the terminal (see failures_to_launcher).
 RANK_FAILURE_FILE = "PHRASE_SCORER_RANK_FAILURE"
+# Beside it: the error of a rank that ran out of memory, open files or processes (pickled).
+RANK_EXHAUSTED = ".exhausted"
 
 
 @contextlib.contextmanager
@@ -107,12 +110,20 @@ def failures_to_launcher() -> Iterator[None]:
         yield
         return
     from phrase_scorer.errors import PhraseScorerError
+    from phrase_scorer.runtime.resources import exhausted
 
     try:
         yield
-    except (PhraseScorerError, OSError):
+    except PhraseScorerError:
         raise
-    except Exception:
+    except Exception as exc:
+        error = exhausted(exc)  # memory, open files, ...: the job's one line, said by the launcher
+        if error is not None:
+            with open(path + RANK_EXHAUSTED, "wb") as failure:
+                pickle.dump(error, failure)
+            raise SystemExit(1) from None
+        if isinstance(exc, OSError):
+            raise
         with open(path, "w", encoding="utf-8") as failure:
             failure.write(traceback.format_exc())
         raise SystemExit(1) from None
@@ -131,8 +142,10 @@ def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int
     the job at once: the other ranks are stopped, their tracebacks about the lost peer are not
     shown, and a :class:`~phrase_scorer.errors.PhraseScorerError` names the rank, the signal and
     ``resume_command``."""
-    from phrase_scorer.errors import PhraseScorerError
+    from phrase_scorer.errors import PhraseScorerError, Text
+    from phrase_scorer.runtime.resources import check_open_files
 
+    check_open_files(processes)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -159,6 +172,7 @@ def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(processes), LOCAL_RANK=str(rank),
                        LOCAL_WORLD_SIZE=str(processes), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             env[RANK_FAILURE_FILE] = os.path.join(failures, f"rank-{rank}.txt")
+            env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # a peer's lost connection is the launcher's to name
             env.setdefault("OMP_NUM_THREADS",
                            str(threads or cores_per_process(World(size=processes, local_size=processes))))
             ranks.append(subprocess.Popen([sys.executable, "-m", "phrase_scorer", *arguments], env=env))
@@ -184,9 +198,21 @@ def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int
             name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else f"signal {number}"
             raise PhraseScorerError(f"rank {rank} of {processes} was killed by {name}; the other ranks were stopped",
                                     hint=f"resume with: {resume_command}" if resume_command else None)
+        for rank in range(processes):  # a rank that ran out of something: the others' failures follow from it
+            path = os.path.join(failures, f"rank-{rank}.txt{RANK_EXHAUSTED}")
+            if os.path.exists(path):
+                with open(path, "rb") as failure:
+                    error = pickle.load(failure)  # written by the rank into this run's own private folder
+                resume = f"; then resume with: {resume_command}" if resume_command else ""
+                raise PhraseScorerError(Text(f"rank {rank} of {processes}: ", error.message), path=error.path,
+                                        hint=Text(error.hint or "", resume))
+        # A rank that ended with a line of its own (an error, an interrupt) said why the job ended: the
+        # tracebacks of the others are the lost peer's consequence ("connection closed by peer").
+        said = any(code > 0 and rank not in stopped and not os.path.exists(os.path.join(failures, f"rank-{rank}.txt"))
+                   for rank, code in enumerate(codes))
         for rank in range(processes):  # what the ranks did not expect, as they would have shown it
             path = os.path.join(failures, f"rank-{rank}.txt")
-            if os.path.exists(path):
+            if os.path.exists(path) and not said:
                 with open(path, encoding="utf-8") as failure:
                     sys.stderr.write(failure.read())
     finally:

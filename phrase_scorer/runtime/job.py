@@ -56,6 +56,7 @@ from phrase_scorer.io.outputs import (
     ATOMIC_COMPANIONS, RESUMABLE_COMPANIONS, Input, OutputClaim, check_output, refuse_existing,
 )
 from phrase_scorer.records import Signature, refuse_changed
+from phrase_scorer.runtime.resources import exhausted
 
 log = logging.getLogger(__name__)
 
@@ -325,8 +326,11 @@ class OutputJob:
 
     def _fail(self, exc: Optional[BaseException]) -> None:
         """Keep ``OUT.part`` when ``--resume`` can continue it, else remove it and its record;
-        a :class:`PhraseScorerError` is raised again saying which."""
+        a :class:`PhraseScorerError` is raised again saying which (memory, disk space, open files or
+        processes running out too: :func:`~phrase_scorer.runtime.resources.exhausted`)."""
         assert self.out is not None
+        if exc is not None and not isinstance(exc, PhraseScorerError):
+            exc = exhausted(exc, self.out.tmp_path) or exc
         if self._record is None:
             self.out.abort()
             return

@@ -411,7 +411,8 @@ class WorkerPool:
                     process.kill()
                     process.join()
         for thread in self._threads:  # the pipes' other ends are closed: each ends at once
-            thread.join(timeout=5)
+            if thread.ident is not None:  # one that could not start (no memory for its stack) is not waited for
+                thread.join(timeout=5)
         for connection in self._connections:
             connection.close()
         for process in self._processes:
