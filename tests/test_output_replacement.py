@@ -224,3 +224,50 @@ def test_a_folder_at_the_replacements_name_that_is_not_provably_the_tools_is_nev
     line = error_line(run("train", EXAMPLE_TABLE, "-o", old_model, "--overwrite", *TRAIN, "--max-steps", 5))
     assert "m5.new" in line
     assert folder_bytes(old_model) == before and folder_bytes(building) == kept
+
+
+# --- temporary files a killed run left --------------------------------------------------------------
+
+
+def test_a_temporary_file_a_killed_run_left_is_removed_by_the_next_run_and_nothing_else(tmp_path, tiny_model, table):
+    from conftest import kill, start_halted
+    from phrase_scorer.io.files import writer_tag
+
+    out = tmp_path / "scores.txt"
+    proc = start_halted(f"write:{out}:1:0.5", ["score", "-m", tiny_model, table, "-o", out], tmp_path / "ready")
+    kill(proc)
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith("scores.txt.") and p.name.endswith(".part")]
+    assert len(left) == 1  # the killed run's half-written temporary file
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine\n")
+    boot = writer_tag().rsplit("-", 1)[1]
+    decoys = {"scores.txt.deadbeef.part": None,  # a name without the writer: not provably the tool's
+              f"scores.txt.{writer_tag()}.0000000a.part": None,  # its writer (this process) still runs
+              f"scores.txt.w1-1-{boot}.0000000b.part": precious}  # a link: never removed, never followed
+    for name, target in decoys.items():
+        if target is None:
+            (tmp_path / name).write_text("mine\n")
+        else:
+            (tmp_path / name).symlink_to(target)
+    result = run("score", "-m", tiny_model, table, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("scores.txt.")) == sorted(decoys)  # no lock
+    assert precious.read_text() == "mine\n" and (tmp_path / "scores.txt.deadbeef.part").read_text() == "mine\n"
+
+
+def test_the_temporary_files_of_a_killed_checkpoint_save_are_removed_by_the_next_train(tmp_path, old_model):
+    from phrase_scorer.io.files import writer_tag
+
+    boot = writer_tag().rsplit("-", 1)[1]
+    gone = f"w999999999-5-{boot}"  # a process id above any the system gives: its writer is not running
+    (old_model / "recent").mkdir(exist_ok=True)
+    stale = [old_model / f"checkpoint.pt.{gone}.00000001.part", old_model / f"config.json.{gone}.00000002.part",
+             old_model / "recent" / f"step-400.pt.{gone}.00000003.part"]
+    kept = [old_model / "checkpoint.pt.deadbeef.part", old_model / f"notes.txt.{gone}.00000004.part"]
+    for path in stale + kept:
+        path.write_bytes(b"half a checkpoint")
+    config = json.loads((old_model / "config.json").read_text())
+    result = run("train", EXAMPLE_TABLE, "-o", old_model, "--resume", "--max-steps", config["training"]["max_steps"])
+    assert result.exit_code == 0, result.stderr
+    assert not any(path.exists() for path in stale)
+    assert all(path.read_bytes() == b"half a checkpoint" for path in kept)  # not provably the model's

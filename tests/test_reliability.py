@@ -520,7 +520,10 @@ def test_fuzz_aliased_output_long(tmp_path_factory, tiny_model, data, verb, alia
 
 COMPANIONS = ["", ".lock", ".part", ".part.json", ".json"]
 STATES = ["absent", "user file", "link to a user file", "dangling link", "directory", "stale lock of this tool",
-          "garbled record"]
+          "garbled record", "link to a descriptor", "link to a character device"]
+# Where the output itself may stand: a link to an open descriptor (as /dev/stdout is, here to a file
+# opened for appending) or to a character device: written through, the link kept, nothing beside it.
+THROUGH = ("link to a descriptor", "link to a character device")
 KEPT_BYTES = b"bytes that belong to the user\n"
 
 
@@ -540,6 +543,7 @@ def fuzz_companions(tmp_path, model, data: bytes, verb: str, states: dict, overw
     source.write_bytes(data)
     out = folder / "o.txt"
     kept = {}  # path -> bytes it must keep
+    descriptor = None  # the descriptor a link at OUT names
     for suffix, state in states.items():
         path = Path(f"{out}{suffix}")
         target = outside / f"target{suffix or '.out'}"
@@ -557,6 +561,12 @@ def fuzz_companions(tmp_path, model, data: bytes, verb: str, states: dict, overw
             path.write_bytes(LOCK_MAGIC + b"pid 999999\n")
         elif state == "garbled record":
             path.write_bytes(b"{\"lines_done\": 3, \"bytes")
+        elif state == "link to a descriptor":
+            target.write_bytes(KEPT_BYTES)
+            descriptor = os.open(target, os.O_WRONLY | os.O_APPEND)
+            path.symlink_to(f"/proc/self/fd/{descriptor}")
+        elif state == "link to a character device":
+            path.symlink_to("/dev/null")
         if state in ("user file", "garbled record") and suffix not in ("", ".json"):
             kept[path] = path.read_bytes()
         if suffix in ("", ".json") and state == "user file" and not overwrite:
@@ -566,7 +576,11 @@ def fuzz_companions(tmp_path, model, data: bytes, verb: str, states: dict, overw
             "annotate": ["annotate", str(source), "-m", str(model)],
             "translate": ["translate", "-m", str(model), str(source)]}[verb]
     flags = [*(["--overwrite"] if overwrite else []), *(["--resume"] if resume and verb == "annotate" else [])]
-    result = CliRunner().invoke(cli, [*args, "-o", str(out), *flags])
+    try:
+        result = CliRunner().invoke(cli, [*args, "-o", str(out), *flags])
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.exit_code in (0, 1, 2), result.stderr  # 2: the option parser's usage error (OUT is a folder)
     assert "Traceback" not in result.stderr
@@ -575,18 +589,23 @@ def fuzz_companions(tmp_path, model, data: bytes, verb: str, states: dict, overw
         assert last.startswith("phrase-scorer: error: " if result.exit_code == 1 else "Error: "), result.stderr
     for path, saved in kept.items():
         assert path.read_bytes() == saved, (path, states, result.stderr)
-    for path in outside.iterdir():
-        assert path.read_bytes() == KEPT_BYTES, (path, states)
+    for path in outside.iterdir():  # the file behind a descriptor keeps its bytes and gets the output after them
+        written = path.read_bytes()
+        assert written == KEPT_BYTES or (states[""] == "link to a descriptor" and written.startswith(KEPT_BYTES)), \
+            (path, states)
     left = {p.name for p in folder.iterdir()} - before
-    assert left <= {"o.txt", "o.txt.json"}, (left, states, result.stderr)
-    if result.exit_code == 0:
+    assert left <= {"o.txt", "o.txt.json"} and not (states[""] in THROUGH and left), (left, states, result.stderr)
+    if states[""] in THROUGH:
+        assert out.is_symlink(), (states, result.stderr)  # written through, never replaced
+    elif result.exit_code == 0:
         assert out.is_file() and not out.is_symlink()
     record("fuzz", reader=f"companion files ({verb})", outcome="error" if result.exit_code else "ok")
 
 
 companion_states = st.fixed_dictionaries({suffix: st.sampled_from(
     [s for s in STATES if (s != "stale lock of this tool" or suffix == ".lock")
-     and (s != "garbled record" or suffix == ".part.json")]) for suffix in COMPANIONS})
+     and (s != "garbled record" or suffix == ".part.json") and (s not in THROUGH or suffix == "")])
+    for suffix in COMPANIONS})
 
 
 @settings(max_examples=40, deadline=None,

@@ -387,13 +387,97 @@ def remove_if_same(path: PathLike, key: Optional[Tuple[int, int]]) -> None:
             pass
 
 
+def _process_start(pid: int) -> Optional[int]:
+    """When process ``pid`` started (clock ticks after boot, /proc/PID/stat's 22nd field); None
+    when no such process runs (or the system has no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _runs(pid: int) -> bool:
+    """Whether a process ``pid`` runs (for a writer whose start time was not known)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _boot() -> str:
+    """This boot of the machine, short (process ids and start times repeat after a reboot)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().replace(b"-", b"").strip()[:8].decode("ascii")
+    except (OSError, UnicodeDecodeError):
+        return "0" * 8
+
+
+_WRITERS: Dict[int, str] = {}
+
+
+def writer_tag() -> str:
+    """Which run makes a temporary file, as its name carries it: ``wPID-START-BOOT`` (the process,
+    when it started, the boot), so that the next run can tell a file whose writer is gone."""
+    pid = os.getpid()
+    if pid not in _WRITERS:
+        _WRITERS[pid] = f"w{pid}-{_process_start(pid) or 0}-{_boot()}"
+    return _WRITERS[pid]
+
+
+# NAME.wPID-START-BOOT.XXXXXXXX.part: a temporary file of NAME (new_temporary)
+_TEMPORARY = re.compile(r"(.+)\.w([0-9]{1,10})-([0-9]{1,20})-([0-9a-f]{8})\.[0-9a-f]{8}\.part")
+
+
+def remove_stale_temporaries(path: PathLike, *, every_name: bool = False) -> list:
+    """Remove the temporary files of ``path`` that killed runs left (``NAME.wPID-START-BOOT.XXXXXXXX.part``,
+    :func:`new_temporary`) while they are provably this tool's and abandoned: the name says which
+    process made it, and that process no longer runs (no process of that id started then, in this
+    boot); the file is a regular file (not a link) with no other name, owned by this user. Anything
+    else beside ``path`` is left alone, as is a temporary file of a run still writing. With
+    ``every_name``, ``path`` is a folder and those of every file in it are removed (a folder only
+    the tool writes in, such as a model's ``recent``). Returns the paths removed. The caller holds
+    the lock of ``path`` (:func:`phrase_scorer.io.outputs.check_output`) or of the folder."""
+    path = os.path.abspath(path)
+    folder, name = (path, None) if every_name else os.path.split(path)
+    removed: list = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMPORARY.fullmatch(entry.name)
+        if match is None or (name is not None and match.group(1) != name):
+            continue
+        pid, started, boot = int(match.group(2)), int(match.group(3)), match.group(4)
+        if boot == _boot() and (_process_start(pid) == started if started else _runs(pid)):
+            continue  # its writer still runs
+        try:
+            info = os.lstat(entry.path)
+        except OSError:
+            continue
+        if not S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_uid != os.geteuid():
+            continue
+        remove_if_same(entry.path, file_key(info))
+        removed.append(entry.path)
+    return removed
+
+
 def new_temporary(path: PathLike) -> Tuple[int, str]:
-    """A new file beside ``path`` to write it under before the rename: ``NAME.XXXXXXXX.part``
-    (a random part, created exclusively: no file there is ever written over). Returns its
-    descriptor and name."""
+    """A new file beside ``path`` to write it under before the rename:
+    ``NAME.wPID-START-BOOT.XXXXXXXX.part`` (the run that writes it, :func:`writer_tag`, then a random part;
+    created exclusively: no file there is ever written over). Returns its descriptor and name.
+    A run killed before its rename leaves it; the next run writing ``path`` removes it
+    (:func:`remove_stale_temporaries`)."""
     name = os.path.basename(os.path.abspath(path))
     for _ in range(100):
-        candidate = os.path.join(os.path.dirname(os.fspath(path)), f"{name}.{os.urandom(4).hex()}.part")
+        candidate = os.path.join(os.path.dirname(os.fspath(path)),
+                                 f"{name}.{writer_tag()}.{os.urandom(4).hex()}.part")
         try:
             return create_new(candidate), candidate
         except FileExistsError:
@@ -422,7 +506,7 @@ class AtomicOutput:
     a character device or FIFO is opened and written directly too (``direct``), never renamed over.
 
     The temporary file is created exclusively and never through a link: a new
-    ``NAME.XXXXXXXX.part`` (:func:`new_temporary`), or, for a resumable output, ``part`` (``OUT.part``),
+    ``NAME.wPID-START-BOOT.XXXXXXXX.part`` (:func:`new_temporary`), or, for a resumable output, ``part`` (``OUT.part``),
     which the caller has made free first or, with ``append``, opened as its own
     (:mod:`phrase_scorer.runtime.job`). The file that replaces an existing one takes its
     permission bits (:func:`keep_mode_of`); what is removed on failure is only the file this

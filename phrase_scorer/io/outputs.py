@@ -22,7 +22,9 @@ Every verb that writes a file checks its output here before it writes anything:
   it, before it writes anything. The claim is the checked output's: ``with check_output(...):``
   releases it when the block ends, and whatever a command still holds is released when the
   command ends (:mod:`phrase_scorer.cli.group`), or by the operating system when it dies. Under
-  torchrun the main rank claims the output for the job (it is the one that writes it).
+  torchrun the main rank claims the output for the job (it is the one that writes it). Holding
+  the lock, the claim removes the temporary files of the output that killed runs left, those
+  provably the tool's and abandoned (:func:`~phrase_scorer.io.files.remove_stale_temporaries`).
 
 :func:`check_output` applies the rule; :func:`writes_directly` tells the writers whether a path
 is written in place.
@@ -30,15 +32,19 @@ is written in place.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from typing import Iterable, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import (
-    STDIO, OutputLock, PathLike, _stat, named_descriptor, own_descriptor, writes_directly,
+    STDIO, OutputLock, PathLike, _stat, named_descriptor, own_descriptor, remove_stale_temporaries,
+    writes_directly,
 )
 from phrase_scorer.io.model_layout import MODEL_FILES, RECENT_WEIGHTS
+
+log = logging.getLogger(__name__)
 
 __all__ = ["check_output", "model_files", "refuse_existing", "same_file", "writes_directly"]
 
@@ -116,6 +122,8 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
     if lock:  # before looking for an existing output: a run that finished meanwhile is seen
         claim.lock = OutputLock(output)
         claim.lock.acquire()
+        for stale in remove_stale_temporaries(output):  # what killed runs left beside it, provably
+            log.info("removed %s, left by a run that was killed", stale)
     try:
         if os.path.lexists(output):  # a dangling link too: the rename would replace it
             if not (overwrite or resume):

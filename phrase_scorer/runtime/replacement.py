@@ -179,15 +179,20 @@ class FolderReplacement:
     def commit(self) -> None:
         """Put the finished ``target.new`` in place of ``target``: exchanged in one step, the
         user's files of the old folder moved into the new one, the old folder removed."""
-        if not _real_folder(self.target):
-            if os.path.lexists(self.target):
-                raise PhraseScorerError("is no longer a folder: the new one is kept beside it", path=self.target,
-                                        hint=Text("move it away, then run the command again with ",
-                                                  setting("resume", True)))
-            os.rename(self.building, self.target)
-        elif not exchange(self.target, self.building):
-            os.rename(self.target, self.building / REPLACED)  # a reader finds no folder until the next rename
-            os.rename(self.building, self.target)
+        if not _real_folder(self.target) and os.path.lexists(self.target):
+            raise PhraseScorerError("is no longer a folder: the new one is kept beside it", path=self.target,
+                                    hint=Text("move it away, then run the command again with ",
+                                              setting("resume", True)))
+        try:
+            if not _real_folder(self.target):
+                os.rename(self.building, self.target)
+            elif not exchange(self.target, self.building):
+                os.rename(self.target, self.building / REPLACED)  # a reader finds no folder until the next rename
+                os.rename(self.building, self.target)
+        except OSError as exc:  # another file system (a mount point), permissions
+            raise PhraseScorerError(f"cannot put the new folder in its place ({exc.strerror or exc})",
+                                    path=self.target,
+                                    hint=f"it is complete in {self.building}: move it there by hand") from None
         fsync_dir(self.target.parent)
         log.info("%s replaced by the new one", self.target)
         self.recover()

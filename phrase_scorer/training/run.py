@@ -44,7 +44,7 @@ from phrase_scorer.data.cache import PairSet
 from phrase_scorer.data.phrase_pairs import PhraseTableData
 from phrase_scorer.runtime.device import device_label, resolve_device, resolve_precision
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import OutputLock
+from phrase_scorer.io.files import OutputLock, remove_stale_temporaries
 from phrase_scorer.config import AnyModelConfig, ModelConfig, TrainConfig, preset_config
 from phrase_scorer.models.architectures import build_model
 from phrase_scorer.models.base import count_parameters
@@ -122,7 +122,8 @@ def prepare_directory(directory: ModelDirectory, resume: bool, overwrite: bool) 
 
 def model_folder(directory: ModelDirectory, resume: bool, overwrite: bool) -> Tuple[ModelDirectory, bool]:
     """The folder this run trains in, checked against the flags (:func:`prepare_directory`), and
-    whether it resumes (rank 0, holding the output's lock).
+    whether it resumes (rank 0, holding the output's lock); the temporary files of its model files
+    that killed runs left there are removed (:func:`remove_stale_temporaries`).
 
     A model replaced with ``overwrite`` stays whole until the new one is: the new model is trained
     in ``DIR.new`` and swapped in when training ends (:class:`FolderReplacement`, also for what a
@@ -135,6 +136,7 @@ def model_folder(directory: ModelDirectory, resume: bool, overwrite: bool) -> Tu
         building = ModelDirectory(replacement.building)
         if resume:
             log.info("continuing the interrupted run that replaces %s, in %s", replacement.target, building.path)
+            remove_stale_model_temporaries(building.path)
             return building, prepare_directory(building, True, True)
         if building.exists() and not overwrite:
             raise PhraseScorerError(
@@ -148,7 +150,20 @@ def model_folder(directory: ModelDirectory, resume: bool, overwrite: bool) -> Tu
         log.info("the new model is trained in %s; it replaces %s when training ends", building.path,
                  replacement.target)
         return building, prepare_directory(building, False, True)
+    if directory.path.is_dir():
+        remove_stale_model_temporaries(directory.path)
     return directory, prepare_directory(directory, resume, overwrite)
+
+
+def remove_stale_model_temporaries(folder: Path) -> None:
+    """Remove what killed writes of the model's files left in ``folder`` (a checkpoint, a config
+    or weights cut short under a temporary name), while provably the tool's and abandoned."""
+    recent = folder / RECENT_WEIGHTS
+    removed = [path for name in MODEL_FILES for path in remove_stale_temporaries(folder / name)]
+    if recent.is_dir() and not recent.is_symlink():
+        removed += remove_stale_temporaries(recent, every_name=True)
+    for stale in removed:
+        log.info("removed %s, left by a run that was killed", stale)
 
 
 def model_replacement(output: Path) -> FolderReplacement:
@@ -202,7 +217,8 @@ def setup_leftover(entry: Path) -> bool:
 def cache_file(entry: Path) -> bool:
     """Whether ``entry`` of a pair cache folder is a file the cache writer makes: its
     description, checksums, or a split's arrays (``SPLIT.NAME``, ``SPLIT.NAME.ids``, ...)."""
-    written = re.fullmatch(r"(train|valid)\.(lengths|(src|tgt)\.(ids|offsets))(\.[0-9a-f]{8}\.part)?", entry.name)
+    written = re.fullmatch(r"(train|valid)\.(lengths|(src|tgt)\.(ids|offsets))(\.(w[0-9-]+-[0-9a-f]{8}\.)?[0-9a-f]{8}"
+                           r"\.part)?", entry.name)
     return entry.is_file() and not entry.is_symlink() and (
         entry.name in ("meta.json", "checksums.json") or written is not None)
 
@@ -280,7 +296,10 @@ def discard_unstarted(output: Path) -> None:
     keeps it (the next run removes it), as the message after Ctrl-C reads what it holds."""
     replacement = model_replacement(output)
     if replacement.pending and not (replacement.building / CONFIG).exists():
-        replacement.discard()
+        try:
+            replacement.discard()
+        except PhraseScorerError as exc:  # a file of the user's put there meanwhile: kept, and said
+            log.warning("%s", exc)
 
 
 @dataclass
