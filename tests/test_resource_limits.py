@@ -194,6 +194,22 @@ def test_train_processes_under_a_small_open_files_limit_is_refused_before_any_ra
     assert "DistNetworkError" not in done.stderr and not out.exists()
 
 
+def test_rescore_under_a_small_open_files_limit_names_open_files_and_its_limit_not_output(tmp_path, tiny_model):
+    """Under ``ulimit -n`` 14 the pipes of ``rescore --workers 2`` cannot be made (EMFILE, which
+    names no file): the line used to read "output: cannot write: Too many open files"."""
+    out = tmp_path / "out.gz"
+    proc = subprocess.Popen(phrase_scorer("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-o", out,
+                                          "--workers", 2),
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            preexec_fn=limited(nofile=14), start_new_session=True)
+    _, err = proc.communicate(timeout=600)
+    line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", err))
+    assert line.startswith("phrase-scorer: error: too many open files (EMFILE): the limit is 14 (ulimit -n)"), line
+    assert "output:" not in line and "raise the limit (ulimit -n" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no partial output, no lock
+    assert session_workers(proc.pid) == []
+
+
 POOL_UNDER_A_LIMIT = """
 import resource
 from phrase_scorer.runtime.resources import exhausted

@@ -72,8 +72,9 @@ def exhausted(exc: BaseException, path: Optional[os.PathLike | str] = None) -> O
     torch zip writer's error names none)."""
     if isinstance(exc, PhraseScorerError):
         return None
-    if isinstance(exc, OSError):
-        return out_of_resources(exc, exc.filename if exc.filename is not None else path)
+    if isinstance(exc, OSError):  # ``path`` is the file only of a write that ran out of room
+        by_file = exc.errno in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
+        return out_of_resources(exc, exc.filename if exc.filename is not None else path if by_file else None)
     code = None
     if isinstance(exc, MemoryError):
         code = errno.ENOMEM
