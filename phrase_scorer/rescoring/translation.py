@@ -43,7 +43,7 @@ from phrase_scorer.config import (
     MOSES_NBEST_FACTOR, RescoreExperimentOptions, ScoringOptions, TranslateOptions, default_bound,
 )
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, file_sha256, refuse_single_pass, text_lines
+from phrase_scorer.io.files import PathLike, file_sha256, refuse_single_pass, text_lines, writes_directly
 from phrase_scorer.io.moses_ini import MosesIni, text_loaded_features
 from phrase_scorer.io.outputs import model_files
 from phrase_scorer.moses.installation import MosesInstallation, write_lines
@@ -268,6 +268,10 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
 
     refuse_single_pass(source, "the source", "Moses and the reranking read it each in turn, a chunk at a time")
     output = os.fspath(output)
+    if working_dir is None and writes_directly(output):  # nothing is made beside a descriptor, device or pipe
+        raise PhraseScorerError("the output is written in place (standard output, a descriptor, a device or a pipe), "
+                                "and the working folder would go beside it", path=output,
+                                hint=Text("write to a named file, or give a ", setting("working_dir"), " of its own"))
     scoring_options = scoring_options or ScoringOptions()
     where = torch.device(device)
     precision = resolve_precision(where, scoring_options.precision)  # refused before Moses starts
