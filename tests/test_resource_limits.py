@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -177,6 +178,20 @@ def test_rescore_out_of_memory_in_a_worker_is_one_line_naming_memory_with_the_pa
     assert "is kept with the first 100 lines done" in line and "--resume" in line, line
     assert Path(f"{out}.part").exists() and Path(f"{out}.part.json").exists() and not out.exists()
     assert session_workers(proc.pid) == []  # the workers were reaped with the run
+
+
+@pytest.mark.distributed
+def test_a_training_rank_out_of_memory_ends_the_job_with_one_line_naming_the_rank_and_memory(tmp_path):
+    """Under ``ulimit -v`` 950 MB the paper's network does not fit beside torch in a rank of
+    ``train --processes 2``: the ranks used to end with two tracebacks (torch's allocator error in
+    one, a SystemError in the other)."""
+    out = tmp_path / "m"
+    line = one_error_line(run_limited(["train", EXAMPLE_TABLE, "-o", out, "--preset", "paper", "--valid-pairs", 100,
+                                       "--max-steps", 2, "--batch-size", 8, "--processes", 2],
+                                      **{"as": 950 * 1000 * 1024}))
+    assert re.match(r"phrase-scorer: error: rank [01] of 2: out of memory \(ENOMEM\) under the address-space limit",
+                    line), line
+    assert "fewer worker processes or ranks" in line and "--resume" in line
 
 
 # --- open files, processes and threads -----------------------------------------------------------
