@@ -289,3 +289,11 @@ def test_translate_moses_makes_no_working_folder_beside_an_output_written_in_pla
     finally:
         os.close(fd)
     assert beside(link) == ["out"] and redirected.read_bytes() == b"kept\n"
+
+
+def test_the_folder_where_a_replacement_is_built_is_not_taken_as_an_output(tmp_path, old_model, tiny_model):
+    building = marked_build(old_model, tiny_model)
+    kept = folder_bytes(building)
+    line = error_line(run("train", EXAMPLE_TABLE, "-o", building, "--overwrite", *TRAIN, "--max-steps", 5))
+    assert "m5.new" in line and "replaces" in line and "--resume" in line
+    assert folder_bytes(building) == kept

@@ -103,6 +103,16 @@ class FolderReplacement:
 
     # --- what a killed run left -----------------------------------------------------------------
 
+    def refuse_a_build(self) -> None:
+        """Refuse ``target`` when it is itself the folder where another folder's replacement is
+        built (``OTHER.new``, marked for ``OTHER``): a run writing it would race the one building it."""
+        if self.target.name.endswith(SUFFIX) and _real_folder(self.target):
+            other = self.target.with_name(self.target.name[: -len(SUFFIX)])
+            if _is_mark(self.target / MARK, other):
+                raise PhraseScorerError(f"is where the folder that replaces {other} is built", path=self.target,
+                                        hint=Text("choose another folder; continue that run with ",
+                                                  setting("resume", True), " into ", os.fspath(other)))
+
     @property
     def pending(self) -> bool:
         """Whether ``target.new`` is a replacement being built (its mark in place)."""

@@ -131,6 +131,7 @@ def model_folder(directory: ModelDirectory, resume: bool, overwrite: bool) -> Tu
     not resuming removes it when it replaces the model again, or when it holds nothing to continue
     (no config.json: a setup that never reached its first checkpoint), and is refused otherwise."""
     replacement = model_replacement(directory.path)
+    replacement.refuse_a_build()
     replacement.recover()
     if replacement.pending:
         building = ModelDirectory(replacement.building)
