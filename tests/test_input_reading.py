@@ -182,3 +182,14 @@ def test_rerank_refuses_a_pipe_list_before_anything_is_made(tmp_path, pipes, whi
         rerank(lists["dev"], DATA / "val.tok.fr.head", lists["test"], out, moses_home=tmp_path / "no-moses")
     assert raised.value.path == piped and which in raised.value.message
     assert not out.exists()
+
+
+@pytest.mark.parametrize("verb", ["train", "annotate"])
+def test_an_nbest_list_given_as_a_phrase_table_is_named_as_one(tmp_path, tiny_model, verb):
+    """train and annotate read a phrase table: an n-best list given instead was refused as a
+    table whose score 'LexicalReordering0=' is not a number; it is named for what it is."""
+    args = ([NBEST, "-o", tmp_path / "m", *TRAIN] if verb == "train"
+            else [NBEST, "-m", tiny_model, "-o", tmp_path / "out.gz", "--workers", "0"])
+    line = error_line(run_cli(verb, *args))
+    assert f"{NBEST} line 1: " in line and "is a Moses n-best list" in line and "rescore" in line, line
+    assert not (tmp_path / "out.gz").exists()

@@ -181,6 +181,14 @@ def is_nbest_line(fields: Sequence[bytes]) -> bool:
     return bool(features) and features[0].endswith(b"=")
 
 
+def nbest_given_for_pairs(path: PathLike, line: int) -> PhraseScorerError:
+    """The error for an n-best list (:func:`is_nbest_line`) given where phrase pairs are read."""
+    return PhraseScorerError("is a Moses n-best list (sentence id ||| hypothesis ||| features ||| total), not "
+                             "phrase pairs (source ||| target ...)", path=path, line=line,
+                             hint="give it to rescore with the sentences it was decoded from: rescore adds a "
+                                  "model's log p to each of its hypotheses")
+
+
 def sentence_id_of(data: bytes, path: PathLike, number: int) -> int:
     """The sentence id of the raw line ``data`` (line ``number``, its line end included), read
     without parsing the rest of the line; a line whose id field is not a plain whole number is

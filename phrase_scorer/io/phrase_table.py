@@ -22,6 +22,7 @@ from typing import Generator, List, Optional
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike, ReadProgress, line_text, open_input, read_failure
+from phrase_scorer.io.nbest import is_nbest_line, nbest_given_for_pairs
 
 FIELD_SEPARATOR = "|||"
 BOM = "\ufeff"  # refused on line 1 of every text input (:func:`~phrase_scorer.io.files.line_text`)
@@ -173,7 +174,12 @@ class PhraseTableReader(ReadProgress):
         if not target_words:
             raise self.error("empty target phrase", number)
         if self.check_scores and len(fields) > 2:
-            self._check_scores(fields[2], number)
+            try:
+                self._check_scores(fields[2], number)
+            except PhraseScorerError:
+                if is_nbest_line([field.encode("utf-8") for field in fields]):
+                    raise nbest_given_for_pairs(self.path, number) from None
+                raise
         return TableLine(number, raw, eol, fields, source_words, target_words)
 
     def _check_scores(self, field: str, number: int) -> None:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from phrase_scorer.scoring.annotate_work import PhraseIds
 from phrase_scorer.config import ScoringOptions
-from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike
-from phrase_scorer.io.nbest import is_nbest_line
+from phrase_scorer.io.nbest import is_nbest_line, nbest_given_for_pairs
 from phrase_scorer.io.outputs import model_files
 from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.workers import Pipeline
@@ -41,11 +40,7 @@ def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None,
             for window in windows:
                 parsed = parse_window(window, source, None, min_fields=2, check_scores=False)
                 if window.index == 0 and parsed.fields and is_nbest_line(parsed.fields[0]):
-                    raise PhraseScorerError(
-                        "is a Moses n-best list (sentence id ||| hypothesis ||| features ||| total), not "
-                        "'source ||| target' pairs", path=source, line=1,
-                        hint="give it to rescore with the sentences it was decoded from: rescore adds a model's "
-                             "log p to each of its hypotheses")
+                    raise nbest_given_for_pairs(source, 1)
                 if not put(lookup.of(parsed)):
                     return
                 progress.advance(window.lines)
