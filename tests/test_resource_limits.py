@@ -280,6 +280,15 @@ def test_each_exhausted_resource_is_named_as_such(make, expected):
     assert error.hint
 
 
+def test_a_full_gpu_is_named_as_gpu_memory_not_as_the_machines():
+    import torch
+
+    error = resources.exhausted(torch.cuda.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 3.12 GiB "
+        "is free."))
+    assert error is not None and error.message == "out of GPU memory" and "smaller batches" in error.hint
+
+
 def test_an_error_that_is_not_a_resource_is_left_alone():
     assert resources.exhausted(RuntimeError("shapes do not match")) is None
     assert resources.exhausted(OSError(5, "Input/output error")) is None

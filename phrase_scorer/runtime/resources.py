@@ -42,6 +42,8 @@ RUN_ADDRESS_SPACE = 200 * MIB
 JOB_OPEN_FILES = 48
 RANK_OPEN_FILES = 8
 
+# What torch says when a GPU's memory is full (torch.cuda.OutOfMemoryError, the MPS backend's).
+_GPU_MEMORY = re.compile(r"(CUDA|HIP|MPS backend) out of memory|CUDA error: out of memory", re.IGNORECASE)
 # What torch and other native code say (as text in a RuntimeError) for each condition, in this order.
 _SAID = (
     (re.compile(r"no space left on device", re.IGNORECASE), errno.ENOSPC),
@@ -75,6 +77,10 @@ def exhausted(exc: BaseException, path: Optional[os.PathLike | str] = None) -> O
     if isinstance(exc, OSError):  # ``path`` is the file only of a write that ran out of room
         by_file = exc.errno in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
         return out_of_resources(exc, exc.filename if exc.filename is not None else path if by_file else None)
+    if isinstance(exc, RuntimeError) and _GPU_MEMORY.search(str(exc)):  # torch.cuda.OutOfMemoryError among them
+        return PhraseScorerError("out of GPU memory",
+                                 hint="make the run use less: smaller batches, fewer runs on the GPU at once; or "
+                                      "run where the GPU is free (nvidia-smi shows what holds its memory)")
     code = None
     if isinstance(exc, MemoryError):
         code = errno.ENOMEM
