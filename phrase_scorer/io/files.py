@@ -314,7 +314,7 @@ def out_of_resources(exc: OSError, path: Optional[PathLike] = None) -> Optional[
     code, kept = exc.errno, "; the previous output, if any, is untouched"
     if code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
         what = ("disk quota exceeded (EDQUOT)" if code != errno.ENOSPC else
-                "no space left on the device " + ("while writing" if path is not None else "(ENOSPC)"))
+                "no space left on the device " + ("while writing (ENOSPC)" if path is not None else "(ENOSPC)"))
         return PhraseScorerError(what, path=path, hint="free some space or write elsewhere" + kept)
     if code == errno.EFBIG:  # past the file-size limit (ulimit -f), or the file system's largest file
         limit = _soft_limit("RLIMIT_FSIZE")
