@@ -297,3 +297,14 @@ def test_the_folder_where_a_replacement_is_built_is_not_taken_as_an_output(tmp_p
     line = error_line(run("train", EXAMPLE_TABLE, "-o", building, "--overwrite", *TRAIN, "--max-steps", 5))
     assert "m5.new" in line and "replaces" in line and "--resume" in line
     assert folder_bytes(building) == kept
+
+
+def test_an_output_in_a_folder_that_keeps_no_new_file_is_refused_in_one_line(tmp_path, tiny_model, table):
+    """/proc/self/fdinfo is a folder in which creating a file fails as if it had vanished at once:
+    the lock of the output was tried again and again, for ever."""
+    done = subprocess.run([sys.executable, "-m", "phrase_scorer", "score", "-m", str(tiny_model), str(table), "-o",
+                           "/proc/self/fdinfo/scores"], capture_output=True, text=True,
+                          timeout=300)  # bounds a hang only
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("phrase-scorer: error: /proc/self/fdinfo/scores.lock: cannot create"), done.stderr

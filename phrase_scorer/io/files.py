@@ -737,6 +737,7 @@ class OutputLock:
             self._holder = holder
             return
         require_output_folder(self.path)
+        vanished = 0  # lock files gone between making and opening them: a folder that keeps none ends it
         while True:
             try:
                 fd = self._create()
@@ -744,6 +745,10 @@ class OutputLock:
                     fd = self._open_existing()
             except FileNotFoundError:
                 fd = None
+                vanished += 1
+                if vanished > 100:  # /proc's folders, say: they accept no new file
+                    raise PhraseScorerError("cannot create the output's lock file in this folder",
+                                            path=self.lock_path, hint="write the output to a folder of files") from None
             except PermissionError:
                 folder = os.path.dirname(os.path.abspath(self.path))
                 raise PhraseScorerError("cannot create files in the output folder (permission denied)", path=folder,

@@ -122,8 +122,8 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
     if lock:  # before looking for an existing output: a run that finished meanwhile is seen
         claim.lock = OutputLock(output)
         claim.lock.acquire()
-        for stale in remove_stale_temporaries(output):  # what killed runs left beside it, provably
-            log.info("removed %s, left by a run that was killed", stale)
+        for stale in [*remove_stale_temporaries(output), *remove_stale_temporaries(claim.lock.lock_path)]:
+            log.info("removed %s, left by a run that was killed", stale)  # what killed runs left beside it, provably
     try:
         if os.path.lexists(output):  # a dangling link too: the rename would replace it
             if not (overwrite or resume):
