@@ -156,7 +156,10 @@ class FolderReplacement:
         for name in self.foreign(old, marked=False):
             if name in (MARK, REPLACED) or os.path.lexists(self.target / name):
                 continue  # never over a file of the new folder: left where it is, and named
-            os.rename(old / name, self.target / name)
+            try:
+                os.rename(old / name, self.target / name)
+            except OSError:  # a mount point, say: left where it is, and named when the old folder is not removed
+                continue
 
     def discard(self) -> None:
         """Remove ``target.new``, provably this tool's (its mark, and nothing but the tool's entries)."""
