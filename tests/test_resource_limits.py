@@ -124,6 +124,15 @@ def test_train_under_an_address_space_too_small_for_torch_is_refused_before_it_s
     assert not out.exists()
 
 
+def test_train_under_a_data_segment_too_small_for_torch_is_refused_before_it_starts(tmp_path):
+    """``ulimit -d`` limits the heap and every private mapping: under 100 MB loading torch ended in
+    "OpenBLAS error: Memory allocation still failed" (under 50 MB, ``std::bad_alloc``)."""
+    out = tmp_path / "m"
+    line = one_error_line(run_limited(["train", EXAMPLE_TABLE, "-o", out, *TRAIN], data=100 * MIB))
+    assert "the data-segment limit (ulimit -d) is 100 MiB" in line and "ulimit -d unlimited" in line, line
+    assert not out.exists()
+
+
 def test_a_command_without_torch_runs_under_a_small_address_space(tmp_path):
     """The check is made where torch loads: a verb that never loads it is not refused."""
     ini = tmp_path / "moses.ini"
@@ -287,6 +296,31 @@ def test_a_full_gpu_is_named_as_gpu_memory_not_as_the_machines():
         "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 3.12 GiB "
         "is free."))
     assert error is not None and error.message == "out of GPU memory" and "smaller batches" in error.hint
+
+
+SYSTEM_ERROR_UNDER = """
+import resource, sys
+from phrase_scorer.runtime.resources import exhausted
+for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA):  # none, or one far above what is used
+    hard = resource.getrlimit(which)[1]
+    resource.setrlimit(which, (hard, hard))
+if sys.argv[1] == "limited":
+    resource.setrlimit(resource.RLIMIT_DATA, (64 << 30, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+print(exhausted(SystemError("error return without exception set")))
+"""
+
+
+def test_a_native_allocation_that_fails_silently_is_named_as_memory_only_under_a_memory_limit():
+    """Under ``ulimit -v`` or ``-d`` torch's native code can fail an allocation and return with no
+    exception set (a SystemError, seen under ulimit -d 300 MB): that is memory running out; with
+    no such limit it is a bug, left as it is."""
+    if any(resource.getrlimit(which)[1] != resource.RLIM_INFINITY for which in (resource.RLIMIT_AS,
+                                                                                resource.RLIMIT_DATA)):
+        pytest.skip("needs a machine without a hard memory limit")
+    said = {how: subprocess.run([sys.executable, "-c", SYSTEM_ERROR_UNDER, how], capture_output=True, text=True,
+                                check=True).stdout.strip() for how in ("limited", "unlimited")}
+    assert said["limited"].startswith("out of memory (ENOMEM)"), said
+    assert said["unlimited"] == "None", said
 
 
 def test_an_error_that_is_not_a_resource_is_left_alone():

@@ -166,7 +166,7 @@ class Group(click.Group):
                 raise
             except KeyboardInterrupt:
                 raise interrupted() from None
-            except (OSError, MemoryError, RuntimeError) as exc:  # what the library did not anticipate: one line
+            except (OSError, MemoryError, RuntimeError, SystemError) as exc:  # unanticipated: still one line
                 from phrase_scorer.io.files import describe_os_error
 
                 error = resources.exhausted(exc)  # memory, disk, open files, processes: named with the limit

@@ -35,6 +35,13 @@ TORCH_ADDRESS_SPACE = 600 * MIB
 #: refused before it starts instead of being aborted by native code part way.
 RUN_ADDRESS_SPACE = 200 * MIB
 
+#: Each limit on a process's memory, what it is called, how the shell sets it, and the least under
+#: which torch loads and a tiny model trains (torch alone takes about 230 MiB of its data segment).
+MEMORY_FLOORS = (
+    (resource.RLIMIT_AS, "address-space", "ulimit -v", TORCH_ADDRESS_SPACE + RUN_ADDRESS_SPACE),
+    (resource.RLIMIT_DATA, "data-segment", "ulimit -d", 320 * MIB),
+)
+
 #: File descriptors a training job of N processes on this machine needs at the least: Python's and
 #: torch's own, the pair cache's, and gloo's sockets and pipes between the ranks (two ranks of a tiny
 #: training failed at 32 and ran at 64). Under fewer a rank fails part way, or waits forever on a
@@ -84,6 +91,9 @@ def exhausted(exc: BaseException, path: Optional[os.PathLike | str] = None) -> O
     code = None
     if isinstance(exc, MemoryError):
         code = errno.ENOMEM
+    elif isinstance(exc, SystemError) and "without exception set" in str(exc) and \
+            any(soft_limit(which) is not None for which, *_ in MEMORY_FLOORS):
+        code = errno.ENOMEM  # native code whose allocation failed under the limit, and said nothing
     elif isinstance(exc, RuntimeError):  # torch's and threading's wording of the same conditions
         text = str(exc)
         code = next((number for pattern, number in _SAID if pattern.search(text)), None)
@@ -93,17 +103,17 @@ def exhausted(exc: BaseException, path: Optional[os.PathLike | str] = None) -> O
 
 
 def check_address_space() -> None:
-    """Refuse an address-space limit (``ulimit -v``) under which torch cannot load and run: native
-    code would abort the process part way, with no message of this tool. Called before torch is
-    imported."""
-    limit = soft_limit(resource.RLIMIT_AS)
-    need = TORCH_ADDRESS_SPACE + RUN_ADDRESS_SPACE
-    if limit is not None and limit < need:
-        raise PhraseScorerError(
-            f"the address-space limit (ulimit -v) is {_mib(limit)}: loading torch and running a model needs at "
-            f"least {_mib(need)} of address space",
-            hint="raise it (ulimit -v unlimited), and bound memory with a cgroup instead (systemd-run -p "
-                 "MemoryMax=..., docker --memory): it counts memory used, not address space reserved")
+    """Refuse an address-space limit (``ulimit -v``) or a data-segment limit (``ulimit -d``) under
+    which torch cannot load and run (:data:`MEMORY_FLOORS`): native code would abort the process
+    part way, with no message of this tool. Called before torch is imported."""
+    for which, what, shell, need in MEMORY_FLOORS:
+        limit = soft_limit(which)
+        if limit is not None and limit < need:
+            raise PhraseScorerError(
+                f"the {what} limit ({shell}) is {_mib(limit)}: loading torch and running a model needs at least "
+                f"{_mib(need)} of it",
+                hint=f"raise it ({shell} unlimited), and bound memory with a cgroup instead (systemd-run -p "
+                     "MemoryMax=..., docker --memory): it counts memory used, not address space reserved")
 
 
 class _BeforeTorch(importlib.abc.MetaPathFinder):
