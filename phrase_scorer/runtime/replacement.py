@@ -179,8 +179,13 @@ class FolderReplacement:
                                         "phrase-scorer made", path=self.building,
                                         hint="move it away, or choose another output folder")
             self.discard()
-        os.mkdir(self.building)
-        fd = create_new(self.building / MARK, 0o644)
+        try:
+            os.mkdir(self.building)
+            fd = create_new(self.building / MARK, 0o644)
+        except OSError as exc:
+            raise PhraseScorerError(f"cannot create the folder the new one is built in ({exc.strerror or exc})",
+                                    path=self.building, hint="make the folder above it writable, or choose another "
+                                                             "output folder") from None
         try:
             os.write(fd, mark_text(self.target))
             os.fsync(fd)
