@@ -328,8 +328,11 @@ def out_of_resources(exc: OSError, path: Optional[PathLike] = None) -> Optional[
         return PhraseScorerError(what, path=path,
                                  hint="raise the limit (ulimit -n 4096), or start fewer worker processes or ranks")
     if code == errno.ENOMEM:
-        limit = _soft_limit("RLIMIT_AS")
-        shown = "" if limit is None else f" under the address-space limit of {limit / (1 << 20):,.0f} MiB (ulimit -v)"
+        limits = [f"the {what} limit of {limit / (1 << 20):,.0f} MiB ({shell})"
+                  for name, what, shell in (("RLIMIT_AS", "address-space", "ulimit -v"),
+                                            ("RLIMIT_DATA", "data-segment", "ulimit -d"))
+                  for limit in [_soft_limit(name)] if limit is not None]
+        shown = f" under {' and '.join(limits)}" if limits else ""
         return PhraseScorerError(f"out of memory (ENOMEM){shown}", path=path,
                                  hint="give the run more memory, or make it use less: fewer worker processes or "
                                       "ranks, smaller batches")
