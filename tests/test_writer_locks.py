@@ -128,10 +128,12 @@ def writers(tmp_path, tiny_model, search_model, table, ini, out):
     sentences = tmp_path / "src.en"
     sentences.write_text("a man in a blue shirt\ntwo dogs\n")
     reranker, moses_home = fake_system(tmp_path)
+    system = tmp_path / "system.ini"  # the decoder features the reranker weights
+    shutil.copyfile(DATA / "moses.ini", system)
     args.update({
         "score": (["score", "-m", tiny_model, table, "-o", out, "--overwrite"], out),
         "translate -m": (["translate", "-m", tiny_model, sentences, "-o", out, "--overwrite"], out),
-        "translate --moses": (["translate", "--moses", ini, "--reranker", reranker, sentences, "-o", out,
+        "translate --moses": (["translate", "--moses", system, "--reranker", reranker, sentences, "-o", out,
                                "--moses-home", moses_home, "--overwrite"], out),
         "annotate": (["annotate", table, "-m", tiny_model, "-o", out, "--overwrite"], out),
         "rescore": (["rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-o", out, "--overwrite"], out),
