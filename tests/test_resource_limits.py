@@ -236,6 +236,30 @@ def test_rescore_under_a_small_open_files_limit_names_open_files_and_its_limit_n
     assert session_workers(proc.pid) == []
 
 
+PROGRAM_UNDER_A_LIMIT = """
+import os, resource, sys
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.runtime.programs import run_logged
+
+open_now = len(os.listdir("/proc/self/fd")) - 1  # less the listing's own
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 2, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+try:
+    run_logged(["true"], sys.argv[1])  # the log takes one descriptor, and the program's pipes find none
+except PhraseScorerError as exc:
+    print(exc)
+"""
+
+
+def test_an_external_program_that_cannot_start_for_want_of_open_files_is_named_with_the_limit(tmp_path):
+    """Moses, mert and the other programs start through run_logged: with no descriptor left for
+    their pipes it said "cannot start true: Too many open files", without the limit or what to do."""
+    done = subprocess.run([sys.executable, "-c", PROGRAM_UNDER_A_LIMIT, tmp_path / "run.log"], capture_output=True,
+                          text=True, timeout=300)
+    line = done.stdout.strip()
+    assert line.startswith("cannot start true: too many open files (EMFILE): the limit is "), done.stdout + done.stderr
+    assert "(ulimit -n)" in line and "raise the limit" in line
+
+
 POOL_UNDER_A_LIMIT = """
 import resource
 from phrase_scorer.runtime.resources import exhausted

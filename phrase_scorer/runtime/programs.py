@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional, Sequence
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, describe_os_error
+from phrase_scorer.io.files import PathLike, describe_os_error, out_of_resources
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,10 @@ def run_logged(
                 stderr=subprocess.STDOUT if stdout is None else subprocess.PIPE, text=True, errors="replace", env=env,
             )
         except OSError as exc:
+            shortage = out_of_resources(exc)  # no open file, memory or process left: named with the limit
+            if shortage is not None:
+                raise PhraseScorerError(Text(f"cannot start {argv[0]}: ", shortage.message), hint=shortage.hint) \
+                    from None
             raise PhraseScorerError(f"cannot start {argv[0]}: {exc.strerror}", path=argv[0]) from None
         stream = proc.stdout if stdout is None else proc.stderr
         try:
