@@ -260,6 +260,16 @@ def test_an_external_program_that_cannot_start_for_want_of_open_files_is_named_w
     assert "(ulimit -n)" in line and "raise the limit" in line
 
 
+def test_an_external_program_killed_by_a_signal_is_named_with_it(tmp_path):
+    """A Moses killed by the out-of-memory killer said "moses failed with exit status -9"."""
+    from phrase_scorer.runtime.programs import run_logged
+
+    with pytest.raises(PhraseScorerError) as failure:
+        run_logged(["sh", "-c", "echo decoding; kill -KILL $$"], tmp_path / "run.log")
+    assert failure.value.message.startswith("sh was killed by signal 9 (SIGKILL: out of memory?): "), failure.value
+    assert failure.value.message.endswith(" / decoding")  # the end of its log
+
+
 POOL_UNDER_A_LIMIT = """
 import resource
 from phrase_scorer.runtime.resources import exhausted

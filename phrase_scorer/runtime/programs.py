@@ -97,10 +97,12 @@ def run_logged(
             proc.kill()
             proc.wait()
             raise
-    if code != 0:
+    if code != 0:  # a signal's death (the out-of-memory killer's SIGKILL) named as the workers' is
+        from phrase_scorer.runtime.workers import how_it_ended  # not at the top: it loads numpy
+
+        how = f"failed with exit status {code}" if code > 0 else how_it_ended(code)
         raise PhraseScorerError(
-            f"{Path(argv[0]).name} failed with exit status {code}: "
-            + (" / ".join(last_lines(log_path)) or "no output"),
+            f"{Path(argv[0]).name} {how}: " + (" / ".join(last_lines(log_path)) or "no output"),
             path=log_path, hint=f"its whole log is {log_path}; the command: {' '.join(argv)}",
         )
 
