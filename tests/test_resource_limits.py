@@ -270,6 +270,21 @@ def test_an_external_program_killed_by_a_signal_is_named_with_it(tmp_path):
     assert failure.value.message.endswith(" / decoding")  # the end of its log
 
 
+def test_a_streaming_moses_killed_by_a_signal_is_named_with_it(tmp_path):
+    """The Moses of ``translate --moses`` and ``rescore-experiment``, killed (the out-of-memory
+    killer's SIGKILL) while loading its tables, said only "Moses was killed (signal 9)". A shell
+    stands in for it: given ``-f INI``, ``sh`` runs the ini as its script."""
+    from phrase_scorer.moses.streaming import NBestStream
+
+    ini = tmp_path / "moses.ini"
+    ini.write_text("echo 'loading the phrase table' >&2; kill -KILL $$\n")
+    stream = NBestStream("/bin/sh", ini, ["a man"], size=10, threads=1, flags="", log_path=tmp_path / "moses.log")
+    with pytest.raises(PhraseScorerError) as failure:
+        stream.write_next(1, tmp_path / "chunk.nbest")
+    assert failure.value.message.startswith("Moses was killed by signal 9 (SIGKILL: out of memory?): "), failure.value
+    assert failure.value.message.endswith("loading the phrase table")
+
+
 POOL_UNDER_A_LIMIT = """
 import resource
 from phrase_scorer.runtime.resources import exhausted
