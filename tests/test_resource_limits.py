@@ -285,6 +285,32 @@ def test_a_streaming_moses_killed_by_a_signal_is_named_with_it(tmp_path):
     assert failure.value.message.endswith("loading the phrase table")
 
 
+STREAM_UNDER_A_LIMIT = """
+import os, resource, sys
+from pathlib import Path
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.moses.streaming import NBestStream
+
+folder = Path(sys.argv[1])
+(folder / "moses.ini").write_text("exit 0\\n")
+open_now = len(os.listdir("/proc/self/fd")) - 1  # less the listing's own
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 2, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+try:
+    NBestStream("/bin/sh", folder / "moses.ini", [], size=10, threads=1, flags="", log_path=folder / "moses.log")
+except PhraseScorerError as exc:
+    print(exc)
+"""
+
+
+def test_a_streaming_moses_that_cannot_start_for_want_of_open_files_is_named_with_the_limit(tmp_path):
+    """It said "cannot start /bin/sh: Too many open files", without the limit or what to do."""
+    done = subprocess.run([sys.executable, "-c", STREAM_UNDER_A_LIMIT, tmp_path], capture_output=True, text=True,
+                          timeout=300)
+    line = done.stdout.strip()
+    assert line.startswith("cannot start /bin/sh: too many open files (EMFILE): the limit is "), done
+    assert "(ulimit -n)" in line
+
+
 POOL_UNDER_A_LIMIT = """
 import resource
 from phrase_scorer.runtime.resources import exhausted

@@ -21,7 +21,7 @@ from typing import IO, Iterable, List, Optional, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.files import PathLike
-from phrase_scorer.runtime.programs import last_lines
+from phrase_scorer.runtime.programs import cannot_start, last_lines
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class NBestStream:
                                             stderr=self._log, text=True, encoding="utf-8", errors="replace")
         except OSError as exc:
             self._log.close()
-            raise PhraseScorerError(f"cannot start {self.argv[0]}: {exc.strerror}", path=self.argv[0]) from None
+            raise cannot_start(self.argv[0], exc) from None
         self.next_id = 0  # Moses' id of the next sentence to hand out
         self._pending: Optional[Tuple[int, str]] = None  # a line read ahead: (its sentence id, the rest of it)
         self._feed_error: List[BaseException] = []
@@ -124,7 +124,7 @@ class NBestStream:
             try:
                 if stream is not None:
                     stream.close()
-            except OSError:
+            except (OSError, ValueError):  # ValueError: the feeding thread was closing it too, as Moses died
                 pass
         self._feeder.join()
         self._log.close()

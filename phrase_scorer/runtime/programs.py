@@ -54,6 +54,15 @@ def open_log(path: PathLike) -> IO[str]:
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
+def cannot_start(program: str, exc: OSError) -> PhraseScorerError:
+    """Why ``program`` could not be started: no such program, or no open file, memory or process
+    left for it (named with the limit, :func:`~phrase_scorer.io.files.out_of_resources`)."""
+    shortage = out_of_resources(exc)
+    if shortage is not None:
+        return PhraseScorerError(Text(f"cannot start {program}: ", shortage.message), hint=shortage.hint)
+    return PhraseScorerError(f"cannot start {program}: {exc.strerror}", path=program)
+
+
 def run_logged(
     args: Sequence[PathLike],
     log_path: PathLike,
@@ -81,11 +90,7 @@ def run_logged(
                 stderr=subprocess.STDOUT if stdout is None else subprocess.PIPE, text=True, errors="replace", env=env,
             )
         except OSError as exc:
-            shortage = out_of_resources(exc)  # no open file, memory or process left: named with the limit
-            if shortage is not None:
-                raise PhraseScorerError(Text(f"cannot start {argv[0]}: ", shortage.message), hint=shortage.hint) \
-                    from None
-            raise PhraseScorerError(f"cannot start {argv[0]}: {exc.strerror}", path=argv[0]) from None
+            raise cannot_start(argv[0], exc) from None
         stream = proc.stdout if stdout is None else proc.stderr
         try:
             for line in stream:
