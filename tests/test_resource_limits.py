@@ -101,6 +101,22 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_checkpoint_and_keeps_th
         subprocess.run(["umount", str(disk)])
 
 
+@pytest.mark.distributed
+def test_a_full_disk_in_a_training_job_is_one_line_not_the_other_ranks_lost_connection(tmp_path):
+    """Rank 0 of ``train --processes 2`` says the disk is full; rank 1, which lost its peer, used
+    to add a traceback ("Connection closed by peer") after that line."""
+    disk = small_tmpfs(tmp_path / "disk", "2000k")
+    if disk is None:
+        pytest.skip("needs a tmpfs (root)")
+    try:
+        done = run_limited(["train", EXAMPLE_TABLE, "-o", disk / "m", *TRAIN, "--processes", 2])
+        line = one_error_line(done)
+        assert "no space left on the device while writing (ENOSPC)" in line, line
+        assert "Connection closed" not in done.stderr, done.stderr[-2000:]
+    finally:
+        subprocess.run(["umount", str(disk)])
+
+
 def test_a_file_size_limit_while_saving_a_checkpoint_names_the_file_and_leaves_no_partial_file(tmp_path):
     """Under ``ulimit -f`` of 400 kB the pair cache's files fit and the first checkpoint (488 kB)
     does not: EFBIG, named with the checkpoint and the limit (torch's zip writer turned it into
