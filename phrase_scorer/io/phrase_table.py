@@ -22,7 +22,6 @@ from typing import Generator, List, Optional
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.files import PathLike, ReadProgress, line_text, open_input, read_failure
-from phrase_scorer.io.nbest import is_nbest_line, nbest_given_for_pairs
 
 FIELD_SEPARATOR = "|||"
 BOM = "\ufeff"  # refused on line 1 of every text input (:func:`~phrase_scorer.io.files.line_text`)
@@ -177,6 +176,8 @@ class PhraseTableReader(ReadProgress):
             try:
                 self._check_scores(fields[2], number)
             except PhraseScorerError:
+                # here, not at the top: io/nbest.py loads numpy, which moses-ini never needs
+                from phrase_scorer.io.nbest import is_nbest_line, nbest_given_for_pairs
                 if is_nbest_line([field.encode("utf-8") for field in fields]):
                     raise nbest_given_for_pairs(self.path, number) from None
                 raise
