@@ -52,7 +52,8 @@ def users_list(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("flags", ["", "-v 0", "-v 0 -n-best-factor 100", "-search-algorithm 1 -s 400 -cbp 400",
-                                   "-dl -1 -b 0.1", "-distortion-limit 6 -threads 2 -early-discarding-threshold -5"])
+                                   "-dl -1 -b 0.1", "-distortion-limit 6 -threads 2 -early-discarding-threshold -5",
+                                   "-print-alignment-info-in-n-best -include-segmentation-in-n-best"])
 def test_options_that_only_set_the_search_are_accepted(flags):
     assert refused_decoder_flags(flags) == []
     check_decoder_flags(flags)
@@ -65,7 +66,7 @@ def test_options_that_only_set_the_search_are_accepted(flags):
     "-Tall x", "-tree-translation-details x", "-Ttree x", "-output-word-graph x 0", "-owg x 0",
     "-alignment-output-file x", "-output-unknowns x", "-f other.ini", "-config other.ini", "-i input.txt",
     "-input-file input.txt", "-weight-file w", "-feature-add KENLM path=x", "-feature-overwrite LM0 path=x",
-    "-aws id", "-t", "-tt", "-report-segmentation", "-print-id", "-print-alignment-info-in-n-best", "-server",
+    "-aws id", "-t", "-tt", "-report-segmentation", "-print-id", "-print-alignment-info", "-server",
     "-show-weights",
 ])
 def test_options_that_write_or_read_files_of_their_own_are_refused(option):

@@ -38,8 +38,9 @@ CHANGES_SYSTEM = ("feature", "feature-add", "feature-overwrite", "feature-name-o
 CHANGES_OUTPUT = ("report-segmentation", "t", "report-segmentation-enriched", "tt", "print-id", "output-hypo-score",
                   "print-alignment-info", "report-all-factors", "output-factors", "print-passthrough",
                   "print-passthrough-in-n-best", "print-all-derivations", "labeled-n-best-list", "n-best-trees",
-                  "report-all-factors-in-n-best", "include-segmentation-in-n-best", "print-alignment-info-in-n-best",
-                  "mark-unknown", "mu")
+                  "report-all-factors-in-n-best", "mark-unknown", "mu")
+# accepted: -include-segmentation-in-n-best and -print-alignment-info-in-n-best add n-best fields
+# that the n-best reader keeps as read (io/nbest.py)
 NOT_TRANSLATING = ("server", "daemon", "show-weights", "version")
 
 WHY: Dict[str, str] = {
