@@ -17,7 +17,7 @@ from pathlib import Path
 # Passive waiting (set before torch is loaded, inherited by the commands the tests start) costs
 # about 15% on an idle machine and keeps the suite's time the same on a busy one.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# As the command line does (phrase_scorer/cli/__init__.py): torch's CPU allocator asks for huge pages.
+# As the package does (phrase_scorer/__init__.py): torch's CPU allocator asks for huge pages.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import pytest  # noqa: E402
