@@ -17,7 +17,8 @@ current compares that record with the settings it would use now, here:
 * :func:`as_recorded` -- a value as its JSON record reads back (tuples as lists);
 * :class:`Signature` -- the record written beside a finished output (``OUT.json``) by
   ``annotate``, ``rescore``, ``rerank`` and ``translate --moses``, built, written and read here
-  only; :class:`SignedModel` -- a model as a signature names it.
+  only; :class:`SignedModel` -- a model as a signature names it; :func:`signature_line` -- a
+  signature as one line to quote beside a score (``tool:rescore|models:RNN0=3f2a9c1b0d4e|...``).
 """
 
 from __future__ import annotations
@@ -411,6 +412,10 @@ class Signature:
             raise _damaged(self._path(), "models is not a list")
         return [SignedModel.from_json(m, f"models[{i}]", self._path()) for i, m in enumerate(models)]
 
+    def line(self) -> str:
+        """The signature as one quotable line (:func:`signature_line`)."""
+        return signature_line(self)
+
     def _path(self) -> str:
         return f"{self.output}.json" if self.output else "the signature"
 
@@ -418,3 +423,77 @@ class Signature:
 def _damaged(path: PathLike, problem: str) -> PhraseScorerError:
     return PhraseScorerError(f"the signature is damaged: {problem}", path=path,
                              hint="make the output again (its signature is written with it)")
+
+
+# --- the one-line form -----------------------------------------------------------------------------
+
+#: The short form of a SHA-256 in the line: 48 bits, enough to tell a model's weights from another's.
+SHORT_HASH = 12
+
+
+def signature_line(signature: Signature) -> str:
+    """What made an output, as one line to quote beside its score (as sacrebleu's signature):
+    ``tool:rescore|models:RNN0=3f2a9c1b0d4e|norm:no|device:cpu|precision:fp32|version:0.1.0``.
+
+    Read from the signature's record only, each field where the record has it, in this order:
+    ``tool`` (the verb, its words joined by ``+``), ``models`` (each feature's name and the first
+    12 hex digits of its weights' SHA-256, an ensemble's models joined by ``+``), ``ignored`` (the
+    features a reranker leaves out), ``reranker`` and ``ini`` (their files' SHA-256), ``nbest``
+    (a reranker's n-best size), ``norm`` (log p per predicted token), ``device`` and ``precision``
+    (the scorer's), ``bound`` (the reranked translation's bounded scoring) and ``version`` (the
+    package's). docs/python.md lists them. A value holding ``|``, ``,``, ``=``, ``+``, ``%`` or a
+    space is percent-escaped, so that the line always splits into its fields."""
+    fields = signature.fields
+    parts: List[Tuple[str, str]] = [("tool", "+".join(word.lstrip("-") for word in
+                                                      signature.tool.removeprefix("phrase-scorer ").split()))]
+    models = _signed_models(fields)
+    if models:
+        parts.append(("models", ",".join(
+            "=".join([*([_escaped(name)] if name else []), "+".join(digest[:SHORT_HASH] for digest in digests)])
+            for name, digests in models)))
+    if fields.get("ignore_features"):
+        parts.append(("ignored", ",".join(_escaped(str(name)) for name in fields["ignore_features"])))
+    for key, label in (("reranker sha256", "reranker"), ("moses.ini sha256", "ini")):
+        if isinstance(fields.get(key), str):
+            parts.append((label, fields[key][:SHORT_HASH]))
+    decoder = fields.get("decoder")
+    if isinstance(decoder, dict) and decoder.get("nbest_size") is not None:
+        parts.append(("nbest", str(decoder["nbest_size"])))
+    options = fields.get("options")
+    if isinstance(options, dict) and isinstance(options.get("normalize"), bool):
+        parts.append(("norm", _yes_no(options["normalize"])))
+    scoring = fields.get("scoring")
+    described = scoring if isinstance(scoring, list) else [scoring] if isinstance(scoring, dict) else []
+    for key in ("device", "precision"):
+        values = list(dict.fromkeys(str(d[key]) for d in described if isinstance(d, dict) and d.get(key) is not None))
+        if values:
+            parts.append((key, ",".join(_escaped(v) for v in values)))
+    if isinstance(fields.get("bound"), bool):
+        parts.append(("bound", _yes_no(fields["bound"])))
+    parts.append(("version", _escaped(signature.package_version or "unknown")))
+    return "|".join(f"{key}:{value}" for key, value in parts)
+
+
+def _signed_models(fields: Mapping[str, Any]) -> List[Tuple[Optional[str], List[str]]]:
+    """(feature name or None, its weights' SHA-256 digests) per feature of a record: a rescored
+    list's or a translation's ``models`` (one entry per model, an ensemble's under one name), a
+    reranker's (name -> record) or an annotated table's ``model``."""
+    models = fields.get("models", [fields["model"]] if isinstance(fields.get("model"), dict) else [])
+    entries = [(name, record) for name, record in models.items()] if isinstance(models, dict) else \
+        [(m.get("name"), m) for m in models if isinstance(m, dict)] if isinstance(models, list) else []
+    found: Dict[Optional[str], List[str]] = {}
+    for name, record in entries:
+        digest = record.get("weights_sha256") if isinstance(record, dict) else None
+        digests = digest if isinstance(digest, list) else [digest]
+        found.setdefault(name if isinstance(name, str) else None, []).extend(
+            d for d in digests if isinstance(d, str))
+    return list(found.items())
+
+
+def _yes_no(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def _escaped(value: str) -> str:
+    """``value`` with the line's separators, ``%`` and whitespace percent-escaped."""
+    return "".join(f"%{ord(c):02X}" if c in "|,=+%" or c.isspace() or not c.isprintable() else c for c in value)

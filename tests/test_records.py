@@ -71,3 +71,53 @@ def test_a_signature_reads_back_as_written_and_refuses_damage_naming_the_key(tmp
             Signature.read(out).models()
         assert caught.value.path == str(tmp_path / "list.txt.json")
     assert Signature.read(tmp_path / "none.txt") is None
+
+
+# --- the one-line form of a signature ----------------------------------------------------------------
+
+RESCORED = {"signature_version": 1, "tool": "phrase-scorer rescore",
+            "models": [{"name": "RNN0", "reverse": False, "ensemble": False, "directory": "/m/a",
+                        "weights_sha256": "a" * 64, "config": {}},
+                       {"name": "Back", "reverse": True, "ensemble": True, "directory": "/m/b",
+                        "weights_sha256": "b" * 64, "config": {}},
+                       {"name": "Back", "reverse": True, "ensemble": True, "directory": "/m/c",
+                        "weights_sha256": "c" * 64, "config": {}}],
+            "options": {"normalize": False, "window_lines": 1000},
+            "scoring": [{"device": "cpu", "precision": "fp32"}] * 3,
+            "features": ["RNN0", "Back"], "package_version": "0.1.0", "finished": "2026-01-01T00:00:00+00:00"}
+
+TRANSLATED = {"signature_version": 1, "tool": "phrase-scorer translate --moses --reranker",
+              "moses.ini sha256": "1" * 64, "reranker sha256": "2" * 64,
+              "models": [{"name": "RNN0", "reverse": False, "directory": "/m/a", "weights_sha256": "a" * 64,
+                          "config": {}}],
+              "scoring": {"batch_tokens": None, "precision": "bf16"}, "bound": True, "package_version": "0.1.0"}
+
+RERANKER = {"signature_version": 1, "tool": "phrase-scorer build-reranker", "format": "phrase-scorer reranker",
+            "layout": [["LM0", 1], ["RNN0", 1]], "weights": {"LM0": [0.5], "RNN0": [0.2]},
+            "ignore_features": ["RNN1"],
+            "models": {"RNN0": {"directory": "/m/a", "weights_sha256": "a" * 64, "reverse": False,
+                                "normalize": False},
+                       "Ens": {"directory": ["/m/b", "/m/c"], "weights_sha256": ["b" * 64, "c" * 64],
+                               "reverse": True, "normalize": True}},
+            "decoder": {"nbest_size": 100, "decoder_flags": None}, "row": "RNN0", "seed": 1,
+            "package_version": "0.1.0"}
+
+
+@pytest.mark.parametrize("record, line", [
+    (RESCORED, "tool:rescore|models:RNN0=aaaaaaaaaaaa,Back=bbbbbbbbbbbb+cccccccccccc|norm:no|device:cpu"
+               "|precision:fp32|version:0.1.0"),
+    (TRANSLATED, "tool:translate+moses+reranker|models:RNN0=aaaaaaaaaaaa|reranker:222222222222|ini:111111111111"
+                 "|precision:bf16|bound:yes|version:0.1.0"),
+    (RERANKER, "tool:build-reranker|models:RNN0=aaaaaaaaaaaa,Ens=bbbbbbbbbbbb+cccccccccccc|ignored:RNN1|nbest:100"
+               "|version:0.1.0"),
+])
+def test_a_signature_reads_as_one_quotable_line_of_what_made_the_output(tmp_path, record, line):
+    assert Signature.from_json(record, tmp_path / "out.json").line() == line
+
+
+def test_a_value_holding_the_lines_separators_stays_one_field():
+    """A name with the line's separators or spaces in it (as no Moses feature may be named) is
+    percent-escaped, so that the line still splits into its fields."""
+    record = {**RESCORED, "models": [{**RESCORED["models"][0], "name": "a|b,c=d+e f%"}]}
+    line = Signature.from_json(record, "out.json").line()
+    assert line.split("|")[1] == "models:a%7Cb%2Cc%3Dd%2Be%20f%25=aaaaaaaaaaaa"
