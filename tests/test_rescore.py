@@ -330,3 +330,14 @@ def test_of_two_bad_lines_the_earlier_is_named_with_workers_or_without(tmp_path,
         rescore(nbest, SOURCE, out, [FeatureModel("RNN0", loaded_tiny)], RescoreOptions(window_lines=40),
                 workers=workers)
     assert not out.exists()
+
+
+def test_the_summary_quotes_the_signature_line_of_what_made_the_list(tmp_path, tiny_model):
+    from phrase_scorer.records import Signature
+
+    out = tmp_path / "out.txt"
+    result = run("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    line = Signature.read(out).line()
+    assert line.startswith("tool:rescore|models:RNN0=") and line.endswith("|version:0.1.0")
+    assert f"signature: {line}" in result.stderr.splitlines()

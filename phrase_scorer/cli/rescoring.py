@@ -70,6 +70,7 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, ensembl
         raise interrupted_resumable(output) from None
     click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"
                + ("" if writes_directly(output) else f": {output}, signature {output}.json"), err=True)
+    click.echo(f"signature: {result.signature_line()}", err=True)
 
 
 def moved_to_apply_reranker(weights: Optional[str]) -> None:

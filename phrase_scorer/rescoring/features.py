@@ -219,6 +219,10 @@ class RescoreResult:
     seconds: float = 0.0
     stats: List[Any] = field(default_factory=list)  # per model, the scorer's ScoringStats
 
+    def signature_line(self) -> str:
+        """What made the list, as one line to quote beside a score (:func:`~phrase_scorer.records.signature_line`)."""
+        return Signature.from_json(self.signature, self.output + ".json").line()
+
 
 def rescore(
     nbest: PathLike,

@@ -11,6 +11,12 @@ the model busy.
 
 from __future__ import annotations
 
+from typing import Iterable, Tuple
+
+import numpy as np
+
+from phrase_scorer.errors import PhraseScorerError
+from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.scoring.annotate_work import PhraseIds
 from phrase_scorer.config import ScoringOptions
 from phrase_scorer.io.files import PathLike
@@ -20,6 +26,25 @@ from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.workers import Pipeline
 from phrase_scorer.io.table_windows import RawWindows, parse_window
 from phrase_scorer.runtime.progress import progress_bar
+
+
+def score_pairs(loaded, pairs: Iterable[Tuple[str, str]], scoring_options=None) -> np.ndarray:
+    """Natural-log log p(target | source) of each (source, target) pair of phrases held in memory
+    (words split as Moses splits them), float64, in order: the values ``score`` writes for
+    ``source ||| target`` lines. The pairs are held and scored at once: for a file of them,
+    :func:`score_file`. A side without a word is an error naming its pair (counted from 1)."""
+    from phrase_scorer.scoring.batch_scorer import BatchScorer
+
+    words = []
+    for number, (source, target) in enumerate(pairs, 1):
+        sides = split_words(source), split_words(target)
+        for side, side_words in zip(("source", "target"), sides):
+            if not side_words:
+                raise PhraseScorerError(f"pair {number}: the {side} is empty", hint="give each side a word or more")
+        words.append(sides)
+    scorer = BatchScorer(loaded.model, scoring_options or ScoringOptions())
+    return scorer.score([loaded.source_vocab.encode(s) for s, _ in words],
+                        [loaded.target_vocab.encode(t) for _, t in words])
 
 
 def score_file(source: PathLike, output: PathLike, loaded, scoring_options=None, window_lines: int = 20000, *,
