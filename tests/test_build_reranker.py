@@ -23,7 +23,7 @@ from phrase_scorer.experiments.build_reranker import (
     ENSEMBLE, FORWARD, MODEL_KINDS, REVERSE, Candidate, candidates, choose, kind_and_seed, model_names,
     outside_shortlist, trained_model, vocabulary_choice,
 )
-from phrase_scorer.experiments.rescoring import RETUNED_ROW, Row
+from phrase_scorer.experiments.system_steps import RETUNED_ROW, Row
 from phrase_scorer.io.model_layout import BEST_WEIGHTS
 
 VAL_EN = DATA / "multi30k.val100.en"

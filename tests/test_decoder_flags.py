@@ -133,7 +133,7 @@ def test_every_verb_refuses_the_flags_at_the_parser(verb, users_list, tmp_path):
 
 def test_the_long_commands_refuse_them_as_libraries_before_their_first_step(users_list, tmp_path):
     from phrase_scorer.experiments.build_reranker import build_reranker
-    from phrase_scorer.experiments.rescoring import EvalSet, run_rescore_experiment
+    from phrase_scorer.experiments.rescore_experiment import EvalSet, run_rescore_experiment
     from phrase_scorer.moses.evaluate import evaluate
     from phrase_scorer.moses.tune import tune
 

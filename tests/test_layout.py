@@ -280,3 +280,72 @@ def test_the_f_string_check_sees_a_setting_formatted_into_text(tmp_path):
     module.write_text('def f(n):\n    return (f"pass {setting(\'resume\', True)}", Text("pass ", setting("resume")),\n'
                       '            f"{n} and {Text(setting(\'lang\'))}")\n', encoding="utf-8")
     assert settings_lost_in_f_strings(module) == [2, 3]
+
+
+
+def calls_of(path: Path, names: set) -> list:
+    """Lines of ``path`` that call one of ``names`` (``f(...)`` or ``x.f(...)``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+            if name in names:
+                found.append(node.lineno)
+    return found
+
+
+def test_a_reranker_is_made_and_its_features_dropped_in_one_module():
+    """rerank and both experiments make their rerankers through rescoring/reranker.py's
+    tuned_reranker (one rule for the features dropped and the n-best size recorded): no other
+    module builds a Reranker, drops features or reads a reranker file's schema itself."""
+    made_elsewhere = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative != "rescoring/reranker.py":
+            made_elsewhere += [f"{relative} line {line}"
+                               for line in calls_of(path, {"Reranker", "RerankerFile", "drop_unhelpful"})]
+    assert not made_elsewhere, "\n".join(made_elsewhere)
+    for caller in ("rescoring/tuning.py", "experiments/system_steps.py"):
+        assert calls_of(PACKAGE / caller, {"tuned_reranker"}), caller
+
+
+def test_the_call_check_sees_a_constructor_and_a_method(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import r\n\nx = Reranker(1)\ny = r.drop_unhelpful(2)\nz = Rerankers(3)\n", encoding="utf-8")
+    assert calls_of(module, {"Reranker", "drop_unhelpful"}) == [3, 4]
+
+
+def test_the_experiments_share_their_steps_through_one_module():
+    """build-reranker and rescore-experiment run the steps they share (decoding, rescoring,
+    tuning a row, writing its reranker) from experiments/system_steps.py, and neither imports the
+    other's module."""
+    sources = all_imports()
+    steps = "phrase_scorer.experiments.system_steps"
+    defined = {node.name for node in ast.parse((PACKAGE / "experiments" / "system_steps.py").read_text(
+        encoding="utf-8")).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert {"EvalSet", "Row", "RowRun", "decoded_nbest", "rescored_nbest", "tuned_row_run",
+            "write_rerankers"} <= defined
+    for verb, other in (("build_reranker", "rescore_experiment"), ("rescore_experiment", "build_reranker")):
+        imported = sources[f"phrase_scorer.experiments.{verb}"]
+        assert steps in imported, verb
+        assert not any(m == f"phrase_scorer.experiments.{other}" or m.startswith(f"phrase_scorer.experiments.{other}.")
+                       for m in imported), f"{verb} imports {other}"
+
+
+def test_no_two_modules_share_a_name():
+    """A module's name says what it holds: outside cli/ (whose modules are named for the package
+    whose verbs they parse), no two modules share a name, and no module is named like a package."""
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    seen: dict = {}
+    clashes = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if path.name == "__init__.py" or relative.startswith("cli/"):
+            continue
+        if path.stem in packages:
+            clashes.append(f"{relative} is named like the package {path.stem}/")
+        if path.stem in seen:
+            clashes.append(f"{relative} and {seen[path.stem]}")
+        seen.setdefault(path.stem, relative)
+    assert not clashes, "\n".join(clashes)

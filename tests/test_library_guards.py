@@ -139,7 +139,7 @@ def call_experiment_report(tmp_path, f, output, **overwrite):
 
 
 def call_rescore_experiment_report(tmp_path, f, output, **overwrite):
-    from phrase_scorer.experiments.rescoring import EvalSet, run_rescore_experiment
+    from phrase_scorer.experiments.rescore_experiment import EvalSet, run_rescore_experiment
 
     sets = [EvalSet("dev", f["source"], f["reference"], f["nbest"]), EvalSet("test", f["source"], f["reference"], None)]
     run_rescore_experiment(f["ini"], sets, tmp_path / "work", moses=no_moses(tmp_path), models=[], report=output,

@@ -155,7 +155,7 @@ def test_rerank_refuses_a_feature_to_leave_out_that_the_list_does_not_have(tmp_p
 def test_the_rerankers_the_experiments_write_record_the_system_that_decoded_the_dev_list(tmp_path):
     """rescore-experiment and build-reranker write their rerankers through write_rerankers, given
     the moses.ini that decoded the dev list: translate --moses then refuses another system."""
-    from phrase_scorer.experiments.rescoring import RETUNED_ROW, Row, RowRun, write_rerankers
+    from phrase_scorer.experiments.system_steps import RETUNED_ROW, Row, RowRun, write_rerankers
 
     weights = weights_from_ini(EN_FR, dense_layout(next(iter(read_nbest(NBEST)))))
     run = RowRun(row=RETUNED_ROW, seed=1, scores={}, hypotheses={}, weights=weights.by_name(), tuned_dev_bleu=50.0)

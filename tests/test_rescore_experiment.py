@@ -19,10 +19,10 @@ from phrase_scorer.config import RescoreExperimentOptions
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.moses.evaluate import score
 from phrase_scorer.rescoring.reranker import Reranker, apply_reranker
-from phrase_scorer.experiments.rescoring import (
-    MOSES_ROW, RETUNED_ROW, DecodedSystem, Row, EvalSet, decoded_nbest, default_rows, first_hypotheses, oracle_figures,
-    run_rescore_experiment,
+from phrase_scorer.experiments.rescore_experiment import (
+    MOSES_ROW, DecodedSystem, default_rows, oracle_figures, run_rescore_experiment,
 )
+from phrase_scorer.experiments.system_steps import RETUNED_ROW, EvalSet, Row, decoded_nbest, first_hypotheses
 from phrase_scorer.experiments.statistics import ngram_stats, smoothed_sentence_bleu
 from phrase_scorer.records import Step
 

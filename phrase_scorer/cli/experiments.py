@@ -126,9 +126,8 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     set_threads(threads)
     from phrase_scorer.runtime.device import resolve_device
     from phrase_scorer.rescoring.features import ensembles_by_name, feature_models
-    from phrase_scorer.experiments.rescoring import (
-        EvalSet, run_rescore_experiment, set_name,
-    )
+    from phrase_scorer.experiments.rescore_experiment import run_rescore_experiment
+    from phrase_scorer.experiments.system_steps import EvalSet, set_name
 
     if test_nbests and len(test_nbests) != len(tests):
         raise PhraseScorerError(f"{len(test_nbests)} --test-nbest for {len(tests)} --test",

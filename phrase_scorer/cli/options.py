@@ -367,7 +367,7 @@ class RowType(LabelledList):
         super().__init__("LABEL=FEATURE[,FEATURE...]", "RNNsearch, both directions=RNNsearch,RNNsearchReverse")
 
     def convert(self, value, param, ctx):
-        from phrase_scorer.experiments.rescoring import Row
+        from phrase_scorer.experiments.system_steps import Row
 
         return value if isinstance(value, Row) else Row(*self.items(value, param, ctx))
 
@@ -380,7 +380,7 @@ class SystemType(LabelledList):
                          "Moses + phrase columns=exp/rnn+wp/run-1/tuned.ini,exp/rnn+wp/run-2/tuned.ini")
 
     def convert(self, value, param, ctx):
-        from phrase_scorer.experiments.rescoring import DecodedSystem
+        from phrase_scorer.experiments.rescore_experiment import DecodedSystem
 
         if isinstance(value, DecodedSystem):
             return value

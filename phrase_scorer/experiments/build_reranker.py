@@ -53,7 +53,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from phrase_scorer.config import BuildRerankerOptions, ScoringOptions, TrainConfig, preset_config
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.experiments.report import NONE, closing_lines, mean_sd, table, two_decimals, write_report
-from phrase_scorer.experiments.rescoring import (
+from phrase_scorer.experiments.system_steps import (
     RETUNED_ROW, EvalSet, Row, decoded_nbest, first_hypotheses, nbest_flags, rescored_nbest, scores_of,
     set_name, tuned_row_run, write_rerankers,
 )

@@ -4,6 +4,10 @@
 ``apply-reranker`` and ``translate --moses --reranker`` read it back through one validated
 schema (:class:`RerankerFile`). A list to rerank must have been rescored by the reranker's models:
 its rescore signature (``NBEST.json``) says so, checked first to describe the list as it is now.
+
+One function makes a reranker from tuned weights (:func:`tuned_reranker`: the features it drops,
+the n-best size it records) and one signs it (:meth:`Reranker.signature`), for ``rerank`` and for
+both experiments (``rescore-experiment``, ``build-reranker``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
@@ -22,11 +26,16 @@ from phrase_scorer.io.files import PathLike
 from phrase_scorer.io.nbest import (
     Layout,
     describe_layout,
+    group_by_sentence,
+    read_nbest,
 )
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.records import Signature
 from phrase_scorer.rescoring.weights import Weights, write_best_hypotheses
 from phrase_scorer.runtime.job import OutputJob
+
+if TYPE_CHECKING:
+    from phrase_scorer.rescoring.mert_files import MertData
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +125,11 @@ class Reranker:
                 "layout": [[name, count] for name, count in self.weights.layout], "weights": self.weights.by_name(),
                 "ignore_features": list(self.ignore_features), "models": self.models, "decoder": self.decoder,
                 **({"system": self.system} if self.system is not None else {})}
+
+    def signature(self, tool: str, **described: Any) -> Signature:
+        """The reranker signed as ``tool`` made it: the file's contents (:meth:`to_json`), with
+        ``described`` beside them (the output, the runs, the dev BLEU, ...)."""
+        return Signature.build(tool, self.to_json(), **described)
 
     @classmethod
     def from_json(cls, data: Any, path: str = "<reranker>") -> "Reranker":
@@ -311,6 +325,46 @@ class RerankerFile:
         return Reranker(weights, ignore, models, decoder["nbest_size"], decoder["decoder_flags"], self.path, system)
 
 
+
+
+def most_hypotheses(nbest: PathLike) -> int:
+    """The n-best size a reranker records: the most hypotheses of one sentence of its dev list
+    (the list ``translate --moses --reranker`` asks Moses for; 0 for an empty list)."""
+    return max((len(group) for _, group in group_by_sentence(read_nbest(nbest))), default=0)
+
+
+def tuned_reranker(weights: Weights, dev_nbest: PathLike, *, ignore_features: Sequence[str] = (),
+                   decoder_flags: Optional[str], system: Optional[Dict[str, Any]],
+                   models: Optional[Dict[str, dict]] = None, nbest_size: Optional[int] = None,
+                   dev_data: Optional["MertData"] = None,
+                   min_feature_gain: Optional[float] = None) -> Tuple[Reranker, Dict[str, float]]:
+    """The one maker of a reranker from ``weights`` tuned on ``dev_nbest``, and the model features
+    it dropped (name -> dev BLEU x 100 once dropped, in the order they went).
+
+    ``models``: the models behind the features ``rescore`` added to the dev list (default: read
+    from its signature, :func:`rescored_models`). The n-best size recorded is
+    :func:`most_hypotheses` of the dev list, or ``nbest_size`` where the caller counted it so
+    already (``rerank``, while it copied the list for the extractor). A model feature neither
+    left out nor buying more than ``min_feature_gain`` dev BLEU is weighted 0, so that its model
+    is not run (:func:`~phrase_scorer.rescoring.optimisers.drop_unhelpful`, measured on
+    ``dev_data``): ``rerank --min-feature-gain``. With ``min_feature_gain`` None every feature is
+    kept: an experiment's row names the features it adds, and its report gives that row's
+    weights, which its reranker holds unchanged."""
+    if models is None:
+        models = rescored_models(dev_nbest)
+    dropped: Dict[str, float] = {}
+    if min_feature_gain is not None:
+        from phrase_scorer.rescoring.optimisers import drop_unhelpful
+
+        if dev_data is None:
+            raise ValueError("dropping features needs the dev list's extractor data (dev_data)")
+        weights, dropped = drop_unhelpful(dev_data, weights, [n for n in models if n not in ignore_features],
+                                          min_feature_gain)
+    if nbest_size is None:
+        nbest_size = most_hypotheses(dev_nbest)
+    reranker = Reranker(weights, tuple(ignore_features), models, nbest_size=nbest_size, decoder_flags=decoder_flags,
+                        system=system)
+    return reranker, dropped
 
 
 def check_rescored_with_same_models(reranker: Reranker, nbest: PathLike) -> None:

@@ -29,9 +29,8 @@ from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.installation import MosesInstallation
 from phrase_scorer.moses.system import decoded_with, system_record
 from phrase_scorer.runtime.programs import fresh_directory
-from phrase_scorer.records import Signature
-from phrase_scorer.rescoring.optimisers import OptimiserRun, drop_unhelpful, learn_weights, mert_programs
-from phrase_scorer.rescoring.reranker import Reranker, rescored_models
+from phrase_scorer.rescoring.optimisers import OptimiserRun, learn_weights, mert_programs
+from phrase_scorer.rescoring.reranker import rescored_models, tuned_reranker
 from phrase_scorer.rescoring.weights import write_best_hypotheses
 from phrase_scorer.runtime.job import OutputJob
 
@@ -142,9 +141,11 @@ def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_n
     work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="rerank")
     learned = learn_weights(dev_nbest, dev_reference, work, moses=moses, options=options, start_ini=start_ini)
     assert learned.data is not None
-    weights, dropped = drop_unhelpful(learned.data, learned.weights, [n for n in dev_models
-                                                                      if n not in options.ignore_features],
-                                      options.min_feature_gain)
+    tuned, dropped = tuned_reranker(learned.weights, dev_nbest, ignore_features=tuple(options.ignore_features),
+                                    decoder_flags=decoder_flags, system=system, models=dev_models,
+                                    nbest_size=learned.dev.largest_list if learned.dev else None,
+                                    dev_data=learned.data, min_feature_gain=options.min_feature_gain)
+    weights = tuned.weights
     for name, bleu in dropped.items():
         log.info("feature %s buys at most %.2f dev BLEU (%.2f without it, %.2f with): weighted 0, its model "
                  "is not run", name, options.min_feature_gain, bleu, learned.best.dev_bleu)
@@ -155,11 +156,8 @@ def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_n
         start_from=learned.start_from, start_dev_bleu=learned.start_dev_bleu, dev_bleu=learned.best.dev_bleu,
         best_seed=learned.best.seed, dropped=dropped, runs=learned.runs, working_dir=os.fspath(work),
     )
-    tuned = Reranker(weights, tuple(options.ignore_features), dev_models,
-                     nbest_size=learned.dev.largest_list if learned.dev else None, decoder_flags=decoder_flags,
-                     system=system)
     run = {k: v for k, v in result.to_dict().items() if k != "output"}  # the signature names the output itself
-    job.commit(Signature.build("phrase-scorer rerank", tuned.to_json(), output=output,
+    job.commit(tuned.signature("phrase-scorer rerank", output=output,
                                dev={"nbest": os.path.abspath(dev_nbest), "reference": os.path.abspath(dev_reference)},
                                test={"nbest": os.path.abspath(test_nbest)}, options=asdict(options),
                                bleu="Moses' BleuScorer on the dev list (x 100)", **run))
