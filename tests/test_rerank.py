@@ -370,3 +370,36 @@ def test_a_model_feature_that_buys_no_dev_bleu_is_weighted_0_and_one_that_does_i
     everything, dropped = drop_unhelpful(data, tuned, ["RNN0", "RNNReverse0"], 100.0)
     assert list(dropped) == ["RNNReverse0", "RNN0"] and everything.values == [1.0, 0.0, 0.0]
     assert drop_unhelpful(data, tuned, [], 100.0)[1] == {}  # the decoder's own features are never candidates
+
+
+def test_one_maker_makes_every_reranker_dropping_features_only_where_asked(tmp_path):
+    """tuned_reranker, which rerank and both experiments make their rerankers with: it records the
+    most hypotheses of one dev sentence as the n-best size (the count rerank's copy of the list
+    makes too), drops a model feature that buys nothing only when given a gain to beat
+    (rerank --min-feature-gain; the experiments keep their rows' features), never one left out."""
+    from phrase_scorer.rescoring.mert_files import MertData
+    from phrase_scorer.rescoring.reranker import Reranker, most_hypotheses, tuned_reranker
+    from phrase_scorer.rescoring.weights import Weights
+
+    dev = tmp_path / "dev.nbest"
+    dev.write_text("".join(f"{i} ||| w{k} ||| LM0= -1 RNN0= -2 RNNReverse0= -3 ||| -6\n"
+                           for i, size in enumerate((2, 3, 1)) for k in range(size)), encoding="utf-8")
+    assert most_hypotheses(dev) == 3
+    assert copy_checked(NBEST, tmp_path / "copy").largest_list == most_hypotheses(NBEST) == 100
+    good = np.array([5, 5, 4, 4, 3, 3, 2, 2, 5], float)
+    bad = np.array([3, 5, 1, 4, 0, 3, 0, 2, 5], float)
+    data = MertData([np.array([[0.0, -5.0, 0.1], [-1.0, 0.0, 0.0]])] * 3, [np.stack([bad, good])] * 3)
+    tuned = Weights((("LM0", 1), ("RNN0", 1), ("RNNReverse0", 1)), [1.0, 0.5, 0.1])
+    models = {name: {"directory": name, "weights_sha256": "0" * 64, "reverse": False, "normalize": False}
+              for name in ("RNN0", "RNNReverse0")}
+
+    kept, dropped = tuned_reranker(tuned, dev, decoder_flags="-v 0", system=None, models=models)
+    assert dropped == {} and kept.weights == tuned and kept.nbest_size == 3 and kept.models == models
+    lean, dropped = tuned_reranker(tuned, dev, decoder_flags="-v 0", system=None, models=models, dev_data=data,
+                                   min_feature_gain=0.0)
+    assert dropped == {"RNNReverse0": 100.0} and lean.weights.values == [1.0, 0.5, 0.0]
+    left_out, dropped = tuned_reranker(tuned, dev, ignore_features=["RNNReverse0"], decoder_flags=None, system=None,
+                                       models=models, dev_data=data, min_feature_gain=0.0, nbest_size=7)
+    assert dropped == {} and left_out.ignore_features == ("RNNReverse0",) and left_out.nbest_size == 7
+    signed = lean.signature("phrase-scorer rerank", dev_bleu=100.0).to_json()
+    assert Reranker.from_json(signed).weights == lean.weights and signed["dev_bleu"] == 100.0
