@@ -18,6 +18,7 @@ from conftest import EXAMPLE_TABLE, SHARED_SYSTEM, SHARED_TABLE
 from phrase_scorer.cli import cli
 from phrase_scorer.config import CPU_BATCH_TOKENS
 from phrase_scorer.io.nbest import read_nbest
+from phrase_scorer.records import Signature
 from test_moses_integration import TEST_EN, decode, first_lines, table_for_sentences
 
 pytestmark = pytest.mark.moses
@@ -113,6 +114,8 @@ def test_one_command_gives_what_the_steps_give_by_hand(system, tmp_path):
     assert signature["tool"] == "phrase-scorer translate --moses --reranker" and signature["output"] == str(out)
     # the CPU's defaults, recorded as the values they are
     assert (signature["bound"], signature["scoring"]["batch_tokens"]) == (True, CPU_BATCH_TOKENS)
+    # the summary quotes the signature's one line, read from the signature written
+    assert f"signature: {Signature.read(out).line()}" in result.stderr.splitlines()
     assert not Path(f"{out}.work").exists()  # the chunks' files are gone
     phases = re.search(r"\(Moses ([\d.]+) s, rescoring ([\d.]+) s, reranking ([\d.]+) s; waiting for Moses "
                        r"([\d.]+) s\)", result.stderr)

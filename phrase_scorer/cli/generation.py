@@ -162,6 +162,7 @@ def translate(model_dir, input, output, beam, length_normalize, max_length_ratio
         phases += f"; {WAITING} {result.phase_seconds.get(WAITING, 0.0):.1f} s"
         click.echo(f"translated {result.sentences:,} sentences in {result.seconds:.0f}s ({phases}): {output}"
                    + ("" if writes_directly(output) else f", signature {output}.json"), err=True)
+        click.echo(f"signature: {result.signature_line}", err=True)
         return
     if reranker is not None or resume:
         raise UserError("--reranker and --resume go with --moses")

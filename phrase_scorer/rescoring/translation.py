@@ -70,6 +70,7 @@ class RerankedTranslation:
     # rescoring and reranking, and those the models waited for Moses; Moses minus WAITING is the
     # time of Moses' hidden behind the models'
     phase_seconds: Dict[str, float] = field(default_factory=dict)
+    signature_line: str = ""  # what made the output, as one line to quote (records.signature_line)
 
 
 PHASES = ("Moses", "rescoring", "reranking")  # where a chunk's time goes
@@ -344,4 +345,5 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
                                                           "reranker": os.path.abspath(reranker)})
         job.commit(record)
         shutil.rmtree(work, ignore_errors=True)
-    return RerankedTranslation(output, job.lines_done, chunks, time.monotonic() - started, phase_seconds)
+    return RerankedTranslation(output, job.lines_done, chunks, time.monotonic() - started, phase_seconds,
+                               record.line())
