@@ -495,5 +495,7 @@ def _yes_no(value: bool) -> str:
 
 
 def _escaped(value: str) -> str:
-    """``value`` with the line's separators, ``%`` and whitespace percent-escaped."""
-    return "".join(f"%{ord(c):02X}" if c in "|,=+%" or c.isspace() or not c.isprintable() else c for c in value)
+    """``value`` with the line's separators, ``%``, whitespace and what does not print
+    percent-escaped, as the bytes of its UTF-8 (as a URL escapes them)."""
+    return "".join("".join(f"%{byte:02X}" for byte in c.encode("utf-8", "surrogatepass"))
+                   if c in "|,=+%" or c.isspace() or not c.isprintable() else c for c in value)

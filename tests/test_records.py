@@ -121,3 +121,9 @@ def test_a_value_holding_the_lines_separators_stays_one_field():
     record = {**RESCORED, "models": [{**RESCORED["models"][0], "name": "a|b,c=d+e f%"}]}
     line = Signature.from_json(record, "out.json").line()
     assert line.split("|")[1] == "models:a%7Cb%2Cc%3Dd%2Be%20f%25=aaaaaaaaaaaa"
+
+
+def test_a_character_escaped_in_the_line_is_escaped_as_its_utf8_bytes():
+    """One reading back only: a no-break space is %C2%A0, never %A0 (another character's byte)."""
+    record = {**RESCORED, "models": [{**RESCORED["models"][0], "name": "a\u00a0b\u2028c"}]}
+    assert Signature.from_json(record, "out.json").line().split("|")[1] == "models:a%C2%A0b%E2%80%A8c=aaaaaaaaaaaa"
