@@ -48,7 +48,9 @@ import torch
 from phrase_scorer import __version__
 from phrase_scorer.config import MAX_SHORTLIST, AnyModelConfig, check_whole_number, model_config_from_dict
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, file_sha256, write_text_atomically
+from phrase_scorer.io.atomic import write_text_atomically
+from phrase_scorer.io.file_identity import file_sha256
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.models.architectures import uninitialised_model
 from phrase_scorer.models.base import TranslationModel
 from phrase_scorer.subwords import SubwordVocabulary, load_vocabulary, segmentation_records
@@ -258,7 +260,8 @@ class ModelDirectory:
         if hasattr(state, "_metadata"):  # what load_state_dict reads of a module's own version
             saved._metadata = state._metadata  # type: ignore[attr-defined]
         saved[TRAINED_AS] = self.trained_as()
-        from phrase_scorer.io.files import AtomicOutput, describe_os_error
+        from phrase_scorer.io.atomic import AtomicOutput
+        from phrase_scorer.io.os_errors import describe_os_error
 
         target = self.path / name
         try:
@@ -493,7 +496,7 @@ def known_share(vocab: Vocabulary, words: list) -> float:
 def _sample_words(path: PathLike) -> list:
     from itertools import islice
 
-    from phrase_scorer.io.files import TextLines
+    from phrase_scorer.io.inputs import TextLines
 
     return [word for _, line in islice(TextLines(path), SAMPLE_LINES) for word in line.split()]
 
@@ -503,7 +506,7 @@ def _sha256_of(path: str, stat: Tuple[int, ...]) -> str:
     """The SHA-256 of the file at ``path`` as ``stat`` (device, inode, size, modification and
     change time) finds it: read once while it stays that file, for the several models checked
     against one corpus."""
-    from phrase_scorer.io.files import file_identity, identity_sha256
+    from phrase_scorer.io.file_identity import file_identity, identity_sha256
 
     return identity_sha256(file_identity(path))
 

@@ -34,9 +34,9 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from phrase_scorer import __version__
 from phrase_scorer.errors import PhraseScorerError, Setting, Text, setting
-from phrase_scorer.io.files import (
-    STDIO, PathLike, file_sha256, hash_identities, identity_change, is_file_identity, part_path, write_text_atomically,
-)
+from phrase_scorer.io.atomic import write_text_atomically
+from phrase_scorer.io.file_identity import file_sha256, hash_identities, identity_change, is_file_identity
+from phrase_scorer.io.paths import STDIO, PathLike, part_path
 from phrase_scorer.io.outputs import writes_directly
 from phrase_scorer.subwords import segmentation_records
 
@@ -57,7 +57,7 @@ def read_record(path: PathLike) -> Optional[dict]:
 def differences(saved: Mapping[str, Any], current: Mapping[str, Any],
                 prefix: str = "") -> Iterator[Tuple[str, Any, Any]]:
     """(dotted name, saved value, current value) of every setting that differs; a setting only
-    one side has is ``(none)`` on the other. An input file (:func:`~phrase_scorer.io.files.file_identity`)
+    one side has is ``(none)`` on the other. An input file (:func:`~phrase_scorer.io.file_identity.file_identity`)
     differs only when its bytes do (its ``size``, else its ``sha256``): not for its path or time."""
     for key in [*saved, *(k for k in current if k not in saved)]:
         old, new = saved.get(key, _MISSING), current.get(key, _MISSING)

@@ -37,7 +37,8 @@ from typing import Dict, Iterable, List, Tuple
 
 from phrase_scorer.config import VOCABULARIES
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, write_bytes_atomically
+from phrase_scorer.io.atomic import write_bytes_atomically
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.vocab import EOS, FORMAT, PAD, RIGHT_TO_LEFT, SPECIALS, UNK, UNK_ID, Vocabulary
 
 WORD_START = "\u2581"  # sentencepiece's mark on a word's first piece

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, write_text_atomically
+from phrase_scorer.io.atomic import write_text_atomically
+from phrase_scorer.io.paths import PathLike
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 # The softmax covers target ids 1.. (</s>, <unk>, words); <pad> (id 0) is never predicted.

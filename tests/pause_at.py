@@ -37,11 +37,11 @@ def install(point: str, ready: Path) -> None:
     if kind == "none":
         return
     if kind == "write":
-        from phrase_scorer.io import files
+        from phrase_scorer.io import atomic
 
         path, n, fraction = spec.rsplit(":", 2)
         target, count, cut = os.path.abspath(path), int(n), float(fraction)
-        original = files.AtomicOutput.write
+        original = atomic.AtomicOutput.write
         seen = {"writes": 0}
 
         def write(self, data: bytes) -> None:
@@ -55,7 +55,7 @@ def install(point: str, ready: Path) -> None:
                     data = data[first:]  # let go on: the rest of the chunk
             original(self, data)
 
-        files.AtomicOutput.write = write
+        atomic.AtomicOutput.write = write
     elif kind == "step":
         from phrase_scorer.training import loop as train
 

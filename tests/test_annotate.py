@@ -278,26 +278,27 @@ def test_a_failure_that_can_be_resumed_keeps_the_part_and_says_so(tmp_path, load
     """A full disk after some chunks: the finished chunks stay for --resume, and the message says so."""
     import errno
 
-    from phrase_scorer.io import files
+    from phrase_scorer.io import atomic
+    from phrase_scorer.io.os_errors import describe_os_error
 
     out = tmp_path / "o.gz"
-    original = files.AtomicOutput.write
+    original = atomic.AtomicOutput.write
     writes = {"n": 0}
 
     def write(self, data):
         if self.path == str(out):
             writes["n"] += 1
             if writes["n"] == 4:
-                raise files.describe_os_error(OSError(errno.ENOSPC, "No space left on device"), self.tmp_path)
+                raise describe_os_error(OSError(errno.ENOSPC, "No space left on device"), self.tmp_path)
         original(self, data)
 
-    monkeypatch.setattr(files.AtomicOutput, "write", write)
+    monkeypatch.setattr(atomic.AtomicOutput, "write", write)
     with pytest.raises(PhraseScorerError) as caught:
         annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300))
     kept = f"{out}.part is kept with the first 900 lines done: run the same command with resume=True"
     assert kept in str(caught.value)
     assert Path(f"{out}.part").exists() and json.loads(Path(f"{out}.part.json").read_text())["lines_done"] == 900
-    monkeypatch.setattr(files.AtomicOutput, "write", original)
+    monkeypatch.setattr(atomic.AtomicOutput, "write", original)
     annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300), resume=True)
     reference = tmp_path / "ref.gz"
     annotate(EXAMPLE_TABLE, reference, loaded_tiny, AnnotateOptions(window_lines=300))

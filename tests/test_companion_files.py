@@ -1,6 +1,6 @@
 """Nothing lost, round four: the files a command writes beside its output (``OUT.lock``,
 ``OUT.part``, ``OUT.part.json``), what ``--resume`` trusts, and the mode of a replaced output
-(phrase_scorer/runtime/job.py, phrase_scorer/io/files.py).
+(phrase_scorer/runtime/job.py, phrase_scorer/io/atomic.py, phrase_scorer/io/output_lock.py).
 
 Every test names the case of docs/reliability.md ("Nothing lost, round four") it guards; each
 failed on the code before the job runner.
@@ -127,7 +127,7 @@ def test_a_users_file_beside_a_model_folder_named_like_its_lock_is_never_removed
 
 def test_a_stale_lock_of_a_killed_run_is_taken_over_and_removed_at_the_end(tmp_path, tiny_model, table):
     """A killed run leaves its lock file (no process holds it): the next run takes it over."""
-    from phrase_scorer.io.files import LOCK_MAGIC
+    from phrase_scorer.io.output_lock import LOCK_MAGIC
 
     out = tmp_path / "scores"
     Path(f"{out}.lock").write_bytes(LOCK_MAGIC + b"pid 999999\n")
@@ -205,7 +205,7 @@ def test_rescore_resume_refuses_a_list_changed_with_its_time_restored(tmp_path, 
 
 
 def test_a_recorded_hash_is_reused_only_for_the_very_same_untouched_file(tmp_path):
-    from phrase_scorer.io.files import file_identity, hash_identities, identity_change
+    from phrase_scorer.io.file_identity import file_identity, hash_identities, identity_change
 
     path = tmp_path / "a.txt"
     path.write_text("a man\n")

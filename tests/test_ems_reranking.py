@@ -15,7 +15,7 @@ import pytest
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.experiments.ems_reranking import DecoderCall, find_corpus, find_tuning, parse_decoder_call
-from phrase_scorer.io.files import OutputLock
+from phrase_scorer.io.output_lock import OutputLock
 
 WEIGHTS = "[weight]\nLM0= 0.1\nTranslationModel0= 0.2 0.3 -0.1 0.05\n"
 
@@ -111,12 +111,12 @@ def test_a_second_build_waits_for_the_first_instead_of_failing(tmp_path):
     work = tmp_path / "rescoring"
     taken = tmp_path / "taken"
     second = [sys.executable, "-c",
-              "import sys; from phrase_scorer.io.files import OutputLock\n"
+              "import sys; from phrase_scorer.io.output_lock import OutputLock\n"
               "with OutputLock(sys.argv[1], wait=True):\n    open(sys.argv[2], 'w').write('taken')",
               str(work), str(taken)]
     with OutputLock(work):
         refused = subprocess.run([sys.executable, "-c",
-                                  "import sys; from phrase_scorer.io.files import OutputLock\n"
+                                  "import sys; from phrase_scorer.io.output_lock import OutputLock\n"
                                   "OutputLock(sys.argv[1]).acquire()", str(work)], capture_output=True, text=True)
         assert refused.returncode != 0 and "another phrase-scorer run is writing" in refused.stderr
         waiting = subprocess.Popen(second)

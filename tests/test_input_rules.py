@@ -15,7 +15,7 @@ from conftest import A_MAN_TABLE, DATA, EXAMPLE_TABLE, VAL_EN, error_line, run_c
 from phrase_scorer.cli import cli
 from phrase_scorer.config import TrainConfig
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import text_lines
+from phrase_scorer.io.inputs import text_lines
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.io.nbest import parse_nbest_line, read_nbest
 from phrase_scorer.io.phrase_table import PhraseTableReader

@@ -183,7 +183,7 @@ FOREIGN_FLAGS = {
     "config.py": {"-v"},  # the decoder's default flags
     "runtime/distributed.py": {"-m"},  # python -m phrase_scorer
     "runtime/resources.py": {"-v", "-n"},  # the shell's ulimit
-    "io/files.py": {"-v", "-n"},  # the shell's ulimit
+    "io/os_errors.py": {"-v", "-n"},  # the shell's ulimit
     "rescoring/translation.py": {"--moses", "--reranker"},  # the signature's "command"
     "experiments/build_reranker.py": {"--moses", "--reranker", "-o"},  # the report's next command
     "experiments/ems_reranking.py": {"-v", "--working-dir"},  # what EMS passes Moses and mert-moses.pl

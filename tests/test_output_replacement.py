@@ -232,7 +232,7 @@ def test_a_folder_at_the_replacements_name_that_is_not_provably_the_tools_is_nev
 
 def test_a_temporary_file_a_killed_run_left_is_removed_by_the_next_run_and_nothing_else(tmp_path, tiny_model, table):
     from conftest import kill, start_halted
-    from phrase_scorer.io.files import writer_tag
+    from phrase_scorer.io.atomic import writer_tag
 
     out = tmp_path / "scores.txt"
     proc = start_halted(f"write:{out}:1:0.5", ["score", "-m", tiny_model, table, "-o", out], tmp_path / "ready")
@@ -257,7 +257,7 @@ def test_a_temporary_file_a_killed_run_left_is_removed_by_the_next_run_and_nothi
 
 
 def test_the_temporary_files_of_a_killed_checkpoint_save_are_removed_by_the_next_train(tmp_path, old_model):
-    from phrase_scorer.io.files import writer_tag
+    from phrase_scorer.io.atomic import writer_tag
 
     boot = writer_tag().rsplit("-", 1)[1]
     gone = f"w999999999-5-{boot}"  # a process id above any the system gives: its writer is not running

@@ -534,7 +534,7 @@ def fuzz_companions(tmp_path, model, data: bytes, verb: str, states: dict, overw
     did not create keeps its bytes (only OUT and OUT.json may be replaced, and only with
     --overwrite, a link among them replaced as a link), and it leaves nothing of its own behind
     but a finished output."""
-    from phrase_scorer.io.files import LOCK_MAGIC
+    from phrase_scorer.io.output_lock import LOCK_MAGIC
 
     folder, outside = tmp_path / "run", tmp_path / "outside"
     folder.mkdir()
@@ -745,7 +745,7 @@ def test_disk_full_while_annotating(tmp_path, tiny_model, monkeypatch):
     out = tmp_path / "disk" / "out.gz"
     try:
         if disk is None:  # simulate: the file's writes fail with ENOSPC after some output
-            from phrase_scorer.io import files
+            from phrase_scorer.io import atomic
 
             class FullDisk:
                 def __init__(self, file):
@@ -760,13 +760,13 @@ def test_disk_full_while_annotating(tmp_path, tiny_model, monkeypatch):
                 def __getattr__(self, name):
                     return getattr(self.file, name)
 
-            original_init = files.AtomicOutput.__init__
+            original_init = atomic.AtomicOutput.__init__
 
             def init(self, *args, **kwargs):
                 original_init(self, *args, **kwargs)
                 self.file = FullDisk(self.file)
 
-            monkeypatch.setattr(files.AtomicOutput, "__init__", init)
+            monkeypatch.setattr(atomic.AtomicOutput, "__init__", init)
         out.write_bytes(b"the previous table")
         result = CliRunner().invoke(cli, ["annotate", str(EXAMPLE_TABLE), "-m", str(tiny_model), "-o", str(out),
                                           "--overwrite"])

@@ -94,7 +94,7 @@ def test_a_step_is_reused_for_the_same_bytes_and_redone_for_new_ones(tmp_path):
     (data unpacked again) reuses the step's output; other bytes of the same size redo it."""
     import os
 
-    from phrase_scorer.io.files import file_identity
+    from phrase_scorer.io.file_identity import file_identity
 
     source, output, record = tmp_path / "val.en", tmp_path / "val.out", tmp_path / "val.inputs.json"
     source.write_text("a man .\n", encoding="utf-8")
@@ -114,7 +114,8 @@ def test_a_step_is_reused_for_the_same_bytes_and_redone_for_new_ones(tmp_path):
 def test_an_interrupted_step_keeps_its_partial_output_for_the_resume(tmp_path):
     """The same inputs and no finished output: the step was interrupted, and what it wrote so far
     stays for it to go on from; other inputs remove it. A step that fails is not recorded as finished."""
-    from phrase_scorer.io.files import file_identity, part_path
+    from phrase_scorer.io.file_identity import file_identity
+    from phrase_scorer.io.paths import part_path
 
     source, output, record = tmp_path / "val.en", tmp_path / "val.nbest.gz", tmp_path / "val.inputs.json"
     source.write_text("a man .\n", encoding="utf-8")
@@ -135,7 +136,7 @@ def test_an_interrupted_step_keeps_its_partial_output_for_the_resume(tmp_path):
 def test_a_step_interrupted_after_its_output_appeared_is_not_done(tmp_path):
     """A training's weights file exists from its first validation on: an output that exists does
     not make an interrupted step done; its record must say finished."""
-    from phrase_scorer.io.files import file_identity
+    from phrase_scorer.io.file_identity import file_identity
 
     source, output, record = tmp_path / "train.en", tmp_path / "model.pt", tmp_path / "model.inputs.json"
     source.write_text("a man .\n", encoding="utf-8")

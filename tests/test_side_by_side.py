@@ -137,7 +137,7 @@ def test_a_niced_command_s_jobs_stay_niced_in_their_own_sessions():
 LOCKED_PARENT = """
 import sys
 from pathlib import Path
-from phrase_scorer.io.files import OutputLock
+from phrase_scorer.io.output_lock import OutputLock
 from phrase_scorer.runtime.side_by_side import Job, run_side_by_side
 from side_by_side_jobs import hold_until_released
 with OutputLock(Path(sys.argv[1]) / "work"):
@@ -149,7 +149,7 @@ def test_the_jobs_keep_the_commands_lock_until_the_last_of_them_ends(tmp_path):
     """The command holds its output's lock and is killed outright while its jobs run: until the
     last job has ended, a second run is refused the output; then it takes it."""
     from phrase_scorer.errors import PhraseScorerError
-    from phrase_scorer.io.files import OutputLock
+    from phrase_scorer.io.output_lock import OutputLock
 
     parent = subprocess.Popen([sys.executable, "-c", LOCKED_PARENT, str(tmp_path)], env=jobs_env(),
                               stdout=subprocess.DEVNULL)

@@ -42,7 +42,7 @@ def record(kind: str, **fields) -> None:
 HOLD = """
 import sys
 from pathlib import Path
-from phrase_scorer.io.files import OutputLock
+from phrase_scorer.io.output_lock import OutputLock
 
 OutputLock(sys.argv[1]).acquire()
 Path(sys.argv[2]).write_text("held")

@@ -40,7 +40,8 @@ import benchlib  # noqa: E402
 
 from phrase_scorer.config import TrainConfig, TranslateOptions  # noqa: E402
 from phrase_scorer.errors import PhraseScorerError  # noqa: E402
-from phrase_scorer.io.files import file_identity, file_sha256, write_text_atomically  # noqa: E402
+from phrase_scorer.io.atomic import write_text_atomically  # noqa: E402
+from phrase_scorer.io.file_identity import file_identity, file_sha256  # noqa: E402
 from phrase_scorer.model_dir import BEST_WEIGHTS, CHECKPOINT, TRAIN_LOG, ModelDirectory  # noqa: E402
 from phrase_scorer.moses.installation import read_lines  # noqa: E402
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Sequence
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 
 DEFAULT_WIDTH = 5
 DEFAULT_MIN_COUNT = 50

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.phrase_table import PhraseTableReader, TableLine
 from phrase_scorer.records import Signature
 

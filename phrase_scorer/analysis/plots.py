@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.outputs import Input
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.records import Signature
@@ -45,7 +45,7 @@ def save_figure(fig, output: PathLike, job: Optional[OutputJob] = None) -> None:
     claimed), which the figure is written through; without one the caller has checked ``output``."""
     import io
 
-    from phrase_scorer.io.files import AtomicOutput
+    from phrase_scorer.io.atomic import AtomicOutput
 
     buffer = io.BytesIO()
     fig.savefig(buffer, format=Path(output).suffix.lstrip(".").lower() or "png")
@@ -329,7 +329,7 @@ def write_html(coords: np.ndarray, labels: Sequence[str], output: PathLike, *, t
     data = {"title": title, "points": [[round(float(x), 4), round(float(y), 4)] for x, y in coords],
             "labels": list(labels)}
     payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
-    from phrase_scorer.io.files import write_text_atomically
+    from phrase_scorer.io.atomic import write_text_atomically
 
     page = HTML_PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), data=payload)
     if job is not None:

@@ -12,7 +12,7 @@ from phrase_scorer.cli.options import (
     PARALLEL, SEED, Count, FiniteFloat, PathName, batch_tokens_option, device_option, model_option, moses_home_option,
     overwrite_option, precision_option, resume_option, threads_option,
 )
-from phrase_scorer.io.files import writes_directly
+from phrase_scorer.io.descriptors import writes_directly
 from phrase_scorer.runtime.threads import set_threads
 
 

@@ -152,7 +152,7 @@ def _shown_argument(value: object) -> object:
 
 class Group(click.Group):
     def invoke(self, ctx):
-        from phrase_scorer.io.files import held_output_locks, release_output_locks
+        from phrase_scorer.io.output_lock import held_output_locks, release_output_locks
 
         held_before = held_output_locks()  # a caller's own, kept
         with ending_like_ctrl_c(), resources.checked_before_torch():
@@ -167,7 +167,7 @@ class Group(click.Group):
             except KeyboardInterrupt:
                 raise interrupted() from None
             except (OSError, MemoryError, RuntimeError, SystemError) as exc:  # unanticipated: still one line
-                from phrase_scorer.io.files import describe_os_error
+                from phrase_scorer.io.os_errors import describe_os_error
 
                 error = resources.exhausted(exc)  # memory, disk, open files, processes: named with the limit
                 if error is not None:
@@ -214,7 +214,7 @@ class Duration(click.ParamType):
 def interrupted_resumable(output: str) -> UserError:
     """Ctrl-C or a termination signal during a resumable run (:func:`interrupted`): say whether a
     finished part was kept for --resume."""
-    from phrase_scorer.io.files import part_path
+    from phrase_scorer.io.paths import part_path
 
     if output != "-" and os.path.exists(f"{part_path(output)}.json"):
         return interrupted("; the finished part is kept. Resume with the same command and --resume")

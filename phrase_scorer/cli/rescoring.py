@@ -13,7 +13,7 @@ from phrase_scorer.cli.options import (
     PARALLEL, SEED, Count, FiniteFloat, PathName, batch_tokens_option, device_option, distinct, moses_home_option,
     WINDOW, decoder_flags_value, overwrite_option, precision_option, resume_option, threads_option, workers_option,
 )
-from phrase_scorer.io.files import writes_directly
+from phrase_scorer.io.descriptors import writes_directly
 from phrase_scorer.runtime.threads import set_threads
 
 

@@ -26,7 +26,9 @@ import numpy as np
 
 from phrase_scorer.data.padding import pad_ids
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, file_sha256, hash_identities, is_file_identity, write_text_atomically
+from phrase_scorer.io.atomic import write_text_atomically
+from phrase_scorer.io.file_identity import file_sha256, hash_identities, is_file_identity
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.records import differences, refuse_changed
 from phrase_scorer.vocab import Vocabulary
 

@@ -24,7 +24,9 @@ from phrase_scorer.data.cache import (
     MAX_PHRASE_WORDS, id_dtype_for, read_cache_description, reuse_cache, source_hash, vocab_digest, write_cache,
 )
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, file_identity, hash_identities, refuse_single_pass
+from phrase_scorer.io.file_identity import file_identity, hash_identities
+from phrase_scorer.io.inputs import refuse_single_pass
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.records import refuse_changed
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.runtime.progress import progress_bar

@@ -37,7 +37,9 @@ from phrase_scorer.data.cache import (
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.records import refuse_changed
 from phrase_scorer.data.phrase_pairs import TWO_READINGS
-from phrase_scorer.io.files import PathLike, TextLines, file_identity, hash_identities, refuse_single_pass
+from phrase_scorer.io.file_identity import file_identity, hash_identities
+from phrase_scorer.io.inputs import TextLines, refuse_single_pass
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.vocab import Vocabulary

@@ -57,7 +57,11 @@ from phrase_scorer.experiments.system_steps import (
     RETUNED_ROW, EvalSet, Row, decoded_nbest, first_hypotheses, nbest_flags, rescored_nbest, scores_of,
     set_name, tuned_row_run, write_rerankers,
 )
-from phrase_scorer.io.files import OutputLock, PathLike, TextLines, file_identity, write_text_atomically
+from phrase_scorer.io.atomic import write_text_atomically
+from phrase_scorer.io.file_identity import file_identity
+from phrase_scorer.io.inputs import TextLines
+from phrase_scorer.io.output_lock import OutputLock
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.model_layout import BEST_WEIGHTS, CHECKPOINT
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.system import system_record

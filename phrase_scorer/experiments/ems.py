@@ -53,7 +53,8 @@ from typing import List, Optional, Set
 
 from phrase_scorer.config import AnnotateOptions, ModelConfig, ScoringOptions, TrainConfig
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, file_key, new_temporary, part_path, remove_if_same
+from phrase_scorer.io.atomic import file_key, new_temporary, remove_if_same
+from phrase_scorer.io.paths import PathLike, part_path
 from phrase_scorer.io.outputs import check_output
 from phrase_scorer.io.moses_ini import TEXT_TABLE_TYPES, MosesIni, binary_table_file
 from phrase_scorer.moses.ini_patch import patch_moses_ini

@@ -48,7 +48,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from phrase_scorer.config import BuildRerankerOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import OutputLock, PathLike, file_sha256
+from phrase_scorer.io.file_identity import file_sha256
+from phrase_scorer.io.output_lock import OutputLock
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 
 log = logging.getLogger(__name__)

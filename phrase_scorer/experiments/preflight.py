@@ -21,7 +21,8 @@ import stat
 from typing import Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, TextLines
+from phrase_scorer.io.inputs import TextLines
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, ContextManager, Iterable, Mapping, Optional, Sequence
 
 from phrase_scorer import __version__
-from phrase_scorer.io.files import PathLike, write_text_atomically
+from phrase_scorer.io.atomic import write_text_atomically
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.outputs import Input
 from phrase_scorer.runtime.job import OutputJob
 

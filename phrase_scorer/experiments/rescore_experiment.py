@@ -43,7 +43,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from phrase_scorer.config import RescoreExperimentOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, file_identity, file_sha256, write_text_atomically
+from phrase_scorer.io.atomic import write_text_atomically
+from phrase_scorer.io.file_identity import file_identity, file_sha256
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.system import system_record

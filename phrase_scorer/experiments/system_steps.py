@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from phrase_scorer.config import RerankOptions, RescoreExperimentOptions, RescoreOptions, ScoringOptions
-from phrase_scorer.io.files import PathLike, file_identity, file_sha256, part_path, write_text_atomically
+from phrase_scorer.io.atomic import write_text_atomically
+from phrase_scorer.io.file_identity import file_identity, file_sha256
+from phrase_scorer.io.paths import PathLike, part_path
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.evaluate import Evaluation, decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines

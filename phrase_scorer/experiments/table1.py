@@ -46,9 +46,9 @@ from typing import Dict, List, Optional, Sequence
 
 from phrase_scorer.config import COLUMNS, SYSTEMS, ExperimentOptions, System, TuneOptions, start_weights
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import (
-    AtomicOutput, PathLike, file_identity, file_sha256, write_text_atomically,
-)
+from phrase_scorer.io.atomic import AtomicOutput, write_text_atomically
+from phrase_scorer.io.file_identity import file_identity, file_sha256
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.ini_patch import patch_moses_ini
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
@@ -90,7 +90,7 @@ class ExperimentReport:
 
 def drop_last_columns(table: PathLike, output: PathLike, count: int) -> int:
     """Copy an annotated table without its last ``count`` scores (gzip output, atomic)."""
-    from phrase_scorer.io.files import gzip_member
+    from phrase_scorer.io.compression import gzip_member
 
     reader = PhraseTableReader(table)
     lines = 0

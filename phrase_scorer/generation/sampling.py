@@ -20,7 +20,7 @@ from torch import Tensor
 
 from phrase_scorer.config import SampleOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import text_lines
+from phrase_scorer.io.inputs import text_lines
 from phrase_scorer.models.base import FIRST_OUTPUT_ID, Memory, TranslationModel
 from phrase_scorer.scoring.batch_scorer import BatchScorer, pad
 from phrase_scorer.vocab import EOS_ID, PAD_ID, UNK_ID, Vocabulary

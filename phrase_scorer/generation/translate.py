@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Iterator, List, Sequence
 
 from phrase_scorer.config import TranslateOptions
-from phrase_scorer.io.files import PathLike, TextLines
+from phrase_scorer.io.inputs import TextLines
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.outputs import model_files
 from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.progress import progress_bar

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike, line_text, write_text_atomically
+from phrase_scorer.io.atomic import write_text_atomically
+from phrase_scorer.io.inputs import line_text
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.phrase_table import PhraseTableReader
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,10 @@ from typing import IO, Callable, Iterable, Iterator, List, Optional, Sequence, T
 import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import (
-    AtomicOutput, PathLike, ReadProgress, gzip_member, is_gzip_name, line_text, open_input, read_failure,
-)
+from phrase_scorer.io.atomic import AtomicOutput
+from phrase_scorer.io.compression import gzip_member
+from phrase_scorer.io.inputs import ReadProgress, line_text, open_input, read_failure
+from phrase_scorer.io.paths import PathLike, is_gzip_name
 
 SEPARATOR = "|||"
 

@@ -10,21 +10,21 @@ Every verb that writes a file checks its output here before it writes anything:
   ``/dev/fd/N``, a link to either: whatever file it is, even a regular file a shell redirected it
   to) and an existing character device or FIFO (``/dev/null``, a named pipe, or a link to one)
   are written to directly: never renamed over, locked, resumed or signed, and nothing is made
-  beside them (:func:`~phrase_scorer.io.files.named_descriptor`).
+  beside them (:func:`~phrase_scorer.io.descriptors.named_descriptor`).
   Any other kind of file that is not a regular file (a block device, a socket) is refused.
 * An existing output is replaced only when the caller says so (``--overwrite``), except where
   ``--resume`` continues it (checked by the resumable writers, which know whether it does).
   So is a signature ``OUT.json`` that stands without its ``OUT`` (a file the user keeps there,
   such as a tuned reranker), for the writers that sign their output: ``--overwrite`` replaces it.
 * One run at a time writes an output: :func:`check_output` also claims it, by taking the lock
-  ``OUT.lock`` (:class:`~phrase_scorer.io.files.OutputLock`) before it looks for an existing
+  ``OUT.lock`` (:class:`~phrase_scorer.io.output_lock.OutputLock`) before it looks for an existing
   output, and a second run aimed at it while the first holds it is refused with one line naming
   it, before it writes anything. The claim is the checked output's: ``with check_output(...):``
   releases it when the block ends, and whatever a command still holds is released when the
   command ends (:mod:`phrase_scorer.cli.group`), or by the operating system when it dies. Under
   torchrun the main rank claims the output for the job (it is the one that writes it). Holding
   the lock, the claim removes the temporary files of the output that killed runs left, those
-  provably the tool's and abandoned (:func:`~phrase_scorer.io.files.remove_stale_temporaries`).
+  provably the tool's and abandoned (:func:`~phrase_scorer.io.atomic.remove_stale_temporaries`).
 
 :func:`check_output` applies the rule; :func:`writes_directly` tells the writers whether a path
 is written in place.
@@ -38,18 +38,18 @@ import stat
 from typing import Iterable, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import (
-    STDIO, OutputLock, PathLike, _stat, named_descriptor, own_descriptor, remove_stale_temporaries,
-    writes_directly,
-)
+from phrase_scorer.io.atomic import remove_stale_temporaries
+from phrase_scorer.io.descriptors import stat_or_none, named_descriptor, own_descriptor, writes_directly
+from phrase_scorer.io.output_lock import OutputLock
+from phrase_scorer.io.paths import STDIO, PathLike
 from phrase_scorer.io.model_layout import MODEL_FILES, RECENT_WEIGHTS
 
 log = logging.getLogger(__name__)
 
 __all__ = ["check_output", "model_files", "refuse_existing", "same_file", "writes_directly"]
 
-# What the writers put beside OUT (see phrase_scorer.io.files): the file written before the
-# rename, the resume record, the signature and the lock.
+# What the writers put beside OUT (see phrase_scorer.io.atomic and phrase_scorer.io.output_lock): the file
+# written before the rename, the resume record, the signature and the lock.
 RESUMABLE_COMPANIONS = (".part", ".part.json", ".json", ".lock")
 ATOMIC_COMPANIONS = (".part",)
 
@@ -61,7 +61,7 @@ def same_file(a: PathLike, b: PathLike) -> bool:
     """True when ``a`` and ``b`` name the same existing file (after following links)."""
     if STDIO in (os.fspath(a), os.fspath(b)):
         return False
-    first, second = _stat(a), _stat(b)
+    first, second = stat_or_none(a), stat_or_none(b)
     return first is not None and second is not None and (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
 
 
@@ -107,7 +107,7 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
     if named_descriptor(output) is not None:
         own_descriptor(output)  # one of this process's: open, and for writing
         return claim  # written through the descriptor (a link to it is never replaced): nothing beside it
-    info = _stat(output)
+    info = stat_or_none(output)
     if info is not None:
         mode = info.st_mode
         if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from typing import Generator, List, Optional
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, ReadProgress, line_text, open_input, read_failure
+from phrase_scorer.io.inputs import ReadProgress, line_text, open_input, read_failure
+from phrase_scorer.io.paths import PathLike
 
 FIELD_SEPARATOR = "|||"
-BOM = "\ufeff"  # refused on line 1 of every text input (:func:`~phrase_scorer.io.files.line_text`)
+BOM = "\ufeff"  # refused on line 1 of every text input (:func:`~phrase_scorer.io.inputs.line_text`)
 
 # What Moses' double-conversion parser and we agree is a number (no '_', no hex, no 'nan').
 # ASCII digits only: Python's float() also reads other scripts' digits ('١'), Moses does not.

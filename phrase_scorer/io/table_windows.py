@@ -23,7 +23,8 @@ from typing import Iterator, List, Optional
 import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, ReadProgress, open_input, read_failure
+from phrase_scorer.io.inputs import ReadProgress, open_input, read_failure
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.phrase_table import BOM, PhraseTableReader, scores_end
 
 READ_BLOCK = 1 << 22

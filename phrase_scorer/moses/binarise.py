@@ -11,7 +11,7 @@ import shutil
 from typing import List, Optional
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import binary_table_file
 from phrase_scorer.runtime.programs import run_logged
 

@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.programs import run_logged
 from phrase_scorer.moses.installation import MosesInstallation, read_lines

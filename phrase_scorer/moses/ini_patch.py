@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from phrase_scorer.config import COLUMNS, start_weights
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import (
     TEXT_TABLE_TYPES,
     FeatureLine,

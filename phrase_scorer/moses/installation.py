@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, text_lines
+from phrase_scorer.io.inputs import text_lines
+from phrase_scorer.io.paths import PathLike
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def parse_mert_progress(line: str) -> Optional[Dict[str, float]]:
 
 
 def read_lines(path: PathLike) -> List[str]:
-    """Lines of a plain or gzip text file, without their line ends (:func:`~phrase_scorer.io.files.text_lines`:
+    """Lines of a plain or gzip text file, without their line ends (:func:`~phrase_scorer.io.inputs.text_lines`:
     only ``\\n`` ends a line, as Moses reads it, and a ``\\r`` before it is dropped)."""
     return [text for _, text in text_lines(path)]
 

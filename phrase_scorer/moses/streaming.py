@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Iterable, List, Optional, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.runtime.programs import cannot_start, last_lines
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.io.nbest import read_nbest
 

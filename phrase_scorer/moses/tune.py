@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 
 from phrase_scorer.config import TuneOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.ini_patch import patch_moses_ini

@@ -43,8 +43,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from phrase_scorer import __version__
 from phrase_scorer.config import FORWARD_FEATURE_PREFIX, REVERSE_FEATURE_PREFIX, RescoreOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import (GZIP_LIBRARY, STDIO, PathLike, ReadProgress, is_gzip_name, open_input, read_failure,
-                                    text_lines)
+from phrase_scorer.io.compression import GZIP_LIBRARY
+from phrase_scorer.io.inputs import ReadProgress, open_input, read_failure, text_lines
+from phrase_scorer.io.paths import STDIO, PathLike, is_gzip_name
 from phrase_scorer.io.outputs import model_files
 from phrase_scorer.io.nbest import check_id_order, sentence_id_of
 from phrase_scorer.io.phrase_table import split_words

@@ -18,7 +18,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.nbest import (
     Layout,
     check_sentence_order,

@@ -23,7 +23,8 @@ import numpy as np
 from phrase_scorer.config import RescoreOptions
 from phrase_scorer.data.padding import IdRows
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, gzip_member
+from phrase_scorer.io.compression import gzip_member
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.nbest import NBestEntry, entry_of, moses_rounded
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.scoring.batch_plan import BatchPlan, PlanSettings, plan_window

@@ -25,7 +25,7 @@ import numpy as np
 
 from phrase_scorer.config import RerankOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.io.nbest import (
     Layout,

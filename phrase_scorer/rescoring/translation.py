@@ -43,7 +43,10 @@ from phrase_scorer.config import (
     MOSES_NBEST_FACTOR, RescoreExperimentOptions, ScoringOptions, TranslateOptions, default_bound,
 )
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, file_sha256, refuse_single_pass, text_lines, writes_directly
+from phrase_scorer.io.descriptors import writes_directly
+from phrase_scorer.io.file_identity import file_sha256
+from phrase_scorer.io.inputs import refuse_single_pass, text_lines
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import MosesIni, text_loaded_features
 from phrase_scorer.io.outputs import model_files
 from phrase_scorer.moses.installation import MosesInstallation, write_lines

@@ -23,7 +23,8 @@ from typing import Dict, List, Optional
 
 from phrase_scorer.config import MOSES_NBEST_FACTOR, RerankOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, refuse_single_pass
+from phrase_scorer.io.inputs import refuse_single_pass
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.nbest import dense_layout, read_nbest
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.installation import MosesInstallation

@@ -21,7 +21,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import AtomicOutput, PathLike
+from phrase_scorer.io.atomic import AtomicOutput
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.nbest import (
     Layout,
     NBestEntry,

@@ -12,7 +12,7 @@ A job owns everything between the command's options and the finished file:
   and claims it (:func:`phrase_scorer.io.outputs.check_output`: never an input or a link to
   one, an existing output only with ``overwrite``, one run at a time through ``OUT.lock``).
 * **The temporary file.** The output is written under a temporary name and renamed into place
-  by :meth:`commit` (:class:`~phrase_scorer.io.files.AtomicOutput`), keeping the permission bits
+  by :meth:`commit` (:class:`~phrase_scorer.io.atomic.AtomicOutput`), keeping the permission bits
   of the file it replaces. ``-``, a character device and a FIFO are written directly.
 * **Resuming** (``resumable``). The output is written to ``OUT.part``; after each
   :meth:`write` the job records, in ``OUT.part.json`` (a :class:`ResumeRecord`), how many
@@ -48,10 +48,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Sequence
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import (
-    STDIO, AtomicOutput, PathLike, file_identity, file_key, gzip_member, hash_identities, is_gzip_name, open_own,
-    part_path, remove_if_same, write_text_atomically, writes_directly,
-)
+from phrase_scorer.io.atomic import AtomicOutput, file_key, open_own, remove_if_same, write_text_atomically
+from phrase_scorer.io.compression import gzip_member
+from phrase_scorer.io.descriptors import writes_directly
+from phrase_scorer.io.file_identity import file_identity, hash_identities
+from phrase_scorer.io.paths import STDIO, PathLike, is_gzip_name, part_path
 from phrase_scorer.io.outputs import (
     ATOMIC_COMPANIONS, RESUMABLE_COMPANIONS, Input, OutputClaim, check_output, refuse_existing,
 )
@@ -64,7 +65,7 @@ RESUME_RECORD_VERSION = 2  # 2: the partial output's SHA-256 and the file it is 
 
 
 def input_identity(path: PathLike) -> Dict[str, Any]:
-    """An input as settings record it: by its bytes (:func:`~phrase_scorer.io.files.file_identity`),
+    """An input as settings record it: by its bytes (:func:`~phrase_scorer.io.file_identity.file_identity`),
     so that a copy, a touched file or the same file at another path resumes; stdin by its name."""
     return {"path": STDIO} if os.fspath(path) == STDIO else file_identity(path)
 

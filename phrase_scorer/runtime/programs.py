@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional, Sequence
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import PathLike, describe_os_error, out_of_resources
+from phrase_scorer.io.os_errors import describe_os_error, out_of_resources
+from phrase_scorer.io.paths import PathLike
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def open_log(path: PathLike) -> IO[str]:
 
 def cannot_start(program: str, exc: OSError) -> PhraseScorerError:
     """Why ``program`` could not be started: no such program, or no open file, memory or process
-    left for it (named with the limit, :func:`~phrase_scorer.io.files.out_of_resources`)."""
+    left for it (named with the limit, :func:`~phrase_scorer.io.os_errors.out_of_resources`)."""
     shortage = out_of_resources(exc)
     if shortage is not None:
         return PhraseScorerError(Text(f"cannot start {program}: ", shortage.message), hint=shortage.hint)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import create_new, fsync_dir
+from phrase_scorer.io.atomic import create_new, fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import sys
 from typing import Iterator, Optional
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import out_of_resources
+from phrase_scorer.io.os_errors import out_of_resources
 
 MIB = 1 << 20
 
@@ -76,7 +76,7 @@ def _mib(size: int) -> str:
 
 def exhausted(exc: BaseException, path: Optional[os.PathLike | str] = None) -> Optional[PhraseScorerError]:
     """The project's error for ``exc`` when it says the machine ran out of memory, disk space,
-    file descriptors, processes or threads (worded by :func:`~phrase_scorer.io.files.out_of_resources`);
+    file descriptors, processes or threads (worded by :func:`~phrase_scorer.io.os_errors.out_of_resources`);
     None for any other exception. ``path`` names the file being written when ``exc`` does not (a
     torch zip writer's error names none)."""
     if isinstance(exc, PhraseScorerError):

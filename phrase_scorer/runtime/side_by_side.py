@@ -17,7 +17,7 @@ on a SIGTERM within a second. A command started with ``nice`` keeps its jobs as 
 child's scheduler group takes the child's niceness (:func:`keep_niceness`).
 
 Locks. Each child is given a copy of the descriptor of every output lock the command holds
-(:class:`~phrase_scorer.io.files.OutputLock`: ``build-reranker``'s working folder), so the folder
+(:class:`~phrase_scorer.io.output_lock.OutputLock`: ``build-reranker``'s working folder), so the folder
 stays locked until the last job has ended: a command killed outright leaves no moment in which a
 second run could take the folder while its jobs still write their checkpoints.
 """
@@ -64,7 +64,7 @@ def run_side_by_side(jobs: Sequence[Job], threads_each: int) -> List[Any]:
     """The value of each job's function, in the jobs' order, each run in a child process with
     ``threads_each`` torch threads, all at once."""
     from phrase_scorer.errors import PhraseScorerError
-    from phrase_scorer.io.files import held_output_locks
+    from phrase_scorer.io.output_lock import held_output_locks
 
     locks = [fd for fd in (lock.fileno() for lock in held_output_locks()) if fd is not None]
     results = Path(tempfile.mkdtemp(prefix="phrase-scorer-jobs-"))

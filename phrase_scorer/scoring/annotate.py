@@ -45,7 +45,8 @@ from phrase_scorer.runtime import distributed
 from phrase_scorer.scoring.columns import column_encoding
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.files import GZIP_LIBRARY, STDIO, PathLike, is_gzip_name
+from phrase_scorer.io.compression import GZIP_LIBRARY
+from phrase_scorer.io.paths import STDIO, PathLike, is_gzip_name
 from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files, refuse_existing, writes_directly
 from phrase_scorer.runtime.workers import Pipeline, WorkerPool, default_workers
 from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_count

@@ -44,7 +44,7 @@ import numpy as np
 from phrase_scorer.scoring.columns import check_finite, column_values
 from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.data.padding import IdRows
-from phrase_scorer.io.files import gzip_member
+from phrase_scorer.io.compression import gzip_member
 from phrase_scorer.io.table_windows import ParsedWindow, RawWindow, parse_window
 from phrase_scorer.scoring.batch_plan import BatchPlan, PlanSettings, plan_window
 from phrase_scorer.subwords import CACHED_WORDS, SubwordVocabulary

@@ -19,7 +19,7 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.phrase_table import split_words
 from phrase_scorer.scoring.annotate_work import PhraseIds
 from phrase_scorer.config import ScoringOptions
-from phrase_scorer.io.files import PathLike
+from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.nbest import is_nbest_line, nbest_given_for_pairs
 from phrase_scorer.io.outputs import model_files
 from phrase_scorer.runtime.job import OutputJob

@@ -44,7 +44,8 @@ from phrase_scorer.data.cache import PairSet
 from phrase_scorer.data.phrase_pairs import PhraseTableData
 from phrase_scorer.runtime.device import device_label, resolve_device, resolve_precision
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.files import OutputLock, remove_stale_temporaries
+from phrase_scorer.io.atomic import remove_stale_temporaries
+from phrase_scorer.io.output_lock import OutputLock
 from phrase_scorer.config import AnyModelConfig, ModelConfig, TrainConfig, preset_config
 from phrase_scorer.models.architectures import build_model
 from phrase_scorer.models.base import count_parameters
