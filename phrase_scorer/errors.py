@@ -5,7 +5,9 @@ The library raises :class:`PhraseScorerError`; the command line turns it into a 
 
 A message names a setting by its library name with :func:`setting` (``setting("valid_pairs")``),
 and the reader sees the name they know: a Python caller the Python name (``valid_pairs``,
-``resume=True``), the command line's user the flag (``--valid-pairs``, ``--resume``). The setting
+``resume=True``), the command line's user the flag of the verb that runs (``--valid-pairs``,
+``--resume``), read from that verb's own options. A message that names another verb's flag (the
+command to run next) says which: ``setting("decoder_flags", verb="rerank")``. The setting
 travels as data, never as text: a message that names one is a :class:`Text`, made of
 its literal pieces and its :class:`Setting` objects::
 
@@ -36,11 +38,13 @@ from typing import Callable, Optional, Tuple, Union
 class Setting:
     """The setting ``name`` (its Python parameter or config field name), given ``value`` unless it
     is None (True/False: a switch on or off); ``short`` asks for the short spelling where there is
-    one (``-m``). ``str()`` is the library's spelling: ``name`` or ``name=value``."""
+    one (``-m``); ``verb`` names the verb whose flag it is (``"moses-ini"``, ``"plot embeddings"``)
+    when that is not the verb running. ``str()`` is the library's spelling: ``name`` or ``name=value``."""
 
     name: str
     value: object = None
     short: bool = False
+    verb: Optional[str] = None
 
     def __str__(self) -> str:
         return self.name if self.value is None else f"{self.name}={self.value}"
@@ -55,12 +59,12 @@ Spelling = Callable[[Setting], str]
 Part = Union[str, Setting]
 
 
-def setting(name: str, value: object = None, *, short: bool = False) -> Setting:
+def setting(name: str, value: object = None, *, short: bool = False, verb: Optional[str] = None) -> Setting:
     """The setting ``name`` given ``value`` (see :class:`Setting`); a value of another type than
     None, bool, int, float or str is kept as its text."""
     if not isinstance(value, (type(None), bool, int, float, str)):
         value = str(value)
-    return Setting(name, value, short)
+    return Setting(name, value, short, verb)
 
 
 class Text(str):

@@ -201,17 +201,26 @@ def test_a_setting_survives_pickling_and_is_spelt_where_it_is_shown():
     assert str(error) == "x: resume needs named files (run again with resume=True, or fewer workers)"
     assert error.message == "resume needs named files" and error.hint.parts[1] == Setting("resume", True)
     again = pickle.loads(pickle.dumps(error))
-    assert shown(again) == "x: --resume needs named files (run again with --resume, or fewer --workers)"
-    assert str(again) == str(error) and again.render(flag) == error.render(flag)
-    said = Text("pass ", setting("models", "MODEL", short=True), ", ") + setting("tokenize", False)
-    said = "" + said + Text(", ", setting("valid_pairs", 0))  # adding keeps the settings
-    assert said == "pass models=MODEL, tokenize=False, valid_pairs=0"
-    assert shown(said) == "pass -m MODEL, --no-tokenize, --valid-pairs 0"
-    assert shown(pickle.loads(pickle.dumps(said))) == shown(said) and shown("plain") == "plain"
+    rescore = ("rescore",)  # shown as rescore shows it
+    assert shown(again, rescore) == "x: --resume needs named files (run again with --resume, or fewer --workers)"
+    assert str(again) == str(error) and again.render(lambda one: flag(one, rescore)) == shown(error, rescore)
+    said = Text("pass ", setting("model_dir", "MODEL", short=True), ", ") + setting("tokenize", False)
+    said = "" + said + Text(", ", setting("max_length", 0))  # adding keeps the settings
+    assert said == "pass model_dir=MODEL, tokenize=False, max_length=0"
+    assert shown(said, ("sample",)) == "pass -m MODEL, --no-tokenize, --max-length 0"
+    assert shown(pickle.loads(pickle.dumps(said)), ("sample",)) == shown(said, ("sample",))
+    assert shown("plain") == "plain"
     assert f"{setting('lang')}" == "lang" and str(setting("lang", "en")) == "lang=en"
     record = logging.LogRecord("phrase_scorer", logging.INFO, __file__, 1, "%s with %d in %s", (
         setting("threads", 2), 3, error), None)
-    assert FlagFormatter("%(message)s").format(record) == f"--threads 2 with 3 in {shown(error)}"
+    import click
+
+    from phrase_scorer.cli import cli
+    with click.Context(cli, info_name="phrase-scorer") as group, \
+            click.Context(cli.commands["rescore"], info_name="rescore", parent=group):
+        pickled = pickle.dumps(FlagFormatter("%(message)s"))  # a child process's copy, made while rescore runs
+    formatter = pickle.loads(pickled)
+    assert formatter.format(record) == f"--threads 2 with 3 in {shown(error, rescore)}"
     assert record.getMessage() == f"threads=2 with 3 in {error}"  # the record itself is left as it was
 
 

@@ -606,8 +606,8 @@ def test_an_annotated_table_is_explained_for_moses_or_patched_into_its_ini(tmp_p
     from phrase_scorer.moses.ini_patch import moses_for_new_columns
 
     table = tmp_path / "table.rnn.gz"
-    advice = shown(moses_for_new_columns(str(table), 4, 6, ("prob", "unk")))  # as annotate shows it
-    one = shown(moses_for_new_columns(str(table), 4, 5, ("prob",)))
+    advice = shown(moses_for_new_columns(str(table), 4, 6, ("prob", "unk")), ("annotate",))  # as annotate shows it
+    one = shown(moses_for_new_columns(str(table), 4, 5, ("prob",)), ("annotate",))
     assert f"num-features=6 path={table}" in advice and "<the 4 current weights> 0.2 -0.2" in advice
     assert f"moses-ini MOSES_INI --phrase-table {table} -o NEW_INI" in advice  # the default columns need no options
     assert "--add-features 1 --initial-weights 0.2 -o NEW_INI" in one

@@ -146,7 +146,7 @@ def test_a_reranker_that_records_no_decoder_options_is_named_before_translating(
     assert message is not None and message.startswith(f"{path} records no decoder options")
     assert "its 100-best lists" in message and "-n-best-factor (20)" in message
     assert message.endswith("with rerank's decoder_flags saying how")
-    assert shown(message).endswith("with rerank's --decoder-flags saying how")  # the command line shows its flag
+    assert shown(message, ("translate",)).endswith("with rerank's --decoder-flags saying how")  # rerank's flag
 
 
 # --- the n-best list it is applied to ---------------------------------------------------------------

@@ -44,7 +44,8 @@ def require_alignments(loaded) -> None:
     """Refuse a model without soft alignments (the encoder-decoder)."""
     if not getattr(loaded.model, "has_alignments", False):
         raise PhraseScorerError(f"the model in {loaded.directory} ({loaded.config.arch}) has no soft alignment to plot",
-                                hint=Text("plot alignments of a model trained with ", setting("arch", "rnnsearch")))
+                                hint=Text("plot alignments of a model trained with ",
+                                          setting("arch", "rnnsearch", verb="train")))
 
 
 def parse_line_numbers(text: str) -> List[int]:

@@ -258,7 +258,7 @@ def phrase_vectors(loaded, phrases: Sequence[Sequence[str]]) -> np.ndarray:
         raise PhraseScorerError("phrase maps show the encoder-decoder's summary c; this model "
                                 f"({model.config.arch}) has no fixed-length summary",
                                 hint=Text("use ", setting("kind", "words"), ", or a model trained with ",
-                                          setting("arch", "encdec")))
+                                          setting("arch", "encdec", verb="train")))
     device = next(model.parameters()).device
     out = []
     with torch.inference_mode():
@@ -354,7 +354,7 @@ def plot_embeddings(loaded, output: PathLike, *, kind: str = "words", table: Opt
         if html_output is not None:
             if os.path.abspath(html_output) == os.path.abspath(output) or same_file(html_output, output):
                 raise PhraseScorerError(Text(setting("html_output", html_output), " is the figure ",
-                                             setting("output", output), ": give it another name"))
+                                             setting("output", output, short=True), ": give it another name"))
             page = jobs.enter_context(figure_job(html_output, inputs, overwrite, what="the page"))
         return _plot_embeddings(loaded, output, figure, kind=kind, table=table, words=words, phrases=phrases,
                                 min_words=min_words, method=method, seed=seed, labels=labels,

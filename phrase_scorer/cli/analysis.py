@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from phrase_scorer.cli.group import UserError, cli
@@ -98,13 +96,9 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
                     overwrite, device):
     """A 2-D map of the model's word or phrase representations."""
     from phrase_scorer.analysis.plots import plot_embeddings as run
-    from phrase_scorer.io.outputs import same_file
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.runtime.device import resolve_device
 
-    if html_output is not None and (os.path.abspath(html_output) == os.path.abspath(output)
-                                    or same_file(html_output, output)):
-        raise UserError(f"--html {html_output} is the figure -o {output}: give it another name")
     loaded = load_model(model_dir, resolve_device(device))
     result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,
                  method=method, seed=seed, labels=labels, html_output=html_output, overwrite=overwrite)

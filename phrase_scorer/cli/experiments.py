@@ -155,7 +155,7 @@ def build_options(command):
     """The options of ``build-reranker`` that ``ems-decoder`` shares: the models, their training,
     the lists and the choice of the row (:func:`make_build_options` makes them one object)."""
     for option in reversed([
-        click.option("--models", "models", default=",".join(BuildRerankerOptions.model_kinds), show_default=True,
+        click.option("--models", "model_kinds", default=",".join(BuildRerankerOptions.model_kinds), show_default=True,
                      help="The models to train, comma-separated: forward, right-to-left, reverse (forward is "
                           "needed)."),
         click.option("--members", type=Count(min=1), default=BuildRerankerOptions.members,
@@ -201,11 +201,11 @@ def build_options(command):
     return command
 
 
-def make_build_options(models, members, average_checkpoints, vocabulary, preset, max_steps, valid_every,
+def make_build_options(model_kinds, members, average_checkpoints, vocabulary, preset, max_steps, valid_every,
                        training_hours, side_by_side, nbest_size, nbest_factor, runs, tie_margin, lang, decoder_threads,
                        decoder_flags, device) -> BuildRerankerOptions:
     return BuildRerankerOptions(
-        model_kinds=tuple(m.strip() for m in models.split(",") if m.strip()), members=members,
+        model_kinds=tuple(m.strip() for m in model_kinds.split(",") if m.strip()), members=members,
         average_checkpoints=average_checkpoints, vocabulary=vocabulary, preset=preset, max_steps=max_steps,
         valid_every=valid_every, training_hours=training_hours, side_by_side=side_by_side, device=device,
         tie_margin=tie_margin,

@@ -36,14 +36,14 @@ from phrase_scorer.runtime.threads import set_threads
 @click.option("--lowercase/--no-lowercase", default=None,
               help="Lowercase the input [default: when the model's source words have no capitals].")
 @click.option("--allow-unk/--no-allow-unk", default=SampleOptions.allow_unk, help="May <unk> be generated?")
-@click.option("--lm", "lm_path", type=PathName(dir_okay=False, exists=True), default=None,
+@click.option("--lm", "language_model", type=PathName(dir_okay=False, exists=True), default=None,
               help="Target language model (ARPA or KenLM binary): adds its log-probability.")
 @click.option("--rank-by", type=click.Choice(["model", "model+lm"]), default=SampleOptions.rank_by)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @device_option
 @threads_option
 def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_length, seed, lang, tokenize, lowercase,
-           allow_unk, lm_path, rank_by, as_json, device, threads):
+           allow_unk, language_model, rank_by, as_json, device, threads):
     """Propose target phrases for source PHRASES (raw text), ranked by log p(y|x) (paper, Table 3)."""
     set_threads(threads)
     import json
@@ -63,7 +63,7 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
     loaded = load_model(model_dir, resolve_device(device))
     options = SampleOptions(samples=samples, top=top, beam=beam, temperature=temperature, max_length=max_length,
                             seed=seed, allow_unk=allow_unk, rank_by=rank_by)
-    lm = TargetLanguageModel(lm_path) if lm_path else None
+    lm = TargetLanguageModel(language_model) if language_model else None
     preparer = SourcePreparer(loaded.source_vocab, lang=lang, tokenize=tokenize, lowercase=lowercase)
     results = propose(loaded, sources, options, preparer=preparer, language_model=lm)
     if as_json:

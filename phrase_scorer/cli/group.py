@@ -10,7 +10,7 @@ import re
 import signal
 import sys
 import threading
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence, Tuple
 
 import click
 
@@ -90,67 +90,123 @@ def interrupted(rest: str = "") -> UserError:
     return UserError(f"interrupted{rest}", exit_code=130)
 
 
-#: The flags whose spelling is not ``--`` + the setting's library name with ``-`` for ``_``, as the
-#: options declare them: setting -> (short flag or None, long flag).
-FLAGS = {
-    "model": ("-m", "--model"),
-    "reverse_model": ("-r", "--reverse-model"),
-    "output": ("-o", "--output"),
-    "input": ("-i", "--input"),
-    "samples": ("-n", "--samples"),
-    "model_dir": ("-m", "--model"),
-    "models": ("-m", "--model"),
-    "reverse_models": ("-r", "--reverse-model"),
-    "model_kinds": (None, "--models"),
-    "names": (None, "--name"),
-    "reverse_names": (None, "--reverse-name"),
-    "sources": (None, "--source"),
-    "seeds": (None, "--seed"),
-    "ignore_features": (None, "--ignore-feature"),
-    "language_model": (None, "--lm"),
-    "binarizer": (None, "-Binarizer"),
-}
+def verb_command(verb: Sequence[str]) -> Optional[click.Command]:
+    """The command of ``verb``, the names that call it (``("rescore",)``, ``("plot", "embeddings")``;
+    ``()``: the group itself); None if the command line has no such verb."""
+    command: click.Command = cli
+    for name in verb:
+        if not isinstance(command, click.Group) or name not in command.commands:
+            return None
+        command = command.commands[name]
+    return command
 
 
-def flag(setting: Setting) -> str:
-    """How the command line writes ``setting`` (a :class:`~phrase_scorer.errors.Setting`): its
-    flag, with the value if it has one. Every error and logged message a command shows names its
-    settings this way (:func:`shown`, :class:`FlagFormatter`)."""
-    short_flag, long_flag = FLAGS.get(setting.name, (None, "--" + setting.name.replace("_", "-")))
-    text = short_flag if setting.short and short_flag else long_flag
-    if setting.value is True or setting.value is None:
-        return text
+def running_verb() -> Optional[Tuple[str, ...]]:
+    """The names of the verb this command line runs now (``("plot", "embeddings")``; ``()`` while the
+    group parses its own options); None outside it: a library caller, or another program's click
+    command calling the library."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.find_root().command is not cli:
+        return None
+    names = []
+    while ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return tuple(reversed(names))
+
+
+def flag(setting: Setting, verb: Optional[Sequence[str]] = None) -> str:
+    """How the command line writes ``setting`` (a :class:`~phrase_scorer.errors.Setting`): the flag
+    of the option whose parameter is the setting, read from the options of the verb ``verb``
+    (default: the one running, :func:`running_verb`) or of the setting's own verb where it names
+    one, with the value if it has one; the longest flag (``--model``), the shortest where the
+    setting asks for it (``-m``), a negative flag (``--no-tokenize``) for False. A setting the verb
+    has no option for, or any setting outside the command line, keeps the library's spelling
+    (``name=value``): a message never names a flag its verb does not have. Every error and logged
+    message a command shows names its settings this way (:func:`shown`, :class:`FlagFormatter`)."""
+    if verb is None:
+        verb = running_verb()
+    if verb is None:
+        return str(setting)
+    command = verb_command(tuple(setting.verb.split()) if setting.verb else verb)
+    option = next((p for p in command.params if isinstance(p, click.Option) and p.name == setting.name), None) \
+        if command is not None else None
+    if option is None or (setting.value is False and not option.secondary_opts):
+        return str(setting)
     if setting.value is False:
-        return "--no-" + long_flag[2:]
-    return f"{text} {setting.value}"
+        return max(option.secondary_opts, key=len)
+    text = min(option.opts, key=len) if setting.short else max(option.opts, key=len)
+    return text if setting.value is True or setting.value is None else f"{text} {setting.value}"
 
 
-def shown(value: object) -> str:
+def shown(value: object, verb: Optional[Sequence[str]] = None) -> str:
     """``value`` as the command line shows it: the settings a library message names (a
-    :class:`~phrase_scorer.errors.Text`, a setting or an error) as their flags."""
-    return rendered(value, flag)
+    :class:`~phrase_scorer.errors.Text`, a setting or an error) as the flags of the verb ``verb``
+    (default: the one running, :func:`flag`)."""
+    return rendered(value, lambda one: flag(one, verb))
 
 
 class FlagFormatter(logging.Formatter):
     """A log line with the settings its arguments name written as flags (:func:`shown`), on one
     line whatever the names in it hold (:func:`~phrase_scorer.errors.one_line`; a traceback
-    logged with it keeps its lines)."""
+    logged with it keeps its lines). Pickled (a child process's copy), it keeps the verb that ran
+    when it was, whose flags the child's lines name."""
+
+    verb: Optional[Tuple[str, ...]] = None  # the verb whose flags it writes; None: the one running
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "verb": self.verb if self.verb is not None else running_verb()}
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return one_line(super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
         if isinstance(record.msg, Text) or (isinstance(record.args, tuple) and record.args):
-            args = tuple(map(_shown_argument, record.args)) if isinstance(record.args, tuple) else record.args
-            record = logging.makeLogRecord({**record.__dict__, "msg": _shown_argument(record.msg), "args": args})
+            args = tuple(self._shown(a) for a in record.args) if isinstance(record.args, tuple) else record.args
+            record = logging.makeLogRecord({**record.__dict__, "msg": self._shown(record.msg), "args": args})
         return super().format(record)
 
+    def _shown(self, value: object) -> object:
+        return shown(value, self.verb) if isinstance(value, (Text, Setting, PhraseScorerError)) else value
 
-def _shown_argument(value: object) -> object:
-    return shown(value) if isinstance(value, (Text, Setting, PhraseScorerError)) else value
+
+def shown_error(exc: BaseException) -> Optional[UserError]:
+    """A library error, or running out of memory, disk, open files or processes
+    (:func:`~phrase_scorer.runtime.resources.exhausted`), as the one line the command line shows,
+    naming the running verb's flags; None for any other exception."""
+    if isinstance(exc, PhraseScorerError):
+        return UserError(shown(exc))
+    if isinstance(exc, (OSError, MemoryError, RuntimeError, SystemError)):
+        error = resources.exhausted(exc)
+        if error is not None:
+            return UserError(shown(error))
+    return None
+
+
+class Verb(click.Command):
+    """A verb: its errors are made the line shown while it still runs, so that the settings they
+    name are written as its own flags (:func:`flag`)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (PhraseScorerError, OSError, MemoryError, RuntimeError, SystemError) as exc:
+            error = shown_error(exc)
+            if error is None:
+                raise
+            raise error from None
+
+
+class Verbs(click.Group):
+    """A group of verbs inside the command line (``plot``)."""
+
+    command_class = Verb
 
 
 class Group(click.Group):
+    command_class = Verb
+    group_class = Verbs
+
     def invoke(self, ctx):
         from phrase_scorer.io.output_lock import held_output_locks, release_output_locks
 
@@ -158,7 +214,7 @@ class Group(click.Group):
         with ending_like_ctrl_c(), resources.checked_before_torch():
             try:
                 return super().invoke(ctx)
-            except PhraseScorerError as exc:
+            except PhraseScorerError as exc:  # raised before a verb ran (its options' values)
                 raise UserError(shown(exc)) from None
             except click.ClickException as exc:  # the parser's own errors: one line too (a group's help is no error)
                 if not isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
@@ -169,9 +225,9 @@ class Group(click.Group):
             except (OSError, MemoryError, RuntimeError, SystemError) as exc:  # unanticipated: still one line
                 from phrase_scorer.io.os_errors import describe_os_error
 
-                error = resources.exhausted(exc)  # memory, disk, open files, processes: named with the limit
+                error = shown_error(exc)  # memory, disk, open files, processes: named with the limit
                 if error is not None:
-                    raise UserError(shown(error)) from None
+                    raise error from None
                 if not isinstance(exc, OSError):
                     raise
                 raise UserError(str(describe_os_error(exc, exc.filename or "output"))) from None

@@ -291,14 +291,15 @@ def moses_for_new_columns(output: str, before: int, after: int, columns: Sequenc
         return (f"patched moses.ini written to {target}: {result.feature_name} num-features="
                 f"{result.new_num_features}, start weights of the new columns: {described}; re-tune before use")
     options = ("" if tuple(columns) == COLUMNS
-               else Text(" ", setting("add_features", added), " ", setting("initial_weights", ",".join(weights))))
+               else Text(" ", setting("add_features", added, verb="moses-ini"), " ",
+                         setting("initial_weights", ",".join(weights), verb="moses-ini")))
     path = os.path.abspath(output) if output != "-" else "TABLE"
     return Text(
         f"\nFor Moses, the phrase table now has {after} scores per line (was {before}). In moses.ini:\n"
         f"  [feature]  PhraseDictionaryMemory ... num-features={after} path={path}\n"
         f"  [weight]   TranslationModel0= <the {before} current weights> {' '.join(weights)}\n"
         f"({described}: the unknown-word feature starts as a penalty), then re-tune.\n"
-        "'phrase-scorer moses-ini MOSES_INI ", setting("phrase_table", path), options, " ",
-        setting("output", "NEW_INI", short=True), "' makes this change."
+        "'phrase-scorer moses-ini MOSES_INI ", setting("phrase_table", path, verb="moses-ini"), options, " ",
+        setting("output", "NEW_INI", short=True, verb="moses-ini"), "' makes this change."
     )
 

@@ -163,7 +163,7 @@ class RerankerFile:
     such as ``weights.LM0[0]``) checked to be of its type, or raises a one-line error naming the
     file and the key."""
 
-    HINT = Text("tune it again with 'phrase-scorer rerank ", setting("dev", "..."),
+    HINT = Text("tune it again with 'phrase-scorer rerank ", setting("dev", "...", verb="rerank"),
                 "', or give the OUTPUT.json it wrote unchanged")
 
     def __init__(self, path: str) -> None:
@@ -308,7 +308,7 @@ class RerankerFile:
         if not isinstance(data, dict) or data.get("format") != RERANKER_FORMAT:
             raise PhraseScorerError(
                 "not a reranker file", path=self.path,
-                hint=Text("give the OUTPUT.json that 'phrase-scorer rerank ", setting("dev", "..."),
+                hint=Text("give the OUTPUT.json that 'phrase-scorer rerank ", setting("dev", "...", verb="rerank"),
                           "' wrote beside its output"))
         if data.get("version") != RERANKER_VERSION or isinstance(data.get("version"), bool):
             raise PhraseScorerError(f"reranker version {self.describe(data.get('version'))}; this version of "

@@ -98,7 +98,7 @@ def unrecorded_decoder_options(reranker: Reranker) -> Optional[str]:
                 f"{reranker.nbest_size}-best lists with the moses.ini's settings and its own -n-best-factor "
                 f"({MOSES_NBEST_FACTOR}); if the dev lists were decoded otherwise (rescore-experiment decodes with "
                 f"a factor of {RescoreExperimentOptions.nbest_factor}), tune it again with rerank's ",
-                setting("decoder_flags"), " saying how")
+                setting("decoder_flags", verb="rerank"), " saying how")
 
 
 def check_reranker_system(reranker: Reranker, ini: PathLike) -> None:
