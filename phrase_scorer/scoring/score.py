@@ -6,7 +6,7 @@ It reads the input as ``annotate`` does, in windows of whole lines
 :func:`~phrase_scorer.io.table_windows.parse_window`, scores not required), looks the words up
 with the same byte dictionaries (:class:`~phrase_scorer.scoring.annotate_work.PhraseIds`) and scores each
 window with :class:`~phrase_scorer.scoring.batch_scorer.BatchScorer`; a reader thread and a writer thread keep
-the model busy.
+the model busy. :func:`score_pairs` gives a Python caller the same values for pairs it holds.
 """
 
 from __future__ import annotations
