@@ -1,6 +1,7 @@
 """The flags a message names are the running verb's own, read from its click options."""
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -38,7 +39,9 @@ def named_settings() -> set:
     return found
 
 
+@functools.lru_cache(maxsize=None)
 def help_flags(names) -> set:
+    """The flags the verb ``names``'s --help lists."""
     result = CliRunner().invoke(cli, [*names, "--help"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return set(re.findall(r"(?<![\w-])-{1,2}[A-Za-z][\w-]*", result.output))
