@@ -41,7 +41,7 @@ V target vocabulary (the output layer covers ids 1..V-1: ``</s>``, ``<unk>`` and
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import List, Optional, Tuple
+from typing import Generic, List, Optional, Tuple, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -81,9 +81,12 @@ class Memory:
         return getattr(self, fields(self)[0].name).size(0)
 
 
-class TranslationModel(nn.Module):
+MemoryT = TypeVar("MemoryT", bound=Memory)  # what a model's encode gives and its decoder reads
+
+
+class TranslationModel(nn.Module, Generic[MemoryT]):
     """The interface; see the module docstring. Subclasses implement ``encode``, ``start``,
-    ``step`` and ``output_layer`` and inherit the rest."""
+    ``step`` and ``output_layer`` and inherit the rest (``MemoryT``: their :class:`Memory`)."""
 
     shares_source_prefixes = False
     shares_source_affixes = False
@@ -101,15 +104,15 @@ class TranslationModel(nn.Module):
 
     # --- to implement ------------------------------------------------------------------------
 
-    def encode(self, src: Tensor, src_len: Tensor) -> Memory:
+    def encode(self, src: Tensor, src_len: Tensor) -> MemoryT:
         """src: (B, S) ids padded with <pad>; src_len: (B,) word counts (>= 1) -> B rows."""
         raise NotImplementedError
 
-    def start(self, memory: Memory) -> Tensor:
+    def start(self, memory: MemoryT) -> Tensor:
         """The decoder state before the first target word: (N, D) for a memory of N rows."""
         raise NotImplementedError
 
-    def step(self, memory: Memory, state: Tensor, prev: Tensor) -> Tuple[Tensor, Tensor]:
+    def step(self, memory: MemoryT, state: Tensor, prev: Tensor) -> Tuple[Tensor, Tensor]:
         """memory (N rows), state (N, D), prev (N,) ids -> (new state (N, D), features (N, R))."""
         raise NotImplementedError
 
@@ -159,7 +162,7 @@ class TranslationModel(nn.Module):
         smoothed[valid] = (1.0 - label_smoothing) * token_lp + label_smoothing * log_p.mean(1)
         return out.sum(1), smoothed.sum(1)  # (B,), (B,)
 
-    def teacher_forced_features(self, memory: Memory, tgt: Tensor) -> Tensor:
+    def teacher_forced_features(self, memory: MemoryT, tgt: Tensor) -> Tensor:
         """Readout features for predicting y_1..y_T and then </s>: (B, T) -> (B, T+1, R)."""
         state = self.start(memory)
         features = []

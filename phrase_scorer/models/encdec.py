@@ -22,7 +22,7 @@ reads left to right, so it also shares source prefixes (``shares_source_prefixes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -68,8 +68,9 @@ class Encoder(nn.Module):
 
     def step(self, emb: Tensor, h: Tensor) -> Tensor:
         """One GRU step for a batch of prefixes: emb (N, E), h (N, H) -> (N, H)."""
-        gru = self.gru
-        return torch.gru_cell(emb, h, gru.weight_ih_l0, gru.weight_hh_l0, gru.bias_ih_l0, gru.bias_hh_l0)
+        gru = self.gru  # its parameters, Module attributes typed Tensor | Module, are Tensors
+        return torch.gru_cell(emb, h, cast(Tensor, gru.weight_ih_l0), cast(Tensor, gru.weight_hh_l0),
+                              cast(Tensor, gru.bias_ih_l0), cast(Tensor, gru.bias_hh_l0))
 
 
 class Decoder(nn.Module):
@@ -138,7 +139,7 @@ class EncDecMemory(Memory):
     source_term: Tensor  # (B, P*M) O_c c + O_w m_x
 
 
-class RNNEncoderDecoder(TranslationModel):
+class RNNEncoderDecoder(TranslationModel[EncDecMemory]):
     """p(target phrase | source phrase), appendix A of Cho et al. (2014)."""
 
     shares_source_prefixes = True
@@ -225,11 +226,11 @@ class RNNEncoderDecoder(TranslationModel):
         prev_emb = self.drop(embed_previous(decoder.embed, previous_words(tgt)))  # (B, T+1, E), 0 for y_0
         x_proj = decoder.input_proj(prev_emb)  # (B, T+1, 3H)
         state = self.start(memory)  # (B, H)
-        states = []
+        steps = []
         for t in range(x_proj.size(1)):
             state = decoder.step(x_proj[:, t], state, memory.context_gates)  # (B, H)
-            states.append(state)
-        states = torch.stack(states, 1)  # (B, T+1, H)
+            steps.append(state)
+        states = torch.stack(steps, 1)  # (B, T+1, H)
         return self.readout.features(states, prev_emb, memory.source_term.unsqueeze(1))  # (B, T+1, R)
 
 

@@ -251,7 +251,7 @@ class RNNsearchMemory(Memory):
         return weights @ self.context_terms.reshape(sources * words, width)
 
 
-class RNNsearch(TranslationModel):
+class RNNsearch(TranslationModel[RNNsearchMemory]):
     """p(y|x) by RNNsearch; see the module docstring."""
 
     has_alignments = True

@@ -34,6 +34,7 @@ def average_recent_weights(model: torch.nn.Module, directory: ModelDirectory, co
     averaged = average_weights(files, directory.trained_as())  # each file's record checked
     model.load_state_dict(averaged)
     metrics = measure()
+    assert config.valid_metric is not None  # resolved: by the data's kind where not given
     kept = improves(config.valid_metric, state, metrics["valid_nll_token"], metrics.get("valid_bleu"))
     if kept:
         directory.save_weights(averaged, BEST_WEIGHTS)

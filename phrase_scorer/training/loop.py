@@ -24,6 +24,7 @@ from phrase_scorer.config import TrainConfig
 from phrase_scorer.data.batches import BatchSampler, hash_key
 from phrase_scorer.data.cache import PairSet
 from phrase_scorer.model_dir import BEST_WEIGHTS, ModelDirectory
+from phrase_scorer.models.base import TranslationModel
 from phrase_scorer.runtime import distributed
 from phrase_scorer.runtime.device import precision_context
 from phrase_scorer.runtime.progress import duration, step_bar
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 class LoopParts:
     """What the loop trains, where, and on what."""
 
-    model: torch.nn.Module
+    model: TranslationModel
     optimizer: torch.optim.Optimizer
     scaler: Any  # torch.amp.GradScaler (disabled outside fp16)
     device: torch.device
@@ -221,6 +222,7 @@ class TrainingLoop:
         loss = -objective.sum() * (batch.weight * self.world / total)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
+        assert cfg.clip_norm is not None  # resolved: the recipe fills it
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -294,12 +296,14 @@ class TrainingLoop:
         """The validation figures of the model's current weights (BLEU too, for sentence pairs)."""
         metrics = validate(self.model, self.valid_pairs, self.device, self.precision)
         if self.parts.references is not None:
+            assert self.parts.target_vocab is not None  # given with the references
             metrics["valid_bleu"] = validation_bleu(self.model, self.valid_pairs, self.parts.target_vocab,
                                                     self.parts.references, self.config.valid_beam, self.device,
                                                     self.precision)
         return metrics
 
     def improved(self, nll: float, bleu: Optional[float]) -> bool:
+        assert self.config.valid_metric is not None  # resolved: by the data's kind where not given
         return improves(self.config.valid_metric, self.state, nll, bleu)
 
     def write_config(self) -> None:

@@ -14,6 +14,7 @@ log = logging.getLogger(__name__)
 
 def make_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
     """The recipe's optimiser over ``parameters`` (``config`` resolved)."""
+    assert config.lr is not None  # resolved: the recipe fills it
     if config.optimizer == "adadelta":
         return torch.optim.Adadelta(parameters, lr=config.lr, rho=config.adadelta_rho, eps=config.adadelta_eps)
     return torch.optim.Adam(parameters, lr=config.lr)
@@ -27,6 +28,8 @@ def make_grad_scaler(precision: str):
 def decay_on_plateau(config: TrainConfig, state) -> None:
     """After ``lr_patience`` validations without improvement (``state.lr_bad_validations``), the
     rate ``state.lr`` times ``lr_decay``, never below ``min_lr``."""
+    # resolved: the recipe fills them
+    assert config.lr_decay is not None and config.lr_patience is not None and config.min_lr is not None
     if config.lr_decay >= 1.0 or state.lr_bad_validations < config.lr_patience:
         return
     lr = max(config.min_lr, state.lr * config.lr_decay)

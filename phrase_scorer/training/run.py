@@ -33,7 +33,7 @@ import os
 import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from typing import Any, Callable, ContextManager, Dict, Optional, Set, Tuple
 
 import torch
 
@@ -46,7 +46,7 @@ from phrase_scorer.runtime.device import device_label, resolve_device, resolve_p
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.atomic import remove_stale_temporaries
 from phrase_scorer.io.output_lock import OutputLock
-from phrase_scorer.config import AnyModelConfig, ModelConfig, TrainConfig, preset_config
+from phrase_scorer.config import AnyModelConfig, TrainConfig, preset_config
 from phrase_scorer.models.architectures import build_model
 from phrase_scorer.models.base import count_parameters
 from phrase_scorer.model_dir import (
@@ -277,7 +277,7 @@ def train(data: TrainingData | os.PathLike | str, output: os.PathLike | str, con
     try:
         if distributed.world().is_main:
             output.parent.mkdir(parents=True, exist_ok=True)
-            lock = OutputLock(output.resolve())  # a second run aimed at the same directory is refused
+            lock: ContextManager[object] = OutputLock(output.resolve())  # a second run aimed at it is refused
         else:
             lock = contextlib.nullcontext()
         with lock:
@@ -320,7 +320,7 @@ class RunSetup:
 
 
 def prepare_run(data: TrainingData, directory: ModelDirectory, config: TrainConfig, resume: bool, overwrite: bool,
-                model_config: Optional[ModelConfig], explicit: Set[str]) -> RunSetup:
+                model_config: Optional[AnyModelConfig], explicit: Set[str]) -> RunSetup:
     """Prepare the directory: settings, vocabularies and the pair cache (rank 0 only)."""
     directory, resuming = model_folder(directory, resume, overwrite)
     output = directory.path
@@ -431,7 +431,7 @@ def agree_on_setup(run: Callable[[], RunSetup]) -> RunSetup:
 
 
 def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, overwrite: bool,
-           model_config: Optional[ModelConfig], explicit: Set[str]) -> TrainState:
+           model_config: Optional[AnyModelConfig], explicit: Set[str]) -> TrainState:
     directory = ModelDirectory(output)
     setup = agree_on_setup(lambda: prepare_run(data, directory, config, resume, overwrite, model_config, explicit))
     resuming, config, model_config = setup.resuming, setup.config, setup.model_config
@@ -459,6 +459,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     precision = resolve_precision(device, config.precision)
     torch.manual_seed(config.seed)
     model = build_model(model_config, len(source_vocab), len(target_vocab))
+    assert config.init is not None and config.dropout is not None and config.lr is not None  # resolved: the recipe's
     if config.init != "paper":  # the constructor initialises as the paper does
         model.reset_parameters(config.init)
     model.dropout_p = config.dropout
@@ -484,13 +485,14 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     log.info("model: %s, preset %s, %s parameters, device %s, precision %s", model_config.arch, config.preset,
              f"{count_parameters(model):,}", state.device, precision)
 
-    train_module = model
+    train_module: torch.nn.Module = model
     if world > 1:
         train_module = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
     sampler = BatchSampler(train_pairs, config.batch_size, config.seed, window_batches=data.window_batches)
     references = None
     if config.valid_metric == "bleu":
+        assert isinstance(data, SentenceCorpus)  # bleu validates a sentence corpus alone (refused otherwise)
         references = data.valid_references(valid_pairs, target_vocab)
     parts = LoopParts(model, optimizer, scaler, device, precision, sampler, train_pairs, valid_pairs,
                       train_module=train_module, target_vocab=target_vocab, references=references)
@@ -507,7 +509,7 @@ def _train(data: TrainingData, output: Path, config: TrainConfig, resume: bool, 
     return loop.state
 
 
-def make_vocabularies(config: TrainConfig, model_config: ModelConfig, source_counts, target_counts
+def make_vocabularies(config: TrainConfig, model_config: AnyModelConfig, source_counts, target_counts
                       ) -> Tuple[Vocabulary, Vocabulary]:
     """The two vocabularies of a new model: the shortlists of the most frequent words, or
     (``config.vocabulary`` bpe | unigram) subword models with as many pieces, learnt from the

@@ -111,6 +111,7 @@ def record_validation(config: TrainConfig, state, nll: float, bleu: Optional[flo
     any other counts as one more validation without improvement, for early stopping
     (``patience``) and the rate's decay on plateaus. ``nll`` is the validation pairs' NLL per
     token, or the training's where none are ``held_out``. Returns whether it is the best."""
+    assert config.valid_metric is not None  # resolved: by the data's kind where not given
     if improves(config.valid_metric, state, nll, bleu):
         state.best_valid_nll, state.best_valid_bleu, state.best_step = (nll, -math.inf if bleu is None else bleu,
                                                                          state.step)
