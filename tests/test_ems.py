@@ -17,7 +17,7 @@ from phrase_scorer.cli import cli
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.ini_patch import patch_moses_ini
-from phrase_scorer.experiments.ems import BINARY_SUFFIXES, MODEL_SUFFIX, TABLE_SUFFIX, parse_binarizer
+from phrase_scorer.experiments.ems_config import BINARY_SUFFIXES, MODEL_SUFFIX, TABLE_SUFFIX, parse_binarizer
 
 TRAINING = ["--preset", "tiny", "--max-steps", "6", "--valid-every", "3", "--valid-pairs", "50", "--batch-size", "16",
             "--threads", "1"]

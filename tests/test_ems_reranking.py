@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.experiments.ems_reranking import DecoderCall, find_corpus, find_tuning, parse_decoder_call
+from phrase_scorer.experiments.ems_decoder import DecoderCall, find_corpus, find_tuning, parse_decoder_call
 from phrase_scorer.io.output_lock import OutputLock
 
 WEIGHTS = "[weight]\nLM0= 0.1\nTranslationModel0= 0.2 0.3 -0.1 0.05\n"

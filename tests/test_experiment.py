@@ -17,7 +17,7 @@ from conftest import A_MAN_TABLE
 from phrase_scorer.config import ExperimentOptions, TuneOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.file_identity import hash_identities
-from phrase_scorer.experiments.table1 import (
+from phrase_scorer.experiments.experiment import (
     RUN_INPUTS, RunResult, prepare_tables, result_of, run_inputs, run_step, system_inputs,
 )
 

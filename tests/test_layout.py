@@ -186,7 +186,7 @@ FOREIGN_FLAGS = {
     "io/os_errors.py": {"-v", "-n"},  # the shell's ulimit
     "rescoring/translation.py": {"--moses", "--reranker"},  # the signature's "command"
     "experiments/build_reranker.py": {"--moses", "--reranker", "-o"},  # the report's next command
-    "experiments/ems_reranking.py": {"-v", "--working-dir"},  # what EMS passes Moses and mert-moses.pl
+    "experiments/ems_decoder.py": {"-v", "--working-dir"},  # what EMS passes Moses and mert-moses.pl
 }
 FLAG = re.compile(r"(?<![\w-])-{1,2}[A-Za-z][\w-]*")
 
@@ -349,3 +349,15 @@ def test_no_two_modules_share_a_name():
             clashes.append(f"{relative} and {seen[path.stem]}")
         seen.setdefault(path.stem, relative)
     assert not clashes, "\n".join(clashes)
+
+
+def test_each_experiment_is_found_by_its_verb():
+    """A reader who knows an experiment's verb finds its module without docs/layout.md:
+    experiments/<verb>.py, dashes written as underscores."""
+    from phrase_scorer.cli import cli
+
+    verbs = [name for name, command in cli.commands.items()
+             if command.callback is not None and command.callback.__module__ == "phrase_scorer.cli.experiments"]
+    assert {"experiment", "rescore-experiment", "build-reranker", "ems-config", "ems-decoder"} <= set(verbs)
+    missing = [verb for verb in verbs if not (PACKAGE / "experiments" / f"{verb.replace('-', '_')}.py").is_file()]
+    assert not missing, f"no module experiments/<verb>.py for {', '.join(missing)}"

@@ -132,7 +132,7 @@ def call_plot_scores(tmp_path, f, output, **overwrite):
 
 
 def call_experiment_report(tmp_path, f, output, **overwrite):
-    from phrase_scorer.experiments.table1 import run_experiment
+    from phrase_scorer.experiments.experiment import run_experiment
 
     run_experiment(f["ini"], (f["source"], f["reference"]), (f["source"], f["reference"]), tmp_path / "work",
                    moses=no_moses(tmp_path), annotated=A_MAN_TABLE, report=output, **overwrite)

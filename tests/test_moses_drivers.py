@@ -15,7 +15,7 @@ from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.phrase_table import read_phrase_table
 from phrase_scorer.moses.evaluate import references_kind, score
 from phrase_scorer.experiments.report import mean_sd
-from phrase_scorer.experiments.table1 import drop_last_columns
+from phrase_scorer.experiments.experiment import drop_last_columns
 from phrase_scorer.moses.installation import MosesInstallation, parse_mert_progress
 from phrase_scorer.moses.tune import with_absolute_paths
 from phrase_scorer.runtime.programs import fresh_directory

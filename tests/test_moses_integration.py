@@ -157,7 +157,7 @@ def test_experiment_end_to_end_and_resume(moses, annotated_table, tmp_path):
     call reuses every finished run."""
     from phrase_scorer.config import ExperimentOptions, TuneOptions
     from phrase_scorer.moses.evaluate import decode
-    from phrase_scorer.experiments.table1 import run_experiment
+    from phrase_scorer.experiments.experiment import run_experiment
     from phrase_scorer.moses.installation import read_lines
 
     dev = (first_lines(VAL_EN, 20, tmp_path / "dev.en"), first_lines(VAL_FR, 20, tmp_path / "dev.fr"))

@@ -44,7 +44,7 @@ from phrase_scorer.runtime.threads import set_threads
 def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, references, lang, report, systems, overwrite,
                moses_home, **options):
     """The paper's Table 1: baseline, + p(y|x), + p(y|x) + unknown words, each tuned --runs times."""
-    from phrase_scorer.experiments.table1 import run_experiment
+    from phrase_scorer.experiments.experiment import run_experiment
 
     if (model_dir is None) == (annotated is None):
         raise PhraseScorerError("give exactly one of --model and --annotated")
@@ -256,7 +256,7 @@ def ems_decoder(decoder_args, corpus, work_dir, given, batch_tokens, threads, mo
     build-reranker does (steps reused while their inputs are the same), then translates standard
     input with EMS's -f CONFIG and the reranker to standard output."""
     set_threads(threads)
-    from phrase_scorer.experiments.ems_reranking import ems_decode
+    from phrase_scorer.experiments.ems_decoder import ems_decode
 
     ems_decode(decoder_args, options=make_build_options(**settings),
                scoring_options=ScoringOptions(batch_tokens=batch_tokens), corpus=corpus, work_dir=work_dir,
@@ -292,7 +292,7 @@ def ems_config(ctx, ini_in, ini_out, binarizer, model_dir, feature_name, columns
     table with the new columns' start weights; EMS's tuning then tunes them.
     """
     set_threads(threads)
-    from phrase_scorer.experiments.ems import build_ems_config
+    from phrase_scorer.experiments.ems_config import build_ems_config
 
     config, model_config, explicit = make_training_settings(ctx, settings, resume=False)
     training_given = sorted(set(explicit_options(ctx, settings)) - {"device", "precision"})
