@@ -27,7 +27,7 @@ class UserError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(one_line(message))
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares one for the class; each has its own
 
     def show(self, file=None) -> None:
         try:
@@ -110,7 +110,7 @@ def running_verb() -> Optional[Tuple[str, ...]]:
         return None
     names = []
     while ctx.parent is not None:
-        names.append(ctx.info_name)
+        names.append(ctx.info_name or "")
         ctx = ctx.parent
     return tuple(reversed(names))
 
