@@ -45,6 +45,7 @@ from phrase_scorer.config import RescoreExperimentOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.atomic import write_text_atomically
 from phrase_scorer.io.file_identity import file_identity, file_sha256
+from phrase_scorer.io.outputs import Input
 from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
@@ -186,7 +187,7 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
     which is checked before anything runs (never one of the inputs, an existing one replaced only
     with ``overwrite``); Moses is ``moses``, else found from ``moses_home`` (default: ``MOSES_HOME``)."""
     check_decoder_flags(options.decoder_flags)  # before anything is made
-    inputs = [("the moses.ini", moses_ini)]
+    inputs: List[Input] = [("the moses.ini", moses_ini)]
     for i, s in enumerate(sets):
         inputs += ([("the dev source", s.source), ("the dev reference", s.reference), ("the dev n-best list", s.nbest)]
                    if i == 0 else [("a test file", s.source), ("a test file", s.reference),
@@ -216,7 +217,8 @@ def preflight(ini: Path, sets: Sequence[EvalSet], models: Sequence, systems: Seq
     for name in ("nbest_size", "nbest_factor", "runs", "bootstrap_samples"):
         check_whole_number(name, getattr(options, name), 1, 1 << 31)
     check_whole_number("restarts", options.restarts, 0, 1 << 31)
-    for path in [ini, *(system_ini for system in systems for system_ini in system.inis)]:
+    inis: List[PathLike] = [ini, *(system_ini for system in systems for system_ini in system.inis)]
+    for path in inis:
         check_ini(path)
     sentences = [check_text_pair((s.source, s.reference), f"the {'dev' if i == 0 else 'test'} set {s.name}")
                  for i, s in enumerate(sets)]
@@ -280,8 +282,8 @@ def _run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_d
             runs.append(tuned_row_run(row, seed, rescored, sets, features, ini, work, moses, options))
 
     flags = None if sets[0].nbest else nbest_flags(options)  # a list given by the user: its flags are unknown
-    system = None if sets[0].nbest else system_record(ini)  # the system that decoded the dev list
-    rerankers = write_rerankers(runs, rows, rescored[sets[0].name], work, flags, system=system)
+    decoded_by = None if sets[0].nbest else system_record(ini)  # the system that decoded the dev list
+    rerankers = write_rerankers(runs, rows, rescored[sets[0].name], work, flags, system=decoded_by)
     report = RescoreExperimentReport(runs, significance(runs, sets, options), oracle, signatures, rerankers)
     report.markdown = markdown(report, ini, sets, models, rows, systems, options)
     write_report(work, report.markdown, {"runs": [asdict(r) for r in runs], "significance": report.significance,
@@ -320,11 +322,11 @@ def markdown(report: RescoreExperimentReport, ini: Path, sets: Sequence[EvalSet]
     weight_rows = []
     for row in rows:
         runs = by_row.get(row.label, [])
-        cells = []
+        shares = []
         for feature in row.features:
             values = [r.weights[feature][0] / sum(abs(w) for ws in r.weights.values() for w in ws) for r in runs]
-            cells.append(f"{feature} {mean_sd(values)}")
-        weight_rows.append((row.label, "; ".join(cells)))
+            shares.append(f"{feature} {mean_sd(values)}")
+        weight_rows.append((row.label, "; ".join(shares)))
     sizes = oracle_sizes(options)
     oracle_rows = table(["set", "hypotheses per sentence", "Moses 1-best", *(f"oracle of {k}" for k in sizes)],
                         [(s.name, f"{report.oracle[s.name]['hypotheses per sentence']:.1f}",

@@ -188,7 +188,9 @@ def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence
                  "scoring": {"references": options.references, "lang": options.lang}},
                 [result_path])
     if step.done:
-        return RowRun(**read_record(result_path))
+        record = read_record(result_path)
+        assert record is not None  # a finished step's outputs are there
+        return RowRun(**record)
     if run_dir.exists():
         shutil.rmtree(run_dir)  # what an interrupted run left: the optimiser starts again
     with step:
