@@ -199,6 +199,7 @@ def built(moses, tmp_path_factory):
 
 @pytest.mark.moses
 def test_the_command_builds_a_reranker_and_reuses_every_step(built, moses):
+    from phrase_scorer.records import Signature
     from phrase_scorer.rescoring.reranker import Reranker
 
     results = json.loads((built / "results.json").read_text(encoding="utf-8"))
@@ -206,7 +207,12 @@ def test_the_command_builds_a_reranker_and_reuses_every_step(built, moses):
     assert set(results["tuning BLEU per seed"]) == {c.row.label for c in rows}
     assert all(len(seeds) == 2 for seeds in results["tuning BLEU per seed"].values())
     kept = next(c for c in rows if c.row.label == results["chosen"])
-    assert f"{kept.row.label} **(kept)**" in (built / "report.md").read_text(encoding="utf-8")
+    report = (built / "report.md").read_text(encoding="utf-8")
+    assert f"{kept.row.label} **(kept)**" in report
+    # the report quotes the reranker's signature line, read from the reranker written
+    signed = Signature.from_json(json.loads((built / "reranker.json").read_text(encoding="utf-8")), "reranker.json")
+    assert f"- the reranker's signature: `{signed.line()}`" in report.splitlines()
+    assert signed.line().startswith("tool:build-reranker|models:")
     reranker = Reranker.read(built / "reranker.json")
     assert set(reranker.ignore_features) == {f for f in (FORWARD, ENSEMBLE, REVERSE) if f not in kept.row.features}
     assert "-n-best-factor 100" in (reranker.decoder_flags or "") and reranker.nbest_size == 10

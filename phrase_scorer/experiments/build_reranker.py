@@ -66,7 +66,7 @@ from phrase_scorer.io.model_layout import BEST_WEIGHTS, CHECKPOINT
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.system import system_record
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
-from phrase_scorer.records import Step
+from phrase_scorer.records import Signature, Step
 from phrase_scorer.runtime.progress import duration
 from phrase_scorer.vocab import Vocabulary
 
@@ -476,7 +476,9 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
                 write_text_atomically(reranker, Path(written[chosen.row.label]).read_text(encoding="utf-8"))
         moses_bleu = scores_of(first_hypotheses(nbest), read_lines(dev.reference), options.experiment)
     markdown = report(rows, figures, chosen, moses_bleu.bleu, dev, ini, dirs, vocabulary, reranker, options,
-                      clock, {"BLEU": moses_bleu.bleu_signature, "chrF": moses_bleu.chrf_signature})
+                      clock, {"BLEU": moses_bleu.bleu_signature, "chrF": moses_bleu.chrf_signature,
+                              "reranker": Signature.from_json(json.loads(reranker.read_text(encoding="utf-8")),
+                                                              reranker).line()})
     write_report(work, markdown, {"chosen": chosen.row.label, "reranker": os.fspath(reranker),
                                   "tuning BLEU per seed": figures, "Moses 1-best tuning BLEU": moses_bleu.bleu,
                                   "models": dirs, "vocabulary": vocabulary, "step seconds": clock.times})
@@ -530,5 +532,6 @@ def report(rows: Sequence[Candidate], figures: Dict[str, List[float]], chosen: C
         f"- n-best lists: {options.experiment.nbest_size} distinct, decoder flags "
         f"`{nbest_flags(options.experiment)}`; {options.experiment.method}, {options.experiment.restarts} restarts, "
         f"seeds 1–{options.experiment.runs}\n"
+        + f"- the reranker's signature: `{signatures['reranker']}`\n"
         + closing_lines(signatures) + "\nTime per step (this run; a reused step takes seconds):\n\n" + steps + "\n"
     )
