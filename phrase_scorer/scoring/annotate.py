@@ -72,7 +72,7 @@ class AnnotateResult:
 
 
 def annotation_settings(table: PathLike, output: PathLike, loaded, options: AnnotateOptions,
-                        scoring: Dict[str, str]) -> Dict[str, Any]:
+                        scoring: Dict[str, Any]) -> Dict[str, Any]:
     """What makes an annotated table: its input, model, options, where and in which precision it
     was scored (``BatchScorer.describe()``) and its format (gzip and the library that compressed
     it: another library writes other bytes), as JSON holds them.
@@ -93,7 +93,7 @@ def annotation_settings(table: PathLike, output: PathLike, loaded, options: Anno
 
 
 def finished_annotation(table: PathLike, output: PathLike, loaded, options: AnnotateOptions,
-                        scoring: Dict[str, str]) -> Optional[Dict[str, Any]]:
+                        scoring: Dict[str, Any]) -> Optional[Signature]:
     """The signature of ``output`` if it is a finished annotation of ``table`` with these
     settings (so making it again would give the same bytes), else None."""
     return finished(output, annotation_settings(table, output, loaded, options, scoring))
@@ -191,6 +191,7 @@ class AnnotateJob:
 
     def result_of(self, output: str, seconds: float = 0.0, already_finished: bool = False) -> AnnotateResult:
         signature = Signature.read(output)
+        assert signature is not None and signature.lines is not None  # the finished output's, with its lines
         return AnnotateResult(output=output, lines=signature.lines,
                               num_scores_before=signature.get("num_scores_before"),
                               num_scores_after=signature.get("num_scores_after"), signature=signature.to_json(),
@@ -357,8 +358,12 @@ def annotate_sharded(job: AnnotateJob, output: str, current, *, resume: bool = F
 def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
     """Concatenate the shard files into ``output`` (atomically), write its signature, remove
     the shards."""
-    signatures = [Signature.read(p) for p in parts]
-    lines = sum(s.lines for s in signatures)
+    signatures, lines = [], 0
+    for part in parts:
+        signature = Signature.read(part)
+        assert signature is not None and signature.lines is not None  # each shard is signed, with its lines
+        signatures.append(signature)
+        lines += signature.lines
     counts = [(s.get("num_scores_before"), s.get("shard")["lines"][0] + 1) for s in signatures if s.lines]
     num_scores = counts[0][0] if counts else None
     for count, first_line in counts:

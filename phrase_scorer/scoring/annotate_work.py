@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from phrase_scorer.io.table_windows import ParsedWindow, RawWindow, parse_window
 from phrase_scorer.scoring.batch_plan import BatchPlan, PlanSettings, plan_window
 from phrase_scorer.subwords import CACHED_WORDS, SubwordVocabulary
 from phrase_scorer.vocab import SPECIALS, UNK_ID, Vocabulary, in_model_order
+
+if TYPE_CHECKING:
+    from phrase_scorer.scoring.batch_scorer import BatchScorer  # imports torch: loaded by the workers alone
 
 class ByteIds(dict):
     """UTF-8 word -> id; any other word (special-symbol spellings included) -> ``<unk>``'s id."""
@@ -101,7 +104,7 @@ class WindowWork:
         self._kept: Dict[int, tuple] = {}  # window index -> what finish needs
         self.scoring = scoring
         self.plan_settings = plan_settings  # the main process's scorer: plan its batches here
-        self._scorer = None  # loaded at the first window (torch is imported only then)
+        self._scorer: Optional["BatchScorer"] = None  # loaded at the first window (torch is imported only then)
 
     def prepare(self, index: int, window: RawWindow, num_scores: Optional[int]) -> PreparedWindow:
         parsed = parse_window(window, self.path, num_scores)
@@ -145,7 +148,7 @@ class PieceIds(dict):
     """A subword model's UTF-8 word -> the ids of its pieces (a tuple, in the model's reading
     order of a word: reversed for a right-to-left model), segmented once per word."""
 
-    def __init__(self, vocab: Vocabulary) -> None:
+    def __init__(self, vocab: SubwordVocabulary) -> None:
         super().__init__()
         self.vocab = vocab
 

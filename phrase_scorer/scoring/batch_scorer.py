@@ -58,7 +58,7 @@ import math
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import torch
@@ -72,6 +72,10 @@ from phrase_scorer.scoring.batch_plan import (BatchPlan, DepthPlan, EncoderPlan,
                                               plan_window)
 from phrase_scorer.scoring.int8_output import Int8Product, int8_engine
 from phrase_scorer.vocab import PAD_ID
+
+if TYPE_CHECKING:  # the encoders that share work between sources (imported for their types only)
+    from phrase_scorer.models.encdec import RNNEncoderDecoder
+    from phrase_scorer.models.rnnsearch import RNNsearch
 
 
 @dataclass
@@ -157,8 +161,8 @@ class BatchScorer:
         if self.encodes_by_affixes:  # each direction's sums run in other batches: last digits move
             described["source_encoding"] = "shared prefixes and suffixes"
         if self.device.type == "cpu":
-            described["threads"] = torch.get_num_threads()
-            if described["threads"] > 1:  # whole batches per thread give one thread's scores
+            described["threads"] = threads = torch.get_num_threads()
+            if threads > 1:  # whole batches per thread give one thread's scores
                 described["thread_split"] = self.options.thread_split
         return described
 
@@ -288,13 +292,14 @@ class BatchScorer:
         take = self._slots(plan)
         memory = self._encode(plan.encoder, take)  # S rows
         scores = torch.zeros(plan.counts[0], dtype=torch.float64, device=self.device)
-        states = None
+        states: Optional[Tensor] = None  # the last depth's (n_d, D)
         for d, depth in enumerate(plan.depths):
             rows = memory.first(depth.nodes) if depth.sources is None else memory.select(take(depth.sources))
             if d == 0:
                 prev = torch.full((depth.nodes,), PAD_ID, dtype=torch.long, device=self.device)  # no y_0
                 parent_states = model.start(rows)  # (n_0, D)
             else:
+                assert states is not None  # set at depth 0
                 parent_states = states[take(depth.parents)]  # (n_d, D)
                 prev = take(depth.keys)  # (n_d,) y_d
             states, features = model.step(rows, parent_states, prev)  # (n_d, D), (n_d, R)
@@ -312,20 +317,23 @@ class BatchScorer:
             src_len = take(plan.src_len)
             prefixes, suffixes = (TrieWalk([take(k) for k in keys], [take(p) for p in parents], take(positions, shape))
                                   for keys, parents, positions in plan.walks)
-            return model.encode_by_affixes(prefixes, suffixes, src_len)
+            return cast("RNNsearch", model).encode_by_affixes(prefixes, suffixes, src_len)  # its encoder's kind
         assert plan.src is not None
         src, src_len = take(plan.src, shape), take(plan.src_len)  # (S, L), (S,)
         if plan.kind == "padded":
             return model.encode(src, src_len)
-        final_states = None
-        states = None
+        prefix_model = cast("RNNEncoderDecoder", model)  # "prefixes": a left-to-right encoder's kind
+        final_states: Optional[Tensor] = None
+        states: Optional[Tensor] = None
         for d, (keys, parents, ending) in enumerate(zip(plan.keys, plan.parents, plan.endings)):
-            states = model.source_prefix_step(take(keys), states[take(parents)] if d else None)  # (n_d, H)
+            states = prefix_model.source_prefix_step(take(keys), states[take(parents)] if states is not None and d
+                                                     else None)  # (n_d, H)
             if final_states is None:
                 final_states = states.new_zeros((plan.sources, states.size(1)))  # (S, H)
             if ending is not None:  # the sources that end at this depth, and their nodes
                 final_states[take(ending[0])] = states[take(ending[1])]
-        return model.encode_from_final_states(final_states, src, src_len)
+        assert final_states is not None  # every source ends at some depth
+        return prefix_model.encode_from_final_states(final_states, src, src_len)
 
     def _add_edge_log_probs(self, scores: Tensor, features: Tensor, depth: DepthPlan, take: Callable[..., Tensor],
                             exact_rows: Optional[List[int]]) -> None:
@@ -413,6 +421,7 @@ class OutputSoftmax:
         if self.int8 is not None:  # U from fp32 logits is a reference point, not a bound, for int8 ones
             shifted = self.int8(features).sub_(shift)  # (n, V') = logits - U, in bits
         else:
+            assert self.weight_t is not None  # None only beside an int8 product
             shifted = torch.cat([with_bias, -shift], 1) @ self.weight_t  # (n, V') = logits - U, in bits
         picked = shifted[rows, classes]  # (k,)
         log_sum = shifted.exp2_().sum(1).log2_()  # (n,) = log2-sum-exp2 - U, >= 0 unless it overflowed
