@@ -361,3 +361,58 @@ def test_each_experiment_is_found_by_its_verb():
     assert {"experiment", "rescore-experiment", "build-reranker", "ems-config", "ems-decoder"} <= set(verbs)
     missing = [verb for verb in verbs if not (PACKAGE / "experiments" / f"{verb.replace('-', '_')}.py").is_file()]
     assert not missing, f"no module experiments/<verb>.py for {', '.join(missing)}"
+
+
+#: The modules that start processes or signal them: the supervisor (the package's own children: tasks
+#: side by side, a local training job's ranks, worker pools) and the drivers of external programs.
+PROCESS_STARTERS = {"runtime/supervisor.py", "runtime/programs.py", "moses/streaming.py"}
+STARTING = {"Popen", "Process", "fork", "forkpty", "get_context", "spawnv", "spawnl", "posix_spawn"}
+SIGNALLING = {"send_signal", "terminate", "kill", "killpg"}
+
+
+def processes_started_or_signalled(path: Path) -> list:
+    """Lines of ``path`` that start a process or send one a signal (``os.kill(pid, 0)``, which only
+    asks whether a process exists, is neither)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        probe = name == "kill" and len(node.args) == 2 and isinstance(node.args[1], ast.Constant) \
+            and node.args[1].value == 0
+        if (name in STARTING or name in SIGNALLING) and not probe:
+            found.append(node.lineno)
+    return found
+
+
+def test_only_the_supervisor_starts_and_signals_the_packages_own_processes():
+    """One supervisor of child processes (runtime/supervisor.py): no other module starts a process
+    or sends one a signal, except the drivers of external programs."""
+    elsewhere = [f"{path.relative_to(PACKAGE).as_posix()} line {line}" for path in sorted(PACKAGE.rglob("*.py"))
+                 if path.relative_to(PACKAGE).as_posix() not in PROCESS_STARTERS
+                 for line in processes_started_or_signalled(path)]
+    assert not elsewhere, "\n".join(elsewhere)
+
+
+def test_the_process_check_sees_a_start_and_a_signal_but_not_a_probe(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import os, subprocess\nsubprocess.Popen(['x'])\nos.kill(1, 0)\nchild.send_signal(2)\n"
+                      "ctx.Process(target=f)\nos.kill(pid, 9)\n", encoding="utf-8")
+    assert processes_started_or_signalled(module) == [2, 4, 5, 6]
+
+
+def test_the_signals_that_end_a_run_are_listed_once():
+    """The signals that end a run have one home (runtime/supervisor.py), and a child's end is named
+    without Python's private table of signal numbers."""
+    names = re.compile(r"\bSIG(INT|TERM|HUP)\b|_value2member_map_")
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative == "runtime/supervisor.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Tuple) and sum(bool(names.search(ast.unparse(e))) for e in node.elts) >= 2:
+                found.append(f"{relative} line {node.lineno}")
+            elif isinstance(node, ast.Attribute) and node.attr == "_value2member_map_":
+                found.append(f"{relative} line {node.lineno}")
+    assert not found, "\n".join(found)

@@ -1,5 +1,5 @@
-"""Jobs side by side (runtime/side_by_side.py) and build-reranker's trainings run that way: each
-job in a process of its own, its value or its error handed back, a failure stopping the others,
+"""Tasks side by side (runtime/side_by_side.py) and build-reranker's trainings run that way: each
+task in a process of its own, its value or its error handed back, a failure stopping the others,
 and models trained side by side the same as those trained one after another."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from conftest import DATA, TRAIN_EN, TRAIN_FR, default_sigint
 from phrase_scorer.config import BuildRerankerOptions
 from phrase_scorer.experiments.build_reranker import side_by_side_threads, trained_model
 from phrase_scorer.io.model_layout import BEST_WEIGHTS
-from phrase_scorer.runtime.side_by_side import Job, run_side_by_side
+from phrase_scorer.runtime.side_by_side import Task, run_side_by_side
 
 
 def test_each_job_runs_in_a_process_of_its_own_with_its_threads(capfd):
@@ -28,11 +28,11 @@ def test_each_job_runs_in_a_process_of_its_own_with_its_threads(capfd):
 
     import torch
 
-    pids = run_side_by_side([Job("a", os.getpid), Job("b", os.getpid)], threads_each=1)
+    pids = run_side_by_side([Task("a", os.getpid), Task("b", os.getpid)], threads_each=1)
     assert len(set(pids)) == 2 and os.getpid() not in pids
-    assert run_side_by_side([Job("t", torch.get_num_threads)], threads_each=3) == [3]
-    assert run_side_by_side([Job("sum", operator.add, (2, 3)), Job("kw", dict, (), {"x": 1})], 1) == [5, {"x": 1}]
-    run_side_by_side([Job("loud", logging.getLogger("phrase_scorer.training").warning, ("a %s line", "logged"))], 1)
+    assert run_side_by_side([Task("t", torch.get_num_threads)], threads_each=3) == [3]
+    assert run_side_by_side([Task("sum", operator.add, (2, 3)), Task("kw", dict, (), {"x": 1})], 1) == [5, {"x": 1}]
+    run_side_by_side([Task("loud", logging.getLogger("phrase_scorer.training").warning, ("a %s line", "logged"))], 1)
     # the child's log, as the command's formatter writes it (a time first), marked with its job
     assert re.search(r"^\[loud\] (\S+ )?WARNING a logged line$", capfd.readouterr().err, re.M)
 
@@ -40,7 +40,7 @@ def test_each_job_runs_in_a_process_of_its_own_with_its_threads(capfd):
 def test_a_failing_job_stops_the_others_and_its_error_is_raised():
     began = time.monotonic()
     with pytest.raises(ZeroDivisionError):
-        run_side_by_side([Job("sleeper", time.sleep, (600,)), Job("divide", operator.truediv, (1, 0))], 1)
+        run_side_by_side([Task("sleeper", time.sleep, (600,)), Task("divide", operator.truediv, (1, 0))], 1)
     assert time.monotonic() - began < 300  # the sleeper was stopped, not waited for
 
 
@@ -48,7 +48,7 @@ def test_a_job_killed_by_a_signal_is_named_with_it():
     from phrase_scorer.errors import PhraseScorerError
 
     with pytest.raises(PhraseScorerError, match="the crash job was killed by SIGABRT"):
-        run_side_by_side([Job("crash", os.abort)], 1)
+        run_side_by_side([Task("crash", os.abort)], 1)
 
 
 def test_side_by_side_is_the_default_on_a_cpu_with_two_threads_or_more(monkeypatch):
@@ -73,7 +73,7 @@ def test_models_trained_side_by_side_are_those_trained_one_after_another(tmp_pat
     options = replace(BuildRerankerOptions(), preset="tiny", max_steps=4, valid_every=2, batch_size=8, device="cpu")
     corpus = (str(TRAIN_EN), str(TRAIN_FR))
     tuning = (str(DATA / "multi30k.val100.en"), str(DATA / "multi30k.val100.fr"))
-    together = run_side_by_side([Job(name, trained_model, (name, corpus, tuning, tmp_path / "together", "words",
+    together = run_side_by_side([Task(name, trained_model, (name, corpus, tuning, tmp_path / "together", "words",
                                                           replace(options, side_by_side=True)))
                                  for name in ("forward", "reverse")], threads_each=1)
     threads = torch.get_num_threads()
@@ -95,11 +95,11 @@ def jobs_env() -> dict:
 PARENT = """
 import sys
 from phrase_scorer.cli.group import ending_like_ctrl_c
-from phrase_scorer.runtime.side_by_side import Job, run_side_by_side
+from phrase_scorer.runtime.side_by_side import Task, run_side_by_side
 from side_by_side_jobs import wait_for_a_signal
 try:
     with ending_like_ctrl_c():
-        run_side_by_side([Job(name, wait_for_a_signal, (sys.argv[1], name)) for name in ("a", "b")], 1)
+        run_side_by_side([Task(name, wait_for_a_signal, (sys.argv[1], name)) for name in ("a", "b")], 1)
 except KeyboardInterrupt as exc:
     print(getattr(exc, "number", "SIGINT"))
     sys.exit(3)
@@ -108,10 +108,10 @@ except KeyboardInterrupt as exc:
 
 NICE_PARENT = """
 import os, sys
-from phrase_scorer.runtime.side_by_side import Job, run_side_by_side
+from phrase_scorer.runtime.side_by_side import Task, run_side_by_side
 from side_by_side_jobs import autogroup_niceness
 os.nice(5)
-print(run_side_by_side([Job("a", autogroup_niceness)], 1)[0])
+print(run_side_by_side([Task("a", autogroup_niceness)], 1)[0])
 """
 
 
@@ -138,10 +138,10 @@ LOCKED_PARENT = """
 import sys
 from pathlib import Path
 from phrase_scorer.io.output_lock import OutputLock
-from phrase_scorer.runtime.side_by_side import Job, run_side_by_side
+from phrase_scorer.runtime.side_by_side import Task, run_side_by_side
 from side_by_side_jobs import hold_until_released
 with OutputLock(Path(sys.argv[1]) / "work"):
-    run_side_by_side([Job(name, hold_until_released, (sys.argv[1], name)) for name in ("a", "b")], 1)
+    run_side_by_side([Task(name, hold_until_released, (sys.argv[1], name)) for name in ("a", "b")], 1)
 """
 
 

@@ -16,6 +16,7 @@ import click
 
 from phrase_scorer import __version__
 from phrase_scorer.runtime import progress, resources
+from phrase_scorer.runtime.supervisor import TERMINATION_SIGNALS  # what ends a run as Ctrl-C does
 from phrase_scorer.errors import PhraseScorerError, Setting, Text, one_line, rendered
 
 
@@ -34,11 +35,6 @@ class UserError(click.ClickException):
             click.echo(f"phrase-scorer: error: {self.format_message()}", err=True)
         except OSError:  # standard error is gone (a closed terminal: SIGHUP): nobody reads the line
             pass
-
-
-#: The signals that end a run as Ctrl-C does: what a scheduler (Slurm), ``kill`` or a closed
-#: terminal sends.
-TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 class Terminated(KeyboardInterrupt):

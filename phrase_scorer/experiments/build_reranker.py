@@ -415,7 +415,7 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
            moses: MosesInstallation) -> BuildResult:
     from phrase_scorer.rescoring.features import ensembles_by_name, feature_models
     from phrase_scorer.runtime.device import resolve_device
-    from phrase_scorer.runtime.side_by_side import Job, run_side_by_side
+    from phrase_scorer.runtime.side_by_side import Task, run_side_by_side
 
     dev = EvalSet(set_name(tuning[0]), tuning[0], tuning[1])
     rows = candidates(models)
@@ -430,7 +430,7 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
     if threads_each:
         with clock.step("training", f"training the {', '.join(to_train)} models side by side "
                                     f"({threads_each} thread{'s' if threads_each > 1 else ''} each)"):
-            folders = run_side_by_side([Job(name, trained_model, (name, corpus, tuning, work, vocabulary, training))
+            folders = run_side_by_side([Task(name, trained_model, (name, corpus, tuning, work, vocabulary, training))
                                         for name in to_train], threads_each)
         dirs.update({name: os.fspath(folder) for name, folder in zip(to_train, folders)})
     else:

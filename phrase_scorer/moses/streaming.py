@@ -105,7 +105,7 @@ class NBestStream:
         if self._feed_error:
             raise self._feed_error[0]
         if code != 0:
-            from phrase_scorer.runtime.workers import how_it_ended  # not at the top: it loads numpy
+            from phrase_scorer.runtime.supervisor import how_it_ended
 
             self._fail(f"Moses stopped with exit code {code}" if code > 0 else f"Moses {how_it_ended(code)}")
 

@@ -32,7 +32,6 @@ import pickle
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -144,29 +143,34 @@ def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int
     ``resume_command``."""
     from phrase_scorer.errors import PhraseScorerError, Text
     from phrase_scorer.runtime.resources import check_open_files
+    from phrase_scorer.runtime.supervisor import Children, signal_name
 
     check_open_files(processes)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     failures = tempfile.mkdtemp(prefix="phrase-scorer-ranks-")
-    ranks = []
-    sent = set()  # signals this process sent or passed on: a rank they end was not killed by surprise
-    stopped = set()  # ranks this process stopped itself
+    ranks = Children()  # what this process passes on or stops itself is no surprise (killed_from_elsewhere)
+    failed_at = None
 
     def forward(number, frame) -> None:
-        sent.add(number)
-        for job in ranks:
-            if job.poll() is None:
-                job.send_signal(number)
+        ranks.pass_on(number)
 
-    def killed() -> Optional[Tuple[int, int]]:
-        """(rank, signal) of the first rank a signal from elsewhere ended, if any."""
-        return next(((rank, -job.returncode) for rank, job in enumerate(ranks) if job.returncode is not None
-                     and job.returncode < 0 and -job.returncode not in sent and rank not in stopped), None)
+    def stop_the_rest_after_a_failure() -> None:
+        nonlocal failed_at
+        if failed_at is None and ranks.first_failed() is not None:
+            failed_at = time.monotonic()
+        waited = time.monotonic() - failed_at if failed_at is not None else 0.0
+        for rank in range(len(ranks.processes)):
+            if waited > 2 * LAUNCH_GRACE:
+                ranks.stop(rank, at_once=True)
+            elif waited > LAUNCH_GRACE or ranks.killed_from_elsewhere():  # a lost rank: the job cannot go on
+                ranks.stop(rank)
+
+    def wait_for_their_checkpoint(exc: KeyboardInterrupt) -> None:
+        """An interrupt from the terminal reached the ranks too: they stop after the same step."""
 
     previous = signal.signal(signal.SIGTERM, forward)
-    failed_at = None
     try:
         for rank in range(processes):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(processes), LOCAL_RANK=str(rank),
@@ -175,27 +179,13 @@ def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int
             env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # a peer's lost connection is the launcher's to name
             env.setdefault("OMP_NUM_THREADS",
                            str(threads or cores_per_process(World(size=processes, local_size=processes))))
-            ranks.append(subprocess.Popen([sys.executable, "-m", "phrase_scorer", *arguments], env=env))
-        while any(job.poll() is None for job in ranks):
-            try:
-                time.sleep(0.2)
-            except KeyboardInterrupt:  # the ranks got it too: wait for their checkpoint
-                continue
-            if failed_at is None and any(job.returncode for job in ranks if job.returncode is not None):
-                failed_at = time.monotonic()
-            waited = time.monotonic() - failed_at if failed_at is not None else 0.0
-            for rank, job in enumerate(ranks):
-                if job.poll() is None and waited > 2 * LAUNCH_GRACE:
-                    job.kill()
-                    stopped.add(rank)
-                elif job.poll() is None and (waited > LAUNCH_GRACE or killed()):  # a lost rank: the job cannot go on
-                    job.terminate()
-                    stopped.add(rank)
-        codes = [job.returncode for job in ranks]
-        lost = killed()
+            ranks.start([sys.executable, "-m", "phrase_scorer", *arguments], env=env)
+        ranks.supervise(stop_the_rest_after_a_failure, wait_for_their_checkpoint)
+        codes = ranks.exitcodes()
+        lost = ranks.killed_from_elsewhere()
         if lost is not None:
             rank, number = lost
-            name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else f"signal {number}"
+            name = signal_name(number) or f"signal {number}"
             raise PhraseScorerError(f"rank {rank} of {processes} was killed by {name}; the other ranks were stopped",
                                     hint=f"resume with: {resume_command}" if resume_command else None)
         for rank in range(processes):  # a rank that ran out of something: the others' failures follow from it
@@ -208,7 +198,8 @@ def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int
                                         hint=Text(error.hint or "", resume))
         # A rank that ended with a line of its own (an error, an interrupt) said why the job ended: the
         # tracebacks of the others are the lost peer's consequence ("connection closed by peer").
-        said = any(code > 0 and rank not in stopped and not os.path.exists(os.path.join(failures, f"rank-{rank}.txt"))
+        said = any(code > 0 and rank not in ranks.stopped
+                   and not os.path.exists(os.path.join(failures, f"rank-{rank}.txt"))
                    for rank, code in enumerate(codes))
         for rank in range(processes):  # what the ranks did not expect, as they would have shown it
             path = os.path.join(failures, f"rank-{rank}.txt")
@@ -217,10 +208,7 @@ def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int
                     sys.stderr.write(failure.read())
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for job in ranks:  # an error here (ranks not all started) leaves none behind
-            if job.poll() is None:
-                job.kill()
-                job.wait()
+        ranks.kill_running()  # an error here (ranks not all started) leaves none behind
         shutil.rmtree(failures, ignore_errors=True)
     return codes[0] or next((code for code in codes if code), 0)
 

@@ -104,7 +104,7 @@ def run_logged(
             proc.wait()
             raise
     if code != 0:  # a signal's death (the out-of-memory killer's SIGKILL) named as the workers' is
-        from phrase_scorer.runtime.workers import how_it_ended  # not at the top: it loads numpy
+        from phrase_scorer.runtime.supervisor import how_it_ended
 
         how = f"failed with exit status {code}" if code > 0 else how_it_ended(code)
         raise PhraseScorerError(

@@ -1,25 +1,25 @@
-"""Jobs side by side: each in a Python process of its own on this machine, all at once, each on
+"""Tasks side by side: each in a Python process of its own on this machine, all at once, each on
 its share of the cores. ``build-reranker`` trains its models this way on a CPU: two trainings on
 one core each go about twice as far in the same time as one training on both (docs/benchmarks.md,
-"Training side by side").
+"Training side by side"). The processes are supervised by :mod:`phrase_scorer.runtime.supervisor`.
 
-A job is a module-level function and its arguments (both pickled to the child). The child logs
-as the command does, each line marked with the job's name, shows no progress bars (they would
+A task is a module-level function and its arguments (both pickled to the child). The child logs
+as the command does, each line marked with the task's name, shows no progress bars (they would
 overwrite each other), and hands back the function's value or its exception.
 
 Signals. The children run in sessions of their own, so a terminal's Ctrl-C reaches this process
 alone, and :func:`run_side_by_side` passes each SIGINT, SIGTERM or SIGHUP it gets on to every
 child still running, once (a training stops after its current step with a checkpoint; a second
-Ctrl-C stops it at once), then waits for them and raises the interruption. A job that fails
+Ctrl-C stops it at once), then waits for them and raises the interruption. A task that fails
 stops the others the same way (SIGTERM), since the command cannot go on without it, and its
-error is raised once they have ended. A job whose command is killed outright (SIGKILL) stops as
-on a SIGTERM within a second. A command started with ``nice`` keeps its jobs as nice: each
+error is raised once they have ended. A task whose command is killed outright (SIGKILL) stops as
+on a SIGTERM within a second. A command started with ``nice`` keeps its tasks as nice: each
 child's scheduler group takes the child's niceness (:func:`keep_niceness`).
 
 Locks. Each child is given a copy of the descriptor of every output lock the command holds
 (:class:`~phrase_scorer.io.output_lock.OutputLock`: ``build-reranker``'s working folder), so the folder
-stays locked until the last job has ended: a command killed outright leaves no moment in which a
-second run could take the folder while its jobs still write their checkpoints.
+stays locked until the last task has ended: a command killed outright leaves no moment in which a
+second run could take the folder while its tasks still write their checkpoints.
 """
 
 from __future__ import annotations
@@ -31,19 +31,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-POLL_SECONDS = 0.2
-PARENT_CHECK_SECONDS = 1.0
+from phrase_scorer.runtime.supervisor import Children, leave_when_parent_gone, signal_name
 
 
 @dataclass(frozen=True)
-class Job:
+class Task:
     name: str  # marks the child's log lines
     function: Callable[..., Any]  # a module-level function (pickled by reference)
     args: Tuple[Any, ...] = ()
@@ -52,80 +49,73 @@ class Job:
 
 @dataclass(frozen=True)
 class _Order:
-    job: Job
-    parent: int  # the pid of the process that started the job
+    task: Task
+    parent: int  # the pid of the process that started the task
     threads: int
     log_level: int
-    formatter: Optional[logging.Formatter]  # the command's own (each line is marked with the job's name)
+    formatter: Optional[logging.Formatter]  # the command's own (each line is marked with the task's name)
     result: str  # where the child pickles ("value", x) or ("error", exception)
 
 
-def run_side_by_side(jobs: Sequence[Job], threads_each: int) -> List[Any]:
-    """The value of each job's function, in the jobs' order, each run in a child process with
+def run_side_by_side(tasks: Sequence[Task], threads_each: int) -> List[Any]:
+    """The value of each task's function, in the tasks' order, each run in a child process with
     ``threads_each`` torch threads, all at once."""
     from phrase_scorer.errors import PhraseScorerError
     from phrase_scorer.io.output_lock import held_output_locks
 
     locks = [fd for fd in (lock.fileno() for lock in held_output_locks()) if fd is not None]
-    results = Path(tempfile.mkdtemp(prefix="phrase-scorer-jobs-"))
-    children: List[subprocess.Popen] = []
+    results = Path(tempfile.mkdtemp(prefix="phrase-scorer-tasks-"))
+    children = Children()
     interruption: Optional[BaseException] = None
-    stopped_for: Optional[int] = None  # the job whose failure stopped the others
+    stopped_for: Optional[int] = None  # the task whose failure stopped the others
     logger = logging.getLogger("phrase_scorer")
     level = logger.getEffectiveLevel()
     formatter = next((h.formatter for h in logger.handlers if h.formatter is not None), None)
+
+    def stop_the_rest_after_a_failure() -> None:
+        nonlocal stopped_for
+        if stopped_for is None and interruption is None:
+            stopped_for = children.first_failed()
+            if stopped_for is not None:
+                children.pass_on(signal.SIGTERM)
+
+    def pass_on(exc: KeyboardInterrupt) -> None:  # Ctrl-C, or the command line's Terminated for SIGTERM, SIGHUP
+        nonlocal interruption
+        interruption = interruption or exc
+        children.pass_on(getattr(exc, "number", signal.SIGINT))
+
     try:
-        for k, job in enumerate(jobs):
-            order = _Order(job, os.getpid(), threads_each, level, formatter, os.fspath(results / f"job{k}.pickle"))
-            child = subprocess.Popen([sys.executable, "-c", "from phrase_scorer.runtime.side_by_side import "
-                                      "child_main; child_main()"], stdin=subprocess.PIPE, start_new_session=True,
-                                     pass_fds=locks)
-            assert child.stdin is not None
-            child.stdin.write(pickle.dumps(order))
-            child.stdin.close()
-            children.append(child)
-        while True:
-            try:
-                if not [child for child in children if child.poll() is None]:  # every child polled
-                    break
-                if stopped_for is None and interruption is None:
-                    failed = next((k for k, child in enumerate(children) if child.returncode), None)
-                    if failed is not None:
-                        stopped_for = failed
-                        _signal_running(children, signal.SIGTERM)
-                time.sleep(POLL_SECONDS)
-            except KeyboardInterrupt as exc:  # Ctrl-C, or the command line's Terminated for SIGTERM, SIGHUP
-                interruption = interruption or exc
-                _signal_running(children, getattr(exc, "number", signal.SIGINT))
-        outcomes = [_outcome(results / f"job{k}.pickle") for k in range(len(jobs))]
+        with children:  # an error here (children not all started) leaves none behind
+            for k, task in enumerate(tasks):
+                result = os.fspath(results / f"task{k}.pickle")
+                order = _Order(task, os.getpid(), threads_each, level, formatter, result)
+                child = children.start([sys.executable, "-c", "from phrase_scorer.runtime.side_by_side import "
+                                        "child_main; child_main()"], stdin=subprocess.PIPE, start_new_session=True,
+                                       pass_fds=locks)
+                assert child.stdin is not None
+                child.stdin.write(pickle.dumps(order))
+                child.stdin.close()
+            children.supervise(stop_the_rest_after_a_failure, pass_on)
+            outcomes = [_outcome(results / f"task{k}.pickle") for k in range(len(tasks))]
     finally:
-        for child in children:  # an error here (children not all started) leaves none behind
-            if child.poll() is None:
-                child.kill()
-                child.wait()
         for path in results.iterdir():
             path.unlink()
         results.rmdir()
     if interruption is not None:
         raise interruption
     first = [stopped_for] if stopped_for is not None else []  # the failure that stopped the others
-    for k in first + list(range(len(jobs))):
+    codes = children.exitcodes()
+    for k in first + list(range(len(tasks))):
         kind, value = outcomes[k] or ("error", None)
         if kind == "error":
             if isinstance(value, BaseException):
                 raise value
-            number = -children[k].returncode if children[k].returncode and children[k].returncode < 0 else None
-            how = f"was killed by {signal.Signals(number).name}" if number in signal.Signals._value2member_map_ \
-                else f"ended with status {children[k].returncode}"
-            raise PhraseScorerError(f"the {jobs[k].name} job {how}",
+            code = codes[k]
+            name = signal_name(-code) if code is not None and code < 0 else None
+            how = f"was killed by {name}" if name is not None else f"ended with status {code}"
+            raise PhraseScorerError(f"the {tasks[k].name} job {how}",
                                     hint="run the same command again: it continues from what was kept")
     return [value for _, value in outcomes]  # type: ignore[misc]
-
-
-def _signal_running(children: Sequence[subprocess.Popen], number: int) -> None:
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(number)
 
 
 def _outcome(path: Path) -> Optional[Tuple[str, Any]]:
@@ -137,7 +127,7 @@ def _outcome(path: Path) -> Optional[Tuple[str, Any]]:
 
 
 class _Marked(logging.Formatter):
-    """The command's formatter, each line led by the job's name."""
+    """The command's formatter, each line led by the task's name."""
 
     def __init__(self, inner: logging.Formatter, name: str) -> None:
         super().__init__()
@@ -145,15 +135,6 @@ class _Marked(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return f"[{self.name}] {self.inner.format(record)}"
-
-
-def _stop_without(parent: int) -> None:
-    """A job whose command is gone (killed with SIGKILL: it could pass nothing on) stops as on a
-    SIGTERM: a training after its current step, with a checkpoint. Without this it would go on
-    alone, in a session of its own, into a folder no lock guards any more."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_CHECK_SECONDS)
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 AUTOGROUP = "/proc/self/autogroup"
@@ -175,7 +156,7 @@ def keep_niceness() -> None:
 
 
 def child_main() -> None:
-    """A child's side: read the order from stdin, run the job, pickle its outcome."""
+    """A child's side: read the order from stdin, run the task, pickle its outcome."""
     import torch
 
     from phrase_scorer.runtime import progress
@@ -183,16 +164,19 @@ def child_main() -> None:
     order: _Order = pickle.load(sys.stdin.buffer)
     keep_niceness()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_Marked(order.formatter or logging.Formatter("%(levelname)s %(message)s"), order.job.name))
+    handler.setFormatter(_Marked(order.formatter or logging.Formatter("%(levelname)s %(message)s"), order.task.name))
     root = logging.getLogger("phrase_scorer")
     root.handlers[:] = [handler]
     root.setLevel(order.log_level)
     root.propagate = False
     progress.show_bars = False
     torch.set_num_threads(order.threads)
-    threading.Thread(target=_stop_without, args=(order.parent,), daemon=True).start()
+    # A task whose command is gone (killed with SIGKILL: it could pass nothing on) stops as on a
+    # SIGTERM: a training after its current step, with a checkpoint. Without this it would go on
+    # alone, in a session of its own, into a folder no lock guards any more.
+    leave_when_parent_gone(order.parent, signal.SIGTERM)
     try:
-        outcome: Tuple[str, Any] = ("value", order.job.function(*order.job.args, **order.job.kwargs))
+        outcome: Tuple[str, Any] = ("value", order.task.function(*order.task.args, **order.task.kwargs))
         status = 0
     except BaseException as exc:  # noqa: B036 - handed to the parent, which raises it
         outcome, status = ("error", exc), 1

@@ -13,8 +13,9 @@
 Workers are started with ``spawn``: they import only what their handler needs (torch only if it
 scores), and nothing of the parent's threads or locks is copied into them. ``workers=0`` runs
 the same handler in the calling threads, one item after another: the same code, without
-processes. The parent supervises its workers: a worker that dies is reported at once, naming it
-and how it ended, and a run that ends for any reason stops and reaps every worker.
+processes. The parent supervises its workers (started and reaped by
+:mod:`phrase_scorer.runtime.supervisor`): a worker that dies is reported at once, naming it and
+how it ended, and a run that ends for any reason stops and reaps every worker.
 """
 
 from __future__ import annotations
@@ -24,15 +25,15 @@ import os
 import queue
 import signal
 import threading
-import time
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.runtime.heap import steady_heap
+from phrase_scorer.runtime.supervisor import (RUN_SIGNALS, how_it_ended, leave_when_parent_gone, reap_workers,
+                                              start_worker)
 
 POLL_SECONDS = 0.2
-ORPHAN_CHECK_SECONDS = 1.0  # how often a worker looks whether its parent is still there
 # After a failure or Ctrl-C, how long the writer thread may take to finish the chunk it is writing.
 WRITER_STOP_SECONDS = 10
 
@@ -157,10 +158,13 @@ def _serve(factory: Callable[..., Any], args: Tuple, inbox, answers, parent: int
     ``(method, status, index, value)`` on ``answers``; leave when told to, or when the parent
     process is gone (killed). The signals that end a whole run (:data:`RUN_SIGNALS`) are the
     parent's to handle: it stops the pool (the worker starts with them blocked, see
-    :func:`_start_guarded`), and only the parent says how the run ended."""
+    :func:`~phrase_scorer.runtime.supervisor.start_worker`), and only the parent says how the run
+    ended. A worker whose parent is gone leaves at once, even while blocked in a read: a parent
+    killed in the middle of sending a task leaves a partial message in the pipe, on which the read
+    waits forever (holding the parent's standard error open, among others)."""
     for number in RUN_SIGNALS:
         signal.signal(number, signal.SIG_IGN)
-    threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
+    leave_when_parent_gone(parent)
     try:
         handler = factory(*args)
     except BaseException as exc:
@@ -201,63 +205,6 @@ def _answer(answers, answer: Tuple) -> bool:
         return False
 
 
-def _exit_when_orphaned(parent: int) -> None:
-    """Leave at once when the parent process is gone, even while blocked in a read: a parent
-    killed in the middle of sending a task leaves a partial message in the pipe, on which the
-    read waits forever (holding the parent's standard error open, among others)."""
-    while os.getppid() == parent:
-        time.sleep(ORPHAN_CHECK_SECONDS)
-    os._exit(1)
-
-
-#: The signals that end a whole run: Ctrl-C's SIGINT and the termination signals a scheduler or
-#: ``kill`` sends (the command line ends a run the same way for each: :mod:`phrase_scorer.cli.group`).
-#: A terminal or a scheduler sends them to every process of the run; workers leave them to the parent.
-RUN_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
-
-
-def _start_guarded(process) -> None:
-    """Start ``process`` with :data:`RUN_SIGNALS` blocked in this thread, so the new interpreter
-    inherits them blocked: a Ctrl-C in a terminal (sent to every process of the group) then
-    reaches only this process, never a worker still importing its modules (which would print a
-    traceback). A signal that comes meanwhile stays pending here and is delivered right after.
-
-    SIGPIPE is blocked too: starting a process writes to multiprocessing's resource tracker,
-    and a tracker that was killed (by the OOM killer, say) would otherwise end this process
-    silently (the command line restores SIGPIPE's default action); blocked, the write fails
-    and multiprocessing starts a new tracker."""
-    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
-        process.start()
-        return
-    import warnings
-
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {*RUN_SIGNALS, signal.SIGPIPE})
-    try:
-        with warnings.catch_warnings():  # a new tracker is no concern of the user's
-            warnings.simplefilter("ignore")
-            process.start()
-    finally:
-        if signal.SIGPIPE not in blocked:
-            signal.sigtimedwait({signal.SIGPIPE}, 0)  # one raised by a write to a dead tracker
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-
-def how_it_ended(exitcode: Optional[int]) -> str:
-    """How a process that stopped ended, from its exit code (negative: the signal that killed it)."""
-    if exitcode is None:
-        return "stopped answering"
-    if exitcode >= 0:
-        return f"exited with status {exitcode}"
-    number = -exitcode
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        return f"was killed by signal {number}"
-    if number == getattr(signal, "SIGKILL", None):
-        name += ": out of memory?"  # what the kernel's OOM killer sends
-    return f"was killed by signal {number} ({name})"
-
-
 class WorkerPool:
     """``workers`` processes, each holding ``factory(*args)``; see the module docstring.
 
@@ -290,16 +237,13 @@ class WorkerPool:
         self._threads: List[threading.Thread] = []
         self._reaping = threading.Lock()  # one thread at a time waits for a worker's exit status
         if workers:
-            context = multiprocessing.get_context("spawn")
             try:
                 for n in range(workers):
-                    task_out, task_in = context.Pipe(duplex=False)  # (reader, writer)
-                    answer_out, answer_in = context.Pipe(duplex=False)
-                    process = context.Process(target=_serve,
-                                              args=(factory, args, _Inbox(task_out), answer_in, os.getpid()),
-                                              name=f"phrase-scorer-worker-{n + 1}", daemon=True)
+                    task_out, task_in = multiprocessing.Pipe(duplex=False)  # (reader, writer)
+                    answer_out, answer_in = multiprocessing.Pipe(duplex=False)
                     self._connections += [task_in, answer_out, task_out, answer_in]
-                    _start_guarded(process)
+                    process = start_worker(_serve, (factory, args, _Inbox(task_out), answer_in, os.getpid()),
+                                           name=f"phrase-scorer-worker-{n + 1}")
                     self._processes.append(process)
                     task_out.close()  # the worker's ends: a worker that dies closes them for good
                     answer_in.close()
@@ -403,13 +347,7 @@ class WorkerPool:
                 tasks.put(ForkingPickler.dumps(None))  # the task that tells the worker to leave
             tasks.put(None)  # the sender thread's end
         with self._reaping:
-            for process in self._processes:
-                if failed:
-                    process.kill()
-                process.join(timeout=5)
-                if process.is_alive():
-                    process.kill()
-                    process.join()
+            reap_workers(self._processes, at_once=failed)
         for thread in self._threads:  # the pipes' other ends are closed: each ends at once
             if thread.ident is not None:  # one that could not start (no memory for its stack) is not waited for
                 thread.join(timeout=5)

@@ -11,6 +11,7 @@ from typing import Any, Dict
 
 from phrase_scorer.errors import Text, setting
 from phrase_scorer.runtime.distributed import world
+from phrase_scorer.runtime.supervisor import RUN_SIGNALS
 from phrase_scorer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,6 @@ class StopRequests:
     """Turns the first Ctrl-C (or SIGTERM, SIGHUP) into a request to stop after the current step
     (``number``: the signal that asked); a second one interrupts at once."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
     def __init__(self) -> None:
         self.requested = False
         self.number = int(signal.SIGINT)
@@ -71,7 +70,7 @@ class StopRequests:
 
     def __enter__(self) -> "StopRequests":
         if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
+            for sig in RUN_SIGNALS:
                 if signal.getsignal(sig) is signal.SIG_IGN:
                     continue  # ignored when we were started (a background job, nohup): it stays so
                 self._previous[sig] = signal.signal(sig, self._handle)
