@@ -41,7 +41,7 @@ import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, Optional, Tuple
+from typing import Any, BinaryIO, Dict, List, Optional, Tuple, cast
 
 import torch
 
@@ -268,7 +268,7 @@ class ModelDirectory:
             with AtomicOutput(target) as out:  # a new temporary file, never one already there
                 written = _WriteErrors(out.file)
                 try:
-                    torch.save(saved, written)
+                    torch.save(saved, cast(BinaryIO, written))  # a file's writer that names its failures
                 except RuntimeError:  # torch's zip writer reports a failed write as its own error
                     if written.error is None:
                         raise
@@ -524,7 +524,8 @@ def _corpus_hashes(record: Any) -> Optional[Tuple[Any, Any]]:
     sides = [record.get(side) for side in ("source", "target")]
     if not all(isinstance(side, dict) and isinstance(side.get("sha256"), str) for side in sides):
         return None
-    return sides[0]["sha256"], sides[1]["sha256"]
+    source, target = cast(List[dict], sides)  # both checked above
+    return source["sha256"], target["sha256"]
 
 
 def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left: Optional[bool] = None,

@@ -110,7 +110,7 @@ class SubwordVocabulary(Vocabulary):
                 "right_to_left": self.right_to_left}
 
     def __setstate__(self, state) -> None:
-        self.__init__(state["model"], state["kind"], state["file_name"], state["right_to_left"])
+        type(self).__init__(self, state["model"], state["kind"], state["file_name"], state["right_to_left"])
 
     # --- words <-> pieces ----------------------------------------------------------------------
 

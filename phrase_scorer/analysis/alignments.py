@@ -110,11 +110,11 @@ def choose_pairs(source: PathLike, target: PathLike, *, lines: Optional[Sequence
         if missing:
             raise PhraseScorerError(f"has {total} lines; there is no line {missing[0]}", path=source,
                                     hint=Text(setting("lines"), f" takes numbers from 1 to {total}"))
-        return list(found)
+        return [pair for pair in found if pair is not None]  # all of them: none is missing
     if not found:
         raise PhraseScorerError(f"no line pair has both sides of 1 to {max_words} words", path=source,
                                 hint=Text("raise ", setting("max_words")))
-    return sorted(found)
+    return sorted(pair for pair in found if pair is not None)  # a reservoir holds no None
 
 
 def alignment_weights(loaded, pairs: Sequence[Tuple[Sequence[str], Sequence[str]]]) -> List[np.ndarray]:

@@ -16,7 +16,7 @@ import heapq
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple, cast
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.paths import PathLike
@@ -163,10 +163,12 @@ def compare(table: PathLike, loaded, options: CompareOptions = CompareOptions(),
             g.lines[i] = (target, words, table_score, float(value))
     out = []
     for kind, g in picked:
-        by_table = sorted(g.lines, key=lambda e: (-e[2], e[0]))[: options.top]
-        by_model = sorted(g.lines, key=lambda e: (-e[3], e[0]))[: options.top]
+        lines = [(target, words, table_score, cast(float, log_p))  # every log p is known now (scored above)
+                 for target, words, table_score, log_p in g.lines]
+        by_table = sorted(lines, key=lambda e: (-e[2], e[0]))[: options.top]
+        by_model = sorted(lines, key=lambda e: (-e[3], e[0]))[: options.top]
         out.append(Comparison(
-            source=g.source, group=kind, source_count=g.count, targets=len(g.lines),
+            source=g.source, group=kind, source_count=g.count, targets=len(lines),
             by_table=[(e[0], e[2]) for e in by_table], by_model=[(e[0], e[3]) for e in by_model],
         ))
     return out

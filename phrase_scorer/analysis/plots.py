@@ -88,7 +88,7 @@ def annotated_model_column(table: PathLike) -> Optional[int]:
 
 
 def read_score_pairs(table: PathLike, table_column: int, model_column: Optional[int], max_points: int,
-                     seed: int) -> Tuple[np.ndarray, np.ndarray, int, int]:
+                     seed: int) -> Tuple[np.ndarray, np.ndarray, int, Optional[int]]:
     """(table log-probs, model log-probs) of up to ``max_points`` lines (a uniform reservoir)."""
     if model_column is None:
         model_column = annotated_model_column(table)
@@ -155,6 +155,7 @@ def _plot_scores(table: PathLike, output: PathLike, job: OutputJob, *, table_col
     x, y, lines, model_column = read_score_pairs(table, table_column, model_column, max_points, seed)
     if len(x) < 2:
         raise PhraseScorerError("needs at least two lines to plot", path=table)
+    assert model_column is not None  # found on the first line read
     pearson = float(np.corrcoef(x, y)[0, 1])
     spearman = float(np.corrcoef(rank(x), rank(y))[0, 1])
     fig, ax = plt.subplots(figsize=(width, height), dpi=dpi)

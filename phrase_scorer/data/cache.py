@@ -88,9 +88,9 @@ def reuse_cache(cache_dir: Path, expected: dict, keep_existing: bool, data_path:
     existing_settings = {k: v for k, v in existing.items() if k != "num_pairs"}
     expected_settings = {k: v for k, v in expected.items() if k != "num_pairs"}
     if not any(differences(existing_settings, expected_settings)):  # the inputs by their bytes
-        damage = arrays_damage(cache_dir, existing)
-        if damage is not None:
-            _rebuilding(*damage, data_path)
+        broken = arrays_damage(cache_dir, existing)
+        if broken is not None:
+            _rebuilding(*broken, data_path)
             return None
         if existing_settings != hash_identities(expected_settings):  # moved, copied or touched: record it
             existing = {**expected_settings, "num_pairs": existing.get("num_pairs")}
@@ -265,7 +265,7 @@ class PairSet:
 
     def __init__(self, cache_dir: PathLike, split: str) -> None:
         cache_dir = Path(cache_dir)
-        meta = read_cache_description(cache_dir)
+        meta = read_cache_description(cache_dir) or {}  # none: a KeyError below, as a damaged one
         try:
             self.size = int(meta["num_pairs"][split])
             self.id_dtype = np.dtype(meta["id_dtype"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Sequence, Tuple, Union
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from phrase_scorer.vocab import PAD_ID
 NO_ID = -1  # pads id rows that are sorted or passed between processes: it sorts before every id
 
 
-def pad_ids(sequences: Sequence[Sequence[int]], fill: int = PAD_ID) -> Tuple[np.ndarray, np.ndarray]:
+def pad_ids(sequences: Sequence[Union[Sequence[int], np.ndarray]], fill: int = PAD_ID) -> Tuple[np.ndarray, np.ndarray]:
     """The one padding routine: a (B, L) int64 id matrix padded with ``fill`` (``<pad>`` unless
     told; L >= 1) and the (B,) int64 lengths. Row b holds sequence b's ids, then ``fill``."""
     lengths = np.fromiter(map(len, sequences), np.int64, len(sequences))

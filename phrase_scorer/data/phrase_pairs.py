@@ -101,7 +101,7 @@ def expected_meta(table: PathLike, source_vocab: Vocabulary, target_vocab: Vocab
 
 def read_meta(cache_dir: Path) -> Optional[CacheMeta]:
     try:
-        return CacheMeta(**read_cache_description(cache_dir))
+        return CacheMeta(**(read_cache_description(cache_dir) or {}))  # none: a TypeError, as a damaged one
     except TypeError:
         return None
 

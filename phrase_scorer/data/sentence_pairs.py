@@ -192,7 +192,7 @@ class SentenceCorpus:
                                          setting("max_length"), ", or start a new run"))
         if existing is not None:
             return existing
-        dev_empty = Counter()
+        dev_empty: Counter = Counter()
 
         def split_pairs():
             for _, source_words, target_words in read_sentence_pairs(self.source, self.target, "writing pair cache"):
@@ -226,6 +226,7 @@ class SentenceCorpus:
         targets as the target vocabulary spells them (words outside it as ``<unk>``)."""
         if not self.dev_source:
             return [" ".join(target_vocab.decode(valid_pairs.pair(i)[1].tolist())) for i in range(len(valid_pairs))]
+        assert self.dev_target is not None  # given with dev_source (checked when the corpus is made)
         references = [" ".join(target_words) for _, source_words, target_words
                       in read_sentence_pairs(self.dev_source, self.dev_target, "reading dev set")
                       if left_out(source_words, target_words, None) is None]

@@ -124,7 +124,7 @@ def candidates(models: Sequence[str]) -> List[Candidate]:
     """The rows the trained ``models`` allow, the decoder's features alone first."""
     have = set(models)
     rows = [Candidate(Row(RETUNED_ROW, ()), ())]
-    bases = [((FORWARD,), ("forward",))]
+    bases: List[Tuple[Tuple[str, ...], Tuple[str, ...]]] = [((FORWARD,), ("forward",))]
     ensemble = ensemble_members(models)
     if len(ensemble) > 1:
         bases.append(((ENSEMBLE,), tuple(ensemble)))

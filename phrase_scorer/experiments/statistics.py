@@ -30,7 +30,9 @@ def paired_bootstrap_p(baseline: Sequence[str], system: Sequence[str], reference
     test = PairedTest([("baseline", hyps[0]), ("system", hyps[1])], {"BLEU": metric}, [list(references)],
                       test_type="bs", n_samples=samples)
     _, scores = test()
-    return float(scores["BLEU"][1].p_value)
+    result = scores["BLEU"][1]  # the system's, tested against the baseline's: a Result, never its name
+    assert not isinstance(result, str) and result.p_value is not None
+    return float(result.p_value)
 
 
 def ngram_stats(hypothesis: Sequence[str], reference_counts: List[Counter], reference_length: int) -> List[int]:

@@ -304,10 +304,10 @@ def propose(loaded, sources: Sequence[str], options: SampleOptions = SampleOptio
                                     max_length=options.max_length, seed=options.seed, allow_unk=options.allow_unk)
         for per_source in samples:
             counts = Counter(seq for seq, _ in per_source if seq)
-            complete: Dict[Tuple[int, ...], bool] = {}
+            ends: Dict[Tuple[int, ...], bool] = {}  # whether a sample of the sequence ended with </s>
             for seq, ended in per_source:
-                complete[seq] = complete.get(seq, False) or ended
-            generated.append({seq: (count, complete[seq]) for seq, count in counts.items()})
+                ends[seq] = ends.get(seq, False) or ended
+            generated.append({seq: (count, ends[seq]) for seq, count in counts.items()})
 
     generated = [as_words(cands, tgt_vocab) for cands in generated]
     scorer = BatchScorer(model)

@@ -11,7 +11,7 @@ import os
 import stat
 import sys
 from stat import S_ISREG
-from typing import Any, Iterator, Optional, Tuple, Union
+from typing import Any, Generator, Optional, Tuple, Union
 
 from phrase_scorer.errors import PhraseScorerError, Text
 from phrase_scorer.io.compression import GZIP_MAGIC, fast_gzip, gzip_damage, read_gzip_error
@@ -168,7 +168,7 @@ class TextLines(ReadProgress):
         self.hint = hint
         self._input = None
 
-    def __iter__(self) -> Iterator[Tuple[int, str]]:
+    def __iter__(self) -> Generator[Tuple[int, str], None, None]:
         path = self.path
         number = 0
         with open_input(path) as f:
@@ -190,7 +190,7 @@ class TextLines(ReadProgress):
                 yield number, text
 
 
-def text_lines(path: PathLike, hint: Optional[str] = None) -> Iterator[Tuple[int, str]]:
+def text_lines(path: PathLike, hint: Optional[str] = None) -> Generator[Tuple[int, str], None, None]:
     """(line number, text without its line end) for each line of a text input: see :class:`TextLines`."""
     return iter(TextLines(path, hint))
 

@@ -414,8 +414,8 @@ def dense_features(entry: NBestEntry, ignore: Sequence[str] = ()) -> Tuple[Layou
     return tuple(layout), values
 
 
-def checked_dense_rows(entries: Sequence[NBestEntry], rows: Sequence[Sequence[float]], layout: Layout,
-                       path: PathLike) -> np.ndarray:
+def checked_dense_rows(entries: Sequence[NBestEntry], rows: Union[Sequence[Sequence[float]], np.ndarray],
+                       layout: Layout, path: PathLike) -> np.ndarray:
     """The dense values of ``entries`` (``rows``, each laid out as ``layout``) as one (H, D) array,
     refusing a NaN: no weight can rank a hypothesis by it. Infinite values are kept (Moses writes
     -inf for an impossible hypothesis); the weights' sums and their ranking handle them."""

@@ -80,7 +80,7 @@ def decode_into(job: OutputJob, ini: PathLike, source: PathLike, *, moses: Moses
     lines = read_lines(source)
     output = Path(job.output)
     threads = threads or os.cpu_count() or 1
-    args = [moses.decoder(decoder), "-f", ini, "-threads", str(threads), *decoder_flags.split()]
+    args: List[PathLike] = [moses.decoder(decoder), "-f", ini, "-threads", str(threads), *decoder_flags.split()]
     if nbest_list is not None:  # one argument each: a path with spaces stays one path
         args += ["-n-best-list", os.fspath(nbest_list[0]), str(nbest_list[1]), "distinct"]
     log.info("decoding %d sentences with %s", len(lines), ini)

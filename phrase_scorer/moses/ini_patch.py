@@ -72,6 +72,7 @@ def _check_count(table: PathLike, found: int, ini: MosesIni, feature: FeatureLin
             f"{feature.line.number}): the moses.ini looks patched already", path=table, line=1,
             hint=Text("patch the original moses.ini, or use ", setting("add_features", 0),
                       " to change nothing but paths"))
+    hint: Union[Text, str]
     if found == old:
         hint = Text("the table has no new columns yet: annotate it first, or use ", setting("add_features", 0))
     elif found > old:
@@ -282,12 +283,13 @@ def moses_for_new_columns(output: str, before: int, after: int, columns: Sequenc
     OUTPUT.moses.ini; an existing one is replaced only with ``overwrite``) and a line saying so;
     without it, the change to make by hand."""
     added = after - before
-    weights = [format_weight(w) for w in start_weights(columns)]
+    weights = [format_weight(w) for w in start_weights(tuple(columns))]
     described = ", ".join(f"{c} {w}" for c, w in zip(columns, weights))
     if moses_ini:
         target = ini_output or f"{output}.moses.ini"
         result = patch_moses_ini(moses_ini, target, phrase_table=os.path.abspath(output), add_features=added,
-                                 initial_weights=start_weights(columns), absolute_paths=True, overwrite=overwrite)
+                                 initial_weights=start_weights(tuple(columns)), absolute_paths=True,
+                                 overwrite=overwrite)
         return (f"patched moses.ini written to {target}: {result.feature_name} num-features="
                 f"{result.new_num_features}, start weights of the new columns: {described}; re-tune before use")
     options = ("" if tuple(columns) == COLUMNS

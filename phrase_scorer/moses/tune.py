@@ -49,6 +49,8 @@ def with_absolute_paths(ini: PathLike, output: PathLike) -> None:
     parsed = MosesIni.read(ini)
     table = parsed.find_phrase_table()
     table_path = table.get("path")
+    if table_path is None:
+        raise parsed.error(f"feature {table.name} has no path=", table.line.number, "give its phrase table's path=")
     absolute_table = os.path.normpath(parsed.resolve(table_path))
     patch_moses_ini(ini, output, phrase_table=absolute_table, add_features=0, absolute_paths=True,
                     feature_name=table.name, overwrite=True)
@@ -105,7 +107,7 @@ def run_tuning(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, out
 
     threads = options.threads or os.cpu_count() or 1
     flags = f"-threads {threads} {options.decoder_flags}".strip()
-    args = ["perl", script, work / "dev.src", work / "dev.ref", decoder, work / "start.ini",
+    args: List[PathLike] = ["perl", script, work / "dev.src", work / "dev.ref", decoder, work / "start.ini",
             "--working-dir", work / "mert", "--mertdir", mertdir, "--decoder-flags", flags,
             "--maximum-iterations", str(options.max_iterations), "--nbest", str(options.nbest)]
     if options.return_best_dev:

@@ -187,7 +187,7 @@ class BoundedChunk:
         size = len(self.entries)
         out = np.empty((size, len(self.names)))
         for f, model_indices in enumerate(self.members):
-            stacked = np.stack([self.scores[i] if self.scores[i] is not None else np.full(size, np.nan)
+            stacked = np.stack([scores if (scores := self.scores[i]) is not None else np.full(size, np.nan)
                                 for i in model_indices])  # (members, H)
             unscored = np.isnan(stacked)
             mean = np.mean(np.where(unscored, 0.0, stacked), axis=0) if len(model_indices) > 1 else \

@@ -169,7 +169,9 @@ class SourceSentences:
 
     def words(self, sentence_id: int, nbest_line: int) -> List[str]:
         """The words of source line ``sentence_id + 1``; ids must increase from call to call."""
-        return split_words(self.through(sentence_id, nbest_line))
+        text = self.through(sentence_id, nbest_line)
+        assert text is not None  # ids increase from call to call: the line is a new one
+        return split_words(text)
 
     def through(self, sentence_id: int, nbest_line: int) -> Optional[str]:
         """Read on to source line ``sentence_id + 1`` and return it (None when it was read

@@ -82,6 +82,7 @@ def copy_checked(nbest: PathLike, copy: Path, ignore: Sequence[str] = ()) -> Dev
                 check_sentence_order(entry, last_id, nbest)
                 last_id = entry.sentence_id
                 out.write(entry.to_line().encode("utf-8"))
+            assert layout is not None  # set by the list's first entry
             features = checked_dense_rows(entries, [dense_feature_vector(e) for e in entries], layout, nbest)  # (H, D)
             totals = np.array([e.total for e in entries])  # (H,)
             features -= features.mean(0)
@@ -95,6 +96,7 @@ def copy_checked(nbest: PathLike, copy: Path, ignore: Sequence[str] = ()) -> Dev
             largest = max(largest, len(entries))
     if count == 0:
         raise PhraseScorerError("the n-best list is empty", path=nbest)
+    assert layout is not None and gram is not None and moment is not None  # set by the first sentence
     return DevList(layout, last_id + 1, gram, moment, totals_square, count, largest)
 
 

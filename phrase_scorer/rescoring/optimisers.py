@@ -98,7 +98,7 @@ def run_mert(mert: Path, data_dir: Path, run_dir: Path, start: Weights, seed: in
         f.write(" ".join(repr(v) for v in start.values) + "\n")
         f.write(" ".join([repr(MIN_WEIGHT)] * size) + "\n")
         f.write(" ".join([repr(MAX_WEIGHT)] * size) + "\n")
-    args = [mert, "-d", str(size), "--sctype", "BLEU", "--scfile", data_dir / "dev.scores.dat",
+    args: List[PathLike] = [mert, "-d", str(size), "--sctype", "BLEU", "--scfile", data_dir / "dev.scores.dat",
             "--ffile", data_dir / "dev.features.dat", "--ifile", run_dir / "init.opt",
             "-n", str(options.restarts), "-r", str(seed)]
     if options.threads > 1:
@@ -121,7 +121,7 @@ def run_kbmira(kbmira: Path, data_dir: Path, run_dir: Path, start: Weights, seed
     size = len(start.values)
     write_lines(run_dir / "init.dense",
                 [f"{name}= {value!r}" for name, value in zip(start.value_names(), start.values)])
-    args = [kbmira, "--sctype", "BLEU", "--dense-init", run_dir / "init.dense",
+    args: List[PathLike] = [kbmira, "--sctype", "BLEU", "--dense-init", run_dir / "init.dense",
             "--ffile", data_dir / "dev.features.dat", "--scfile", data_dir / "dev.scores.dat",
             "--random-seed", str(seed), "--iters", str(options.mira_iterations), "-o", run_dir / "weights.txt"]
     log_path = run_dir / "kbmira.log"

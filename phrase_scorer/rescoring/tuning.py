@@ -106,7 +106,7 @@ def check_rerank_inputs(dev_nbest: PathLike, test_nbest: PathLike, options: Rera
         first = next(iter(read_nbest(dev_nbest)), None)
         have = [name for name, _ in dense_layout(first)] if first is not None else None
         for name in options.ignore_features:
-            if have is not None and name not in have:
+            if first is not None and have is not None and name not in have:
                 raise PhraseScorerError(Text(setting("ignore_features", name), ": the dev list has no dense "
                                              f"feature {name}"), path=dev_nbest, line=first.line_number,
                                         hint=f"its dense features are {', '.join(have)}")

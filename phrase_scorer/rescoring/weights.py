@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -118,7 +118,7 @@ def check_layout(found: Layout, expected: Layout, weights: Weights, nbest: PathL
             hint="rerank lists made by the same decoder and rescored with the same models")
 
 
-def best_hypothesis(entries: Sequence[NBestEntry], rows: Sequence[Sequence[float]], weights: Weights,
+def best_hypothesis(entries: Sequence[NBestEntry], rows: Union[Sequence[Sequence[float]], np.ndarray], weights: Weights,
                     values: np.ndarray, nbest: PathLike) -> str:
     """A sentence's best hypothesis (its field without the surrounding spaces): ``entries`` with
     their dense values ``rows`` (the weights' layout), ranked by :func:`weighted_sum` with the

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Iterator
+from typing import Any, Iterator, Tuple
 
 import torch
 
@@ -91,7 +91,7 @@ def precision_context(device: torch.device, precision: str) -> Iterator[None]:
         with torch.autocast(device_type="cuda", dtype=_DTYPES[precision]):
             yield
         return
-    backends = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    backends: Tuple[Any, ...] = (torch.backends.cuda.matmul, torch.backends.cudnn)  # typed apart; both have allow_tf32
     saved = [b.allow_tf32 for b in backends]
     for b in backends:
         b.allow_tf32 = False

@@ -45,7 +45,7 @@ import os
 from stat import S_ISREG
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, Optional, Sequence, Union
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.atomic import AtomicOutput, file_key, open_own, remove_if_same, write_text_atomically
@@ -343,6 +343,7 @@ class OutputJob:
             remove_if_same(self._record, _key_or_none(self._record))
         if isinstance(exc, PhraseScorerError) and exc.path != self._record:
             part = self.out.tmp_path
+            note: Union[Text, str]
             if resumable:
                 note = Text(f"{part} is kept with the first {self.recorded_lines:,} lines done: run the same "
                             "command with ", setting("resume", True))

@@ -93,6 +93,7 @@ def run_logged(
         except OSError as exc:
             raise cannot_start(argv[0], exc) from None
         stream = proc.stdout if stdout is None else proc.stderr
+        assert stream is not None  # piped above
         try:
             for line in stream:
                 log_file.write(line)
