@@ -181,7 +181,7 @@ def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int
                            str(threads or cores_per_process(World(size=processes, local_size=processes))))
             ranks.start([sys.executable, "-m", "phrase_scorer", *arguments], env=env)
         ranks.supervise(stop_the_rest_after_a_failure, wait_for_their_checkpoint)
-        codes = ranks.exitcodes()
+        codes = [code or 0 for code in ranks.exitcodes()]  # every rank has ended
         lost = ranks.killed_from_elsewhere()
         if lost is not None:
             rank, number = lost
@@ -204,8 +204,8 @@ def launch_local(processes: int, arguments: Sequence[str], threads: Optional[int
         for rank in range(processes):  # what the ranks did not expect, as they would have shown it
             path = os.path.join(failures, f"rank-{rank}.txt")
             if os.path.exists(path) and not said:
-                with open(path, encoding="utf-8") as failure:
-                    sys.stderr.write(failure.read())
+                with open(path, encoding="utf-8") as traceback_text:
+                    sys.stderr.write(traceback_text.read())
     finally:
         signal.signal(signal.SIGTERM, previous)
         ranks.kill_running()  # an error here (ranks not all started) leaves none behind

@@ -131,12 +131,12 @@ class Pipeline:
             raise
         finally:
             self.stopping.set()
-            reader, writer = threads
-            writer.join(timeout=WRITER_STOP_SECONDS)  # a chunk being written is finished
+            reading, writing = threads
+            writing.join(timeout=WRITER_STOP_SECONDS)  # a chunk being written is finished
             # The reader stops at its next hand-over; one blocked on an input that never comes
             # (a pipe held open) is left behind: it is a daemon thread and holds nothing the
             # caller needs, so Ctrl-C does not wait on the input.
-            reader.join(timeout=POLL_SECONDS)
+            reading.join(timeout=POLL_SECONDS)
         if self.error is not None:
             raise self.error
 
@@ -319,6 +319,7 @@ class WorkerPool:
                     raise Stopped() from None
         if status == self.GONE:
             box.put((status, got, value))  # for any later reader of this method
+            assert n is not None  # only a worker process ends: the inline handler has no end
             raise self._ended(n)
         if status == "error":
             raise value
