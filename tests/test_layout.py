@@ -282,7 +282,6 @@ def test_the_f_string_check_sees_a_setting_formatted_into_text(tmp_path):
     assert settings_lost_in_f_strings(module) == [2, 3]
 
 
-
 def calls_of(path: Path, names: set) -> list:
     """Lines of ``path`` that call one of ``names`` (``f(...)`` or ``x.f(...)``)."""
     found = []
