@@ -119,7 +119,7 @@ def stale_annotation(table: Path, original: str, model_dir: PathLike) -> List[st
         model = signature.model() if signature is not None else None
     except PhraseScorerError:  # a damaged signature: annotated again
         signature = None
-    if signature is None:
+    if signature is None or model is None:
         return ["no finished annotated table"]
     weights = Path(model_dir) / "model.pt"
     current = {"model weights": file_sha256(weights) if weights.exists() else None,
@@ -137,7 +137,10 @@ def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathL
     module's docstring); otherwise they are made again."""
     ini = MosesIni.read(moses_ini)
     feature = ini.find_phrase_table()
-    original = os.path.normpath(ini.resolve(feature.get("path")))
+    table_path = feature.get("path")
+    if table_path is None:
+        raise ini.error(f"feature {feature.name} has no path=", feature.line.number, "give its phrase table's path=")
+    original = os.path.normpath(ini.resolve(table_path))
     tables = work / "tables"
     tables.mkdir(parents=True, exist_ok=True)
     both = tables / "phrase-table.rnn+wp.gz"
@@ -315,7 +318,11 @@ def run_step(run_dir: Path, inputs: Dict[str, object]) -> Step:
 
 def result_of(step: Step) -> Optional[RunResult]:
     """The finished run of a :func:`run_step`, or None."""
-    return RunResult(**read_record(step.outputs[0])) if step.done else None
+    if not step.done:
+        return None
+    record = read_record(step.outputs[0])
+    assert record is not None  # a done step's outputs are whole (the step checked them)
+    return RunResult(**record)
 
 
 def significance(runs: Sequence[RunResult], references: Sequence[str],
@@ -335,13 +342,20 @@ def significance(runs: Sequence[RunResult], references: Sequence[str],
 _BEST_ITERATION = re.compile(r"copying weights from best iteration \((\d+),")
 
 
+def _run_number(path: Path) -> int:
+    """The iteration of mert-moses.pl's ``runN.best*.out.gz``."""
+    match = re.match(r"run(\d+)", path.name)
+    assert match is not None  # mert-moses.pl numbers its runs
+    return int(match.group(1))
+
+
 def chosen_nbest(run_dir: Path) -> Optional[Path]:
     """The dev n-best list decoded with the weights the tuning run kept."""
     mert = run_dir / "tune" / "mert"
     log_text = ((run_dir / "tune" / "tune.log").read_text(errors="replace")
                 if (run_dir / "tune" / "tune.log").exists() else "")
     match = _BEST_ITERATION.search(log_text)
-    lists = sorted(mert.glob("run*.best*.out.gz"), key=lambda p: int(re.match(r"run(\d+)", p.name).group(1)))
+    lists = sorted(mert.glob("run*.best*.out.gz"), key=_run_number)
     if match:
         lists = [p for p in lists if p.name.startswith(f"run{match.group(1)}.")] or lists
     return lists[-1] if lists else None
