@@ -363,7 +363,7 @@ def test_each_experiment_is_found_by_its_verb():
 
 
 #: The modules that start processes or signal them: the supervisor (the package's own children: tasks
-#: side by side, a local training job's ranks, worker pools) and the drivers of external programs.
+#: side by side, a local training run's ranks, worker pools) and the drivers of external programs.
 PROCESS_STARTERS = {"runtime/supervisor.py", "runtime/programs.py", "moses/streaming.py"}
 STARTING = {"Popen", "Process", "fork", "forkpty", "get_context", "spawnv", "spawnl", "posix_spawn"}
 SIGNALLING = {"send_signal", "terminate", "kill", "killpg"}

@@ -6,7 +6,7 @@ Three kinds of children run under it, each with its own rule for what a failure 
 
 * tasks side by side (:mod:`phrase_scorer.runtime.side_by_side`): Python functions, each in a
   process of its own (``build-reranker``'s trainings);
-* the ranks of a training job on this machine (:func:`phrase_scorer.runtime.distributed.launch_local`,
+* the ranks of a training run on this machine (:func:`phrase_scorer.runtime.distributed.launch_local`,
   ``train --processes N``), with the environment torchrun would give them;
 * the worker processes of a :class:`~phrase_scorer.runtime.workers.WorkerPool` (``annotate``,
   ``score``, ``rescore``), started with ``spawn`` and the run's signals blocked.
