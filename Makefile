@@ -1,8 +1,8 @@
 # Two commands set everything up on a fresh machine:
 #   make example   install into .venv, then on bundled data: train a small sentence model and rescore Moses
 #                  n-best lists with it, train a small phrase model and annotate a phrase table (examples/run.sh)
-#   make test      install into .venv (with the test tools), then lint (ruff, and mypy on the typed packages) and
-#                  run the test suite (and the torchrun tests)
+#   make test      install into .venv (with the test tools), then lint (ruff, and mypy over the whole package)
+#                  and run the test suite (and the torchrun tests)
 # Others: make test-slow | test-moses (needs MOSES_HOME) | test-fuzz | bench
 
 PYTHON ?= python3
@@ -30,17 +30,13 @@ $(STAMP): pyproject.toml
 example: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/run.sh
 
-test: $(STAMP)
-	$(BIN)/ruff check phrase_scorer tests tools
-	$(BIN)/mypy --ignore-missing-imports --follow-imports=silent \
-		phrase_scorer/io phrase_scorer/errors.py phrase_scorer/records.py phrase_scorer/config.py phrase_scorer/vocab.py
+test: lint
 	$(PYTEST)
 	$(PYTEST) -m distributed
 
 lint: $(STAMP)
 	$(BIN)/ruff check phrase_scorer tests tools
-	$(BIN)/mypy --ignore-missing-imports --follow-imports=silent \
-		phrase_scorer/io phrase_scorer/errors.py phrase_scorer/records.py phrase_scorer/config.py phrase_scorer/vocab.py
+	$(BIN)/mypy --ignore-missing-imports --follow-imports=silent phrase_scorer
 
 test-slow: $(STAMP)
 	$(PYTEST) -m slow

@@ -415,3 +415,14 @@ def test_the_signals_that_end_a_run_are_listed_once():
             elif isinstance(node, ast.Attribute) and node.attr == "_value2member_map_":
                 found.append(f"{relative} line {node.lineno}")
     assert not found, "\n".join(found)
+
+
+def test_lint_type_checks_the_whole_package():
+    """``make lint``, which ``make test`` runs first, type-checks the whole package with mypy, not
+    a chosen few modules."""
+    makefile = (PACKAGE.parent / "Makefile").read_text(encoding="utf-8")
+    lint = re.search(r"^lint:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert lint is not None, "no lint target"
+    mypy = [line.split() for line in lint.group(1).splitlines() if "/mypy " in line]
+    assert len(mypy) == 1 and mypy[0][-1] == "phrase_scorer", mypy
+    assert re.search(r"^test: .*\blint\b", makefile, re.M), "make test does not run the lint target"
