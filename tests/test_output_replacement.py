@@ -91,7 +91,7 @@ def test_rescore_to_a_link_to_standard_output_writes_to_standard_output(tmp_path
     with gzip.open(NBEST, "rb") as f:
         assert captured.read_bytes().splitlines()[0].startswith(f.readline().split(b" ||| ")[0])
     assert beside(link) == ["stdout"]
-    assert "signature" not in done.stderr  # no signature is written beside standard output
+    assert ".json" not in done.stderr  # no signature file is written beside standard output
 
 
 @pytest.mark.parametrize("state, problem", [("read-only", "open for reading only"), ("closed", "which is not open")])
