@@ -53,7 +53,7 @@ if [[ -n "${MOSES_HOME:-}" ]]; then
     echo "With a whole Moses system (tables, language model; tools/build_multi30k_moses.sh builds the Multi30k one)," \
          "one command trains the models and tunes the reranker: phrase-scorer build-reranker SYSTEM/moses.tuned.ini" \
          "--corpus train.en train.fr --tuning-set dev.en dev.fr -o WORK; then new text takes the same steps:" \
-         "phrase-scorer translate --moses SYSTEM/moses.tuned.ini --reranker WORK/reranker.json new.en -o new.fr"
+         "phrase-scorer translate-system --moses SYSTEM/moses.tuned.ini --reranker WORK/reranker.json new.en -o new.fr"
 else
     echo "== A3. rerank: needs Moses' extractor and mert =="
     echo "MOSES_HOME is not set: with a Moses build there, this step tunes a reranker on the rescored dev list" \

@@ -435,7 +435,7 @@ class RerankOptions:
     mertdir: Optional[str] = None  # folder of extractor, mert, kbmira (default: MOSES_HOME/bin)
     ignore_features: Tuple[str, ...] = ()  # dense features of the lists left out (neither tuned nor used)
     # dev BLEU points (x 100) a model feature must buy to keep its tuned weight: one that buys no
-    # more is weighted 0, and translate --moses --reranker does not run its model; negative: keep all
+    # more is weighted 0, and translate-system --moses --reranker does not run its model; negative: keep all
     min_feature_gain: float = 0.0
 
 
@@ -467,15 +467,15 @@ class TranslateOptions:
     length_normalize: bool = True  # rank ended hypotheses by log p per token (</s> included)
     max_length_ratio: float = 2.0  # at most ceil(ratio * source words) target words
     batch_sentences: int = 32  # sentences searched together
-    # translate --moses --reranker: sentences decoded, rescored and reranked at a time (and resumed).
+    # translate-system --moses --reranker: sentences decoded, rescored and reranked at a time (and resumed).
     # One Moses serves every chunk, so a small chunk costs no loading: the first chunk's lists, the
     # part of Moses' time nothing hides, come sooner (English-Czech test 2016: 70.2 s with 100
     # against 74.7 s with 500; docs/benchmarks.md)
     chunk_sentences: int = 100
-    # translate --moses --reranker: Moses decodes the next chunk while the models rescore this one
+    # translate-system --moses --reranker: Moses decodes the next chunk while the models rescore this one
     # (False: one after the other); the output is the same bytes either way
     pipeline: bool = True
-    # translate --moses --reranker: a model scores a hypothesis only while its weighted sum, with
+    # translate-system --moses --reranker: a model scores a hypothesis only while its weighted sum, with
     # the unscored log p's taken as 0, can still reach its sentence's best
     # (rescoring/bounded.py); False: every hypothesis with every model. The same choices. None: the
     # device's own (default_bound): on a CPU, where a model's time is its arithmetic, bound; on a
@@ -485,7 +485,7 @@ class TranslateOptions:
 
 
 def default_bound(device_type: str) -> bool:
-    """Whether translate --moses --reranker bounds its scoring on a device of this type
+    """Whether translate-system --moses --reranker bounds its scoring on a device of this type
     (``TranslateOptions.bound`` None)."""
     return device_type == "cpu"
 

@@ -16,7 +16,7 @@ current compares that record with the settings it would use now, here:
   record, the one protocol of every step of the experiments;
 * :func:`as_recorded` -- a value as its JSON record reads back (tuples as lists);
 * :class:`Signature` -- the record written beside a finished output (``OUT.json``) by
-  ``annotate``, ``rescore``, ``rerank`` and ``translate --moses``, built, written and read here
+  ``annotate``, ``rescore``, ``rerank`` and ``translate-system --moses``, built, written and read here
   only; :class:`SignedModel` -- a model as a signature names it; :func:`signature_line` -- a
   signature as one line to quote beside a score (``tool:rescore|models:RNN0=3f2a9c1b0d4e|...``).
 """

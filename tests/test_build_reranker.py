@@ -229,7 +229,7 @@ def test_the_command_builds_a_reranker_and_reuses_every_step(built, moses):
     # The whole system takes the reranker: one line per input line
     source = Path(str(built) + ".new.en")
     source.write_text("".join(VAL_EN.read_text(encoding="utf-8").splitlines(True)[:5]), encoding="utf-8")
-    run_cli(["translate", "--moses", str(SHARED_SYSTEM / "moses.tuned.ini"), "--reranker",
+    run_cli(["translate-system", "--moses", str(SHARED_SYSTEM / "moses.tuned.ini"), "--reranker",
              str(built / "reranker.json"), str(source), "-o", str(source) + ".fr"])
     assert len(Path(str(source) + ".fr").read_text(encoding="utf-8").splitlines()) == 5
 

@@ -180,7 +180,7 @@ def test_translate_refuses_such_a_reranker_before_moses_starts_and_keeps_the_nam
     home = stand_in_moses(tmp_path)
     before = users_list.read_bytes()
     out = tmp_path / "out.fr"
-    result = run_cli("translate", "--moses", TUNED_INI, "--reranker", reranker, SOURCE, "-o", out,
+    result = run_cli("translate-system", "--moses", TUNED_INI, "--reranker", reranker, SOURCE, "-o", out,
                      "--moses-home", home)
     line = error_line(result)
     assert f"{reranker}: decoder.decoder_flags sets Moses' -n-best-list" in line

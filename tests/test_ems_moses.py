@@ -317,7 +317,7 @@ def test_ems_evaluation_translates_through_the_reranked_system(moses_home, data,
     ini = re.search(r" -f (\S+)", call).group(1)
     source = re.search(r" < (\S+)", call).group(1)
     direct = tmp_path / "direct.fr"
-    subprocess.run([sys.executable, "-m", "phrase_scorer", "translate", "--moses", ini, "--reranker",
+    subprocess.run([sys.executable, "-m", "phrase_scorer", "translate-system", "--moses", ini, "--reranker",
                     str(build / "reranker.json"), source, "-o", str(direct), "--threads", "1"],
                    check=True, capture_output=True, cwd=work,
                    env=dict(os.environ, MOSES_HOME=str(moses_home), PYTHONPATH=str(ROOT)))

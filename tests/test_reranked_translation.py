@@ -1,4 +1,4 @@
-"""`translate --moses INI --reranker RERANKER`: new text through the whole tuned system, checked
+"""`translate-system --moses INI --reranker RERANKER`: new text through the whole tuned system, checked
 against the same steps run by hand (decode n-best lists, rescore, apply-reranker). Needs a Moses
 build (MOSES_HOME) and the shared Multi30k system."""
 
@@ -104,7 +104,7 @@ def test_one_command_gives_what_the_steps_give_by_hand(system, tmp_path):
     source = tmp_path / "input.en"
     source.write_text("\n".join(lines[:3] + [""] + lines[3:]) + "\n", encoding="utf-8")  # an empty line inside
     out = tmp_path / "out.fr"
-    result = run("translate", "--moses", system["ini"], "--reranker", system["reranker"], source, "-o", out,
+    result = run("translate-system", "--moses", system["ini"], "--reranker", system["reranker"], source, "-o", out,
                  "--chunk-sentences", 3, "--moses-home", system["moses"].home)
     assert result.exit_code == 0, result.stderr
     by_hand = system["by_hand"]
@@ -127,12 +127,28 @@ def test_one_command_gives_what_the_steps_give_by_hand(system, tmp_path):
     assert result.stderr.count("records no decoder options") == 1 and "rerank's --decoder-flags" in result.stderr
 
 
+def test_the_old_spelling_translate_moses_writes_the_same_bytes(system, tmp_path):
+    """'translate --moses ...' runs translate-system: the same output and signature, and a note."""
+    words_only(system)
+    outputs = {}
+    for verb in (["translate-system"], ["translate"]):
+        out = tmp_path / f"{verb[0]}.fr"
+        result = run(*verb, "--moses", system["ini"], "--reranker", system["reranker"], system["source"], "-o", out,
+                     "--chunk-sentences", 3, "--moses-home", system["moses"].home)
+        assert result.exit_code == 0, result.stderr
+        signature = json.loads(Path(f"{out}.json").read_text())
+        signature.pop("output"), signature.pop("finished", None)
+        outputs[verb[0]] = (out.read_bytes(), signature, "now 'phrase-scorer translate-system'" in result.stderr)
+    assert outputs["translate"][:2] == outputs["translate-system"][:2]
+    assert (outputs["translate"][2], outputs["translate-system"][2]) == (True, False)
+
+
 def test_a_model_changed_since_tuning_is_refused(system, tmp_path):
     reranker = json.loads(system["reranker"].read_text())
     reranker["models"]["RNN0"]["weights_sha256"] = "0" * 64
     changed = tmp_path / "changed.json"
     changed.write_text(json.dumps(reranker))
-    result = run("translate", "--moses", system["ini"], "--reranker", changed, system["source"], "-o",
+    result = run("translate-system", "--moses", system["ini"], "--reranker", changed, system["source"], "-o",
                  tmp_path / "out.fr", "--moses-home", system["moses"].home)
     assert result.exit_code == 1 and "the model of feature RNN0 changed since the reranker was tuned" in result.stderr
     assert not (tmp_path / "out.fr").exists()
@@ -144,7 +160,7 @@ def test_an_interrupted_run_resumes_to_the_same_bytes(system, tmp_path, monkeypa
 
     if pipeline == "--no-pipeline":
         words_only(system)
-    args = ["translate", "--moses", system["ini"], "--reranker", system["reranker"], system["source"],
+    args = ["translate-system", "--moses", system["ini"], "--reranker", system["reranker"], system["source"],
             "--chunk-sentences", 3, "--moses-home", system["moses"].home, pipeline]
     whole = tmp_path / "whole.fr"
     assert run(*args, "-o", whole).exit_code == 0
@@ -171,7 +187,7 @@ def test_int8_is_recorded_and_a_resumed_run_refuses_another_precision(system, tm
     import phrase_scorer.rescoring.translation as module
 
     words_only(system)
-    args = ["translate", "--moses", system["ini"], "--reranker", system["reranker"], system["source"],
+    args = ["translate-system", "--moses", system["ini"], "--reranker", system["reranker"], system["source"],
             "--chunk-sentences", 3, "--moses-home", system["moses"].home]
     whole = tmp_path / "whole.fr"
     assert run(*args, "--precision", "int8", "-o", whole).exit_code == 0
@@ -219,7 +235,7 @@ def test_moses_decodes_the_next_chunk_while_this_one_is_rescored(system, tmp_pat
     monkeypatch.setattr(module, "decode_chunk", decode_chunk)
     monkeypatch.setattr(module, "rerank_chunk", rerank_chunk)
     out = tmp_path / "out.fr"
-    result = run("translate", "--moses", system["ini"], "--reranker", system["reranker"], source, "-o", out,
+    result = run("translate-system", "--moses", system["ini"], "--reranker", system["reranker"], source, "-o", out,
                  "--chunk-sentences", 2, "--moses-home", system["moses"].home,
                  "--pipeline" if pipeline else "--no-pipeline")
     assert result.exit_code == 0, result.stderr
@@ -253,7 +269,7 @@ def test_moses_dying_during_the_run_stops_it_with_its_error(system, tmp_path, mo
 
     monkeypatch.setattr(module, "decode_chunk", decode_chunk)
     out = tmp_path / "out.fr"
-    args = ["translate", "--moses", system["ini"], "--reranker", system["reranker"], system["source"], "-o", out,
+    args = ["translate-system", "--moses", system["ini"], "--reranker", system["reranker"], system["source"], "-o", out,
             "--chunk-sentences", 2, "--moses-home", system["moses"].home, pipeline]
     result = run(*args)
     assert result.exit_code == 1 and not out.exists() and not moses_threads()
@@ -272,7 +288,7 @@ def test_a_moses_ini_moses_cannot_read_stops_the_run_with_moses_error(system, tm
     ini = tmp_path / "system.ini"
     ini.write_text(Path(system["ini"]).read_text().replace("[feature]", "[feature]\nNoSuchFeature name=X"))
     out = tmp_path / "out.fr"
-    result = run("translate", "--moses", ini, "--reranker", system["reranker"], system["source"], "-o", out,
+    result = run("translate-system", "--moses", ini, "--reranker", system["reranker"], system["source"], "-o", out,
                  "--moses-home", system["moses"].home)
     assert result.exit_code == 1 and not out.exists() and not moses_threads()
     message = result.stderr.strip().splitlines()[-1]
@@ -291,7 +307,7 @@ def test_a_model_feature_weighted_0_is_neither_loaded_nor_run(system, tmp_path):
     result = run("apply-reranker", zero, "--test", system["rescored"], "-o", with_model)
     assert result.exit_code == 0, result.stderr
     out = tmp_path / "out.fr"
-    result = run("translate", "--moses", system["ini"], "--reranker", zero, system["source"], "-o", out,
+    result = run("translate-system", "--moses", system["ini"], "--reranker", zero, system["source"], "-o", out,
                  "--chunk-sentences", 4, "--moses-home", system["moses"].home)
     assert result.exit_code == 0, result.stderr
     assert out.read_bytes() == with_model.read_bytes()

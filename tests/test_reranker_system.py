@@ -67,8 +67,8 @@ def with_five_translation_scores(lines):
 def translate(reranker: Path, ini: Path, tmp_path: Path, *more):
     home = stand_in_moses(tmp_path)
     out = tmp_path / "out.txt"
-    result = run_cli("translate", "--moses", ini, "--reranker", reranker, SOURCE, "-o", out, "--moses-home", home,
-                     *more)
+    result = run_cli("translate-system", "--moses", ini, "--reranker", reranker, SOURCE, "-o", out, "--moses-home",
+                     home, *more)
     line = error_line(result)
     assert not (home / "started").exists(), "Moses was started"
     assert not out.exists() and not Path(f"{out}.work").exists()

@@ -107,3 +107,41 @@ def test_beam_width_one_is_greedy(sentence_model, val_lines):
         words, total = greedy(loaded.model, ids, math.ceil(1.5 * len(ids)))
         assert loaded.target_vocab.decode(words) == translation.words
         assert translation.log_prob == pytest.approx(total, rel=1e-5, abs=1e-4)  # the beam sums in fp32
+
+
+def run_both(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_the_whole_system_is_its_own_verb_and_the_old_spelling_reaches_it_with_a_note(tmp_path):
+    """translate-system is the whole tuned system; 'translate --moses ...' still runs it, to the
+    same result, with one line on stderr naming the new verb."""
+    ini, reranker, source = tmp_path / "moses.ini", tmp_path / "reranker.json", tmp_path / "in.en"
+    for path in (ini, reranker, source):
+        path.write_text("a\n", encoding="utf-8")
+    args = ["--moses", ini, "--reranker", reranker, source, "-o", tmp_path / "out.fr", "--moses-home",
+            tmp_path / "no-moses"]
+    new, old = run_both("translate-system", *args), run_both("translate", *args)
+    assert new.exit_code == old.exit_code == 1 and "--moses-home" in new.stderr  # past the options, to Moses
+    assert "translate-system" not in new.stderr
+    note, *rest = old.stderr.splitlines(keepends=True)
+    assert "'translate --moses' is now 'phrase-scorer translate-system'" in note and "".join(rest) == new.stderr
+    assert not (tmp_path / "out.fr").exists()
+
+
+def test_each_translate_verb_takes_only_its_own_options(tmp_path, tiny_model):
+    """translate -m refuses the whole system's options, and the old spelling of translate-system
+    refuses translate -m's, each naming the verb whose option it is; neither --help lists the other's."""
+    ini, source = tmp_path / "moses.ini", tmp_path / "in.en"
+    for path in (ini, source):
+        path.write_text("a\n", encoding="utf-8")
+    out = tmp_path / "out.fr"
+    result = run_both("translate", "-m", tiny_model, source, "-o", out, "--chunk-sentences", 5)
+    assert result.exit_code == 1 and "--chunk-sentences is an option of translate-system" in result.stderr
+    result = run_both("translate", "--moses", ini, "--reranker", ini, source, "-o", out, "--beam", 3)
+    assert result.exit_code == 1 and "--beam is an option of translate -m" in result.stderr
+    assert not out.exists()
+    model_help = run_both("translate", "--help").output
+    system_help = run_both("translate-system", "--help").output
+    assert "--reranker" not in model_help and "--chunk-sentences" not in model_help and "--beam" in model_help
+    assert "--beam" not in system_help and "--model" not in system_help and "--reranker" in system_help

@@ -133,7 +133,7 @@ def writers(tmp_path, tiny_model, search_model, table, ini, out):
     args.update({
         "score": (["score", "-m", tiny_model, table, "-o", out, "--overwrite"], out),
         "translate -m": (["translate", "-m", tiny_model, sentences, "-o", out, "--overwrite"], out),
-        "translate --moses": (["translate", "--moses", system, "--reranker", reranker, sentences, "-o", out,
+        "translate-system": (["translate-system", "--moses", system, "--reranker", reranker, sentences, "-o", out,
                                "--moses-home", moses_home, "--overwrite"], out),
         "annotate": (["annotate", table, "-m", tiny_model, "-o", out, "--overwrite"], out),
         "rescore": (["rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-o", out, "--overwrite"], out),
@@ -163,7 +163,7 @@ def fake_system(tmp_path):
     return reranker, home
 
 
-WRITERS = ["score", "translate -m", "translate --moses", "annotate", "rescore", "moses-ini", "tune", "rerank",
+WRITERS = ["score", "translate -m", "translate-system", "annotate", "rescore", "moses-ini", "tune", "rerank",
            "apply-reranker", "evaluate", "plot scores", "plot embeddings", "plot alignments", "experiment --report",
            "rescore-experiment --report", "ems-config"]
 
@@ -204,12 +204,12 @@ def signers(tmp_path, tiny_model, table, out):
     return {
         "annotate": ["annotate", table, "-m", tiny_model, "-o", out],
         "rescore": ["rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-o", out],
-        "translate --moses": ["translate", "--moses", ini, "--reranker", reranker, sentences, "-o", out,
+        "translate-system": ["translate-system", "--moses", ini, "--reranker", reranker, sentences, "-o", out,
                               "--moses-home", moses_home],
     }
 
 
-@pytest.mark.parametrize("verb", ["annotate", "rescore", "translate --moses"])
+@pytest.mark.parametrize("verb", ["annotate", "rescore", "translate-system"])
 def test_a_json_kept_where_the_signature_goes_is_replaced_only_with_overwrite(tmp_path, tiny_model, table, verb):
     out = tmp_path / "out.txt"
     kept = tmp_path / "out.txt.json"
@@ -221,7 +221,7 @@ def test_a_json_kept_where_the_signature_goes_is_replaced_only_with_overwrite(tm
     assert kept.read_text() == users
     assert not out.exists() and not Path(f"{out}.part").exists() and not Path(f"{out}.lock").exists()
     result = run(*args, "--overwrite")
-    if verb == "translate --moses":  # past the check, the fake decoder fails: the file is kept
+    if verb == "translate-system":  # past the check, the fake decoder fails: the file is kept
         assert "already exists" not in error_line(result) and kept.read_text() == users
     else:
         assert result.exit_code == 0, result.stderr

@@ -455,7 +455,7 @@ def render(rows) -> str:
         "step to step in half precision and the logits come out of a half-precision output layer; only the "
         "log-softmax and the sum over a phrase's words are fp32.",
         "- **int8** (`--precision int8` of `rescore`, `annotate`, `rescore-experiment` "
-        "and `translate --moses`; a CPU only, refused on a GPU): the output layer's product W_o t_i in 8-bit "
+        "and `translate-system --moses`; a CPU only, refused on a GPU): the output layer's product W_o t_i in 8-bit "
         "integers (PyTorch's fbgemm kernels: W_o int8 per output word, each row of t_i in 7 bits over its own "
         "range, so a row's logits do not depend on the rows beside it), everything else fp32. What it does to "
         "n-best scores, to the model's own choice of hypothesis, to BLEU and to the speed: docs/benchmarks.md, "

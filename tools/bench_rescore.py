@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Rescoring speed: hypotheses per second of ``phrase-scorer rescore`` with sentence models on
-the CPU, and where the time of the one-command path (``translate --moses --reranker``) goes.
+the CPU, and where the time of the one-command path (``translate-system --moses --reranker``) goes.
 
     python tools/bench_rescore.py --model NAME=DIR [--model NAME=DIR ...] [--reverse-model NAME=DIR]
         [--nbest NBEST --source SRC] [--sentences 200] [--threads 1,2] [--repeats 2] [--before CHECKOUT]
@@ -283,7 +283,7 @@ def one_command(args, work: Path) -> str:
         translation = work / f"translation.{precision}.{bound}.{tokens}.txt"
         batch = ["--batch-tokens", tokens] if tokens else []
         _, err, seconds, _ = benchlib.run_measured(benchlib.phrase_scorer_command(
-            "translate", "--moses", args.moses_ini, "--reranker", args.reranker, source, "-o", translation,
+            "translate-system", "--moses", args.moses_ini, "--reranker", args.reranker, source, "-o", translation,
             "--overwrite", "--precision", precision, f"--{bound}", *decoder_threads, *chunks, *device, *batch))
         match = PHASES.search(err)
         if not match:
@@ -305,7 +305,8 @@ def one_command(args, work: Path) -> str:
     info = benchlib.machine()
     return (
         "## The one-command path: where the time goes (`tools/bench_rescore.py --reranker ...`)\n\n"
-        f"`phrase-scorer translate --moses {Path(args.moses_ini).name} --reranker {Path(args.reranker).name}` of the "
+        f"`phrase-scorer translate-system --moses {Path(args.moses_ini).name} --reranker {Path(args.reranker).name}` "
+        "of the "
         f"first {args.translate_sentences} sentences of `{Path(args.source).name}` (decoder threads "
         f"{args.decoder_threads or 'as translate sets them'}, chunks of "
         f"{args.chunk_sentences or 'the default'} sentences), each `--precision` and `--bound`/`--no-bound` a run "

@@ -8,7 +8,7 @@ training budget, one Markdown table row per budget.
 For each budget B (hours of training for all models together), in increasing order, it runs
 ``phrase-scorer build-reranker ... --budget B -o WORK`` (a larger budget trains each model on from
 its checkpoint, and the steps after training run again on the models it gives), translates the
-test set through the reranked system (``translate --moses --reranker``) and scores it against
+test set through the reranked system (``translate-system --moses --reranker``) and scores it against
 Moses' own 1-best of the tuned system (sacrebleu BLEU and chrF, paired bootstrap p). A row gives
 the updates each model reached and its training seconds (from the models' train.log.jsonl): a
 budget is wall-clock time, so on a busy machine fewer updates fit in it; the updates are what
@@ -83,7 +83,7 @@ def main(argv: List[str] = None) -> None:
         phrase_scorer("build-reranker", args.system, "--corpus", *args.corpus, "--tuning-set", *args.tuning_set,
                       "--lang", args.lang, "--budget", f"{budget:g}", "-o", str(args.work), *args.build_options)
         output = args.work / "curve" / f"test.budget{budget:g}"
-        phrase_scorer("translate", "--moses", args.system, "--reranker", str(args.work / "reranker.json"),
+        phrase_scorer("translate-system", "--moses", args.system, "--reranker", str(args.work / "reranker.json"),
                       args.test[0], "-o", str(output), "--overwrite")
         hypotheses = read_lines(output)
         ours = score(hypotheses, references, lang=args.lang)

@@ -227,7 +227,7 @@ def make_build_options(model_kinds, members, average_checkpoints, vocabulary, pr
 def build_reranker(moses_ini, corpus, tuning, work_dir, given, batch_tokens, threads, moses_home, **settings):
     """From a tuned MOSES_INI to its best reranker: train the sentence models, decode and rescore the
     tuning set's n-best list, tune every candidate row with --runs optimiser seeds, keep the best
-    (near-ties: fewer models) and write OUTPUT/reranker.json for translate --moses --reranker."""
+    (near-ties: fewer models) and write OUTPUT/reranker.json for translate-system --moses --reranker."""
     set_threads(threads)
     from phrase_scorer.experiments.build_reranker import build_reranker as build
 

@@ -1,4 +1,4 @@
-"""``sample`` and ``translate``: what the model writes."""
+"""``sample``, ``translate`` (a model alone) and ``translate-system`` (the whole tuned system): what is written."""
 
 from __future__ import annotations
 
@@ -86,9 +86,60 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
         click.echo("")
 
 
+def system_options(function):
+    """The options of ``translate-system``'s own: the tuned Moses system, its reranker and how the
+    chunks run (also read, hidden, by ``translate``, which passes its old spelling on)."""
+    for option in reversed([
+        click.option("--moses", "moses_ini", type=PathName(dir_okay=False, exists=True), default=None,
+                     help="The tuned moses.ini whose n-best lists the reranker rescores (required)."),
+        click.option("--reranker", type=PathName(dir_okay=False, exists=True), default=None,
+                     help="The reranker 'rerank --dev ...' or 'build-reranker' wrote (its OUTPUT.json; required)."),
+        click.option("--chunk-sentences", type=Count(min=1), default=TranslateOptions.chunk_sentences,
+                     help="Sentences decoded, rescored and reranked at a time (also the resume granularity)."),
+        click.option("--decoder-threads", type=PARALLEL, default=None,
+                     help="The decoder's threads [default: all cores]."),
+        click.option("--working-dir", type=PathName(file_okay=False), default=None,
+                     help="For the chunks being translated, made fresh [default: OUTPUT.work]."),
+        click.option("--pipeline/--no-pipeline", default=TranslateOptions.pipeline, show_default=True,
+                     help="Moses decodes the next chunk while the models rescore this one "
+                          "(--no-pipeline: one after the other; the same output either way)."),
+        click.option("--bound/--no-bound", default=TranslateOptions.bound,
+                     help="A model scores a hypothesis only while it can still be its sentence's best "
+                          "(--no-bound: every hypothesis with every model; the same choices) [default: bound on a "
+                          "CPU, no bound on a GPU, where the staged scoring's extra batches cost more than they "
+                          "save]."),
+        resume_option, precision_option, batch_tokens_option, moses_home_option,
+    ]):
+        function = option(function)
+    return function
+
+
+SYSTEM_PARAMETERS = ("moses_ini", "reranker", "chunk_sentences", "decoder_threads", "working_dir", "pipeline",
+                     "bound", "resume", "precision", "batch_tokens", "moses_home")  # system_options' parameters
+MODEL_PARAMETERS = ("model_dir", "beam", "length_normalize", "max_length_ratio", "batch_sentences")  # translate -m's
+
+
+def hidden_system_options(function):
+    """:func:`system_options`, left out of ``translate``'s --help: its old spelling
+    (``translate --moses ...``) still parses and is passed on to ``translate-system``."""
+    function = system_options(function)
+    for param in function.__click_params__[-len(SYSTEM_PARAMETERS):]:
+        param.hidden = True
+    return function
+
+
+def given_on_command_line(ctx: click.Context, names) -> list:
+    """The options among ``names`` (parameter names) given on the command line, as their flags."""
+    from click.core import ParameterSource
+
+    params = {p.name: p for p in ctx.command.params}
+    return [max(params[name].opts, key=len) for name in names
+            if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
+
+
 @cli.command()
 @click.option("-m", "--model", "model_dir", type=PathName(file_okay=False), default=None,
-              help="Model directory made by 'phrase-scorer train': translate with it alone, by beam search.")
+              help="Model directory made by 'phrase-scorer train' (required).")
 @click.argument("input", type=PathName(dir_okay=False, allow_dash=True), default="-")
 @click.option("-o", "--output", type=PathName(dir_okay=False, allow_dash=True), default="-",
               help="Where to write the translations (a name ending in .gz is gzipped).")
@@ -101,77 +152,87 @@ def sample(model_dir, phrases, input_file, samples, top, beam, temperature, max_
               help="A translation has at most ceil(RATIO * source words) words.")
 @click.option("--batch-sentences", type=Count(min=1), default=TranslateOptions.batch_sentences,
               help="Sentences searched together.")
-@click.option("--moses", "moses_ini", type=PathName(dir_okay=False, exists=True), default=None,
-              help="Or: translate with this (tuned) moses.ini and --reranker: Moses' n-best lists, rescored by the "
-                   "reranker's models and reranked by its weights.")
-@click.option("--reranker", type=PathName(dir_okay=False, exists=True), default=None,
-              help="With --moses: the reranker 'rerank --dev ...' wrote (its OUTPUT.json).")
-@click.option("--chunk-sentences", type=Count(min=1), default=TranslateOptions.chunk_sentences,
-              help="With --moses: sentences decoded, rescored and reranked at a time (also the resume granularity).")
-@click.option("--decoder-threads", type=PARALLEL, default=None,
-              help="With --moses: the decoder's threads [default: all cores].")
-@click.option("--working-dir", type=PathName(file_okay=False), default=None,
-              help="With --moses: for the chunks being translated, made fresh [default: OUTPUT.work].")
-@click.option("--pipeline/--no-pipeline", default=TranslateOptions.pipeline, show_default=True,
-              help="With --moses: Moses decodes the next chunk while the models rescore this one "
-                   "(--no-pipeline: one after the other; the same output either way).")
-@click.option("--bound/--no-bound", default=TranslateOptions.bound,
-              help="With --moses: a model scores a hypothesis only while it can still be its sentence's best "
-                   "(--no-bound: every hypothesis with every model; the same choices) [default: bound on a CPU, "
-                   "no bound on a GPU, where the staged scoring's extra batches cost more than they save].")
-@resume_option
 @overwrite_option
 @device_option
-@precision_option
-@batch_tokens_option
 @threads_option
-@moses_home_option
-def translate(model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, moses_ini, reranker,
-              chunk_sentences, decoder_threads, working_dir, pipeline, bound, resume, overwrite, device, precision,
-              batch_tokens, threads, moses_home):
+@hidden_system_options
+@click.pass_context
+def translate(ctx, model_dir, input, output, beam, length_normalize, max_length_ratio, batch_sentences, overwrite,
+              device, threads, **system):
     """Translate the tokenised sentences of INPUT (plain or gzip; '-': stdin) by beam search with
-    a model (-m), or with the whole tuned system (--moses INI --reranker RERANKER).
+    the model -m alone (the whole tuned system: translate-system).
 
     One output line per input line, in order: the words joined by single spaces, tokenised as the
     model's target vocabulary holds them (like Moses' output). <unk> is never generated; source
     words outside the model's shortlist are read as <unk>. An empty line gives an empty line.
     """
+    if model_dir is None and system["moses_ini"] is not None:  # the old spelling of translate-system
+        stray = given_on_command_line(ctx, MODEL_PARAMETERS)
+        if stray:
+            raise UserError(f"{stray[0]} is an option of translate -m (the model alone), not of translate-system")
+        click.echo("note: 'translate --moses' is now 'phrase-scorer translate-system' (the same options); "
+                   "the old spelling still works", err=True)
+        params = {"input": input, "output": output, "overwrite": overwrite, "device": device, "threads": threads,
+                  **system}
+        sub = click.Context(translate_system, info_name="translate-system", parent=ctx.parent)
+        sub.params = params
+        with sub:
+            return translate_system.invoke(sub)
+    if model_dir is None:
+        raise UserError("give -m MODEL (the model alone); the whole tuned system is "
+                        "translate-system --moses INI --reranker RERANKER")
+    stray = given_on_command_line(ctx, SYSTEM_PARAMETERS)
+    if stray:
+        raise UserError(f"{stray[0]} is an option of translate-system (the whole tuned system), not of translate -m")
     set_threads(threads)
-    from phrase_scorer.runtime.device import resolve_device
-
-    if (model_dir is None) == (moses_ini is None):
-        raise UserError("give -m MODEL (the model alone) or --moses INI --reranker RERANKER (the whole system)")
-    if moses_ini is not None:
-        if reranker is None:
-            raise UserError("--moses needs --reranker (the OUTPUT.json of 'rerank --dev ...')")
-        if output == "-" or input == "-":
-            raise UserError("--moses translates a named INPUT into a named -o OUTPUT (resumable, with a signature)")
-        from phrase_scorer.moses.installation import MosesInstallation
-        from phrase_scorer.rescoring.translation import PHASES, WAITING, translate_reranked
-
-        try:
-            result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,
-                                        moses=MosesInstallation.find(moses_home), device=resolve_device(device),
-                                        scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision),
-                                        chunk_sentences=chunk_sentences, threads=decoder_threads,
-                                        working_dir=working_dir, pipeline=pipeline, bound=bound, resume=resume,
-                                        overwrite=overwrite)
-        except KeyboardInterrupt:
-            raise interrupted_resumable(output) from None
-        phases = ", ".join(f"{name} {result.phase_seconds.get(name, 0.0):.1f} s" for name in PHASES)
-        phases += f"; {WAITING} {result.phase_seconds.get(WAITING, 0.0):.1f} s"
-        click.echo(f"translated {result.sentences:,} sentences in {result.seconds:.0f}s ({phases}): {output}"
-                   + ("" if writes_directly(output) else f", signature {output}.json"), err=True)
-        click.echo(f"signature: {result.signature_line}", err=True)
-        return
-    if reranker is not None or resume:
-        raise UserError("--reranker and --resume go with --moses")
-    if precision != ScoringOptions.precision or batch_tokens is not None:
-        raise UserError("--precision and --batch-tokens go with --moses (how the reranker's models rescore the lists)")
     from phrase_scorer.model_dir import load_model
     from phrase_scorer.generation.translate import translate_file
+    from phrase_scorer.runtime.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
     options = TranslateOptions(beam=beam, length_normalize=length_normalize, max_length_ratio=max_length_ratio,
                                batch_sentences=batch_sentences)
     translate_file(input, output, loaded, options, overwrite=overwrite)
+
+
+@cli.command("translate-system")
+@click.argument("input", type=PathName(dir_okay=False, allow_dash=True), default="-")
+@click.option("-o", "--output", type=PathName(dir_okay=False, allow_dash=True), default="-",
+              help="Where to write the translations, a named file (a name ending in .gz is gzipped).")
+@system_options
+@overwrite_option
+@device_option
+@threads_option
+def translate_system(input, output, moses_ini, reranker, chunk_sentences, decoder_threads, working_dir, pipeline,
+                     bound, resume, precision, batch_tokens, moses_home, overwrite, device, threads):
+    """Translate the tokenised sentences of INPUT with the whole tuned system (--moses INI
+    --reranker RERANKER): Moses' n-best lists, rescored by the reranker's models and reranked by its
+    weights; chunked, resumable, with a signature OUTPUT.json.
+
+    One output line per input line, in order; an empty line gives an empty line.
+    """
+    set_threads(threads)
+    if moses_ini is None or reranker is None:
+        raise UserError("translate-system needs --moses INI (the tuned moses.ini) and --reranker RERANKER "
+                        "(the OUTPUT.json of 'rerank --dev ...' or build-reranker's reranker.json)")
+    if output == "-" or input == "-":
+        raise UserError("translate-system translates a named INPUT into a named -o OUTPUT (resumable, with a "
+                        "signature)")
+    from phrase_scorer.moses.installation import MosesInstallation
+    from phrase_scorer.rescoring.translation import PHASES, WAITING, translate_reranked
+    from phrase_scorer.runtime.device import resolve_device
+
+    try:
+        result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,
+                                    moses=MosesInstallation.find(moses_home), device=resolve_device(device),
+                                    scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision),
+                                    chunk_sentences=chunk_sentences, threads=decoder_threads,
+                                    working_dir=working_dir, pipeline=pipeline, bound=bound, resume=resume,
+                                    overwrite=overwrite)
+    except KeyboardInterrupt:
+        raise interrupted_resumable(output) from None
+    phases = ", ".join(f"{name} {result.phase_seconds.get(name, 0.0):.1f} s" for name in PHASES)
+    phases += f"; {WAITING} {result.phase_seconds.get(WAITING, 0.0):.1f} s"
+    click.echo(f"translated {result.sentences:,} sentences in {result.seconds:.0f}s ({phases}): {output}"
+               + ("" if writes_directly(output) else f", signature {output}.json"), err=True)
+    click.echo(f"signature: {result.signature_line}", err=True)

@@ -125,8 +125,8 @@ def flag(setting: Setting, verb: Optional[Sequence[str]] = None) -> str:
     if verb is None:
         return str(setting)
     command = verb_command(tuple(setting.verb.split()) if setting.verb else verb)
-    option = next((p for p in command.params if isinstance(p, click.Option) and p.name == setting.name), None) \
-        if command is not None else None
+    option = next((p for p in command.params if isinstance(p, click.Option) and p.name == setting.name
+                   and not p.hidden), None) if command is not None else None  # a hidden option: not the verb's own
     if option is None or (setting.value is False and not option.secondary_opts):
         return str(setting)
     if setting.value is False:

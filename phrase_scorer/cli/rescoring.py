@@ -113,7 +113,7 @@ def moved_to_apply_reranker(weights: Optional[str]) -> None:
               help="The decoder options the n-best lists were made with, recorded in the reranker.")
 @click.option("--min-feature-gain", type=FiniteFloat(), default=RerankOptions.min_feature_gain, show_default=True,
               help="Dev BLEU points a model feature must buy to keep its tuned weight (measured by setting it "
-                   "to 0): one that buys no more is weighted 0 and translate --moses does not run its model; "
+                   "to 0): one that buys no more is weighted 0 and translate-system --moses does not run its model; "
                    "negative: keep every feature.")
 @overwrite_option
 @moses_home_option
@@ -135,7 +135,7 @@ def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_ite
                f"kept seed {result.best_seed}", err=True)
     for name, bleu in result.dropped.items():
         click.echo(f"feature {name} weighted 0: it bought at most {min_feature_gain:g} dev BLEU "
-                   f"({bleu:.2f} without it, {result.dev_bleu:.2f} with); translate --moses will not run its model",
+                   f"({bleu:.2f} without it, {result.dev_bleu:.2f} with); translate-system will not run its model",
                    err=True)
     click.echo(f"test 1-best: {output} ({result.sentences} sentences); reranker in {output}.json "
                f"(apply-reranker {output}.json --test NBEST -o OUT applies it to another list)", err=True)

@@ -521,7 +521,7 @@ def report(rows: Sequence[Candidate], figures: Dict[str, List[float]], chosen: C
         f"Kept: {chosen.row.label}, the fewest models among the rows within {options.tie_margin:g} BLEU of the best "
         f"mean; its reranker is the weights of its seed with the best tuning BLEU: `{reranker}`. "
         "All figures are of the tuning set the weights were tuned on, not a test result.\n\n"
-        f"New text through the whole system:\n\n    phrase-scorer translate --moses {ini} --reranker {reranker} "
+        f"New text through the whole system:\n\n    phrase-scorer translate-system --moses {ini} --reranker {reranker} "
         "INPUT -o OUTPUT\n\n"
         "Settings:\n\n"
         + "".join(f"- {name}: `{path}`\n" for name, path in dirs.items())

@@ -22,7 +22,7 @@ filtered for INPUT unless ``binarize-all`` is set). What the wrapper does with i
    that a changed rescoring option re-runs only what depends on it, and a second test set
    reuses the first's reranker. Two sets decoding at once wait for each other (``rescoring.lock``
    beside that folder).
-4. **Translates** INPUT through Moses with CONFIG and the reranker (``translate --moses
+4. **Translates** INPUT through Moses with CONFIG and the reranker (``translate-system --moses
    --reranker``) and writes the 1-best to standard output, one line per input line.
 
 EMS re-runs ``decode`` (and what follows it: scoring, the report) when the ``decoder`` value

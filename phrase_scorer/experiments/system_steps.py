@@ -99,7 +99,7 @@ class RowRun:
 
 def nbest_flags(options: RescoreExperimentOptions) -> str:
     """The decoder options the n-best lists are made with, but the list itself: what ``rerank
-    --decoder-flags`` records, so that ``translate --moses --reranker`` decodes lists alike."""
+    --decoder-flags`` records, so that ``translate-system --moses --reranker`` decodes lists alike."""
     return f"{options.decoder_flags} -n-best-factor {options.nbest_factor}".strip()
 
 
@@ -218,7 +218,7 @@ def write_rerankers(runs: Sequence[RowRun], rows: Sequence[Row], dev_nbest: Path
     weights, the features the row leaves out, the models behind the rescored dev list's features,
     its n-best size, ``decoder_flags``, the ``system`` that decoded the dev list,
     :func:`~phrase_scorer.moses.system.system_record`), every feature of the row kept:
-    ``work/rerankers/<row>.json``, what ``translate --moses INI --reranker`` takes. Row label -> path."""
+    ``work/rerankers/<row>.json``, what ``translate-system --moses INI --reranker`` takes. Row label -> path."""
     models = rescored_models(dev_nbest)
     largest = most_hypotheses(dev_nbest)
     written: Dict[str, str] = {}

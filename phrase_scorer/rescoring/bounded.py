@@ -1,6 +1,6 @@
 """Each sentence's best hypothesis under a reranker, scoring a model only where it can change the choice.
 
-``translate --moses --reranker`` needs one line per sentence, not every hypothesis's features.
+``translate-system --moses --reranker`` needs one line per sentence, not every hypothesis's features.
 A model feature's value is a log p, or a mean or per-token share of log p's: never above 0. So
 while some of a hypothesis's models are still unscored, and the weights of their features are
 positive, its weighted sum can only fall as they are scored: the sum with every unscored log p

@@ -1,7 +1,7 @@
 """The reranker: tuned weights with the models behind their features, and its file.
 
 :class:`Reranker` is the one shape of tuned weights: ``rerank`` writes it (``OUTPUT.json``), and
-``apply-reranker`` and ``translate --moses --reranker`` read it back through one validated
+``apply-reranker`` and ``translate-system --moses --reranker`` read it back through one validated
 schema (:class:`RerankerFile`). A list to rerank must have been rescored by the reranker's models:
 its rescore signature (``NBEST.json``) says so, checked first to describe the list as it is now.
 
@@ -329,7 +329,7 @@ class RerankerFile:
 
 def most_hypotheses(nbest: PathLike) -> int:
     """The n-best size a reranker records: the most hypotheses of one sentence of its dev list
-    (the list ``translate --moses --reranker`` asks Moses for; 0 for an empty list)."""
+    (the list ``translate-system --moses --reranker`` asks Moses for; 0 for an empty list)."""
     return max((len(group) for _, group in group_by_sentence(read_nbest(nbest))), default=0)
 
 

@@ -9,7 +9,7 @@
         on a CPU by default) or every hypothesis by every model (on a GPU by default), and the
         reranker's weights--> one line per sentence
 
-``phrase-scorer translate --moses moses.tuned.ini --reranker RERANKER`` runs it. A chunk's files
+``phrase-scorer translate-system --moses moses.tuned.ini --reranker RERANKER`` runs it. A chunk's files
 live in its own folder of the working directory (``chunk-K/``) only while the chunk is
 translated, so a long input never has all its n-best lists on disk. Moses decodes the next chunk
 in a background thread while the models rescore this one (:func:`decoded_chunks`), at most one
