@@ -467,26 +467,36 @@ class TranslateOptions:
     length_normalize: bool = True  # rank ended hypotheses by log p per token (</s> included)
     max_length_ratio: float = 2.0  # at most ceil(ratio * source words) target words
     batch_sentences: int = 32  # sentences searched together
-    # translate-system --moses --reranker: sentences decoded, rescored and reranked at a time (and resumed).
-    # One Moses serves every chunk, so a small chunk costs no loading: the first chunk's lists, the
-    # part of Moses' time nothing hides, come sooner (English-Czech test 2016: 70.2 s with 100
-    # against 74.7 s with 500; docs/benchmarks.md)
+
+
+@dataclass(frozen=True)
+class TranslateSystemOptions:
+    """How ``translate-system`` runs the whole tuned system (Moses, the reranker's models and
+    weights) over new text; none of it changes a line of the output."""
+
+    # sentences decoded, rescored and reranked at a time (and resumed). One Moses serves every
+    # chunk, so a small chunk costs no loading: the first chunk's lists, the part of Moses' time
+    # nothing hides, come sooner (English-Czech test 2016: 70.2 s with 100 against 74.7 s with
+    # 500; docs/benchmarks.md)
     chunk_sentences: int = 100
-    # translate-system --moses --reranker: Moses decodes the next chunk while the models rescore this one
-    # (False: one after the other); the output is the same bytes either way
+    # Moses decodes the next chunk while the models rescore this one (False: one after the other);
+    # the output is the same bytes either way
     pipeline: bool = True
-    # translate-system --moses --reranker: a model scores a hypothesis only while its weighted sum, with
-    # the unscored log p's taken as 0, can still reach its sentence's best
-    # (rescoring/bounded.py); False: every hypothesis with every model. The same choices. None: the
-    # device's own (default_bound): on a CPU, where a model's time is its arithmetic, bound; on a
-    # GPU, where it is the host's launches, the staged scoring's extra batches cost more than the
-    # hypotheses it skips (English-French test 2016 on an H100: 25.7 s against 22.5 s; docs/benchmarks.md)
+    # a model scores a hypothesis only while its weighted sum, with the unscored log p's taken as
+    # 0, can still reach its sentence's best (rescoring/bounded.py); False: every hypothesis with
+    # every model. The same choices. None: the device's own (default_bound): on a CPU, where a
+    # model's time is its arithmetic, bound; on a GPU, where it is the host's launches, the staged
+    # scoring's extra batches cost more than the hypotheses it skips (English-French test 2016 on
+    # an H100: 25.7 s against 22.5 s; docs/benchmarks.md)
     bound: Optional[bool] = None
+    decoder_threads: Optional[int] = None  # the decoder's threads; None: the cores
+    decoder: str = "moses"  # the decoder program in the Moses installation's bin/
+    working_dir: Optional[str] = None  # the chunks' files, made fresh; None: OUTPUT.work
 
 
 def default_bound(device_type: str) -> bool:
     """Whether translate-system --moses --reranker bounds its scoring on a device of this type
-    (``TranslateOptions.bound`` None)."""
+    (``TranslateSystemOptions.bound`` None)."""
     return device_type == "cpu"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA
-from phrase_scorer.config import RescoreOptions, ScoringOptions, TranslateOptions, default_bound
+from phrase_scorer.config import RescoreOptions, ScoringOptions, TranslateSystemOptions, default_bound
 from phrase_scorer.rescoring.bounded import BoundedStats, best_hypotheses
 from phrase_scorer.io.nbest import dense_layout, read_nbest
 from phrase_scorer.model_dir import load_model
@@ -98,5 +98,5 @@ def test_a_negative_weight_has_no_bound_and_every_hypothesis_stays_in(chunk, mod
 def test_the_bound_is_the_devices_own_by_default():
     """Bounded on a CPU, where a model's time is its arithmetic; not on a GPU, where the staged
     scoring's extra batches cost more launches than the skipped hypotheses save."""
-    assert TranslateOptions.bound is None
+    assert TranslateSystemOptions.bound is None
     assert default_bound("cpu") is True and default_bound("cuda") is False

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import click
 
-from phrase_scorer.config import MIN_TEMPERATURE, SampleOptions, ScoringOptions, TranslateOptions
+from phrase_scorer.config import (
+    MIN_TEMPERATURE, SampleOptions, ScoringOptions, TranslateOptions, TranslateSystemOptions,
+)
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
@@ -94,16 +96,16 @@ def system_options(function):
                      help="The tuned moses.ini whose n-best lists the reranker rescores (required)."),
         click.option("--reranker", type=PathName(dir_okay=False, exists=True), default=None,
                      help="The reranker 'rerank --dev ...' or 'build-reranker' wrote (its OUTPUT.json; required)."),
-        click.option("--chunk-sentences", type=Count(min=1), default=TranslateOptions.chunk_sentences,
+        click.option("--chunk-sentences", type=Count(min=1), default=TranslateSystemOptions.chunk_sentences,
                      help="Sentences decoded, rescored and reranked at a time (also the resume granularity)."),
         click.option("--decoder-threads", type=PARALLEL, default=None,
                      help="The decoder's threads [default: all cores]."),
         click.option("--working-dir", type=PathName(file_okay=False), default=None,
                      help="For the chunks being translated, made fresh [default: OUTPUT.work]."),
-        click.option("--pipeline/--no-pipeline", default=TranslateOptions.pipeline, show_default=True,
+        click.option("--pipeline/--no-pipeline", default=TranslateSystemOptions.pipeline, show_default=True,
                      help="Moses decodes the next chunk while the models rescore this one "
                           "(--no-pipeline: one after the other; the same output either way)."),
-        click.option("--bound/--no-bound", default=TranslateOptions.bound,
+        click.option("--bound/--no-bound", default=TranslateSystemOptions.bound,
                      help="A model scores a hypothesis only while it can still be its sentence's best "
                           "(--no-bound: every hypothesis with every model; the same choices) [default: bound on a "
                           "CPU, no bound on a GPU, where the staged scoring's extra batches cost more than they "
@@ -223,12 +225,12 @@ def translate_system(input, output, moses_ini, reranker, chunk_sentences, decode
     from phrase_scorer.runtime.device import resolve_device
 
     try:
+        options = TranslateSystemOptions(chunk_sentences=chunk_sentences, pipeline=pipeline, bound=bound,
+                                         decoder_threads=decoder_threads, working_dir=working_dir)
         result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,
-                                    moses=MosesInstallation.find(moses_home), device=resolve_device(device),
+                                    moses=MosesInstallation.find(moses_home), options=options,
                                     scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision),
-                                    chunk_sentences=chunk_sentences, threads=decoder_threads,
-                                    working_dir=working_dir, pipeline=pipeline, bound=bound, resume=resume,
-                                    overwrite=overwrite)
+                                    device=resolve_device(device), resume=resume, overwrite=overwrite)
     except KeyboardInterrupt:
         raise interrupted_resumable(output) from None
     phases = ", ".join(f"{name} {result.phase_seconds.get(name, 0.0):.1f} s" for name in PHASES)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from phrase_scorer.config import BuildRerankerOptions, ScoringOptions
+from phrase_scorer.config import BuildRerankerOptions, ScoringOptions, TranslateSystemOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.file_identity import file_sha256
 from phrase_scorer.io.output_lock import OutputLock
@@ -205,9 +205,9 @@ def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_op
         source, output = run / "input", run / "output"
         with open(source, "xb") as f:
             shutil.copyfileobj(stdin, f)
-        translate_reranked(source, output, ini=config, reranker=built.reranker, moses=moses,
-                           scoring_options=scoring_options, device=resolve_device(options.device),
-                           threads=call.threads, decoder=decoder, working_dir=run / "work")
+        how = TranslateSystemOptions(decoder_threads=call.threads, decoder=decoder, working_dir=str(run / "work"))
+        translate_reranked(source, output, ini=config, reranker=built.reranker, moses=moses, options=how,
+                           scoring_options=scoring_options, device=resolve_device(options.device))
         with open(output, "rb") as f:
             shutil.copyfileobj(f, stdout)
         stdout.flush()

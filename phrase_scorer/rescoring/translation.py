@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Seq
 
 from phrase_scorer import __version__
 from phrase_scorer.config import (
-    MOSES_NBEST_FACTOR, RescoreExperimentOptions, ScoringOptions, TranslateOptions, default_bound,
+    MOSES_NBEST_FACTOR, RescoreExperimentOptions, ScoringOptions, TranslateSystemOptions, default_bound,
 )
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.descriptors import writes_directly
@@ -254,15 +254,13 @@ def rerank_chunk(chunk: DecodedChunk, *, weights: Weights, ignore: Sequence[str]
 
 
 def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, reranker: PathLike,
-                       moses: MosesInstallation, scoring_options: Optional[ScoringOptions] = None,
-                       device: Any = "cpu", chunk_sentences: int = TranslateOptions.chunk_sentences,
-                       threads: Optional[int] = None, decoder: str = "moses", working_dir: Optional[PathLike] = None,
-                       pipeline: bool = TranslateOptions.pipeline, bound: Optional[bool] = TranslateOptions.bound,
-                       resume: bool = False, overwrite: bool = False) -> RerankedTranslation:
+                       moses: MosesInstallation, options: TranslateSystemOptions = TranslateSystemOptions(),
+                       scoring_options: Optional[ScoringOptions] = None, device: Any = "cpu", resume: bool = False,
+                       overwrite: bool = False) -> RerankedTranslation:
     """Translate ``source`` (tokenised as for the Moses system, one sentence per line) with
-    ``ini`` and the reranker file ``reranker`` into ``output``, one line per input line.
-    ``pipeline``: Moses decodes the next chunk while the models rescore this one; ``bound`` (None:
-    the device's own, ``config.default_bound``): a model scores only what can still win; a
+    ``ini`` and the reranker file ``reranker`` into ``output``, one line per input line, run as
+    ``options`` say (``pipeline``: Moses decodes the next chunk while the models rescore this one;
+    ``bound`` None: the device's own, ``config.default_bound``); a
     ``scoring_options.batch_tokens`` of None is the device's own (``default_batch_tokens``)."""
     import torch
 
@@ -272,6 +270,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
 
     refuse_single_pass(source, "the source", "Moses and the reranking read it each in turn, a chunk at a time")
     output = os.fspath(output)
+    chunk_sentences, working_dir = options.chunk_sentences, options.working_dir
     if working_dir is None and writes_directly(output):  # nothing is made beside a descriptor, device or pipe
         raise PhraseScorerError("the output is written in place (standard output, a descriptor, a device or a pipe), "
                                 "and the working folder would go beside it", path=output,
@@ -281,7 +280,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     precision = resolve_precision(where, scoring_options.precision)  # refused before Moses starts
     batch_tokens = scoring_options.batch_tokens or default_batch_tokens(where)
     scoring_options = replace(scoring_options, batch_tokens=batch_tokens)  # recorded as the number it is
-    bound = default_bound(where.type) if bound is None else bound
+    bound = default_bound(where.type) if options.bound is None else options.bound
     tuned = Reranker.read(reranker)
     if not tuned.decoder.get("nbest_size"):
         raise PhraseScorerError("the reranker does not record the n-best size it was tuned with", path=reranker,
@@ -299,7 +298,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     inputs = [("the source", source), ("the moses.ini", ini), ("the reranker", reranker)]
     for m in models:
         inputs += model_files(m.loaded.directory)
-    program = moses.decoder(decoder)
+    program = moses.decoder(options.decoder)
     # What makes the output: a resumed run must have the same. ``pipeline`` is not among them: it
     # changes when Moses runs, never what any chunk's lines are, so a run may resume either way.
     settings = as_recorded({
@@ -326,11 +325,11 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
         # one Moses for the whole run (its tables load once), stopped before the decoding thread
         # is waited for, so that a failure does not wait for the chunk Moses is decoding
         stream = NBestStream(program, ini, kept_sentences(source, chunk_sentences, done_lines),
-                             size=tuned.decoder["nbest_size"], threads=threads or os.cpu_count() or 1,
+                             size=tuned.decoder["nbest_size"], threads=options.decoder_threads or os.cpu_count() or 1,
                              flags=tuned.decoder.get("decoder_flags") or "", log_path=work / "moses.log")
         decode_one = partial(decode_chunk, work=work, stream=stream)
         with step_bar("translating", None, initial=done_lines, unit="sentence") as progress, \
-                closing(decoded_chunks(numbered, decode_one, ahead=pipeline)) as decoded, closing(stream), \
+                closing(decoded_chunks(numbered, decode_one, ahead=options.pipeline)) as decoded, closing(stream), \
                 steady_heap():  # the lists of a chunk in flight: collect them less often
             for chunk, waited in decoded:
                 phase_seconds[PHASES[0]] = phase_seconds.get(PHASES[0], 0.0) + chunk.seconds
