@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+from typing import Any, Dict
 
 import click
 
@@ -201,16 +203,20 @@ def build_options(command):
     return command
 
 
-def make_build_options(model_kinds, members, average_checkpoints, vocabulary, preset, max_steps, valid_every,
-                       training_hours, side_by_side, nbest_size, nbest_factor, runs, tie_margin, lang, decoder_threads,
-                       decoder_flags, device) -> BuildRerankerOptions:
-    return BuildRerankerOptions(
-        model_kinds=tuple(m.strip() for m in model_kinds.split(",") if m.strip()), members=members,
-        average_checkpoints=average_checkpoints, vocabulary=vocabulary, preset=preset, max_steps=max_steps,
-        valid_every=valid_every, training_hours=training_hours, side_by_side=side_by_side, device=device,
-        tie_margin=tie_margin,
-        experiment=RescoreExperimentOptions(nbest_size=nbest_size, nbest_factor=nbest_factor, runs=runs, lang=lang,
-                                            threads=decoder_threads, decoder_flags=decoder_flags))
+def make_build_options(settings: Dict[str, Any]) -> BuildRerankerOptions:
+    """The values of :func:`build_options` (parameter name -> value) as one object: each names a
+    field of BuildRerankerOptions or of its ``experiment`` (RescoreExperimentOptions, whose
+    ``threads`` the option ``--decoder-threads`` sets); ``--models`` is split at its commas."""
+    values = dict(settings, model_kinds=tuple(m.strip() for m in settings["model_kinds"].split(",") if m.strip()))
+    values["threads"] = values.pop("decoder_threads")
+    build = {f.name for f in fields(BuildRerankerOptions)}
+    experiment = {f.name for f in fields(RescoreExperimentOptions)}
+    unknown = sorted(set(values) - build - experiment)
+    if unknown:  # an option of build_options' with no field to hold it
+        raise TypeError(f"no field of BuildRerankerOptions takes {', '.join(unknown)}")
+    return BuildRerankerOptions(**{k: v for k, v in values.items() if k in build},
+                                experiment=RescoreExperimentOptions(**{k: v for k, v in values.items()
+                                                                       if k in experiment}))
 
 
 @cli.command("build-reranker")
@@ -231,7 +237,7 @@ def build_reranker(moses_ini, corpus, tuning, work_dir, given, batch_tokens, thr
     set_threads(threads)
     from phrase_scorer.experiments.build_reranker import build_reranker as build
 
-    result = build(moses_ini, corpus, tuning, work_dir, options=make_build_options(**settings),
+    result = build(moses_ini, corpus, tuning, work_dir, options=make_build_options(settings),
                    scoring_options=ScoringOptions(batch_tokens=batch_tokens), given_models=dict(given),
                    moses_home=moses_home)
     click.echo(result.markdown)
@@ -258,7 +264,7 @@ def ems_decoder(decoder_args, corpus, work_dir, given, batch_tokens, threads, mo
     set_threads(threads)
     from phrase_scorer.experiments.ems_decoder import ems_decode
 
-    ems_decode(decoder_args, options=make_build_options(**settings),
+    ems_decode(decoder_args, options=make_build_options(settings),
                scoring_options=ScoringOptions(batch_tokens=batch_tokens), corpus=corpus, work_dir=work_dir,
                given_models=dict(given), moses_home=moses_home)
 
