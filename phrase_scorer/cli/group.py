@@ -180,17 +180,28 @@ def shown_error(exc: BaseException) -> Optional[UserError]:
 
 
 class Verb(click.Command):
-    """A verb: its errors are made the line shown while it still runs, so that the settings they
-    name are written as its own flags (:func:`flag`)."""
+    """A verb: its errors are made the line shown while it still runs (its options' checks at the
+    parser included), so that the settings they name are written as its own flags (:func:`flag`)."""
+
+    def parse_args(self, ctx, args):
+        with shown_as_this_verbs():
+            return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
-        try:
+        with shown_as_this_verbs():
             return super().invoke(ctx)
-        except (PhraseScorerError, OSError, MemoryError, RuntimeError, SystemError) as exc:
-            error = shown_error(exc)
-            if error is None:
-                raise
-            raise error from None
+
+
+@contextlib.contextmanager
+def shown_as_this_verbs():
+    """Make an error raised inside it the line shown, while the verb's context is the current one."""
+    try:
+        yield
+    except (PhraseScorerError, OSError, MemoryError, RuntimeError, SystemError) as exc:
+        error = shown_error(exc)
+        if error is None:
+            raise
+        raise error from None
 
 
 class Verbs(click.Group):
