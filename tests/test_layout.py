@@ -426,3 +426,41 @@ def test_lint_type_checks_the_whole_package():
     mypy = [line.split() for line in lint.group(1).splitlines() if "/mypy " in line]
     assert len(mypy) == 1 and mypy[0][-1] == "phrase_scorer", mypy
     assert re.search(r"^test: .*\blint\b", makefile, re.M), "make test does not run the lint target"
+
+
+#: The most parameters a function of the package takes (self and cls not counted; a verb's own
+#: callback, one parameter per option, is its command line's). Those at the limit:
+#: runtime/job.py OutputJob.__init__, experiments/experiment.py run_experiment and
+#: analysis/plots.py _plot_embeddings; a function with more passes an options object (config.py).
+MOST_PARAMETERS = 13
+
+
+def parameter_counts(path: Path) -> list:
+    """(parameters, line, name) of each function in ``path`` but a verb's callback."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if any("command" in ast.unparse(d) for d in node.decorator_list):
+            continue
+        args = node.args
+        names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+        found.append((len(names) - (int(names[:1] in (["self"], ["cls"]))), node.lineno, node.name))
+    return found
+
+
+def test_no_function_takes_a_long_list_of_parameters():
+    """Settings travel as the options objects of config.py, not as parameter lists that spell
+    their fields again."""
+    long = [f"{path.relative_to(PACKAGE)} line {line}: {name} takes {count}"
+            for path in sorted(PACKAGE.rglob("*.py")) for count, line, name in parameter_counts(path)
+            if count > MOST_PARAMETERS]
+    assert not long, "\n".join(long)
+
+
+def test_the_parameter_check_counts_keywords_but_not_self_nor_a_verb(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("class A:\n    def f(self, a, *, b=1):\n        pass\n"
+                      "@cli.command()\ndef verb(a, b, c):\n    pass\n"
+                      "def g(a, /, b, *, c):\n    pass\n", encoding="utf-8")
+    assert sorted(parameter_counts(module)) == [(2, 2, "f"), (3, 7, "g")]
