@@ -19,7 +19,7 @@ from phrase_scorer.rescoring.bounded import BoundedStats, best_hypotheses
 from phrase_scorer.io.nbest import dense_layout, read_nbest
 from phrase_scorer.model_dir import load_model
 from phrase_scorer.rescoring.weights import Weights, apply_weights
-from phrase_scorer.rescoring.features import FeatureModel, feature_names, rescore
+from phrase_scorer.rescoring.rescore import FeatureModel, feature_names, rescore
 
 NBEST = DATA / "val.nbest.head.gz"
 SOURCE = DATA / "val.tok.en.head"

@@ -95,7 +95,7 @@ def test_rerank_refuses_an_nbest_list_flag_and_keeps_the_named_file(users_list, 
 
 
 def test_rerank_as_a_library_refuses_it_too(users_list, tmp_path):
-    from phrase_scorer.rescoring.tuning import rerank
+    from phrase_scorer.rescoring.rerank import rerank
 
     out = tmp_path / "test.best"
     with pytest.raises(PhraseScorerError, match="-n-best-list"):
@@ -190,7 +190,7 @@ def test_translate_refuses_such_a_reranker_before_moses_starts_and_keeps_the_nam
 
 
 def test_rerank_refuses_a_seed_given_twice_before_anything_runs(tmp_path, monkeypatch):
-    from phrase_scorer.rescoring.tuning import rerank
+    from phrase_scorer.rescoring.rerank import rerank
 
     monkeypatch.delenv("MOSES_HOME", raising=False)
     with pytest.raises(PhraseScorerError, match="seeds=1 is given twice"):

@@ -76,7 +76,7 @@ def test_training_steps_run_on_the_gpu(tmp_path, precision):
 def test_workers_planning_gives_the_same_bytes_on_the_gpu(tmp_path, tiny_model):
     """annotate and rescore on the GPU: the batches planned in worker processes (the default)
     give the bytes of those planned in the main process (no workers)."""
-    from phrase_scorer.rescoring.features import FeatureModel, rescore
+    from phrase_scorer.rescoring.rescore import FeatureModel, rescore
     from phrase_scorer.scoring.annotate import annotate
 
     loaded = load_model(tiny_model, "cuda")

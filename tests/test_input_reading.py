@@ -172,7 +172,7 @@ def test_rerank_refuses_a_pipe_list_before_anything_is_made(tmp_path, pipes, whi
     """rerank reads each n-best list twice (the extractor's files, then the rows it chooses
     from): a process substitution is refused as '-' is, naming the list, before Moses is looked for."""
     from phrase_scorer.errors import PhraseScorerError
-    from phrase_scorer.rescoring.tuning import rerank
+    from phrase_scorer.rescoring.rerank import rerank
 
     with gzip.open(NBEST, "rb") as f:
         piped = pipes(b"".join(next(f) for _ in range(50)))

@@ -22,7 +22,7 @@ from phrase_scorer.runtime.device import resolve_precision
 from phrase_scorer.scoring.annotate import annotate
 from phrase_scorer.scoring.batch_scorer import BatchScorer
 from phrase_scorer.scoring.int8_output import Int8Product
-from phrase_scorer.rescoring.features import FeatureModel, rescore
+from phrase_scorer.rescoring.rescore import FeatureModel, rescore
 
 NBEST = DATA / "val.nbest.head.gz"
 SOURCE = DATA / "val.tok.en.head"

@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "phrase_scorer"
 # The Moses drivers, the file formats, and tuning and applying a reranker: never torch.
 TORCH_FREE = ("moses", "io", "scoring.batch_plan", "rescoring.weights", "rescoring.mert_files", "rescoring.optimisers",
-              "rescoring.reranker", "rescoring.tuning")
+              "rescoring.reranker", "rescoring.rerank")
 
 #: What each part of the package may import (besides itself and the version in phrase_scorer/__init__.py).
 #: "shared" is the top level's config, records, vocab and subwords; model_dir stands apart because it builds models.
@@ -147,7 +147,7 @@ def test_inference_reaches_no_training_data_code():
     sources = {module_name(p): set(imported_modules(p, package_of(p))) for p in PACKAGE.rglob("*.py")}
     training_data = {f"phrase_scorer.data.{m}" for m in ("cache", "batches", "phrase_pairs", "sentence_pairs")}
     for name in ("phrase_scorer.scoring.batch_scorer", "phrase_scorer.scoring.annotate_work",
-                 "phrase_scorer.rescoring.features"):
+                 "phrase_scorer.rescoring.rescore"):
         assert "phrase_scorer.data.padding" in reachable(name, sources) or name != "phrase_scorer.scoring.batch_scorer"
         assert not reachable(name, sources) & training_data, f"{name} reaches the training data's code"
 
@@ -305,7 +305,7 @@ def test_a_reranker_is_made_and_its_features_dropped_in_one_module():
             made_elsewhere += [f"{relative} line {line}"
                                for line in calls_of(path, {"Reranker", "RerankerFile", "drop_unhelpful"})]
     assert not made_elsewhere, "\n".join(made_elsewhere)
-    for caller in ("rescoring/tuning.py", "experiments/system_steps.py"):
+    for caller in ("rescoring/rerank.py", "experiments/system_steps.py"):
         assert calls_of(PACKAGE / caller, {"tuned_reranker"}), caller
 
 

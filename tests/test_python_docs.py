@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-LIBRARY_CALLER = ("import os, sys, phrase_scorer.rescoring.features; "
+LIBRARY_CALLER = ("import os, sys, phrase_scorer.rescoring.rescore; "
                   "assert 'phrase_scorer.cli' not in sys.modules and 'torch' not in sys.modules; "
                   "print(os.environ['OMP_WAIT_POLICY'], os.environ['THP_MEM_ALLOC_ENABLE'])")
 

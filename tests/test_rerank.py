@@ -146,7 +146,7 @@ def moses():
 @pytest.mark.moses
 def test_the_extractor_reads_the_rescored_list(moses, tmp_path, loaded_tiny):
     from phrase_scorer.runtime.programs import run_logged
-    from phrase_scorer.rescoring.features import FeatureModel, rescore
+    from phrase_scorer.rescoring.rescore import FeatureModel, rescore
 
     rescored = tmp_path / "val.rescored.gz"
     rescore(NBEST, DATA / "val.tok.en.head", rescored,

@@ -171,7 +171,7 @@ def test_rerank_records_the_ini_only_when_its_weights_made_the_dev_list(tmp_path
     """Moses' totals of the dev list are its features weighted by the system that decoded it: the
     ini given to rerank is recorded as the system only when its weights reproduce them."""
     from phrase_scorer.moses.system import decoded_with
-    from phrase_scorer.rescoring.tuning import decoding_system
+    from phrase_scorer.rescoring.rerank import decoding_system
 
     assert decoded_with(NBEST, ini_features_of(EN_FR), []) is True
     assert decoded_with(NBEST, ini_features_of(EN_CS), []) is False

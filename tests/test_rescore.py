@@ -20,7 +20,7 @@ from phrase_scorer.config import RescoreOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import read_nbest
 from phrase_scorer.io.phrase_table import split_words
-from phrase_scorer.rescoring.features import FeatureModel, rescore
+from phrase_scorer.rescoring.rescore import FeatureModel, rescore
 
 NBEST = DATA / "val.nbest.head.gz"
 SOURCE = DATA / "val.tok.en.head"
@@ -256,7 +256,7 @@ def test_an_ensemble_is_one_feature_the_mean_of_its_models(tmp_path, tiny_model,
 
 
 def test_a_name_given_twice_in_the_experiment_is_an_ensemble(tmp_path, loaded_tiny):
-    from phrase_scorer.rescoring.features import ensembles_by_name
+    from phrase_scorer.rescoring.rescore import ensembles_by_name
 
     models = ensembles_by_name([FeatureModel("Ens", loaded_tiny), FeatureModel("Ens", loaded_tiny),
                            FeatureModel("RNN2", loaded_tiny)])

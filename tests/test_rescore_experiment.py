@@ -207,7 +207,7 @@ def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_ti
     from phrase_scorer.config import TrainConfig
     from phrase_scorer.data.sentence_pairs import SentenceCorpus
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.rescoring.features import FeatureModel
+    from phrase_scorer.rescoring.rescore import FeatureModel
     from phrase_scorer.training.run import train
 
     sets = split_list(tmp_path, 50)
@@ -277,7 +277,7 @@ def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_ti
 
 @pytest.mark.moses
 def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tiny):
-    from phrase_scorer.rescoring.features import FeatureModel
+    from phrase_scorer.rescoring.rescore import FeatureModel
 
     sets = []
     with gzip.open(VAL_EN, "rt", encoding="utf-8") as f:

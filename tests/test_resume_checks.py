@@ -18,7 +18,7 @@ import pytest
 from conftest import DATA, EXAMPLE_TABLE, error_line, run_cli
 from phrase_scorer.config import RescoreOptions
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.rescoring.features import FeatureModel, rescore
+from phrase_scorer.rescoring.rescore import FeatureModel, rescore
 from phrase_scorer.runtime.job import OutputJob
 
 NBEST = DATA / "val.nbest.head.gz"
@@ -53,7 +53,7 @@ def killed_before_sentence(monkeypatch, lines_done: int):
     """The run stops (KeyboardInterrupt, as a kill) when the reader looks up the source of the
     sentence after list line ``lines_done``, once the writer has written and recorded the window
     that ends there: a run stopped at that point, whatever the threads' timing."""
-    from phrase_scorer.rescoring.features import SourceSentences
+    from phrase_scorer.rescoring.rescore import SourceSentences
 
     write, words = OutputJob.write, SourceSentences.words
     written = threading.Event()

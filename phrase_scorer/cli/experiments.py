@@ -127,7 +127,7 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     and paired bootstrap tests against Moses' 1-best."""
     set_threads(threads)
     from phrase_scorer.runtime.device import resolve_device
-    from phrase_scorer.rescoring.features import ensembles_by_name, feature_models
+    from phrase_scorer.rescoring.rescore import ensembles_by_name, feature_models
     from phrase_scorer.experiments.rescore_experiment import run_rescore_experiment
     from phrase_scorer.experiments.system_steps import EvalSet, set_name
 

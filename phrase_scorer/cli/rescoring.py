@@ -55,7 +55,7 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, ensembl
     each ensemble one, the mean of its models' log p; every other byte of the list is kept. '-'
     reads NBEST from stdin.
     """
-    from phrase_scorer.rescoring.features import feature_models, rescore as run_rescore
+    from phrase_scorer.rescoring.rescore import feature_models, rescore as run_rescore
     from phrase_scorer.runtime.device import resolve_device
 
     loaded = feature_models(models, reverse_models, names, reverse_names, resolve_device(device), ensemble=ensemble,
@@ -122,7 +122,7 @@ def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_ite
     """Tune a reranker: the weights of every feature of a rescored dev n-best list, with Moses'
     optimisers; then write the best hypothesis of each sentence of the test n-best list, and the
     reranker to OUTPUT.json (apply-reranker applies it to another list)."""
-    from phrase_scorer.rescoring.tuning import rerank as run_rerank
+    from phrase_scorer.rescoring.rerank import rerank as run_rerank
 
     options = RerankOptions(method=method, seeds=tuple(seeds), restarts=restarts, mira_iterations=mira_iterations,
                             threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features),

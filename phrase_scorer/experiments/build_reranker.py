@@ -413,7 +413,7 @@ def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work:
 def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path, models: List[str],
            given: Dict[str, str], options: BuildRerankerOptions, scoring_options: ScoringOptions,
            moses: MosesInstallation) -> BuildResult:
-    from phrase_scorer.rescoring.features import ensembles_by_name, feature_models
+    from phrase_scorer.rescoring.rescore import ensembles_by_name, feature_models
     from phrase_scorer.runtime.device import resolve_device
     from phrase_scorer.runtime.side_by_side import Task, run_side_by_side
 

@@ -182,7 +182,7 @@ def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_di
                            scoring_options: ScoringOptions = ScoringOptions(), report: Optional[PathLike] = None,
                            overwrite: bool = False) -> RescoreExperimentReport:
     """Run (or resume) the experiment. ``sets[0]`` is the dev set (the optimiser tunes on it);
-    ``models`` are :class:`phrase_scorer.rescoring.features.FeatureModel`s; ``systems`` other decoder
+    ``models`` are :class:`phrase_scorer.rescoring.rescore.FeatureModel`s; ``systems`` other decoder
     systems reported beside Moses. The Markdown report is also written to ``report`` when given,
     which is checked before anything runs (never one of the inputs, an existing one replaced only
     with ``overwrite``); Moses is ``moses``, else found from ``moses_home`` (default: ``MOSES_HOME``)."""

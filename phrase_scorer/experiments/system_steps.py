@@ -137,7 +137,7 @@ def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstalla
 def rescored_nbest(nbest: Path, eval_set: EvalSet, work: Path, models: Sequence, options: RescoreExperimentOptions,
                    scoring_options: ScoringOptions) -> Path:
     """The set's list with every model's feature appended (``rescore``, resumed if interrupted)."""
-    from phrase_scorer.rescoring.features import rescore
+    from phrase_scorer.rescoring.rescore import rescore
     from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     folder = work / "rescored"

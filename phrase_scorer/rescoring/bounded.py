@@ -40,7 +40,7 @@ from phrase_scorer.io.nbest import (
 )
 from phrase_scorer.rescoring.weights import Weights, best_hypothesis, check_layout, weighted_sum
 from phrase_scorer.scoring.columns import check_finite, per_token
-from phrase_scorer.rescoring.features import FeatureModel, feature_members, feature_names
+from phrase_scorer.rescoring.rescore import FeatureModel, feature_members, feature_names
 from phrase_scorer.rescoring.nbest_work import model_inputs
 
 # A hypothesis is out only when its bound is below the floor by more than this share of the

@@ -117,7 +117,7 @@ def reranker_models(reranker: Reranker, device: Any = "cpu") -> Tuple[list, bool
     to be the bytes the reranker was tuned with; and whether the features are per token. A feature
     weighted 0 (:func:`unweighted_models`) is left out: its models are neither loaded nor run."""
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.rescoring.features import FeatureModel
+    from phrase_scorer.rescoring.rescore import FeatureModel
 
     models, normalize = [], set()
     unweighted = unweighted_models(reranker)
