@@ -362,6 +362,29 @@ def test_each_experiment_is_found_by_its_verb():
     assert not missing, f"no module experiments/<verb>.py for {', '.join(missing)}"
 
 
+#: The verbs whose module is not named for them, and where each lives instead (docs/layout.md, "The verbs").
+VERBS_ELSEWHERE = {
+    "train": "training/run.py",  # the training package: run.py sets up the run, loop.py trains
+    "sample": "generation/sampling.py",
+    "plot": "analysis/plots.py",
+    "apply-reranker": "rescoring/reranker.py",  # the reranker's file and its use on a list
+    "translate-system": "rescoring/translation.py",
+    "moses-ini": "moses/ini_patch.py",  # io/moses_ini.py reads and edits the file itself
+}
+
+
+def test_each_verb_is_found_by_its_name():
+    """A reader who knows a verb finds its module without docs/layout.md: a module named for it
+    (dashes written as underscores) outside cli/, or one of the few listed above."""
+    from phrase_scorer.cli import cli
+
+    modules = {path.stem for path in PACKAGE.rglob("*.py") if "cli" not in path.relative_to(PACKAGE).parts}
+    lost = [verb for verb in cli.commands if verb.replace("-", "_") not in modules and verb not in VERBS_ELSEWHERE]
+    assert not lost, f"no module named for the verbs {', '.join(lost)}"
+    for verb, module in VERBS_ELSEWHERE.items():
+        assert verb in cli.commands and (PACKAGE / module).is_file(), (verb, module)
+
+
 #: The modules that start processes or signal them: the supervisor (the package's own children: tasks
 #: side by side, a local training run's ranks, worker pools) and the drivers of external programs.
 PROCESS_STARTERS = {"runtime/supervisor.py", "runtime/programs.py", "moses/streaming.py"}
