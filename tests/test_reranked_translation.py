@@ -274,7 +274,7 @@ def test_moses_dying_during_the_run_stops_it_with_its_error(system, tmp_path, mo
     result = run(*args)
     assert result.exit_code == 1 and not out.exists() and not moses_threads()
     message = result.stderr.strip().splitlines()[-1]
-    assert re.search(r"moses\.log: Moses was killed \(signal 9\)", message), result.stderr
+    assert re.search(r"moses\.log: Moses was killed by signal 9 \(SIGKILL", message), result.stderr
     by_hand = system["by_hand"]
     kept = Path(f"{out}.part").read_text(encoding="utf-8").splitlines()
     assert 2 <= len(kept) < len(by_hand) and len(kept) % 2 == 0 and kept == by_hand[:len(kept)]  # whole chunks
