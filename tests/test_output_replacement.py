@@ -308,3 +308,41 @@ def test_an_output_in_a_folder_that_keeps_no_new_file_is_refused_in_one_line(tmp
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("phrase-scorer: error: /proc/self/fdinfo/scores.lock: cannot create"), done.stderr
+
+
+# --- a resumable part takes its name only once its record names it ---------------------------------
+
+KILLED_AT = """
+import os, signal, sys
+from phrase_scorer.io.atomic import AtomicOutput
+from phrase_scorer.runtime.job import OutputJob
+def killed(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+if sys.argv[1] == "record":
+    OutputJob._write_record = killed
+else:
+    AtomicOutput.publish = killed
+from phrase_scorer.cli import main
+sys.argv = ["phrase-scorer", *sys.argv[2:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("point", ["record", "publish"])
+def test_a_run_killed_before_its_part_is_named_leaves_nothing_in_the_next_runs_way(tmp_path, tiny_model, table,
+                                                                                    point):
+    """Killed after making its partial output and before its resume record names it (or before
+    the part takes its name), a run leaves no OUT.part that no record names: the next run, with
+    --resume, goes on to the bytes of a run never killed, and leaves nothing beside them."""
+    args = ["annotate", str(table), "-m", str(tiny_model), "--workers", "0", "--threads", "1"]
+    reference = tmp_path / "reference.txt"
+    assert run(*args, "-o", reference).exit_code == 0
+    out = tmp_path / "out.txt"
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT, point, *args, "-o", str(out)],
+                            capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    assert not Path(f"{out}.part").exists()  # before: an OUT.part no record names, refused by every later run
+    resumed = run(*args, "-o", out, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert out.read_bytes() == reference.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out.txt")) == ["out.txt", "out.txt.json"]

@@ -12,6 +12,8 @@ writer is gone (:func:`remove_stale_temporaries`).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import os
 import re
@@ -71,6 +73,38 @@ def open_own(path: PathLike) -> int:
         os.close(fd)
         raise IsADirectoryError(errno.EISDIR, "not a regular file", os.fspath(path))
     return fd
+
+
+RENAME_NOREPLACE = 1  # renameat2's flags (linux/fs.h)
+RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def rename_with(first: PathLike, second: PathLike, flags: int) -> bool:
+    """Linux ``renameat2(first, second, flags)`` in one step: True when done, False where the
+    system cannot (not Linux, an old C library, a file system without the flag); any other failure
+    raises (``FileExistsError`` for ``RENAME_NOREPLACE`` onto a name that is taken)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), flags) == 0:
+        return True
+    number = ctypes.get_errno()
+    if number in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(number, os.strerror(number), os.fspath(second))
+
+
+def move_to_free_name(first: PathLike, second: PathLike) -> None:
+    """Give the file ``first`` the name ``second``, which must be free (``FileExistsError`` when it
+    is not: nothing there is ever replaced); in one step where the system can, else by a second
+    name and the removal of the first."""
+    if not rename_with(first, second, RENAME_NOREPLACE):
+        os.link(first, second, follow_symlinks=False)
+        os.unlink(first)
 
 
 def file_key(info: os.stat_result) -> Tuple[int, int]:
@@ -213,9 +247,10 @@ class AtomicOutput:
     a character device or FIFO is opened and written directly too (``direct``), never renamed over.
 
     The temporary file is created exclusively and never through a link: a new
-    ``NAME.wPID-START-BOOT.XXXXXXXX.part`` (:func:`new_temporary`), or, for a resumable output, ``part`` (``OUT.part``),
-    which the caller has made free first or, with ``append``, opened as its own
-    (:mod:`phrase_scorer.runtime.job`). The file that replaces an existing one takes its
+    ``NAME.wPID-START-BOOT.XXXXXXXX.part`` (:func:`new_temporary`); for a resumable output, that
+    file is moved to ``part`` (``OUT.part``, which the caller has made free first) by
+    :meth:`publish` once its resume record names it, or ``part`` is opened as the caller's own
+    with ``append`` (:mod:`phrase_scorer.runtime.job`). The file that replaces an existing one takes its
     permission bits (:func:`keep_mode_of`); what is removed on failure is only the file this
     object created or was given.
     """
@@ -227,6 +262,7 @@ class AtomicOutput:
         self.direct = writes_directly(self.path)
         self.keep_on_failure = keep_on_failure
         self.committed = False
+        self._part = None if part is None or append else Path(part)  # where publish() moves a fresh part
         self._key: Optional[Tuple[int, int]] = None
         self.tmp_path: Optional[Path] = None
         if self.to_stdout:
@@ -236,12 +272,12 @@ class AtomicOutput:
         else:
             require_output_folder(self.path)
             try:
-                if part is None:
+                if part is None or not append:  # a fresh part is published at its name by publish()
                     fd, name = new_temporary(self.path)
                     self.tmp_path = Path(name)
                 else:
                     self.tmp_path = Path(part)
-                    fd = open_own(part) if append else create_new(part)
+                    fd = open_own(part)
             except FileExistsError:
                 raise PhraseScorerError("a file is in the way of the partial output", path=part,
                                         hint="it was not left by this command: move it away or choose another "
@@ -288,6 +324,19 @@ class AtomicOutput:
         os.replace(self.tmp_path, self.path)
         fsync_dir(Path(self.path).parent)
         self.committed = True
+
+    def publish(self) -> None:
+        """Move a fresh resumable part to its name (``OUT.part``) once its resume record names it:
+        a run killed before leaves only a file named as this run's (:func:`remove_stale_temporaries`),
+        never an ``OUT.part`` that no record names. A file at that name is never replaced."""
+        assert self._part is not None and self.tmp_path is not None, "publish a fresh part once"
+        try:
+            move_to_free_name(self.tmp_path, self._part)
+        except FileExistsError:
+            raise PhraseScorerError("a file is in the way of the partial output", path=self._part,
+                                    hint="it was not left by this command: move it away or choose another "
+                                         "output") from None
+        self.tmp_path, self._part = self._part, None
 
     def abort(self) -> None:
         if self.to_stdout or self.committed:

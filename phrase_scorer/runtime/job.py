@@ -209,7 +209,8 @@ class OutputJob:
         hash_identities(self.settings)  # the resume record names the inputs by their hash
         out = AtomicOutput(self.output, part=part, keep_on_failure=True)
         try:
-            self._write_record(out)  # the part is this run's from its first byte: a kill leaves it resumable
+            self._write_record(out)  # the record names the part before it takes its name: a kill leaves
+            out.publish()            # either a file named as this run's, removed by the next, or a resumable part
         except BaseException:
             out.keep_on_failure = False
             out.abort()

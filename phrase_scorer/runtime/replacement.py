@@ -25,9 +25,6 @@ there (:meth:`FolderReplacement.recover`):
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
 import json
 import logging
 import os
@@ -37,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
-from phrase_scorer.io.atomic import create_new, fsync_dir
+from phrase_scorer.io.atomic import RENAME_EXCHANGE, create_new, fsync_dir, rename_with
 
 log = logging.getLogger(__name__)
 
@@ -70,25 +67,10 @@ def _real_folder(path: Path) -> bool:
         return False
 
 
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
 def exchange(first: Path, second: Path) -> bool:
     """Exchange two folders' names in one step; False where the system cannot (not Linux, an old
     C library, a file system without ``RENAME_EXCHANGE``)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
-        return True
-    number = ctypes.get_errno()
-    if number in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(number, os.strerror(number), os.fspath(first))
+    return rename_with(first, second, RENAME_EXCHANGE)
 
 
 class FolderReplacement:
