@@ -136,11 +136,7 @@ def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathL
     Tables made by an earlier run are reused only when they come from the same inputs (see the
     module's docstring); otherwise they are made again."""
     ini = MosesIni.read(moses_ini)
-    feature = ini.find_phrase_table()
-    table_path = feature.get("path")
-    if table_path is None:
-        raise ini.error(f"feature {feature.name} has no path=", feature.line.number, "give its phrase table's path=")
-    original = os.path.normpath(ini.resolve(table_path))
+    original = ini.table_path(ini.find_phrase_table())
     tables = work / "tables"
     tables.mkdir(parents=True, exist_ok=True)
     both = tables / "phrase-table.rnn+wp.gz"

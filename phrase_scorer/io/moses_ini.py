@@ -221,6 +221,15 @@ class MosesIni:
             result.append(FeatureLine(line, kind, name, args))
         return result
 
+    def table_path(self, feature: FeatureLine) -> str:
+        """The file a phrase-table feature's ``path=`` names, as Moses opens it (:meth:`resolve`);
+        a feature without ``path=`` is refused naming its line."""
+        path = feature.get("path")
+        if path is None:
+            raise self.error(f"feature {feature.name} has no path=", feature.line.number,
+                             "give its phrase table's path=")
+        return os.path.normpath(self.resolve(path))
+
     def find_phrase_table(self, name: Optional[str] = None) -> FeatureLine:
         """The phrase-table feature called ``name``, or the first phrase table when ``name`` is None."""
         features = self.features()

@@ -48,10 +48,7 @@ def with_absolute_paths(ini: PathLike, output: PathLike) -> None:
     """Copy ``ini`` with every relative ``path=`` resolved against the ini's folder."""
     parsed = MosesIni.read(ini)
     table = parsed.find_phrase_table()
-    table_path = table.get("path")
-    if table_path is None:
-        raise parsed.error(f"feature {table.name} has no path=", table.line.number, "give its phrase table's path=")
-    absolute_table = os.path.normpath(parsed.resolve(table_path))
+    absolute_table = parsed.table_path(table)
     patch_moses_ini(ini, output, phrase_table=absolute_table, add_features=0, absolute_paths=True,
                     feature_name=table.name, overwrite=True)
 
