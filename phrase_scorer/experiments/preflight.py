@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from typing import Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.inputs import TextLines
+from phrase_scorer.io.inputs import TextLines, refuse_single_pass
 from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 
@@ -41,10 +40,7 @@ def check_text_pair(sides: Tuple[PathLike, PathLike], what: str) -> int:
     than once, which a pipe or a device cannot give, and reading one here would consume it),
     readable text of as many lines, not empty. Returns the lines."""
     for side in sides:
-        if not stat.S_ISREG(os.stat(side).st_mode):
-            raise PhraseScorerError(f"{what}: not a regular file (a pipe, a process substitution or a device), "
-                                    "which the steps could read only once", path=side,
-                                    hint="write it to a file first and give that file")
+        refuse_single_pass(side, what, "the steps read it more than once")
     counts = []
     for side in sides:
         lines = 0

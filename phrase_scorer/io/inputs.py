@@ -212,6 +212,7 @@ def refuse_single_pass(path: PathLike, what: Union[str, Text], reads: str) -> No
     if S_ISREG(mode):
         return
     kind = ("a pipe (a process substitution is one)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
-    raise PhraseScorerError(Text(what, f" is {kind}, whose bytes can be read once: {reads}"), path=path,
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
+    raise PhraseScorerError(Text(what, f" is {kind}, not a regular file, whose bytes can be read once: {reads}"),
+                            path=path,
                             hint="save the stream to a regular file first; a .gz file is read as it is")
