@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 from typing import Optional
 
 from phrase_scorer.errors import PhraseScorerError
@@ -19,10 +20,12 @@ def describe_os_error(exc: OSError, path: PathLike) -> PhraseScorerError:
     return out_of_resources(exc, path) or PhraseScorerError(f"cannot write: {exc.strerror or exc}", path=path)
 
 
-def _soft_limit(name: str) -> Optional[int]:
-    import resource
-
-    soft = resource.getrlimit(getattr(resource, name))[0]
+def soft_limit(which: int) -> Optional[int]:
+    """This process's soft limit ``which`` (a ``resource.RLIMIT_*``), None when unlimited."""
+    try:
+        soft, _ = resource.getrlimit(which)
+    except (OSError, ValueError):
+        return None
     return None if soft == resource.RLIM_INFINITY else soft
 
 
@@ -37,29 +40,30 @@ def out_of_resources(exc: OSError, path: Optional[PathLike] = None) -> Optional[
                 "no space left on the device " + ("while writing (ENOSPC)" if path is not None else "(ENOSPC)"))
         return PhraseScorerError(what, path=path, hint="free some space or write elsewhere" + kept)
     if code == errno.EFBIG:  # past the file-size limit (ulimit -f), or the file system's largest file
-        limit = _soft_limit("RLIMIT_FSIZE")
+        limit = soft_limit(resource.RLIMIT_FSIZE)
         shown = f": the limit is {limit:,} bytes (ulimit -f)" if limit is not None else ""
         return PhraseScorerError(f"file too large (EFBIG){shown}", path=path,
                                  hint="raise the limit (ulimit -f unlimited) or write elsewhere" + kept)
     if code in (errno.EMFILE, errno.ENFILE):
-        limit = _soft_limit("RLIMIT_NOFILE")
+        limit = soft_limit(resource.RLIMIT_NOFILE)
         what = ("too many open files (EMFILE)" + (f": the limit is {limit} (ulimit -n)" if limit is not None else "")
                 if code == errno.EMFILE else "the system has no file descriptor left (ENFILE)")
         return PhraseScorerError(what, path=path,
                                  hint="raise the limit (ulimit -n 4096), or start fewer worker processes or ranks")
     if code == errno.ENOMEM:
         limits = [f"the {what} limit of {limit / (1 << 20):,.0f} MiB ({shell})"
-                  for name, what, shell in (("RLIMIT_AS", "address-space", "ulimit -v"),
-                                            ("RLIMIT_DATA", "data-segment", "ulimit -d"))
-                  for limit in [_soft_limit(name)] if limit is not None]
+                  for which, what, shell in ((resource.RLIMIT_AS, "address-space", "ulimit -v"),
+                                             (resource.RLIMIT_DATA, "data-segment", "ulimit -d"))
+                  for limit in [soft_limit(which)] if limit is not None]
         shown = f" under {' and '.join(limits)}" if limits else ""
         return PhraseScorerError(f"out of memory (ENOMEM){shown}", path=path,
                                  hint="give the run more memory, or make it use less: fewer worker processes or "
                                       "ranks, smaller batches")
     if code == errno.EAGAIN and path is None:  # fork or a thread's start; a file's EAGAIN is no shortage
-        limits = [f"{limit} processes and threads (ulimit -u)" for limit in [_soft_limit("RLIMIT_NPROC")] if limit]
+        limits = [f"{limit} processes and threads (ulimit -u)"
+                  for limit in [soft_limit(resource.RLIMIT_NPROC)] if limit]
         limits += [f"{limit / (1 << 20):,.0f} MiB of address space for the stacks (ulimit -v)"
-                   for limit in [_soft_limit("RLIMIT_AS")] if limit]  # a thread's stack must fit in it too
+                   for limit in [soft_limit(resource.RLIMIT_AS)] if limit]  # a thread's stack must fit in it too
         shown = f": the limits are {' and '.join(limits)}" if limits else ""
         return PhraseScorerError(f"cannot start another process or thread (EAGAIN){shown}",
                                  hint="raise them, or start fewer worker processes, ranks or threads")

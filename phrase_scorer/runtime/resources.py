@@ -23,7 +23,7 @@ import sys
 from typing import Iterator, Optional
 
 from phrase_scorer.errors import PhraseScorerError
-from phrase_scorer.io.os_errors import out_of_resources
+from phrase_scorer.io.os_errors import out_of_resources, soft_limit
 
 MIB = 1 << 20
 
@@ -59,15 +59,6 @@ _SAID = (
      errno.ENOMEM),
     (re.compile(r"can't start new thread|resource temporarily unavailable", re.IGNORECASE), errno.EAGAIN),
 )
-
-
-def soft_limit(which: int) -> Optional[int]:
-    """This process's soft limit ``which`` (a ``resource.RLIMIT_*``), None when unlimited."""
-    try:
-        soft, _ = resource.getrlimit(which)
-    except (OSError, ValueError):
-        return None
-    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def _mib(size: int) -> str:
