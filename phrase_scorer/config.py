@@ -1,7 +1,8 @@
 """Every setting of the package, with its default, in one place.
 
 One frozen dataclass per concern: the networks (:class:`ModelConfig` for the RNN Encoder-Decoder,
-:class:`RNNsearchConfig` for the attention model, each with its presets), training
+:class:`RNNsearchConfig` for the attention model, :class:`TransformerConfig` for the Transformer,
+each with its presets), training
 (:class:`TrainConfig`), scoring (:class:`ScoringOptions`) and annotation
 (:class:`AnnotateOptions`). The command line takes its defaults from here, and the model
 directory stores the first two as JSON. This module imports neither torch nor numpy.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import Field, asdict, dataclass, fields, replace
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, Union
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 
@@ -51,6 +52,7 @@ class ArchitectureConfig:
     and the config goes to and from config.json's model section."""
 
     ARCH = ""
+    CHOICES: ClassVar[Dict[str, Tuple[str, ...]]] = {}  # a text setting -> the values it takes
     arch: str
     __dataclass_fields__: ClassVar[Dict[str, Field[Any]]]  # the subclasses are dataclasses (for type checkers)
 
@@ -59,7 +61,14 @@ class ArchitectureConfig:
             raise ValueError(f"{type(self).__name__} is the {self.ARCH!r} architecture, not {self.arch!r}")
         for f in fields(self):  # every size a whole number in its range, every scale a finite number
             value = getattr(self, f.name)
-            if f.name.endswith("_shortlist"):
+            if isinstance(f.default, bool):
+                if not isinstance(value, bool):
+                    raise PhraseScorerError(f"model.{f.name} is {value!r}; it must be true or false")
+            elif isinstance(f.default, str) and f.name != "arch":
+                if value not in self.CHOICES[f.name]:
+                    raise PhraseScorerError(f"model.{f.name} is {value!r}; it must be one of "
+                                            f"{', '.join(self.CHOICES[f.name])}")
+            elif f.name.endswith("_shortlist"):
                 check_whole_number(f"model.{f.name}", value, 1, MAX_SHORTLIST)
             elif f.name == "maxout_pieces":
                 check_whole_number(f"model.{f.name}", value, 1, MAX_MAXOUT_PIECES)
@@ -167,11 +176,56 @@ RNNSEARCH_PRESETS: Dict[str, RNNsearchConfig] = {
     ),
 }
 
+@dataclass(frozen=True)
+class TransformerConfig(ArchitectureConfig):
+    """Sizes of the encoder-decoder Transformer (Vaswani et al. 2017), in its pre-norm form (each
+    sublayer reads a normalised copy of its input and adds its output to it; a last layer norm on
+    each side). The defaults are the paper's base model."""
+
+    ARCH = "transformer"
+    CHOICES: ClassVar[Dict[str, Tuple[str, ...]]] = {"positions": ("sinusoidal", "learned")}
+
+    arch: str = ARCH
+    model_dim: int = 512  # d_model: embeddings, every sublayer's input and output, the readout features
+    ff_dim: int = 2048  # units of each feed-forward sublayer
+    heads: int = 8  # attention heads (each model_dim / heads wide)
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    source_shortlist: int = 30000
+    target_shortlist: int = 30000
+    positions: str = "sinusoidal"  # sinusoidal (any length) | learned (a table of max_positions rows)
+    max_positions: int = 1024  # learned positions: the rows of the table (longer sequences are refused)
+    # The target embedding is the output layer's matrix (Press and Wolf 2017): a third fewer
+    # parameters in a small model, and the output rows of rare words learn from their inputs too.
+    tie_target_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.model_dim % (2 * self.heads):
+            raise PhraseScorerError(f"model.model_dim is {self.model_dim}; it must be a multiple of twice "
+                                    f"model.heads ({self.heads}), so that each head and each sinusoid pair is whole")
+
+
+TRANSFORMER_PRESETS: Dict[str, TransformerConfig] = {
+    # The paper's base model (512 / 2,048, 8 heads, 6 + 6 layers), 30k-word shortlists.
+    "paper": TransformerConfig(),
+    # Sized for a 2-core CPU: the width and depth of the small-data Transformers of the Multi30k
+    # literature (128 / 256, 4 heads; Wu et al. 2021 use 4 + 4 layers) with 3 + 3 layers, and
+    # the RNNs' 6,000-word shortlists (docs/transformer.md).
+    "small": TransformerConfig(model_dim=128, ff_dim=256, heads=4, encoder_layers=3, decoder_layers=3,
+                               source_shortlist=6000, target_shortlist=6000),
+    # For tests: trains and scores in seconds.
+    "tiny": TransformerConfig(model_dim=16, ff_dim=32, heads=2, encoder_layers=1, decoder_layers=2,
+                              source_shortlist=500, target_shortlist=500),
+}
+
 # config.json's model "arch" -> the config class and its presets (no "arch": the encoder-decoder).
-MODEL_CONFIGS = {ModelConfig.ARCH: ModelConfig, RNNsearchConfig.ARCH: RNNsearchConfig}
+MODEL_CONFIGS: Dict[str, Type[ArchitectureConfig]] = {
+    ModelConfig.ARCH: ModelConfig, RNNsearchConfig.ARCH: RNNsearchConfig, TransformerConfig.ARCH: TransformerConfig}
 ARCH_PRESETS: Dict[str, Mapping[str, AnyModelConfig]] = {ModelConfig.ARCH: PRESETS,
-                                                          RNNsearchConfig.ARCH: RNNSEARCH_PRESETS}
-AnyModelConfig = Union[ModelConfig, RNNsearchConfig]
+                                                          RNNsearchConfig.ARCH: RNNSEARCH_PRESETS,
+                                                          TransformerConfig.ARCH: TRANSFORMER_PRESETS}
+AnyModelConfig = Union[ModelConfig, RNNsearchConfig, TransformerConfig]
 
 
 def model_config_from_dict(data: dict) -> AnyModelConfig:
@@ -210,6 +264,9 @@ class Recipe:
     lr_decay: float  # learning rate times this after lr_patience validations without improvement (1: never)
     lr_patience: int
     min_lr: float  # the rate is never decayed below this
+    # Updates of linear warm-up to ``lr``, then the rate falls as 1 / sqrt(update) (Vaswani et al.
+    # 2017; 0: no warm-up, a constant rate but for the plateau decay).
+    warmup: int = 0
 
 
 RECIPES: Dict[str, Recipe] = {
@@ -223,7 +280,15 @@ RECIPES: Dict[str, Recipe] = {
     "modern": Recipe(optimizer="adam", lr=1e-3, clip_norm=1.0, loss="token", label_smoothing=0.1, dropout=0.2,
                      init="glorot", lr_decay=0.5, lr_patience=2, min_lr=1e-5),
 }
+RECIPES["transformer"] = Recipe(
+    # What trains the Transformer on a CPU (docs/transformer.md): Adam at a higher peak rate
+    # reached by a linear warm-up and then decaying as 1 / sqrt(update), a loss per target token
+    # with label smoothing, dropout 0.3 as the small-data recipes use, Glorot initialisation.
+    optimizer="adam", lr=2e-3, clip_norm=1.0, loss="token", label_smoothing=0.1, dropout=0.3, init="glorot",
+    lr_decay=1.0, lr_patience=2, min_lr=1e-5, warmup=1000)
 DEFAULT_RECIPE = "modern"
+# An architecture's recipe when none is named (the others': DEFAULT_RECIPE).
+ARCH_RECIPES = {TransformerConfig.ARCH: "transformer"}
 OPTIMIZERS = ("adadelta", "adam")
 LOSSES = ("pair", "token")
 INITS = ("paper", "glorot")
@@ -240,9 +305,9 @@ class TrainConfig:
     """Training settings. ``recipe`` names a :class:`Recipe`; the fields that are None take the
     recipe's values (:meth:`resolved`), so a setting given explicitly overrides the recipe's."""
 
-    arch: str = "encdec"  # the architecture: a key of ARCH_PRESETS (encdec | rnnsearch)
+    arch: str = "encdec"  # the architecture: a key of ARCH_PRESETS (encdec | rnnsearch | transformer)
     preset: str = DEFAULT_PRESET  # a preset of that architecture
-    recipe: str = DEFAULT_RECIPE  # a key of RECIPES
+    recipe: Optional[str] = None  # a key of RECIPES (None: the architecture's, ARCH_RECIPES, else DEFAULT_RECIPE)
     batch_size: int = 64  # pairs per update (paper: 64)
     # --- the recipe's settings (None: the recipe's) ---
     optimizer: Optional[str] = None
@@ -255,6 +320,7 @@ class TrainConfig:
     lr_decay: Optional[float] = None
     lr_patience: Optional[int] = None
     min_lr: Optional[float] = None
+    warmup: Optional[int] = None
     adadelta_rho: float = 0.95  # Adadelta's (the paper's)
     adadelta_eps: float = 1e-6
     # --- validation and stopping ---
@@ -290,8 +356,8 @@ class TrainConfig:
     # The numeric settings and their ranges (as the command line's options have them): a whole
     # number from a minimum; a number in an interval (open at an end where the flag says so).
     WHOLE = {"batch_size": 1, "valid_pairs": 0, "valid_every": 1, "valid_beam": 1, "patience": 1,
-             "average_checkpoints": 0, "lr_patience": 1, "max_steps": 1, "max_length": 1}
-    OPTIONAL = ("lr_patience", "max_steps", "max_length")
+             "average_checkpoints": 0, "lr_patience": 1, "max_steps": 1, "max_length": 1, "warmup": 0}
+    OPTIONAL = ("lr_patience", "max_steps", "max_length", "warmup")
     NUMBERS = {"lr": (0.0, MAX_LR, True, False), "clip_norm": (0.0, math.inf, True, True),
                "label_smoothing": (0.0, 1.0, False, True), "dropout": (0.0, 1.0, False, True),
                "lr_decay": (0.0, 1.0, True, False), "min_lr": (0.0, math.inf, False, True),
@@ -299,6 +365,8 @@ class TrainConfig:
                "max_epochs": (0.0, math.inf, True, True), "max_time": (0.0, math.inf, True, True)}
 
     def __post_init__(self) -> None:
+        if self.recipe is None:  # the architecture's recipe (a frozen dataclass: set once, here)
+            object.__setattr__(self, "recipe", ARCH_RECIPES.get(self.arch, DEFAULT_RECIPE))
         for name, low in self.WHOLE.items():
             if getattr(self, name) is not None or name not in self.OPTIONAL:  # None: the recipe's, or no limit
                 check_whole_number(f"training.{name}", getattr(self, name), low,
@@ -318,6 +386,7 @@ class TrainConfig:
     def resolved(self, corpus: bool = False) -> "TrainConfig":
         """Every None setting filled in: the recipe's values, and the validation metric of the
         data (``corpus``: sentence pairs)."""
+        assert self.recipe is not None  # set by __post_init__
         recipe = RECIPES[self.recipe]
         filled = {name: getattr(recipe, name) for name in self.RECIPE_SETTINGS if getattr(self, name) is None}
         if self.valid_metric is None:
@@ -365,6 +434,9 @@ class ScoringOptions:
     chunk_rows: Optional[int] = None
     share_source_prefixes: bool = True
     share_target_prefixes: bool = True
+    # A model that scores a batch of targets in one teacher-forced pass (``scores_in_one_pass``:
+    # the Transformer) does so; False: the targets' trie, one decoder step per depth, as the RNNs.
+    one_pass: bool = True
     # fp32 on every device by default: bf16 moves log p by hundredths of a nat (docs/precision.md).
     # bf16 | fp16: autocast on a GPU (state and output layer in half precision); a CPU ignores it.
     # int8: a CPU's output-layer product in 8-bit integers (scoring/int8_output.py); refused on a GPU.

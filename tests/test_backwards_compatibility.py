@@ -19,7 +19,7 @@ from phrase_scorer.cli import cli
 FROZEN = Path(__file__).resolve().parent / "data" / "frozen"
 
 
-@pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])
+@pytest.mark.parametrize("arch", ["encdec", "rnnsearch", "transformer"])
 def test_a_frozen_model_of_an_earlier_version_scores_as_it_did(arch, tmp_path):
     model = FROZEN / arch
     assert json.loads((model / "config.json").read_text())["model"]["arch"] == arch

@@ -67,7 +67,7 @@ def list_pairs(loaded):
             [loaded.target_vocab.encode(split_words(e.hypothesis)) for e in entries])
 
 
-@pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])
+@pytest.mark.parametrize("arch", ["encdec", "rnnsearch", "transformer"])
 def test_int8_scores_stay_near_fp32_and_say_so(sentence_models, arch):
     loaded = load_model(sentence_models(arch))
     sources, targets = list_pairs(loaded)

@@ -70,13 +70,13 @@ def test_resume_refuses_another_recipe_or_optimiser_setting_and_names_it(tmp_pat
     assert state.step == 8
 
 
-@pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])
+@pytest.mark.parametrize("arch", ["encdec", "rnnsearch", "transformer"])
 def test_dropout_acts_in_training_only(arch):
     """A model with a training dropout rate gives random log p in training mode, and in eval
     mode exactly the scores of the same weights without dropout."""
-    from phrase_scorer.config import PRESETS
+    from phrase_scorer.config import ARCH_PRESETS
 
-    config = (PRESETS if arch == "encdec" else RNNSEARCH_PRESETS)["tiny"]
+    config = ARCH_PRESETS[arch]["tiny"]
     torch.manual_seed(0)
     model = build_model(config, 40, 50)
     model.reset_parameters("glorot")

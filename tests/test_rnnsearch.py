@@ -414,14 +414,16 @@ def test_paper_preset_shapes():
 
 
 def test_configs_record_their_architecture():
-    for config in (PRESETS["tiny"], RNNSEARCH_PRESETS["tiny"]):
+    from phrase_scorer.config import TRANSFORMER_PRESETS
+
+    for config in (PRESETS["tiny"], RNNSEARCH_PRESETS["tiny"], TRANSFORMER_PRESETS["tiny"]):
         data = json.loads(json.dumps(config.to_dict()))
         assert data["arch"] == config.arch and model_config_from_dict(data) == config
         assert isinstance(build_model(config, 30, 30), ARCHITECTURES[config.arch])
     old = {k: v for k, v in PRESETS["tiny"].to_dict().items() if k != "arch"}  # config.json before "arch"
     assert model_config_from_dict(old) == PRESETS["tiny"]
-    with pytest.raises(ValueError, match="unknown architecture 'transformer'"):
-        model_config_from_dict({**old, "arch": "transformer"})
+    with pytest.raises(ValueError, match="unknown architecture 'conformer'"):
+        model_config_from_dict({**old, "arch": "conformer"})
     with pytest.raises(ValueError, match="unknown model settings: alignment_dim"):
         model_config_from_dict({**old, "alignment_dim": 3})
     with pytest.raises(ValueError, match="not 'rnnsearch'"):

@@ -191,11 +191,12 @@ def training_options(function):
     """The options that say what model to train and how: shared by 'train' and 'ems-config'."""
     options = [
         click.option("--arch", type=click.Choice(list(ARCH_PRESETS)), default=TrainConfig.arch,
-                     help="Architecture: the RNN Encoder-Decoder (Cho et al. 2014) or RNNsearch (Bahdanau et al. "
-                          "2015). Resumed training keeps the saved one."),
+                     help="Architecture: the RNN Encoder-Decoder (Cho et al. 2014), RNNsearch (Bahdanau et al. "
+                          "2015) or a Transformer (Vaswani et al. 2017). Resumed training keeps the saved one."),
         click.option("--preset", type=click.Choice(sorted({p for presets in ARCH_PRESETS.values() for p in presets})),
                      default=TrainConfig.preset,
-                     help="Network size: the paper's, one that trains on a CPU in under an hour, or a toy for tests."),
+                     help="Network size: the paper's (the Transformer's: its base model), one that trains on a CPU in "
+                          "under an hour, or a toy for tests."),
         click.option("--source-shortlist", type=Count(min=1, max=MAX_SHORTLIST), default=None,
                      help="Source words kept [default: the preset's: 15000 for the encoder-decoder's paper preset, "
                           "30000 for RNNsearch's]."),
@@ -206,10 +207,15 @@ def training_options(function):
                      help="What the model reads: whole words (the shortlists), or subword pieces learnt by "
                           "sentencepiece from the training words, byte-pair encoding or the unigram model, as many "
                           "as the shortlists' words. Every command still takes and writes words."),
-        click.option("--recipe", type=click.Choice(list(RECIPES)), default=TrainConfig.recipe,
+        click.option("--recipe", type=click.Choice(list(RECIPES)), default=None,
                      help="How to optimise: 'modern' (Adam, per-token label-smoothed loss, dropout, Glorot "
-                          "initialisation, rate halved on validation plateaus) or 'paper' (the papers' Adadelta and "
-                          "initialisations, for reproductions). The options below override single settings."),
+                          "initialisation, rate halved on validation plateaus), 'transformer' (the same with a "
+                          "linear warm-up to a higher rate that then falls as 1/sqrt(update), and more dropout) or "
+                          "'paper' (the papers' Adadelta and initialisations, for reproductions). The options below "
+                          "override single settings [default: 'transformer' for the Transformer, else 'modern']."),
+        click.option("--warmup", type=Count(min=0), default=None, metavar="UPDATES",
+                     help="Updates of linear warm-up to --lr, after which the rate falls as 1/sqrt(update) "
+                          "(0: a constant rate) [default: the recipe's]."),
         click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None, help="[default: the recipe's]"),
         click.option("--lr", type=training_number("lr"), default=None,
                      help="Learning rate [default: the recipe's: 1e-3 for Adam, 1.0 for Adadelta]."),

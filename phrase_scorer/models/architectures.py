@@ -7,21 +7,24 @@ from typing import Any, Callable, Dict, Type
 import torch
 from torch.overrides import TorchFunctionMode
 
-from phrase_scorer.config import AnyModelConfig, ModelConfig, RNNsearchConfig
-from phrase_scorer.models import encdec, rnnsearch
+from phrase_scorer.config import AnyModelConfig, ModelConfig, RNNsearchConfig, TransformerConfig
+from phrase_scorer.models import encdec, rnnsearch, transformer
 from phrase_scorer.models.encdec import RNNEncoderDecoder
 from phrase_scorer.models.base import TranslationModel, count_parameters
 from phrase_scorer.models.rnnsearch import RNNsearch
+from phrase_scorer.models.transformer import Transformer
 from phrase_scorer.vocab import SPECIALS
 
 ARCHITECTURES: Dict[str, Type[TranslationModel]] = {
     ModelConfig.ARCH: RNNEncoderDecoder,
     RNNsearchConfig.ARCH: RNNsearch,
+    TransformerConfig.ARCH: Transformer,
 }
 # (config, target vocabulary size, source words, target words) -> the forward pass's FLOPs by part
 FORWARD_FLOPS: Dict[str, Callable[..., Dict[str, float]]] = {
     ModelConfig.ARCH: encdec.forward_flops,
     RNNsearchConfig.ARCH: rnnsearch.forward_flops,
+    TransformerConfig.ARCH: transformer.forward_flops,
 }
 
 

@@ -31,6 +31,9 @@ Optional capabilities, each named by a class attribute:
   the trie of the sources and one of the trie of their reversals (:class:`TrieWalk`), running
   each shared prefix and each shared suffix once (a reverse model's sources are the hypotheses of
   an n-best list, which share most of both).
+- ``scores_in_one_pass``: ``teacher_forced_features`` runs every position of a batch of targets
+  at once (a Transformer's decoder), so the scorer scores a batch of pairs by one teacher-forced
+  pass instead of stepping through the trie of their targets.
 - ``has_alignments``: ``alignments(src, src_len, tgt, tgt_len)`` gives the soft alignment weights
   alpha (B, T + 1, S) of the teacher-forced pass, and ``step_with_alignment`` those of one step.
 
@@ -90,6 +93,7 @@ class TranslationModel(nn.Module, Generic[MemoryT]):
 
     shares_source_prefixes = False
     shares_source_affixes = False
+    scores_in_one_pass = False
     has_alignments = False
     # How inference (no autograd) computes p when it rearranges the equations' operations (None:
     # as they are written): a changed method can move a score's last digits, so outputs record it

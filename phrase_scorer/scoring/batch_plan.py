@@ -20,7 +20,9 @@ The steps, as the scorer's module docstring describes them:
    prefixes and suffixes (a bidirectional one), or the padded sources;
 3. :func:`plan_batch`: the trie of each source's targets, and per depth the nodes' sources,
    parents and previous words, the pairs that reach the depth, and the softmax's chunks (their
-   rows, labels and where their log p go).
+   rows, labels and where their log p go); or, for a model that scores in one pass
+   (``decoder="one_pass"``), the padded targets, each pair's source, and the softmax's chunks of
+   the positions that hold a word or ``</s>`` (:class:`OnePassPlan`).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ def trie_of_rows(rows: np.ndarray, lengths: np.ndarray, share_prefixes: bool = T
 # --- what a plan depends on ------------------------------------------------------------------------
 
 ENCODERS = ("prefixes", "affixes", "padded")
+DECODERS = ("trie", "one_pass")
 
 
 @dataclass(frozen=True)
@@ -115,10 +118,13 @@ class PlanSettings:
     sorted_sources: bool  # batches take sources in lexicographic order (else shortest first)
     share_source_prefixes: bool = True  # "prefixes": without, every source gets nodes of its own
     share_target_prefixes: bool = True
+    decoder: str = "trie"  # "trie": the targets' trie depth by depth; "one_pass": padded targets at once
 
     def __post_init__(self) -> None:
         if self.encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}")
 
 
 # --- the plan ------------------------------------------------------------------------------------------
@@ -183,6 +189,20 @@ class DepthPlan:
 
 
 @dataclass
+class OnePassPlan:
+    """A batch's targets run in one teacher-forced pass: ``tgt`` (k, width) ids padded with
+    ``<pad>``, ``sources`` (k,) each pair's source (None: pair i reads source i), and the
+    softmax's chunks, (the positions' rows among the pass's k * (width + 1) rows, their labels
+    less :data:`FIRST_OUTPUT_ID`, their pairs), over every position holding a word or ``</s>``."""
+
+    pairs: int
+    width: int
+    tgt: Slot
+    sources: Optional[Slot]
+    chunks: List[Tuple[Slot, Slot, Slot]]
+
+
+@dataclass
 class BatchPlan:
     """Everything one batch's device work reads: ``buffer`` (one int64 array, its pieces end to
     end) and where each piece lies in it; ``pair_index`` (k,) the window positions of the batch's pairs (the host's,
@@ -192,9 +212,10 @@ class BatchPlan:
     buffer: np.ndarray
     parts: List[int]  # the lengths of the buffer's pieces, in order (each a slot)
     encoder: EncoderPlan
-    depths: List[DepthPlan]
+    depths: List[DepthPlan]  # the targets' trie (none for a one-pass plan)
     counts: Tuple[int, int, int, int, int, int]  # pairs, distinct sources, source words, encoder steps,
     #                                             target steps, decoder steps
+    one_pass: Optional[OnePassPlan] = None
 
     def view(self, slot: Slot) -> np.ndarray:
         offset, length = slot
@@ -304,6 +325,12 @@ def plan_batch(settings: PlanSettings, pair_index: np.ndarray, source_rows: np.n
     encoder, encoder_steps = plan_encoder(settings, buffer, source_rows, source_lengths)
     targets = len(lengths)
     width = int(lengths.max())
+    if settings.decoder == "one_pass":
+        one_pass = plan_one_pass(settings, buffer, target_rows[:, :width], lengths, pair_source)
+        counts = (targets, len(source_rows), int(source_lengths.sum()), encoder_steps, int(lengths.sum()) + targets,
+                  targets * (width + 1))
+        return BatchPlan(pair_index=pair_index, buffer=buffer.array(), parts=buffer.lengths(), encoder=encoder,
+                         depths=[], counts=counts, one_pass=one_pass)
     # the trie of (source, y_1 .. y_M): depth 0 is the source's root (previous word: none)
     sequences = np.concatenate([pair_source[:, None], target_rows[:, :width]], 1)  # (k, 1 + M_max)
     trie = trie_of_rows(sequences, lengths + 1, settings.share_target_prefixes)
@@ -337,3 +364,25 @@ def plan_batch(settings: PlanSettings, pair_index: np.ndarray, source_rows: np.n
               trie.num_nodes)
     return BatchPlan(pair_index=pair_index, buffer=buffer.array(), parts=buffer.lengths(), encoder=encoder,
                      depths=depths, counts=counts)
+
+
+def plan_one_pass(settings: PlanSettings, buffer: _Buffer, target_rows: np.ndarray, lengths: np.ndarray,
+                  pair_source: np.ndarray) -> OnePassPlan:
+    """The one-pass part of a plan: ``target_rows`` (k, width) padded with :data:`NO_ID`,
+    ``lengths`` (k,), ``pair_source`` (k,) each pair's source row."""
+    k, width = target_rows.shape
+    tgt = buffer.add(np.where(target_rows == NO_ID, PAD_ID, target_rows))  # (k, width)
+    in_place = np.array_equal(pair_source, np.arange(k))
+    labels = np.full((k, width + 1), NO_ID, np.int64)  # (k, width + 1): y_1 .. y_M, </s>
+    labels[:, :width] = target_rows
+    labels[np.arange(k), lengths] = EOS_ID
+    valid = np.arange(width + 1) <= lengths[:, None]  # (k, width + 1)
+    rows = np.flatnonzero(valid)  # the scored positions' rows among the pass's k * (width + 1)
+    classes = labels.reshape(-1)[rows] - FIRST_OUTPUT_ID
+    pairs = rows // (width + 1)
+    chunks = [(buffer.add(rows[start : start + settings.chunk_rows]),
+               buffer.add(classes[start : start + settings.chunk_rows]),
+               buffer.add(pairs[start : start + settings.chunk_rows]))
+              for start in range(0, len(rows), settings.chunk_rows)]
+    return OnePassPlan(pairs=k, width=width, tgt=tgt, sources=None if in_place else buffer.add(pair_source),
+                       chunks=chunks)

@@ -68,8 +68,8 @@ from phrase_scorer.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, ScoringOpti
 from phrase_scorer.data.padding import IdRows, pad_ids
 from phrase_scorer.runtime.device import HALF_PRECISIONS, device_label, precision_context, resolve_precision
 from phrase_scorer.models.base import Memory, TranslationModel, TrieWalk, at_least_fp32
-from phrase_scorer.scoring.batch_plan import (BatchPlan, DepthPlan, EncoderPlan, PlanSettings, Slot,
-                                              plan_window)
+from phrase_scorer.scoring.batch_plan import (BatchPlan, DepthPlan, EncoderPlan, OnePassPlan, PlanSettings,
+                                              Slot, plan_window)
 from phrase_scorer.scoring.int8_output import Int8Product, int8_engine
 from phrase_scorer.vocab import PAD_ID
 
@@ -160,6 +160,8 @@ class BatchScorer:
             described["source_order"] = "shortest first"
         if self.encodes_by_affixes:  # each direction's sums run in other batches: last digits move
             described["source_encoding"] = "shared prefixes and suffixes"
+        if self.in_one_pass:  # every position at once, not step by step: last digits move
+            described["decoding"] = "one pass"
         if self.device.type == "cpu":
             described["threads"] = threads = torch.get_num_threads()
             if threads > 1:  # whole batches per thread give one thread's scores
@@ -174,7 +176,14 @@ class BatchScorer:
         return PlanSettings(batch_tokens=self.batch_tokens, chunk_rows=self.chunk_rows, encoder=encoder,
                             sorted_sources=model.shares_source_prefixes,
                             share_source_prefixes=self.options.share_source_prefixes,
-                            share_target_prefixes=self.options.share_target_prefixes)
+                            share_target_prefixes=self.options.share_target_prefixes,
+                            decoder="one_pass" if self.in_one_pass else "trie")
+
+    @property
+    def in_one_pass(self) -> bool:
+        """Whether a batch's targets run in one teacher-forced pass (a model that offers it,
+        ``scores_in_one_pass``, unless ``options.one_pass`` is off), not step by step."""
+        return self.model.scores_in_one_pass and self.options.one_pass
 
     def score(self, sources: "Sequence[Sequence[int]] | IdRows",
               targets: "Sequence[Sequence[int]] | IdRows", batch_tokens: Optional[int] = None) -> np.ndarray:
@@ -292,6 +301,9 @@ class BatchScorer:
         take = self._slots(plan)
         memory = self._encode(plan.encoder, take)  # S rows
         scores = torch.zeros(plan.counts[0], dtype=torch.float64, device=self.device)
+        if plan.one_pass is not None:
+            self._run_one_pass(memory, plan.one_pass, scores, take, exact_rows)
+            return scores, (~torch.isfinite(scores)).sum()
         states: Optional[Tensor] = None  # the last depth's (n_d, D)
         for d, depth in enumerate(plan.depths):
             rows = memory.first(depth.nodes) if depth.sources is None else memory.select(take(depth.sources))
@@ -305,6 +317,19 @@ class BatchScorer:
             states, features = model.step(rows, parent_states, prev)  # (n_d, D), (n_d, R)
             self._add_edge_log_probs(scores, features, depth, take, exact_rows)
         return scores, (~torch.isfinite(scores)).sum()
+
+    def _run_one_pass(self, memory: Memory, plan: OnePassPlan, scores: Tensor, take: Callable[..., Tensor],
+                      exact_rows: Optional[List[int]]) -> None:
+        """Add log p of every word and ``</s>`` of the batch's targets to their pairs' scores, from
+        one teacher-forced pass over the padded targets (a model that ``scores_in_one_pass``)."""
+        rows = memory.first(plan.pairs) if plan.sources is None else memory.select(take(plan.sources))
+        tgt = take(plan.tgt, (plan.pairs, plan.width))  # (k, width)
+        features = self.model.teacher_forced_features(rows, tgt).flatten(0, 1)  # (k * (width + 1), R)
+        for positions, classes, pairs in plan.chunks:
+            chunk = features.index_select(0, take(positions))  # (n, R)
+            local = torch.arange(chunk.size(0), device=chunk.device)
+            picked = self.softmax.log_probs(chunk, local, take(classes), exact_rows)
+            scores.index_add_(0, take(pairs), picked.double())
 
     def _encode(self, plan: EncoderPlan, take: Callable[..., Tensor]) -> Memory:
         """The memory of the batch's distinct sources (one row each): a left-to-right encoder

@@ -30,7 +30,7 @@ from phrase_scorer.runtime.device import precision_context
 from phrase_scorer.runtime.progress import duration, step_bar
 from phrase_scorer.training.averaging import average_recent_weights
 from phrase_scorer.training.checkpoints import TrainState, keep_recent_weights, save_checkpoint
-from phrase_scorer.training.optimisation import set_learning_rate
+from phrase_scorer.training.optimisation import set_learning_rate, warmup_factor
 from phrase_scorer.training.prefetch import Prefetcher
 from phrase_scorer.training.stopping import StopRequests, TrainingInterrupted, stop_reason
 from phrase_scorer.training.validation import (
@@ -208,6 +208,8 @@ class TrainingLoop:
         src, src_len, tgt, tgt_len = [t.to(self.device, non_blocking=True) for t in batch.tensors]
         cfg = self.config
         self.optimizer.zero_grad(set_to_none=True)
+        if cfg.warmup:  # the rate of this update (resolved: the recipe fills warmup)
+            set_learning_rate(self.optimizer, self.state.lr * warmup_factor(cfg.warmup, self.state.step + 1))
         if cfg.dropout:
             # dropout masks depend only on (seed, step, rank), so a resumed run draws the same ones
             torch.manual_seed(hash_key(cfg.seed, self.state.step, self.rank))
@@ -264,7 +266,7 @@ class TrainingLoop:
                 "target_tokens_per_second": tokens / max(elapsed, 1e-9),  # words + </s> of every rank
                 "batch_size": self.config.batch_size,
                 "processes": self.world,
-                "lr": st.lr,
+                "lr": st.lr * warmup_factor(self.config.warmup or 0, st.step),
                 **metrics,
             }
             nll = metrics.get("valid_nll_token", record["train_nll_token"])

@@ -1,5 +1,6 @@
 """The optimiser and its learning rate: the recipe's optimiser, loss scaling for fp16 training,
-and the schedule that lowers the rate on validation plateaus."""
+the warm-up and its inverse-square-root decay, and the schedule that lowers the rate on
+validation plateaus."""
 
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def decay_on_plateau(config: TrainConfig, state) -> None:
         log.info("no improvement in %d validations: learning rate %.3g -> %.3g", state.lr_bad_validations, state.lr, lr)
         state.lr = lr
     state.lr_bad_validations = 0
+
+
+def warmup_factor(warmup: int, update: int) -> float:
+    """The share of the rate at ``update`` (1, 2, ...) of a schedule with ``warmup`` updates of
+    linear warm-up, then 1 / sqrt(update / warmup) (Vaswani et al. 2017); 1 without warm-up."""
+    if warmup <= 0:
+        return 1.0
+    update = max(update, 1)
+    return min(update / warmup, (warmup / update) ** 0.5)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
