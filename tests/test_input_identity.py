@@ -232,7 +232,7 @@ def test_train_cli_resumes_on_a_corpus_copied_to_another_path(tmp_path):
 def test_the_resume_record_of_rescore_and_translate_knows_a_source_by_its_bytes(tmp_path):
     """``rescore`` and ``translate --moses --reranker`` record their inputs as every resumable
     job does: a copied source resumes, a same-size change is refused naming source.sha256."""
-    from phrase_scorer.runtime.job import OutputJob, input_identity, record_path
+    from phrase_scorer.runtime.job import OutputJob, Resumable, input_identity, record_path
 
     class Stop(Exception):
         pass
@@ -241,7 +241,7 @@ def test_the_resume_record_of_rescore_and_translate_knows_a_source_by_its_bytes(
     source.write_text("a man\nthe dog\n")
     out = str(tmp_path / "out.txt")
     settings = {"source": input_identity(source), "options": {"beam": 5}}
-    with pytest.raises(Stop), OutputJob(out, resumable=True, settings=settings, source=source) as job:
+    with pytest.raises(Stop), OutputJob(out, resumable=Resumable(settings, source=source)) as job:
         job.write(1, b"un homme\n")
         raise Stop
     saved = json.loads(record_path(out).read_text())["settings"]["source"]
@@ -249,14 +249,14 @@ def test_the_resume_record_of_rescore_and_translate_knows_a_source_by_its_bytes(
 
     copy = tmp_path / "copy.txt"
     shutil.copyfile(source, copy)
-    with pytest.raises(Stop), OutputJob(out, resume=True, resumable=True, source=copy,
-                                        settings={"source": input_identity(copy), "options": {"beam": 5}}) as job:
+    with pytest.raises(Stop), OutputJob(out, resume=True, resumable=Resumable(
+            {"source": input_identity(copy), "options": {"beam": 5}}, source=copy)) as job:
         assert (job.done_lines, job.out.tell()) == (1, len(b"un homme\n"))
         raise Stop
     change_one_byte_text(copy)
     with pytest.raises(PhraseScorerError, match=r"source changed since the interrupted run \(source.sha256: "):
-        with OutputJob(out, resume=True, resumable=True, source=copy,
-                       settings={"source": input_identity(copy), "options": {"beam": 5}}):
+        with OutputJob(out, resume=True,
+                       resumable=Resumable({"source": input_identity(copy), "options": {"beam": 5}}, source=copy)):
             pass
 
 

@@ -220,11 +220,11 @@ def test_resume_with_nothing_to_resume_starts_afresh_and_says_so(tmp_path, loade
     assert "nothing to resume" in caplog.text and "starting afresh" in caplog.text
     assert out.read_bytes() == reference.read_bytes()
     # a run killed before its first chunk leaves its part file and a record of no lines done (no signature)
-    from phrase_scorer.runtime.job import OutputJob
+    from phrase_scorer.runtime.job import OutputJob, Resumable
 
     out.unlink()
     Path(str(out) + ".json").unlink()
-    killed = OutputJob(out, resumable=True, settings={"another": "run"})
+    killed = OutputJob(out, resumable=Resumable({"another": "run"}))
     killed.__enter__()  # and killed there: nothing of it is cleaned up but its lock
     killed.claim.release()
     assert Path(str(out) + ".part").exists() and Path(str(out) + ".part.json").exists()

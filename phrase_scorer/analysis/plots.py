@@ -20,7 +20,7 @@ import numpy as np
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.paths import PathLike
-from phrase_scorer.io.outputs import Input
+from phrase_scorer.io.outputs import Input, OutputKind
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.records import Signature
 from phrase_scorer.runtime.job import OutputJob
@@ -61,7 +61,7 @@ def save_figure(fig, output: PathLike, job: Optional[OutputJob] = None) -> None:
 def figure_job(output: PathLike, inputs: Sequence[Input], overwrite: bool, what: str = "the figure") -> OutputJob:
     """The job of a figure (or page) of the ``plot`` verbs: never one of ``inputs``, an existing
     one replaced only with ``overwrite``."""
-    return OutputJob(output, inputs, overwrite=overwrite, what=what)
+    return OutputJob(output, inputs, overwrite=overwrite, kind=OutputKind(what))
 
 
 # --- Fig. 3: scores ----------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
     from phrase_scorer.runtime.distributed import device_for_rank, world
     from phrase_scorer.model_dir import load_model
 
-    from phrase_scorer.io.outputs import check_output, writes_directly
+    from phrase_scorer.io.outputs import OutputKind, check_output, writes_directly
 
     options = AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
                               window_lines=window_lines)
@@ -77,7 +77,7 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
         ini_output = ini_output or f"{output}.moses.ini"
         check_output(ini_output, [("the phrase table", table), ("the annotated table", output),
                                   ("the moses.ini", moses_ini)], overwrite=overwrite,
-                     what="the patched moses.ini", lock=world().is_main)
+                     kind=OutputKind("the patched moses.ini"), lock=world().is_main)
         if not writes_directly(ini_output) and os.path.abspath(ini_output) == os.path.abspath(output):
             raise PhraseScorerError(f"--ini-output {ini_output} is the annotated table -o {output}",
                                     hint="write the patched moses.ini elsewhere")

@@ -55,7 +55,7 @@ from phrase_scorer.config import AnnotateOptions, ModelConfig, ScoringOptions, T
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.atomic import file_key, new_temporary, remove_if_same
 from phrase_scorer.io.paths import PathLike, part_path
-from phrase_scorer.io.outputs import check_output
+from phrase_scorer.io.outputs import OutputKind, check_output
 from phrase_scorer.io.moses_ini import TEXT_TABLE_TYPES, MosesIni, binary_table_file
 from phrase_scorer.moses.ini_patch import patch_moses_ini
 from phrase_scorer.moses.binarise import BINARIZERS
@@ -201,8 +201,8 @@ def build_ems_config(
     ini_in, ini_out = os.fspath(ini_in), os.fspath(ini_out)
     # EMS numbers its steps' outputs and re-runs a step into the same OUT: an existing OUT is
     # replaced, but never when it is the input (by device and inode) or not a regular file.
-    with check_output(ini_out, [("the input config", ini_in)], overwrite=True, what="the output config",
-                      regular_only=True):
+    with check_output(ini_out, [("the input config", ini_in)], overwrite=True,
+                      kind=OutputKind("the output config", regular_only=True)):
         target = parse_binarizer(binarizer)
         ini = MosesIni.read(ini_in)
         feature = ini.find_phrase_table(feature_name)

@@ -13,7 +13,7 @@ from typing import Any, ContextManager, Iterable, Mapping, Optional, Sequence
 from phrase_scorer import __version__
 from phrase_scorer.io.atomic import write_text_atomically
 from phrase_scorer.io.paths import PathLike
-from phrase_scorer.io.outputs import Input
+from phrase_scorer.io.outputs import Input, OutputKind
 from phrase_scorer.runtime.job import OutputJob
 
 NONE = "–"  # the cell of a figure that does not apply
@@ -64,7 +64,7 @@ def report_job(report: Optional[PathLike], inputs: Sequence[Input],
     :func:`finish_report` writes it or the experiment fails."""
     if report is None:
         return contextlib.nullcontext()
-    return OutputJob(report, inputs, overwrite=overwrite, what="the report")
+    return OutputJob(report, inputs, overwrite=overwrite, kind=OutputKind("the report"))
 
 
 def finish_report(job: Optional[OutputJob], markdown: str) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Tuple
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
@@ -46,15 +47,28 @@ from phrase_scorer.io.model_layout import MODEL_FILES, RECENT_WEIGHTS
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_output", "model_files", "refuse_existing", "same_file", "writes_directly"]
+__all__ = ["OutputKind", "check_output", "model_files", "refuse_existing", "same_file", "writes_directly"]
 
 # What the writers put beside OUT (see phrase_scorer.io.atomic and phrase_scorer.io.output_lock): the file
 # written before the rename, the resume record, the signature and the lock.
 RESUMABLE_COMPANIONS = (".part", ".part.json", ".json", ".lock")
 ATOMIC_COMPANIONS = (".part",)
+SIGNED_COMPANIONS = (*ATOMIC_COMPANIONS, ".json")  # an output signed by its OUT.json, not resumable
 
 # An input as (what it is, its path): ("the phrase table", "pt.gz").
 Input = Tuple[str, Optional[PathLike]]
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """What an output is to the rule: how messages name it, the setting that replaces an existing
+    one, and whether it must be a regular file."""
+
+    what: str = "the output"  # the output in messages: "the report", "the tuned moses.ini"
+    option: str = "overwrite"  # the setting that lets an existing one be replaced
+    # refuse '-', character devices and FIFOs too: outputs that are files by nature (a tuned
+    # moses.ini, decoder output kept beside its log)
+    regular_only: bool = False
 
 
 def same_file(a: PathLike, b: PathLike) -> bool:
@@ -70,8 +84,8 @@ def display(path: PathLike) -> str:
 
 
 def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool = False,
-                 companions: Sequence[str] = ATOMIC_COMPANIONS, what: str = "the output",
-                 option: str = "overwrite", regular_only: bool = False, resume: bool = False, lock: bool = True):
+                 companions: Sequence[str] = ATOMIC_COMPANIONS, kind: OutputKind = OutputKind(),
+                 resume: bool = False, lock: bool = True):
     """Refuse ``output`` unless it may be written (see the module docstring), and claim it.
 
     ``inputs`` are the command's inputs as (what, path) pairs (a None path, or ``-``, is
@@ -79,8 +93,8 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
     among them: the writer signs its output, and an ``OUT.json`` without ``OUT`` is replaced only
     with ``overwrite``); ``overwrite`` lets an existing regular file be replaced; ``resume`` leaves
     an existing output to a resumable writer, which checks it once it knows whether ``--resume``
-    continues it; ``regular_only`` refuses ``-``, character devices and FIFOs too, for outputs
-    that are files by nature (a tuned moses.ini, decoder output kept beside its log).
+    continues it; ``kind`` names the output in messages (``what``), the setting that replaces it
+    (``option``), and with ``regular_only`` refuses ``-``, character devices and FIFOs too.
 
     Returns the :class:`OutputClaim` (one that holds nothing for ``-``, a device or a pipe): use
     it as ``with check_output(...):`` around the writing. A refused output is not claimed.
@@ -88,7 +102,8 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
     itself (the ranks of a torchrun job other than the main one, whose output the main rank writes).
     """
     output = os.fspath(output)
-    if regular_only and writes_directly(output):
+    what, option = kind.what, kind.option
+    if kind.regular_only and writes_directly(output):
         raise PhraseScorerError(f"{what} must be a regular file (files are written beside it)", path=display(output),
                                 hint="give a file name")
     claim = OutputClaim()
@@ -115,9 +130,9 @@ def check_output(output: PathLike, inputs: Iterable[Input], *, overwrite: bool =
         if stat.S_ISDIR(mode):
             raise PhraseScorerError(f"{what} is a directory", path=output, hint="give a file name")
         if not stat.S_ISREG(mode):
-            kind = ("a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
-                    else "not a regular file")
-            raise PhraseScorerError(f"{what} is {kind}; refusing to write to it", path=output,
+            found = ("a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                     else "not a regular file")
+            raise PhraseScorerError(f"{what} is {found}; refusing to write to it", path=output,
                                     hint=f"write {what} to a regular file, a character device or a pipe")
     if lock:  # before looking for an existing output: a run that finished meanwhile is seen
         claim.lock = OutputLock(output)

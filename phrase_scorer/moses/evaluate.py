@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence, Tuple
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.io.paths import PathLike
+from phrase_scorer.io.outputs import OutputKind
 from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.programs import run_logged
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
@@ -52,6 +53,7 @@ def references_kind(references: Sequence[str], kind: str = "auto") -> str:
 
 
 DECODED_COMPANIONS = (".part", ".log")  # the decoder's log goes beside its output
+DECODER_OUTPUT = OutputKind("the decoder output", regular_only=True)  # a file: its log goes beside it
 
 
 def decode(ini: PathLike, source: PathLike, output: PathLike, *, moses: MosesInstallation,
@@ -65,7 +67,7 @@ def decode(ini: PathLike, source: PathLike, output: PathLike, *, moses: MosesIns
     room for (``-n-best-list``, which the flags may not set)."""
     check_decoder_flags(decoder_flags)
     with OutputJob(output, [("the moses.ini", ini), ("the source", source)], overwrite=overwrite,
-                   companions=DECODED_COMPANIONS, what="the decoder output", regular_only=True) as job:
+                   companions=DECODED_COMPANIONS, kind=DECODER_OUTPUT) as job:
         return decode_into(job, ini, source, moses=moses, threads=threads, decoder_flags=decoder_flags,
                            decoder=decoder, log_path=log_path, nbest_list=nbest_list)
 
@@ -135,8 +137,7 @@ def evaluate(ini: PathLike, source: PathLike, reference: PathLike, output: PathL
     ``moses_home`` (default: ``MOSES_HOME``) once the output is known to be writable."""
     check_decoder_flags(decoder_flags)  # before anything is made
     inputs = [("the moses.ini", ini), ("the test source", source), ("the test reference", reference)]
-    with OutputJob(output, inputs, overwrite=overwrite, companions=DECODED_COMPANIONS, what="the decoder output",
-                   regular_only=True) as job:
+    with OutputJob(output, inputs, overwrite=overwrite, companions=DECODED_COMPANIONS, kind=DECODER_OUTPUT) as job:
         moses = moses or MosesInstallation.find(moses_home)
         references = read_lines(reference)
         sources = read_lines(source)

@@ -32,7 +32,7 @@ from phrase_scorer.io.moses_ini import (
     insert_argument,
     set_arguments,
 )
-from phrase_scorer.io.outputs import same_file
+from phrase_scorer.io.outputs import OutputKind, same_file
 from phrase_scorer.moses.binarise import run_binarizer
 from phrase_scorer.runtime.job import OutputJob
 
@@ -228,7 +228,7 @@ def patch_moses_ini(
     weights_added = new_column_weights(add_features, initial_weights)
     ini = MosesIni.read(ini_path)
     inputs = [*ini_inputs(ini), ("the phrase table", phrase_table), ("the text table", binarize_from)]
-    with OutputJob(output_path, inputs, overwrite=overwrite, what="the patched moses.ini") as job:
+    with OutputJob(output_path, inputs, overwrite=overwrite, kind=OutputKind("the patched moses.ini")) as job:
         feature = ini.find_phrase_table(feature_name)
         old = declared_scores(ini, feature)
         new = old + add_features

@@ -25,6 +25,7 @@ from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.ini_patch import patch_moses_ini
+from phrase_scorer.io.outputs import OutputKind
 from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.programs import fresh_directory, run_logged
 from phrase_scorer.moses.installation import MosesInstallation, parse_mert_progress, read_lines, write_lines
@@ -67,7 +68,8 @@ def tune(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, output_in
     ``moses_home`` (default: ``MOSES_HOME``) once the output is known to be writable."""
     check_decoder_flags(options.decoder_flags)  # before anything is made
     inputs = [("the moses.ini", ini), ("the dev source", dev_source), ("the dev reference", dev_reference)]
-    with OutputJob(output_ini, inputs, overwrite=overwrite, what="the tuned moses.ini", regular_only=True) as job:
+    with OutputJob(output_ini, inputs, overwrite=overwrite,
+                   kind=OutputKind("the tuned moses.ini", regular_only=True)) as job:
         moses = moses or MosesInstallation.find(moses_home)
         result = run_tuning(ini, dev_source, dev_reference, output_ini, moses=moses, options=options,
                             working_dir=working_dir)

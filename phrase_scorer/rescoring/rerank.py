@@ -24,6 +24,7 @@ from typing import Dict, List, Optional
 from phrase_scorer.config import MOSES_NBEST_FACTOR, RerankOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.inputs import refuse_single_pass
+from phrase_scorer.io.outputs import OutputKind
 from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.nbest import dense_layout, read_nbest
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
@@ -81,8 +82,8 @@ def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, o
     check_rerank_inputs(dev_nbest, test_nbest, options, decoder_flags)  # before anything is made
     inputs = [("the dev n-best list", dev_nbest), ("the dev references", dev_reference),
               ("the test n-best list", test_nbest), ("the moses.ini", start_ini)]
-    with OutputJob(output, inputs, overwrite=overwrite, companions=RERANK_COMPANIONS, what="the reranked output",
-                   regular_only=True) as job:
+    with OutputJob(output, inputs, overwrite=overwrite, companions=RERANK_COMPANIONS,
+                   kind=OutputKind("the reranked output", regular_only=True)) as job:
         if moses is None and (moses_home or not options.mertdir):
             moses = MosesInstallation.find(moses_home)
         return _rerank(job, dev_nbest, dev_reference, test_nbest, moses=moses, options=options, start_ini=start_ini,

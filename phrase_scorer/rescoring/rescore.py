@@ -55,7 +55,7 @@ from phrase_scorer.runtime.distributed import cores_per_process
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.runtime.workers import Pipeline, WorkerPool, default_workers
 from phrase_scorer.scoring.batch_plan import PlanSettings
-from phrase_scorer.runtime.job import OutputJob, input_identity
+from phrase_scorer.runtime.job import OutputJob, Resumable, input_identity
 
 log = logging.getLogger(__name__)
 
@@ -274,8 +274,8 @@ def rescore(
     }
     settings = as_recorded(settings)  # as the resume record will hold it
     started = time.monotonic()
-    with OutputJob(output, inputs, overwrite=overwrite, resume=resume, resumable=True, settings=settings,
-                   source=settings["input"]["path"]) as job:
+    with OutputJob(output, inputs, overwrite=overwrite, resume=resume,
+                   resumable=Resumable(settings, source=settings["input"]["path"])) as job:
         done_lines = job.done_lines
         sources = SourceSentences(source, nbest)
         sides = [m.side(scorer.plan_settings() if workers else None) for m, scorer in zip(models, scorers)]

@@ -58,7 +58,7 @@ from phrase_scorer.runtime.programs import fresh_directory
 from phrase_scorer.runtime.heap import steady_heap
 from phrase_scorer.runtime.progress import step_bar
 from phrase_scorer.records import Signature, as_recorded
-from phrase_scorer.runtime.job import OutputJob, input_identity
+from phrase_scorer.runtime.job import OutputJob, Resumable, input_identity
 
 log = logging.getLogger(__name__)
 
@@ -317,8 +317,8 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     started = time.monotonic()
     chunks = 0
     phase_seconds: Dict[str, float] = {}
-    with OutputJob(output, inputs, overwrite=overwrite, resume=resume, resumable=True, settings=settings,
-                   source=settings["source"]["path"]) as job:
+    with OutputJob(output, inputs, overwrite=overwrite, resume=resume,
+                   resumable=Resumable(settings, source=settings["source"]["path"])) as job:
         done_lines = job.done_lines
         work = fresh_directory(Path(working_dir or output + ".work").resolve(), verb="translate")
         numbered = enumerate(source_chunks(source, chunk_sentences, done_lines), done_lines // chunk_sentences)

@@ -54,7 +54,7 @@ from phrase_scorer.io.descriptors import writes_directly
 from phrase_scorer.io.file_identity import file_identity, hash_identities
 from phrase_scorer.io.paths import STDIO, PathLike, is_gzip_name, part_path
 from phrase_scorer.io.outputs import (
-    ATOMIC_COMPANIONS, RESUMABLE_COMPANIONS, Input, OutputClaim, check_output, refuse_existing,
+    ATOMIC_COMPANIONS, RESUMABLE_COMPANIONS, Input, OutputClaim, OutputKind, check_output, refuse_existing,
 )
 from phrase_scorer.records import Signature, refuse_changed
 from phrase_scorer.runtime.resources import exhausted
@@ -121,6 +121,15 @@ class ResumeRecord:
         return record
 
 
+@dataclass(frozen=True)
+class Resumable:
+    """What makes an output resumable: the settings that make its bytes (as its resume record
+    holds them), and the input whose failure means its partial output cannot be resumed."""
+
+    settings: Dict[str, Any]
+    source: Optional[PathLike] = None
+
+
 def _not_a_record(path: PathLike, problem: str) -> PhraseScorerError:
     return PhraseScorerError(f"{problem}: not a resume record this run can trust", path=path,
                              hint=Text("move it away (and the partial output beside it), then run the command again "
@@ -130,35 +139,32 @@ def _not_a_record(path: PathLike, problem: str) -> PhraseScorerError:
 class OutputJob:
     """One command writing one output (see the module docstring).
 
-    ``inputs`` are the command's inputs as (what, path) pairs; ``what`` names the output in
-    messages and ``option`` the setting that lets an existing one be replaced. ``resumable`` makes
-    the output resumable, from ``settings`` (the settings that make its bytes, as recorded) and
-    ``source`` (the input whose failure means the partial output cannot be resumed). ``lock=False``
-    checks without claiming (a torchrun rank whose output the main rank writes);
-    ``regular_only`` refuses ``-``, devices and pipes (outputs with files beside them).
+    ``inputs`` are the command's inputs as (what, path) pairs; ``kind`` names the output in
+    messages and the setting that lets an existing one be replaced, and with ``regular_only``
+    refuses ``-``, devices and pipes (outputs with files beside them). ``resumable`` makes the
+    output resumable (:class:`Resumable`: the settings that make its bytes, and its source).
+    ``lock=False`` checks without claiming (a torchrun rank whose output the main rank writes).
+    ``companions``: the suffixes of the files written beside the output (default: a resumable
+    output's, else only its temporary file; ``SIGNED_COMPANIONS`` for one signed by OUT.json).
     """
 
     def __init__(self, output: PathLike, inputs: Iterable[Input] = (), *, overwrite: bool = False,
-                 resume: bool = False, resumable: bool = False, settings: Optional[Dict[str, Any]] = None,
-                 source: Optional[PathLike] = None, what: str = "the output", option: str = "overwrite",
-                 regular_only: bool = False, lock: bool = True, signed: bool = False,
-                 companions: Optional[Sequence[str]] = None) -> None:
+                 resume: bool = False, resumable: Optional[Resumable] = None, kind: OutputKind = OutputKind(),
+                 lock: bool = True, companions: Optional[Sequence[str]] = None) -> None:
         self.output = os.fspath(output)
         if not self.output:
-            raise PhraseScorerError(f"{what} has an empty name", hint="give a file name, or - for standard output")
+            raise PhraseScorerError(f"{kind.what} has an empty name", hint="give a file name, or - for standard output")
         self.inputs = list(inputs)
         self.overwrite = overwrite
         self.resume = resume
-        self.resumable = resumable
-        self.settings = settings or {}
+        self.resumable = resumable is not None
+        self.settings = resumable.settings if resumable is not None else {}
+        source = resumable.source if resumable is not None else None
         self.source = os.fspath(source) if source is not None else None
-        self.what = what
-        self.option = option
-        self.regular_only = regular_only
+        self.kind = kind
         self.lock = lock
         if companions is None:
-            companions = RESUMABLE_COMPANIONS if resumable else (*ATOMIC_COMPANIONS, ".json") if signed \
-                else ATOMIC_COMPANIONS
+            companions = RESUMABLE_COMPANIONS if self.resumable else ATOMIC_COMPANIONS
         self.companions = tuple(companions)
         self.gzipped = is_gzip_name(self.output)  # the one rule: a name ending in .gz is written gzipped
         self.claim: Optional[OutputClaim] = None
@@ -173,8 +179,7 @@ class OutputJob:
 
     def __enter__(self) -> "OutputJob":
         self.claim = check_output(self.output, self.inputs, overwrite=self.overwrite, companions=self.companions,
-                                  what=self.what, option=self.option, regular_only=self.regular_only,
-                                  resume=self.resume and self.resumable, lock=self.lock)
+                                  kind=self.kind, resume=self.resume and self.resumable, lock=self.lock)
         try:
             self.out = self._open()
         except BaseException:
@@ -203,7 +208,7 @@ class OutputJob:
             log.warning("nothing to resume for %s (no interrupted run left a record): starting afresh", self.output)
         if os.path.lexists(self.output):
             if not self.overwrite:
-                refuse_existing(self.output, what=self.what, option=self.option)
+                refuse_existing(self.output, what=self.kind.what, option=self.kind.option)
             log.info("%s exists and will be replaced when the new output is complete", self.output)
         self._clear_stale(record, part)
         hash_identities(self.settings)  # the resume record names the inputs by their hash

@@ -47,12 +47,14 @@ from phrase_scorer.config import AnnotateOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.compression import GZIP_LIBRARY
 from phrase_scorer.io.paths import STDIO, PathLike, is_gzip_name
-from phrase_scorer.io.outputs import RESUMABLE_COMPANIONS, check_output, model_files, refuse_existing, writes_directly
+from phrase_scorer.io.outputs import (
+    RESUMABLE_COMPANIONS, SIGNED_COMPANIONS, check_output, model_files, refuse_existing, writes_directly,
+)
 from phrase_scorer.runtime.workers import Pipeline, WorkerPool, default_workers
 from phrase_scorer.io.table_windows import RawWindows, count_lines, first_score_count
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.records import Signature, SignedModel, as_recorded, describe_difference, finished
-from phrase_scorer.runtime.job import OutputJob, input_identity
+from phrase_scorer.runtime.job import OutputJob, Resumable, input_identity
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +208,8 @@ class AnnotateJob:
         started = time.monotonic()
         first, stop = lines if lines is not None else (0, None)
         with OutputJob(output, [("the phrase table", self.table), *model_files(self.loaded.directory)],
-                       overwrite=overwrite, resume=resume, resumable=True, settings=settings,
-                       source=settings["input"]["path"], lock=True) as out:
+                       overwrite=overwrite, resume=resume,
+                       resumable=Resumable(settings, source=settings["input"]["path"]), lock=True) as out:
             windows = RawWindows(self.table, self.options.window_lines, first + out.done_lines, stop)
             num_scores = self._stream(windows, out)
             total_lines = out.lines_done
@@ -371,7 +373,7 @@ def join_shards(job: AnnotateJob, output: str, parts: List[str]) -> None:
             raise PhraseScorerError(f"found {count} scores where the first line has {num_scores}", path=job.table,
                                     line=first_line,
                                     hint="every line of a phrase table needs the same number of scores")
-    with OutputJob(output, [("the phrase table", job.table)], overwrite=True, signed=True) as out:
+    with OutputJob(output, [("the phrase table", job.table)], overwrite=True, companions=SIGNED_COMPANIONS) as out:
         for p in parts:
             with open(p, "rb") as f:
                 while block := f.read(1 << 22):
