@@ -601,12 +601,15 @@ SYSTEMS = (System("Baseline", "baseline", 0), System("RNN", "rnn", 1), System("R
 
 @dataclass(frozen=True)
 class ExperimentOptions:
-    """The paper's Table 1 comparison: how many tuning runs, and how to score."""
+    """The paper's Table 1 comparison: which systems, how many tuning runs and how each tunes, and
+    how to score."""
 
     runs: int = 3  # tuning runs per system, seeds 1..runs
     references: str = "auto"  # auto | tokenized | raw
     lang: str = "fr"  # target language, for detokenising raw references
     bootstrap_samples: int = 1000
+    tune: TuneOptions = TuneOptions()  # each run's mert-moses.pl (its seed is the run's)
+    systems: Tuple[System, ...] = SYSTEMS  # the systems tuned and reported, in this order
 
 
 # Moses' own -n-best-factor, what it decodes with when not told another (moses/parameters/NBestOptions.cpp)
@@ -669,3 +672,99 @@ class BuildRerankerOptions:
     # (BLEU points, at most MAX_TIE_MARGIN)
     tie_margin: float = 0.1
     experiment: RescoreExperimentOptions = RescoreExperimentOptions()
+
+
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """How ``evaluate`` decodes a test set and scores it."""
+
+    references: str = ExperimentOptions.references  # auto (tokenised if they carry Moses escapes) | tokenized | raw
+    lang: str = ExperimentOptions.lang  # target language, for detokenising the output for raw references
+    threads: Optional[int] = None  # decoder threads (default: all cores)
+    decoder_flags: str = ""  # more decoder options
+    decoder: str = TuneOptions.decoder  # program in MOSES_HOME/bin
+
+
+@dataclass(frozen=True)
+class MosesIniOptions:
+    """How ``moses-ini`` patches a moses.ini for a phrase table with more score columns."""
+
+    add_features: int = 2  # score columns added to the table
+    # the new columns' start weights until tuning, one per column or one number for all of them;
+    # None: START_WEIGHTS of annotate's first add_features columns, in order
+    initial_weights: Union[None, float, Tuple[float, ...]] = None
+    feature_name: Optional[str] = None  # the phrase-table feature's name=; None: the first phrase table
+    absolute_paths: bool = False  # every relative path= made absolute too (against the ini's folder)
+    check_table: bool = True  # the text table's score count on its first lines checked against num-features
+
+
+@dataclass(frozen=True)
+class NBestOrigin:
+    """What ``rerank`` is told of the decoder its n-best lists came from; the reranker records it
+    (neither is among the options it records)."""
+
+    # the decoder's moses.ini: the optimiser starts from its [weight] section, and the reranker
+    # records it as the system the lists came from when their totals show its weights; None:
+    # start from weights fitted to the dev list's totals
+    start_ini: Optional[str] = None
+    # the decoder options the lists were made with, recorded in the reranker; None: not known (a
+    # reranked translation then decodes its lists with Moses' own)
+    decoder_flags: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``annotate`` and ``rescore`` run; none of it changes a byte of what they write."""
+
+    resume: bool = False  # continue the interrupted run that is making the output
+    overwrite: bool = False  # replace an existing output
+    # processes doing the host work beside the models (None: as many as the cores allow; 0: none,
+    # all in this process)
+    workers: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class FigureSize:
+    """A figure's size and resolution."""
+
+    width: float  # inches
+    height: float  # inches
+    dpi: int = 100
+
+
+@dataclass(frozen=True)
+class ScorePlotOptions:
+    """``plot scores``: which scores of an annotated table it plots, how it samples them, and the
+    figure."""
+
+    table_column: int = 0  # the table's score on the x axis (0: p(f|e))
+    model_column: Optional[int] = None  # the model's p(y|x); None: from the table's signature, else the second last
+    max_points: int = 2_000_000  # a uniform sample of this many pairs
+    seed: int = 1  # the sample's
+    table_label: str = "log p(f|e), phrase table"  # the x axis' label
+    figure: FigureSize = FigureSize(7.0, 6.0)
+
+
+@dataclass(frozen=True)
+class EmbeddingMapOptions:
+    """``plot embeddings``: what the 2-D map shows, how it is projected and labelled, and the
+    figure."""
+
+    kind: str = "words"  # words: the source word embeddings e(x) (Fig. 4) | phrases: representations c (Fig. 5)
+    words: int = 1000  # the most frequent source words mapped (kind words)
+    phrases: int = 2000  # source phrases mapped (kind phrases)
+    min_words: int = 4  # the shortest phrase mapped
+    method: str = "auto"  # auto (UMAP where installed, else t-SNE) | tsne | umap
+    seed: int = 1  # the phrases' sample, the order they are labelled in, and the projection
+    labels: int = 60  # points labelled in the figure
+    figure: FigureSize = FigureSize(10.0, 8.0)
+
+
+@dataclass(frozen=True)
+class AlignmentPlotOptions:
+    """``plot alignments``: which pairs' soft alignments it draws."""
+
+    lines: Optional[Tuple[int, ...]] = None  # these lines (numbers from 1), in order; None: count pairs drawn
+    count: int = 4  # pairs drawn at random (fixed by seed) when no lines are given
+    seed: int = 1
+    max_words: int = 30  # the longest side plotted: count draws among the pairs within it
