@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from conftest import VAL_EN, VAL_FR
 from phrase_scorer.analysis.alignments import alignment_weights, choose_pairs, plot_alignments
 from phrase_scorer.cli import cli
+from phrase_scorer.config import AlignmentPlotOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.model_dir import load_model
 from phrase_scorer.scoring.batch_scorer import pad
@@ -54,7 +55,8 @@ def test_drawn_matrix_is_the_models_alignment_of_the_pair(tmp_path, search_model
     """The weights drawn for each pair equal model.alignments of that pair alone, cut to its
     words: a row per target word and </s>, a column per source word, each row summing to 1."""
     loaded = load_model(search_model)
-    plots = plot_alignments(loaded, VAL_EN, VAL_FR, tmp_path / "a.png", count=3, seed=5, max_words=12)
+    plots = plot_alignments(loaded, VAL_EN, VAL_FR, tmp_path / "a.png",
+                            AlignmentPlotOptions(count=3, seed=5, max_words=12))
     assert len(plots) == 3 and [p.pair.line for p in plots] == sorted(p.pair.line for p in plots)
     sources, targets = val_lines
     for p in plots:

@@ -260,6 +260,7 @@ def section(args, scores: Dict[str, Dict[str, object]], sizes: Dict[str, int], r
 
 def report(args) -> str:
     from phrase_scorer.analysis.alignments import plot_alignments
+    from phrase_scorer.config import AlignmentPlotOptions
     from phrase_scorer.analysis.bleu_by_length import bleu_by_length, plot_bleu_by_length
     from phrase_scorer.runtime.device import device_label, resolve_device
     from phrase_scorer.model_dir import load_model
@@ -307,7 +308,8 @@ def report(args) -> str:
         length_pngs.append(png)
 
     plots = plot_alignments(load_model(model_dirs[RNNSEARCH], device), sets["test"][0], hypotheses[RNNSEARCH]["test"],
-                            images_dir / ALIGNMENT_PNG, count=args.alignments, seed=args.seed, overwrite=True)
+                            images_dir / ALIGNMENT_PNG, AlignmentPlotOptions(count=args.alignments, seed=args.seed),
+                            overwrite=True)
     kept = {Path(p.png).name for p in plots}
     for old in images_dir.glob(f"{Path(ALIGNMENT_PNG).stem}-*.png"):
         if old.name not in kept:

@@ -18,13 +18,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from phrase_scorer.config import AlignmentPlotOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.paths import PathLike
 from phrase_scorer.vocab import word_spans
-
-DEFAULT_COUNT = 4
-DEFAULT_MAX_WORDS = 30
-
 
 @dataclass
 class AlignedPair:
@@ -63,8 +60,8 @@ def parse_line_numbers(text: str) -> List[int]:
 
 
 def choose_pairs(source: PathLike, target: PathLike, *, lines: Optional[Sequence[int]] = None,
-                 count: int = DEFAULT_COUNT, seed: int = 1,
-                 max_words: int = DEFAULT_MAX_WORDS) -> List[Tuple[int, List[str], List[str]]]:
+                 count: int = AlignmentPlotOptions.count, seed: int = AlignmentPlotOptions.seed,
+                 max_words: int = AlignmentPlotOptions.max_words) -> List[Tuple[int, List[str], List[str]]]:
     """(line, source words, target words) of the chosen pairs of two line-aligned files.
 
     With ``lines``: those lines, in that order; a line past the end, with an empty side or with a
@@ -179,20 +176,20 @@ def plot_alignment(pair: AlignedPair, output: PathLike, *, dpi: int = 100, job=N
     plt.close(fig)
 
 
-def plot_alignments(loaded, source: PathLike, target: PathLike, output: PathLike, *,
-                    lines: Optional[Sequence[int]] = None, count: int = DEFAULT_COUNT, seed: int = 1,
-                    max_words: int = DEFAULT_MAX_WORDS, overwrite: bool = False,
+def plot_alignments(loaded, source: PathLike, target: PathLike, output: PathLike,
+                    options: AlignmentPlotOptions = AlignmentPlotOptions(), *, overwrite: bool = False,
                     inputs: Sequence = ()) -> List[AlignmentPlot]:
-    """Heat maps of the chosen pairs of ``source`` and ``target`` (see :func:`choose_pairs`), one
-    PNG per pair, named by :func:`output_for_line`. Every PNG is checked against the source, the
-    target, the model's files and any other ``inputs``, and for an existing file (replaced only
-    with ``overwrite``) before the first is drawn."""
+    """Heat maps of the pairs of ``source`` and ``target`` that ``options`` choose (see
+    :func:`choose_pairs`), one PNG per pair, named by :func:`output_for_line`. Every PNG is
+    checked against the source, the target, the model's files and any other ``inputs``, and for
+    an existing file (replaced only with ``overwrite``) before the first is drawn."""
     from phrase_scorer.analysis.plots import figure_job, require_matplotlib
     from phrase_scorer.io.outputs import model_files
 
     require_alignments(loaded)
     require_matplotlib()
-    chosen = choose_pairs(source, target, lines=lines, count=count, seed=seed, max_words=max_words)
+    chosen = choose_pairs(source, target, lines=options.lines, count=options.count, seed=options.seed,
+                          max_words=options.max_words)
     inputs = [("the source", source), ("the target", target), *model_files(loaded.directory), *inputs]
     with contextlib.ExitStack() as claims:
         jobs = [claims.enter_context(figure_job(output_for_line(output, line), inputs, overwrite))

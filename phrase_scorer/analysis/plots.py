@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from phrase_scorer.config import EmbeddingMapOptions, FigureSize, ScorePlotOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.outputs import Input, OutputKind
@@ -135,33 +136,31 @@ def rank(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def plot_scores(table: PathLike, output: PathLike, *, table_column: int = 0, model_column: Optional[int] = None,
-                max_points: int = 2_000_000, seed: int = 1, table_label: str = "log p(f|e), phrase table",
-                width: float = 7.0, height: float = 6.0, dpi: int = 100, overwrite: bool = False) -> ScoreStats:
-    """Hexbin density of model log p(y|x) against a table column (Fig. 3). ``output`` is never
-    the table (nor a link to it); an existing one is replaced only with ``overwrite``."""
+def plot_scores(table: PathLike, output: PathLike, options: ScorePlotOptions = ScorePlotOptions(), *,
+                overwrite: bool = False) -> ScoreStats:
+    """Hexbin density of model log p(y|x) against a table column (Fig. 3), as ``options`` say.
+    ``output`` is never the table (nor a link to it); an existing one is replaced only with
+    ``overwrite``."""
     with figure_job(output, [("the table", table)], overwrite) as job:
-        return _plot_scores(table, output, job, table_column=table_column, model_column=model_column,
-                            max_points=max_points, seed=seed, table_label=table_label, width=width, height=height,
-                            dpi=dpi)
+        return _plot_scores(table, output, job, options)
 
 
-def _plot_scores(table: PathLike, output: PathLike, job: OutputJob, *, table_column: int,
-                 model_column: Optional[int], max_points: int, seed: int, table_label: str, width: float,
-                 height: float, dpi: int) -> ScoreStats:
+def _plot_scores(table: PathLike, output: PathLike, job: OutputJob, options: ScorePlotOptions) -> ScoreStats:
     plt = require_matplotlib()
     from matplotlib.colors import LogNorm
 
-    x, y, lines, model_column = read_score_pairs(table, table_column, model_column, max_points, seed)
+    table_column, figure = options.table_column, options.figure
+    x, y, lines, model_column = read_score_pairs(table, table_column, options.model_column, options.max_points,
+                                                 options.seed)
     if len(x) < 2:
         raise PhraseScorerError("needs at least two lines to plot", path=table)
     assert model_column is not None  # found on the first line read
     pearson = float(np.corrcoef(x, y)[0, 1])
     spearman = float(np.corrcoef(rank(x), rank(y))[0, 1])
-    fig, ax = plt.subplots(figsize=(width, height), dpi=dpi)
+    fig, ax = plt.subplots(figsize=(figure.width, figure.height), dpi=figure.dpi)
     hb = ax.hexbin(x, y, gridsize=80, norm=LogNorm(), cmap="viridis", mincnt=1)
     fig.colorbar(hb, ax=ax, label="phrase pairs")
-    ax.set_xlabel(table_label)
+    ax.set_xlabel(options.table_label)
     ax.set_ylabel("log p(y|x), RNN Encoder–Decoder")
     ax.set_title(f"{len(x):,} of {lines:,} phrase pairs: Pearson r = {pearson:.3f}, Spearman ρ = {spearman:.3f}",
                  fontsize=10)
@@ -272,9 +271,9 @@ def phrase_vectors(loaded, phrases: Sequence[Sequence[str]]) -> np.ndarray:
 
 
 def plot_map(coords: np.ndarray, labels: Sequence[str], output: PathLike, *, title: str, labelled: Sequence[int],
-             width: float = 10.0, height: float = 8.0, dpi: int = 100, job: Optional[OutputJob] = None) -> None:
+             figure: FigureSize = EmbeddingMapOptions.figure, job: Optional[OutputJob] = None) -> None:
     plt = require_matplotlib()
-    fig, ax = plt.subplots(figsize=(width, height), dpi=dpi)
+    fig, ax = plt.subplots(figsize=(figure.width, figure.height), dpi=figure.dpi)
     ax.scatter(coords[:, 0], coords[:, 1], s=4, alpha=0.35, color="#31688e", linewidths=0)
     for i in labelled:
         ax.annotate(labels[i], coords[i], fontsize=7, alpha=0.9, xytext=(2, 2), textcoords="offset points")
@@ -340,12 +339,13 @@ def write_html(coords: np.ndarray, labels: Sequence[str], output: PathLike, *, t
         write_text_atomically(output, page)
 
 
-def plot_embeddings(loaded, output: PathLike, *, kind: str = "words", table: Optional[PathLike] = None,
-                    words: int = 1000, phrases: int = 2000, min_words: int = 4, method: str = "auto", seed: int = 1,
-                    labels: int = 60, html_output: Optional[PathLike] = None, overwrite: bool = False) -> MapResult:
-    """A 2-D map of word embeddings (Fig. 4) or of phrase representations c (Fig. 5), and with
-    ``html_output`` an interactive page of it. Neither is the table or a file of the model (nor a
-    link to one), nor are they the same file; an existing one is replaced only with ``overwrite``."""
+def plot_embeddings(loaded, output: PathLike, options: EmbeddingMapOptions = EmbeddingMapOptions(), *,
+                    table: Optional[PathLike] = None, html_output: Optional[PathLike] = None,
+                    overwrite: bool = False) -> MapResult:
+    """A 2-D map of word embeddings (Fig. 4) or of phrase representations c (Fig. 5), as ``options``
+    say (phrases are sampled from ``table``), and with ``html_output`` an interactive page of it.
+    Neither is the table or a file of the model (nor a link to one), nor are they the same file;
+    an existing one is replaced only with ``overwrite``."""
     from phrase_scorer.io.outputs import model_files, same_file
 
     inputs = [("the table", table), *model_files(loaded.directory)]
@@ -357,26 +357,25 @@ def plot_embeddings(loaded, output: PathLike, *, kind: str = "words", table: Opt
                 raise PhraseScorerError(Text(setting("html_output", html_output), " is the figure ",
                                              setting("output", output, short=True), ": give it another name"))
             page = jobs.enter_context(figure_job(html_output, inputs, overwrite, what="the page"))
-        return _plot_embeddings(loaded, output, figure, kind=kind, table=table, words=words, phrases=phrases,
-                                min_words=min_words, method=method, seed=seed, labels=labels,
-                                html_output=html_output, page=page)
+        return _plot_embeddings(loaded, output, figure, options, table=table, html_output=html_output, page=page)
 
 
-def _plot_embeddings(loaded, output: PathLike, figure: OutputJob, *, kind: str, table: Optional[PathLike], words: int,
-                     phrases: int, min_words: int, method: str, seed: int, labels: int,
-                     html_output: Optional[PathLike], page: Optional[OutputJob]) -> MapResult:
+def _plot_embeddings(loaded, output: PathLike, figure: OutputJob, options: EmbeddingMapOptions, *,
+                     table: Optional[PathLike], html_output: Optional[PathLike],
+                     page: Optional[OutputJob]) -> MapResult:
     from phrase_scorer.generation.sampling import display
 
     require_matplotlib()
+    kind, min_words, seed = options.kind, options.min_words, options.seed
     if kind == "words":
-        vectors, names = word_vectors(loaded, words)
+        vectors, names = word_vectors(loaded, options.words)
         priority = list(range(len(names)))  # most frequent first
         what = f"the {len(names):,} most frequent source words' embeddings e(x)"
     elif kind == "phrases":
         if table is None:
             raise PhraseScorerError(Text("a map of phrases needs a phrase table to take them from (", setting("table"),
                                          ")"))
-        sample = sample_phrases(table, min_words, phrases, seed)
+        sample = sample_phrases(table, min_words, options.phrases, seed)
         if len(sample) < 5:
             raise PhraseScorerError(f"found only {len(sample)} source phrases of {min_words}+ words", path=table)
         vectors = phrase_vectors(loaded, sample)
@@ -387,10 +386,10 @@ def _plot_embeddings(loaded, output: PathLike, figure: OutputJob, *, kind: str, 
         raise PhraseScorerError("the map is of 'words' or 'phrases'")
     if len(vectors) < 5:
         raise PhraseScorerError("too few points for a map (the vocabulary is tiny)")
-    coords, used = project(np.asarray(vectors, np.float64), method, seed)
+    coords, used = project(np.asarray(vectors, np.float64), options.method, seed)
     title = f"{used} of {what}"
     plot_map(coords, [display([n]) if kind == "words" else n for n in names], output, title=title,
-             labelled=spread_labels(coords, priority, labels), job=figure)
+             labelled=spread_labels(coords, priority, options.labels), figure=options.figure, job=figure)
     if html_output:
         write_html(coords, [display([n]) if kind == "words" else n for n in names], html_output, title=title,
                    subtitle=f"Model: {loaded.directory}.", job=page)

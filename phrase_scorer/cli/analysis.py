@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from phrase_scorer.config import AlignmentPlotOptions, EmbeddingMapOptions, ScorePlotOptions
 from phrase_scorer.cli.group import UserError, cli
 from phrase_scorer.cli.options import (
     Count, PathName, SEED, device_option, model_option, overwrite_option, threads_option,
@@ -55,21 +56,22 @@ def plot():
 @plot.command("scores")
 @click.argument("table", type=PathName(dir_okay=False, exists=True))
 @click.option("-o", "--output", required=True, type=PathName(dir_okay=False), help="PNG file to write.")
-@click.option("--table-column", type=Count(min=0), default=0, help="Table score on the x axis (0: p(f|e)).")
+@click.option("--table-column", type=Count(min=0), default=ScorePlotOptions.table_column,
+              help="Table score on the x axis (0: p(f|e)).")
 @click.option("--model-column", type=Count(min=0), default=None,
               help="The model's p(y|x) column [default: from the table's signature, else the second last].")
 @click.option("--max-points", type=Count(min=2, limit=MAX_POINTS, what="points (16 bytes each, held in memory)"),
-              default=2_000_000, help="Plot a uniform sample of this many pairs.")
-@click.option("--seed", type=SEED, default=1)
+              default=ScorePlotOptions.max_points, help="Plot a uniform sample of this many pairs.")
+@click.option("--seed", type=SEED, default=ScorePlotOptions.seed)
 @overwrite_option
 def plot_scores(table, output, table_column, model_column, max_points, seed, overwrite):
     """Density of model log p(y|x) against a table score for an annotated TABLE."""
     from phrase_scorer.analysis.plots import plot_scores as run
 
     names = {0: "log p(f|e)", 1: "log lex(f|e)", 2: "log p(e|f)", 3: "log lex(e|f)"}
-    stats = run(table, output, table_column=table_column, model_column=model_column, max_points=max_points,
-                seed=seed, table_label=f"{names.get(table_column, f'log column {table_column}')}, phrase table",
-                overwrite=overwrite)
+    options = ScorePlotOptions(table_column=table_column, model_column=model_column, max_points=max_points, seed=seed,
+                               table_label=f"{names.get(table_column, f'log column {table_column}')}, phrase table")
+    stats = run(table, output, options, overwrite=overwrite)
     click.echo(f"{output}: {stats.points:,} of {stats.lines:,} pairs; correlation of model and table scores: "
                f"Pearson {stats.pearson:.3f}, Spearman {stats.spearman:.3f}")
 
@@ -79,17 +81,18 @@ def plot_scores(table, output, table_column, model_column, max_points, seed, ove
 @click.option("-o", "--output", required=True, type=PathName(dir_okay=False), help="PNG file to write.")
 @click.option("--html", "html_output", type=PathName(dir_okay=False), default=None,
               help="Also write an interactive page (hover to read labels).")
-@click.option("--kind", type=click.Choice(["words", "phrases"]), default="words",
+@click.option("--kind", type=click.Choice(["words", "phrases"]), default=EmbeddingMapOptions.kind,
               help="Word embeddings e(x) (Fig. 4) or phrase representations c (Fig. 5).")
 @click.option("--table", type=PathName(dir_okay=False, exists=True), default=None,
               help="Phrase table to take source phrases from (for --kind phrases).")
-@click.option("--words", type=Count(min=5), default=1000, help="Most frequent source words to map.")
-@click.option("--phrases", type=Count(min=5), default=2000, help="Source phrases to map.")
-@click.option("--min-words", type=Count(min=1), default=4, help="Shortest phrase mapped.")
-@click.option("--method", type=click.Choice(["auto", "tsne", "umap"]), default="auto",
+@click.option("--words", type=Count(min=5), default=EmbeddingMapOptions.words,
+              help="Most frequent source words to map.")
+@click.option("--phrases", type=Count(min=5), default=EmbeddingMapOptions.phrases, help="Source phrases to map.")
+@click.option("--min-words", type=Count(min=1), default=EmbeddingMapOptions.min_words, help="Shortest phrase mapped.")
+@click.option("--method", type=click.Choice(["auto", "tsne", "umap"]), default=EmbeddingMapOptions.method,
               help="auto: UMAP where installed, else t-SNE.")
-@click.option("--labels", type=Count(min=0), default=60, help="Points labelled in the PNG.")
-@click.option("--seed", type=SEED, default=1)
+@click.option("--labels", type=Count(min=0), default=EmbeddingMapOptions.labels, help="Points labelled in the PNG.")
+@click.option("--seed", type=SEED, default=EmbeddingMapOptions.seed)
 @overwrite_option
 @device_option
 def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases, min_words, method, labels, seed,
@@ -100,8 +103,9 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
     from phrase_scorer.runtime.device import resolve_device
 
     loaded = load_model(model_dir, resolve_device(device))
-    result = run(loaded, output, kind=kind, table=table, words=words, phrases=phrases, min_words=min_words,
-                 method=method, seed=seed, labels=labels, html_output=html_output, overwrite=overwrite)
+    options = EmbeddingMapOptions(kind=kind, words=words, phrases=phrases, min_words=min_words, method=method,
+                                  seed=seed, labels=labels)
+    result = run(loaded, output, options, table=table, html_output=html_output, overwrite=overwrite)
     click.echo(f"{output}: {result.method} map of {result.points:,} {kind}"
                + (f"; {html_output}" if html_output else ""))
 
@@ -117,8 +121,8 @@ def plot_embeddings(model_dir, output, html_output, kind, table, words, phrases,
 @click.option("--lines", default=None, help="Plot these lines (numbers from 1, comma-separated), e.g. 1,5,9.")
 @click.option("--count", type=Count(min=1), default=None,
               help="Without --lines: plot this many pairs drawn at random (fixed by --seed) [default: 4].")
-@click.option("--seed", type=SEED, default=1)
-@click.option("--max-words", type=Count(min=1), default=30,
+@click.option("--seed", type=SEED, default=AlignmentPlotOptions.seed)
+@click.option("--max-words", type=Count(min=1), default=AlignmentPlotOptions.max_words,
               help="Longest side plotted; --count draws among the pairs within it.")
 @overwrite_option
 @device_option
@@ -130,15 +134,16 @@ def plot_alignments(model_dir, source, target, output, lines, count, seed, max_w
     TARGET words, in grey scale from black (0) to white (1). An encoder-decoder model has no
     alignment and is refused.
     """
-    from phrase_scorer.analysis.alignments import DEFAULT_COUNT, parse_line_numbers, plot_alignments as run
+    from phrase_scorer.analysis.alignments import parse_line_numbers, plot_alignments as run
     from phrase_scorer.runtime.device import resolve_device
     from phrase_scorer.model_dir import load_model
 
     if lines is not None and count is not None:
         raise UserError("give --lines or --count, not both")
-    numbers = parse_line_numbers(lines) if lines is not None else None
+    numbers = tuple(parse_line_numbers(lines)) if lines is not None else None
     loaded = load_model(model_dir, resolve_device(device))
-    plots = run(loaded, source, target, output, lines=numbers, count=count or DEFAULT_COUNT, seed=seed,
-                max_words=max_words, overwrite=overwrite)
+    options = AlignmentPlotOptions(lines=numbers, count=count or AlignmentPlotOptions.count, seed=seed,
+                                   max_words=max_words)
+    plots = run(loaded, source, target, output, options, overwrite=overwrite)
     for p in plots:
         click.echo(f"{p.png}: line {p.pair.line}, {len(p.pair.source)} source and {len(p.pair.target)} target words")
