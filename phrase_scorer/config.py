@@ -656,9 +656,13 @@ class BuildRerankerOptions:
     # (either side). Multi30k: French 2.0%, Czech 8.2%; on Czech the BPE ensemble bought the same
     # BLEU as the word one and +0.35 chrF (docs/your-language-pair.md).
     bpe_above: float = 0.05
-    # The recipe of the rescoring results (docs/your-language-pair.md): 8,000 updates of 80 pairs
-    arch: str = "rnnsearch"
-    preset: str = "small"
+    # The recipe of the rescoring results (docs/your-language-pair.md): 8,000 updates of 80 pairs.
+    # The architectures of the forward and right-to-left models (the Ensemble), each trained
+    # ``members`` times: the first's models are forward, forward-2, right-to-left, ...; another's
+    # carry its name (forward-transformer, forward-transformer-2, ...). And the reverse model's.
+    archs: Tuple[str, ...] = ("rnnsearch",)
+    reverse_arch: str = "rnnsearch"
+    preset: str = "small"  # each architecture's preset of this name
     batch_size: int = 80
     valid_every: int = 500
     max_steps: int = 8000

@@ -61,6 +61,33 @@ def test_more_members_train_each_left_to_right_kind_again_and_join_the_ensemble(
         "forward", "forward-2")
 
 
+def test_further_architectures_train_their_own_members_and_join_the_ensemble():
+    from phrase_scorer.experiments.build_reranker import model_arch, model_identity
+
+    kinds = ["forward", "right-to-left", "reverse"]
+    names = model_names(kinds, 2, ("rnnsearch", "transformer"))
+    assert names == ["forward", "forward-2", "forward-transformer", "forward-transformer-2", "right-to-left",
+                     "right-to-left-2", "right-to-left-transformer", "right-to-left-transformer-2", "reverse"]
+    assert [model_identity(n) for n in names[:4]] == [("forward", "", 1), ("forward", "", 2),
+                                                      ("forward", "transformer", 1), ("forward", "transformer", 2)]
+    options = replace(BuildRerankerOptions(), archs=("rnnsearch", "transformer"), reverse_arch="transformer")
+    assert [model_arch(n, options) for n in ("forward-2", "right-to-left-transformer", "reverse")] == [
+        "rnnsearch", "transformer", "transformer"]
+    assert model_identity("forward-conformer") == ("forward-conformer", "", 1)  # no such architecture: no member
+    rows = {c.row.label: c.models for c in candidates(names)}
+    assert rows["Forward"] == ("forward",) and rows["Ensemble"] == tuple(n for n in names if n != "reverse")
+
+
+def test_a_transformer_member_trains_as_a_transformer(tmp_path):
+    options = replace(BuildRerankerOptions(), archs=("rnnsearch", "transformer"), preset="tiny", max_steps=3,
+                      valid_every=3, batch_size=8, device="cpu")
+    corpus, tuning = (str(TRAIN_EN), str(TRAIN_FR)), (str(VAL_EN), str(VAL_FR))
+    folder = trained_model("right-to-left-transformer", corpus, tuning, tmp_path, "words", options)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    assert config["model"]["arch"] == "transformer" and config["training"]["right_to_left"]
+    assert config["training"]["recipe"] == "transformer"
+
+
 def test_a_further_member_trains_with_its_own_seed(tmp_path):
     options = replace(BuildRerankerOptions(), preset="tiny", max_steps=3, valid_every=3, batch_size=8,
                       device="cpu", members=2)
@@ -154,6 +181,10 @@ def test_a_training_step_is_reused_and_redone_when_its_settings_change(tmp_path,
     ("-m", "forward", "is not NAME=DIR"),
     ("-m", "forward-2=.", "no model 'forward-2' to give"),  # a second member needs --members 2
     ("-m", "reverse-2=.", "no model 'reverse-2' to give"),
+    ("-m", "forward-transformer=.", "no model 'forward-transformer' to give"),  # needs --archs ...,transformer
+    ("--archs", "rnnsearch,conformer", "'conformer' is not an architecture"),
+    ("--archs", "transformer,transformer", "names an architecture twice"),
+    ("--reverse-arch", "conformer", "'conformer' is not one of"),
 ])
 def test_a_bad_model_choice_is_refused_before_anything_runs(tmp_path, option, value, said):
     from click.testing import CliRunner
@@ -251,6 +282,35 @@ def test_an_interrupted_build_resumes_to_the_same_reranker(built, tmp_path):
     assert ours["tuning BLEU per seed"] == theirs["tuning BLEU per seed"]
     ours, theirs = (json.loads((w / "reranker.json").read_text(encoding="utf-8")) for w in (work, built))
     assert ours["weights"] == theirs["weights"]
+
+
+@pytest.mark.moses
+def test_transformer_members_beside_rnnsearch_ones_build_a_reranker(built, moses, tmp_path):
+    """--archs rnnsearch,transformer --reverse-arch transformer: the RNNsearch models of the first
+    build given, a Transformer forward, right-to-left and reverse model trained beside them, every
+    row tuned, the reranker applied to new text."""
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.models.transformer import Transformer
+
+    work = tmp_path / "work"
+    given = [arg for name in ("forward", "right-to-left") for arg in ("-m", f"{name}={built / 'models' / name}")]
+    log = run_cli([*build_command(work), "--archs", "rnnsearch,transformer", "--reverse-arch", "transformer",
+                   *given, "--threads", "2"])
+    assert "training the forward-transformer, right-to-left-transformer, reverse models side by side" in log
+    for name in ("forward-transformer", "right-to-left-transformer", "reverse"):
+        assert isinstance(load_model(work / "models" / name).model, Transformer)
+    results = json.loads((work / "results.json").read_text(encoding="utf-8"))
+    assert set(results["tuning BLEU per seed"]) == {c.row.label for c in candidates(
+        ["forward", "right-to-left", "forward-transformer", "right-to-left-transformer", "reverse"])}
+    with gzip.open(work / "rescored" / "multi30k.nbest.gz", "rt", encoding="utf-8") as f:
+        first = next(f)
+    assert all(f"{name}=" in first for name in (FORWARD, ENSEMBLE, REVERSE))
+    assert "rnnsearch, transformer (reverse: transformer)" in (work / "report.md").read_text(encoding="utf-8")
+    source = tmp_path / "new.en"
+    source.write_text("".join(VAL_EN.read_text(encoding="utf-8").splitlines(True)[:3]), encoding="utf-8")
+    run_cli(["translate-system", "--moses", str(SHARED_SYSTEM / "moses.tuned.ini"), "--reranker",
+             str(work / "reranker.json"), str(source), "-o", str(tmp_path / "new.fr")])
+    assert len((tmp_path / "new.fr").read_text(encoding="utf-8").splitlines()) == 3
 
 
 @pytest.mark.moses

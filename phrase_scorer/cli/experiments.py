@@ -8,6 +8,7 @@ from typing import Any, Dict
 import click
 
 from phrase_scorer.config import (
+    ARCH_PRESETS,
     MAX_TIE_MARGIN, MAX_TRAINING_HOURS, SYSTEMS, AnnotateOptions, BuildRerankerOptions, ExperimentOptions,
     RescoreExperimentOptions, ScoringOptions,
 )
@@ -153,6 +154,18 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     click.echo(result.markdown)
 
 
+def archs_value(ctx, param, value: str) -> str:
+    """``--archs``: known architectures, each once."""
+    archs = [a.strip() for a in value.split(",") if a.strip()]
+    unknown = [a for a in archs if a not in ARCH_PRESETS]
+    if not archs or unknown:
+        raise click.BadParameter(f"{unknown[0] if unknown else value!r} is not an architecture; "
+                                 f"choose among {', '.join(ARCH_PRESETS)}")
+    if len(set(archs)) != len(archs):
+        raise click.BadParameter(f"{value!r} names an architecture twice")
+    return value
+
+
 def build_options(command):
     """The options of ``build-reranker`` that ``ems-decoder`` shares: the models, their training,
     the lists and the choice of the row (:func:`make_build_options` makes them one object)."""
@@ -175,7 +188,14 @@ def build_options(command):
         click.option("--vocabulary", type=click.Choice(["words", "bpe", "unigram"]), default=None,
                      help="Words or subword pieces for every model [default: chosen from the tuning set's "
                           "shortlist coverage: pieces when a word shortlist leaves more than 5% of its tokens out]."),
-        click.option("--preset", default=BuildRerankerOptions.preset, show_default=True, help="The models' preset."),
+        click.option("--archs", default=",".join(BuildRerankerOptions.archs), show_default=True, callback=archs_value,
+                     help="The architectures of the forward and right-to-left models, comma-separated (rnnsearch, "
+                          "transformer, encdec): each trains --members models of each kind, all in the Ensemble; "
+                          "the first's are named forward, forward-2, ..., another's forward-transformer, ..."),
+        click.option("--reverse-arch", type=click.Choice(list(ARCH_PRESETS)), default=BuildRerankerOptions.reverse_arch,
+                     show_default=True, help="The reverse model's architecture."),
+        click.option("--preset", default=BuildRerankerOptions.preset, show_default=True,
+                     help="The models' preset (each architecture's of this name)."),
         click.option("--max-steps", type=Count(min=1), default=BuildRerankerOptions.max_steps,
                      show_default=True, help="Updates per model (80 sentence pairs each)."),
         click.option("--valid-every", type=Count(min=1), default=BuildRerankerOptions.valid_every,
@@ -207,7 +227,8 @@ def make_build_options(settings: Dict[str, Any]) -> BuildRerankerOptions:
     """The values of :func:`build_options` (parameter name -> value) as one object: each names a
     field of BuildRerankerOptions or of its ``experiment`` (RescoreExperimentOptions, whose
     ``threads`` the option ``--decoder-threads`` sets); ``--models`` is split at its commas."""
-    values = dict(settings, model_kinds=tuple(m.strip() for m in settings["model_kinds"].split(",") if m.strip()))
+    values = dict(settings, model_kinds=tuple(m.strip() for m in settings["model_kinds"].split(",") if m.strip()),
+                  archs=tuple(a.strip() for a in settings["archs"].split(",") if a.strip()))
     values["threads"] = values.pop("decoder_threads")
     build = {f.name for f in fields(BuildRerankerOptions)}
     experiment = {f.name for f in fields(RescoreExperimentOptions)}

@@ -12,7 +12,9 @@
 The models. ``forward`` reads the source and predicts the target left to right, ``right-to-left``
 the same read last word first, ``reverse`` predicts the source from the target. With ``members``
 N > 1 the forward and right-to-left kinds are each trained N times, with seeds 1..N (``forward``,
-``forward-2``, ...). They give three features: *Forward* (the first forward model), *Ensemble*
+``forward-2``, ...), and once more per further architecture of ``archs`` (``forward-transformer``,
+``forward-transformer-2``, ...); the reverse model is of ``reverse_arch``. They give three
+features: *Forward* (the first forward model), *Ensemble*
 (the mean log p of every forward and right-to-left model) and *Reverse*. The candidate rows are
 the decoder's features plus *Forward*, *Ensemble*, *Forward* and *Reverse*, *Ensemble* and
 *Reverse* (those the trained models allow), and the decoder's features alone (*Moses, re-tuned
@@ -95,24 +97,49 @@ class Candidate:
     models: Tuple[str, ...]
 
 
-def member_name(kind: str, seed: int) -> str:
-    """The model of ``kind`` trained with ``seed``: ``forward``, ``forward-2``, ..."""
-    return kind if seed == 1 else f"{kind}-{seed}"
+def member_name(kind: str, seed: int, arch: str = "") -> str:
+    """The model of ``kind`` trained with ``seed``, of a further architecture ``arch`` ("": the
+    first of ``archs``): ``forward``, ``forward-2``, ``forward-transformer-2``, ..."""
+    return kind + (f"-{arch}" if arch else "") + (f"-{seed}" if seed > 1 else "")
+
+
+def model_identity(name: str) -> Tuple[str, str, int]:
+    """The kind, further architecture ("" for none) and seed of a model name (:func:`member_name`);
+    a name of no kind is returned as it is, with no architecture and seed 1."""
+    from phrase_scorer.config import ARCH_PRESETS
+
+    rest, seed = name, 1
+    head, _, tail = name.rpartition("-")
+    if tail.isdigit() and int(tail) > 1:
+        rest, seed = head, int(tail)
+    for kind in ENSEMBLED:
+        if rest == kind:
+            return kind, "", seed
+        if rest.startswith(kind + "-") and rest[len(kind) + 1:] in ARCH_PRESETS:
+            return kind, rest[len(kind) + 1:], seed
+    return name, "", 1
 
 
 def kind_and_seed(name: str) -> Tuple[str, int]:
-    """The kind and seed of a model name (:func:`member_name`); a name of no kind is returned as
-    it is, with seed 1."""
-    kind, _, seed = name.rpartition("-")
-    if kind in ENSEMBLED and seed.isdigit() and int(seed) > 1:
-        return kind, int(seed)
-    return name, 1
+    """The kind and seed of a model name (:func:`model_identity`)."""
+    kind, _, seed = model_identity(name)
+    return kind, seed
 
 
-def model_names(kinds: Sequence[str], members: int) -> List[str]:
-    """The models a run uses: each of ``kinds``, those of :data:`ENSEMBLED` once per member."""
-    return [member_name(kind, seed) for kind in kinds
+def model_names(kinds: Sequence[str], members: int, archs: Sequence[str] = ("",)) -> List[str]:
+    """The models a run uses: each of ``kinds``, those of :data:`ENSEMBLED` once per member of
+    each architecture of ``archs`` (the first named "")."""
+    further = ["", *archs[1:]]
+    return [member_name(kind, seed, arch) for kind in kinds for arch in (further if kind in ENSEMBLED else [""])
             for seed in range(1, (members if kind in ENSEMBLED else 1) + 1)]
+
+
+def model_arch(name: str, options: BuildRerankerOptions) -> str:
+    """The architecture the model ``name`` trains as."""
+    kind, arch, _ = model_identity(name)
+    if kind in ENSEMBLED:
+        return arch or options.archs[0]
+    return options.reverse_arch
 
 
 def ensemble_members(models: Sequence[str]) -> List[str]:
@@ -202,10 +229,12 @@ def side_by_side_threads(options: BuildRerankerOptions, trainings: int, device: 
 
 
 def training_config(options: BuildRerankerOptions, vocabulary: str, right_to_left: bool,
-                    seed: int = 1) -> TrainConfig:
+                    seed: int = 1, arch: Optional[str] = None) -> TrainConfig:
+    """The training of one model (of ``arch``; None: the first of ``options.archs``)."""
     hours = options.training_hours
     share = 1 if options.side_by_side else max(len(options.model_kinds), 1)  # side by side: each has the whole budget
-    return TrainConfig(arch=options.arch, preset=options.preset, vocabulary=vocabulary, batch_size=options.batch_size,
+    return TrainConfig(arch=arch or options.archs[0], preset=options.preset, vocabulary=vocabulary,
+                       batch_size=options.batch_size,
                        valid_every=options.valid_every, max_steps=options.max_steps, device=options.device,
                        right_to_left=right_to_left, seed=seed, average_checkpoints=options.average_checkpoints,
                        max_time=None if hours is None else hours * 3600 / share)
@@ -221,7 +250,7 @@ def trained_model(name: str, corpus: Tuple[str, str], tuning: Tuple[str, str], w
     reverse, right_to_left = MODEL_KINDS[kind]
     source, target = (corpus[1], corpus[0]) if reverse else corpus
     dev_source, dev_target = (tuning[1], tuning[0]) if reverse else tuning
-    config = training_config(options, vocabulary, right_to_left, seed)
+    config = training_config(options, vocabulary, right_to_left, seed, model_arch(name, options))
     folder = work / "models" / name
     settings = asdict(config)
     stopping = {key: settings.pop(key) for key in STOPPING}
@@ -296,14 +325,18 @@ TYPICAL_TOKENS = 50  # target tokens of a long training sentence: the logits a b
 
 
 def training_bytes(options: BuildRerankerOptions) -> int:
-    """About what one training of ``options``' preset takes at its peak: the process, the weights
-    with their gradients and the optimiser's two moments (16 bytes a parameter), and a batch's
-    logits and their gradients over the full target shortlist."""
+    """About what one training of ``options``' preset takes at its peak (the largest of its
+    architectures'): the process, the weights with their gradients and the optimiser's two
+    moments (16 bytes a parameter), and a batch's logits and their gradients over the full
+    target shortlist."""
     from phrase_scorer.models.architectures import full_size_parameters
 
-    model = preset_config(training_config(options, "words", False))
-    logits = options.batch_size * TYPICAL_TOKENS * (model.target_shortlist + 3) * 4 * 2
-    return TRAINING_BASE_BYTES + 16 * full_size_parameters(model) + logits
+    peaks = []
+    for arch in (*options.archs, options.reverse_arch):
+        model = preset_config(training_config(options, "words", False, arch=arch))
+        logits = options.batch_size * TYPICAL_TOKENS * (model.target_shortlist + 3) * 4 * 2
+        peaks.append(TRAINING_BASE_BYTES + 16 * full_size_parameters(model) + logits)
+    return max(peaks)
 
 
 def check_machine_holds(options: BuildRerankerOptions, models: Sequence[str], to_train: Sequence[str],
@@ -325,8 +358,10 @@ def check_machine_holds(options: BuildRerankerOptions, models: Sequence[str], to
                                      f") need about {at_once * each / gib:.1f} GiB ({each / gib:.2f} GiB each, preset "
                                      f"{options.preset}), more than the {total / gib:.1f} GiB this machine has"),
                                 hint=fix)
-    weights = 4 * full_size_parameters(preset_config(training_config(options, "words", False)))
-    loaded = sum(os.path.getsize(Path(given[m]) / BEST_WEIGHTS) if m in given else weights for m in models)
+    loaded = sum(os.path.getsize(Path(given[m]) / BEST_WEIGHTS) if m in given else
+                 4 * full_size_parameters(preset_config(training_config(options, "words", False,
+                                                                        arch=model_arch(m, options))))
+                 for m in models)
     if loaded > total:
         raise PhraseScorerError(Text(f"the {len(models):,} models (", setting("members", options.members),
                                      f") rescore the list together and need about {loaded / gib:.1f} GiB, more than "
@@ -359,7 +394,11 @@ def check_options(options: BuildRerankerOptions) -> None:
     check_number("bpe_above", options.bpe_above, 0.0, 1.0)
     if options.training_hours is not None:
         check_number("training_hours", options.training_hours, 0.0, 1e6, low_open=True)
-    preset_config(training_config(options, "words", False))  # the architecture and its preset are known
+    if not options.archs or len(set(options.archs)) != len(options.archs):
+        raise PhraseScorerError(Text(setting("archs"), f" is {','.join(options.archs)!r}; name each architecture "
+                                     "of the ensemble once"))
+    for arch in (*options.archs, options.reverse_arch):  # each architecture and its preset are known
+        preset_config(training_config(options, "words", False, arch=arch))
 
 
 def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path,
@@ -381,12 +420,12 @@ def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work:
     unknown = [m for m in options.model_kinds if m not in MODEL_KINDS]
     if unknown:
         raise PhraseScorerError(f"no model kind {unknown[0]!r}", hint=f"the kinds are {', '.join(MODEL_KINDS)}")
-    allowed = model_names(list(MODEL_KINDS), options.members)
+    allowed = model_names(list(MODEL_KINDS), options.members, options.archs)
     unknown = sorted(set(given) - set(allowed))
     if unknown:
         raise PhraseScorerError(f"no model {unknown[0]!r} to give", hint=Text(
             f"give one of {', '.join(allowed)} (further members with ", setting("members"), ")"))
-    models = list(dict.fromkeys([*model_names(options.model_kinds, options.members), *given]))
+    models = list(dict.fromkeys([*model_names(options.model_kinds, options.members, options.archs), *given]))
     if "forward" not in models:
         raise PhraseScorerError("every row needs the forward model",
                                 hint=Text("keep forward in ", setting("model_kinds"), " or give one trained before"))
@@ -525,7 +564,8 @@ def report(rows: Sequence[Candidate], figures: Dict[str, List[float]], chosen: C
         "INPUT -o OUTPUT\n\n"
         "Settings:\n\n"
         + "".join(f"- {name}: `{path}`\n" for name, path in dirs.items())
-        + f"- vocabulary: {vocabulary}; {options.arch} `{options.preset}`, batch {options.batch_size}, "
+        + f"- vocabulary: {vocabulary}; {', '.join(options.archs)} (reverse: {options.reverse_arch}) "
+        f"`{options.preset}`, batch {options.batch_size}, "
         f"{options.max_steps} updates at most"
         + (f", {options.members} members (seeds) of each left-to-right kind" if options.members > 1 else "")
         + (f", {options.training_hours:g} h of training in all" if options.training_hours else "") + "\n"
