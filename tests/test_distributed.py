@@ -190,3 +190,19 @@ def test_a_rank_killed_by_sigkill_ends_the_job_with_one_line_naming_it_and_the_r
     assert errors == [f"phrase-scorer: error: rank 1 of 2 was killed by SIGKILL; the other ranks were stopped "
                       f"(resume with: phrase-scorer train {EXAMPLE_TABLE} -o {out} --processes 2 --resume)"], err
     assert torch.load(out / "checkpoint.pt", weights_only=True)["state"]["step"] >= 10
+
+
+def test_two_processes_train_a_transformer_as_one_does(tmp_path):
+    """The Transformer under torchrun: the curve of one process with the same global batch (no
+    dropout, whose masks each rank draws for its own part)."""
+    common = ["--arch", "transformer", "--warmup", 5, "--max-steps", 20]
+    one = tmp_path / "one"
+    single = subprocess.run([sys.executable, "-m", "phrase_scorer", *map(str, ARGS), *map(str, common), "-o", str(one),
+                             "--threads", "1"], capture_output=True, text=True, env=job_env(), timeout=900)
+    assert single.returncode == 0, single.stderr
+    two = tmp_path / "two"
+    run = torchrun("-m", "phrase_scorer", *ARGS, *common, "-o", two)
+    assert run.returncode == 0, run.stderr
+    assert all(r["processes"] == 2 for r in records(two))
+    assert json.loads((two / "config.json").read_text())["model"]["arch"] == "transformer"
+    assert_same_curve(one, two)
