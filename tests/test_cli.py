@@ -153,12 +153,13 @@ def test_a_library_error_names_the_setting_in_python_and_the_flag_on_the_command
     line's user the flag: the same refusal of an existing output (no overwrite) both ways."""
     from conftest import A_MAN_TABLE, DATA
     from phrase_scorer.errors import PhraseScorerError
+    from phrase_scorer.config import MosesIniOptions
     from phrase_scorer.moses.ini_patch import patch_moses_ini
 
     out = tmp_path / "moses.rnn.ini"
     out.write_text("kept\n", encoding="utf-8")
     with pytest.raises(PhraseScorerError) as raised:
-        patch_moses_ini(DATA / "moses.ini", out, phrase_table=str(A_MAN_TABLE), add_features=0)
+        patch_moses_ini(DATA / "moses.ini", out, phrase_table=str(A_MAN_TABLE), options=MosesIniOptions(add_features=0))
     said = str(raised.value)
     assert said == (f"{out}: the patched moses.ini already exists "
                     "(pass overwrite=True to replace it, or choose another name)")

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, error_line, run_cli
-from phrase_scorer.config import BuildRerankerOptions, RerankOptions, RescoreExperimentOptions, TuneOptions
+from phrase_scorer.config import (
+    BuildRerankerOptions, EvaluateOptions, RerankOptions, RescoreExperimentOptions, TuneOptions,
+)
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import dense_layout, read_nbest
 from phrase_scorer.moses.decoder_flags import check_decoder_flags, refused_decoder_flags
@@ -139,7 +141,8 @@ def test_the_long_commands_refuse_them_as_libraries_before_their_first_step(user
 
     moses = MosesInstallation(stand_in_moses(tmp_path))
     calls = [
-        lambda: evaluate(TUNED_INI, SOURCE, REFERENCE, tmp_path / "out.hyp", moses=moses, decoder_flags=NBEST_FLAGS),
+        lambda: evaluate(TUNED_INI, SOURCE, REFERENCE, tmp_path / "out.hyp", moses=moses,
+                         options=EvaluateOptions(decoder_flags=NBEST_FLAGS)),
         lambda: tune(TUNED_INI, SOURCE, REFERENCE, tmp_path / "out.ini", moses=moses,
                      options=TuneOptions(decoder_flags=NBEST_FLAGS)),
         lambda: build_reranker(TUNED_INI, (str(SOURCE), str(REFERENCE)), (str(SOURCE), str(REFERENCE)),
@@ -201,7 +204,7 @@ def test_rerank_refuses_a_seed_given_twice_before_anything_runs(tmp_path, monkey
 def test_decode_asks_for_its_own_nbest_list_as_one_argument_per_value_and_checks_the_user_flags(tmp_path):
     """The experiments' n-best lists go to a path of the tool's (a working folder may hold spaces),
     handed to Moses as arguments of their own, never through the user's flags."""
-    from phrase_scorer.moses.evaluate import decode
+    from phrase_scorer.moses.evaluate import Decoding, decode
 
     home = tmp_path / "moses"
     (home / "bin").mkdir(parents=True)
@@ -211,13 +214,13 @@ def test_decode_asks_for_its_own_nbest_list_as_one_argument_per_value_and_checks
     moses = MosesInstallation(home)
     folder = tmp_path / "a work folder"
     folder.mkdir()
-    hypotheses = decode(TUNED_INI, SOURCE, folder / "out.1best", moses=moses, decoder_flags="-v 0",
-                        nbest_list=(folder / "dev.nbest", 7))
+    hypotheses = decode(TUNED_INI, SOURCE, folder / "out.1best", moses=moses,
+                        decoding=Decoding(decoder_flags="-v 0", nbest_list=(folder / "dev.nbest", 7)))
     assert hypotheses == SOURCE.read_text(encoding="utf-8").splitlines()  # the stand-in copies its input
     argv = (home / "argv").read_text(encoding="utf-8").splitlines()
     at = argv.index("-n-best-list")
     assert argv[at:at + 4] == ["-n-best-list", str(folder / "dev.nbest"), "7", "distinct"]
     (home / "argv").unlink()
     with pytest.raises(PhraseScorerError, match="-n-best-list"):
-        decode(TUNED_INI, SOURCE, folder / "other.1best", moses=moses, decoder_flags=NBEST_FLAGS)
+        decode(TUNED_INI, SOURCE, folder / "other.1best", moses=moses, decoding=Decoding(decoder_flags=NBEST_FLAGS))
     assert not (home / "argv").exists() and not (folder / "other.1best").exists()

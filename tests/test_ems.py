@@ -17,6 +17,7 @@ from phrase_scorer.cli import cli
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.moses_ini import MosesIni
 from phrase_scorer.moses.ini_patch import patch_moses_ini
+from phrase_scorer.config import MosesIniOptions
 from phrase_scorer.experiments.ems_config import BINARY_SUFFIXES, MODEL_SUFFIX, TABLE_SUFFIX, parse_binarizer
 
 TRAINING = ["--preset", "tiny", "--max-steps", "6", "--valid-every", "3", "--valid-pairs", "50", "--batch-size", "16",
@@ -111,7 +112,8 @@ def test_text_table_config_and_rerun(ems_model_dir, tiny_model, tmp_path):
     assert len(after.weight_line("TranslationModel0").weights) == 6
     # The start weights are the ones moses-ini writes: one source for them.
     reference = tmp_path / "reference.ini"
-    patch_moses_ini(ini_in, reference, phrase_table=annotated, add_features=2, absolute_paths=True)
+    patch_moses_ini(ini_in, reference, phrase_table=annotated,
+                    options=MosesIniOptions(add_features=2, absolute_paths=True))
     assert after.text() == reference.read_text()
     # Only the phrase-table feature and its weights changed.
     changed = [a.number for a, b in zip(before.lines, after.lines) if a.text != b.text]

@@ -119,9 +119,10 @@ def call_evaluate(tmp_path, f, output, **overwrite):
 
 
 def call_moses_ini(tmp_path, f, output, **overwrite):
+    from phrase_scorer.config import MosesIniOptions
     from phrase_scorer.moses.ini_patch import patch_moses_ini
 
-    patch_moses_ini(f["ini"], output, phrase_table=A_MAN_TABLE, add_features=0, **overwrite)
+    patch_moses_ini(f["ini"], output, phrase_table=A_MAN_TABLE, options=MosesIniOptions(add_features=0), **overwrite)
 
 
 def call_plot_scores(tmp_path, f, output, **overwrite):
@@ -234,6 +235,7 @@ def probing_ini(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("companion", [".part", ".log"])
 def test_moses_ini_binarising_never_writes_through_or_removes_a_link_beside_the_table(tmp_path, companion):
+    from phrase_scorer.config import MosesIniOptions
     from phrase_scorer.moses.ini_patch import patch_moses_ini
 
     users = tmp_path / "users.txt"
@@ -242,7 +244,8 @@ def test_moses_ini_binarising_never_writes_through_or_removes_a_link_beside_the_
     os.symlink(users, planted)
     with pytest.raises(PhraseScorerError) as caught:
         patch_moses_ini(probing_ini(tmp_path), tmp_path / "o.ini", phrase_table=tmp_path / "pt.probing",
-                        add_features=0, binarize_from=A_MAN_TABLE, moses_home=tmp_path / "moses")
+                        options=MosesIniOptions(add_features=0), binarize_from=A_MAN_TABLE,
+                        moses_home=tmp_path / "moses")
     assert caught.value.path == str(planted)
     assert users.read_bytes() == USERS and os.path.islink(planted)
     assert not (tmp_path / "o.ini").exists() and not (tmp_path / "pt.probing").exists()

@@ -15,6 +15,7 @@ from phrase_scorer.cli import cli
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.moses_ini import KENLM_BINARY_MAGIC, MosesIni, format_weight, text_loaded_features
 from phrase_scorer.moses.ini_patch import patch_moses_ini
+from phrase_scorer.config import MosesIniOptions
 from phrase_scorer.moses.binarise import binarize_command
 from phrase_scorer.io.phrase_table import read_phrase_table
 
@@ -163,7 +164,7 @@ def test_patch_changes_exactly_the_feature_and_weight_lines(tmp_path, six_score_
 
 def test_patch_with_no_added_columns_changes_only_the_path(tmp_path):
     out = tmp_path / "patched.ini"
-    result = patch_moses_ini(INI, out, phrase_table=A_MAN_TABLE, add_features=0)
+    result = patch_moses_ini(INI, out, phrase_table=A_MAN_TABLE, options=MosesIniOptions(add_features=0))
     assert changed(INI, out) == {21: MEMORY_LINE.replace("path=phrase-table.gz", f"path={A_MAN_TABLE}")}
     assert result.changed_lines == [21]
 
@@ -174,15 +175,17 @@ def test_initial_weight_and_count_are_honoured(tmp_path):
         for line in read_phrase_table(A_MAN_TABLE):
             out.write(line.with_scores_appended(b"0.5 1 1"))
     out = tmp_path / "patched.ini"
-    patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weights=0.05)
+    patch_moses_ini(INI, out, phrase_table=table, options=MosesIniOptions(add_features=3, initial_weights=0.05))
     assert lines_of(out)[32] == "TranslationModel0= 0.2 0.2 0.2 0.2 0.05 0.05 0.05"
     assert "num-features=7" in lines_of(out)[20]
-    patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weights=(0.1, 0, -1), overwrite=True)
+    patch_moses_ini(INI, out, phrase_table=table, options=MosesIniOptions(add_features=3, initial_weights=(0.1, 0, -1)),
+                    overwrite=True)
     assert lines_of(out)[32] == "TranslationModel0= 0.2 0.2 0.2 0.2 0.1 0 -1"
     with pytest.raises(PhraseScorerError, match="2 start weights given for 3 new columns"):
-        patch_moses_ini(INI, out, phrase_table=table, add_features=3, initial_weights=(0.1, 0.1), overwrite=True)
+        patch_moses_ini(INI, out, phrase_table=table,
+                        options=MosesIniOptions(add_features=3, initial_weights=(0.1, 0.1)), overwrite=True)
     with pytest.raises(PhraseScorerError, match="no default start weights for 3 new columns"):
-        patch_moses_ini(INI, out, phrase_table=table, add_features=3, overwrite=True)
+        patch_moses_ini(INI, out, phrase_table=table, options=MosesIniOptions(add_features=3), overwrite=True)
 
 
 def test_start_weights_make_the_unknown_word_count_a_penalty():
@@ -235,7 +238,7 @@ def test_moses2_probing_ini(tmp_path):
     ini = variant(tmp_path, INI, ("PhraseDictionaryMemory", "ProbingPT"),
                   ("path=phrase-table.gz", "path=pt.probing"))
     out = tmp_path / "patched.ini"
-    result = patch_moses_ini(ini, out, phrase_table="pt.rnn.probing", add_features=2)
+    result = patch_moses_ini(ini, out, phrase_table="pt.rnn.probing", options=MosesIniOptions(add_features=2))
     assert changed(ini, out)[21] == ("ProbingPT name=TranslationModel0 num-features=6 path=pt.rnn.probing "
                                      "input-factor=0 output-factor=0")
     assert result.table_path == "pt.rnn.probing"
@@ -272,7 +275,8 @@ def test_default_feature_names_and_picking_by_name(tmp_path, six_score_table):
     )
     assert MosesIni.read(ini).find_phrase_table().name == "PhraseDictionaryMemory0"
     out = tmp_path / "patched.ini"
-    result = patch_moses_ini(ini, out, phrase_table=six_score_table, feature_name="TranslationModel1")
+    result = patch_moses_ini(ini, out, phrase_table=six_score_table,
+                             options=MosesIniOptions(feature_name="TranslationModel1"))
     assert result.feature_name == "TranslationModel1"
     assert changed(ini, out) == {
         22: f"PhraseDictionaryMemory name=TranslationModel1 num-features=6 path={six_score_table}",
@@ -283,7 +287,7 @@ def test_default_feature_names_and_picking_by_name(tmp_path, six_score_table):
 def test_absolute_paths_change_only_relative_paths(tmp_path, six_score_table):
     ini = variant(tmp_path, INI, ("path=lm.arpa.gz", "path=/already/absolute/lm.arpa.gz"))
     out = tmp_path / "patched.ini"
-    result = patch_moses_ini(ini, out, phrase_table=six_score_table, absolute_paths=True)
+    result = patch_moses_ini(ini, out, phrase_table=six_score_table, options=MosesIniOptions(absolute_paths=True))
     diff = changed(ini, out)
     assert set(diff) == {21, 22, 33}  # the absolute LM path (line 24) stays
     assert diff[22] == lines_of(ini)[21].replace("path=reordering-table", f"path={tmp_path}/reordering-table")
@@ -293,7 +297,7 @@ def test_absolute_paths_change_only_relative_paths(tmp_path, six_score_table):
 def test_absolute_paths_on_the_real_ini(tmp_path, six_score_table, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "patched.ini"
-    patch_moses_ini(INI, out, phrase_table="new.gz", absolute_paths=True, check_table=False)
+    patch_moses_ini(INI, out, phrase_table="new.gz", options=MosesIniOptions(absolute_paths=True, check_table=False))
     diff = changed(INI, out)
     assert set(diff) == {21, 22, 24, 33}
     assert diff[22].endswith(f"path={DATA}/reordering-table.wbe-msd-bidirectional-fe.gz")
@@ -304,7 +308,8 @@ def test_absolute_paths_on_the_real_ini(tmp_path, six_score_table, monkeypatch):
 def test_absolute_paths_point_at_the_real_system_files(tmp_path, six_score_table):
     require_shared()
     out = tmp_path / "patched.ini"
-    patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", out, phrase_table=six_score_table, absolute_paths=True)
+    patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", out, phrase_table=six_score_table,
+                    options=MosesIniOptions(absolute_paths=True))
     paths = [f.get("path") for f in MosesIni.read(out).features() if f.get("path")]
     assert len(paths) == 3
     assert all(os.path.isabs(p) and os.path.exists(p) for p in paths)
@@ -332,7 +337,7 @@ def test_output_may_not_replace_the_input(tmp_path, six_score_table):
 def test_refuses_a_table_with_too_few_scores_and_names_it(tmp_path):
     out = tmp_path / "patched.ini"
     with pytest.raises(PhraseScorerError) as caught:
-        patch_moses_ini(INI, out, phrase_table=A_MAN_TABLE, add_features=2)
+        patch_moses_ini(INI, out, phrase_table=A_MAN_TABLE, options=MosesIniOptions(add_features=2))
     error = caught.value
     assert error.path == str(A_MAN_TABLE)
     assert "has 4 scores per line" in error.message and "would be 6" in error.message
@@ -343,18 +348,21 @@ def test_refuses_a_table_with_too_few_scores_and_names_it(tmp_path):
 
 def test_refuses_a_table_with_more_scores_and_says_how_many(tmp_path, six_score_table):
     with pytest.raises(PhraseScorerError) as caught:
-        patch_moses_ini(INI, tmp_path / "o.ini", phrase_table=six_score_table, add_features=1)
+        patch_moses_ini(INI, tmp_path / "o.ini", phrase_table=six_score_table, options=MosesIniOptions(add_features=1))
     assert "has 6 scores per line" in caught.value.message and "would be 5" in caught.value.message
     assert "add_features=2" in caught.value.hint
 
 
 def test_accepts_matching_tables(tmp_path, six_score_table):
-    assert patch_moses_ini(INI, tmp_path / "a.ini", phrase_table=A_MAN_TABLE, add_features=0).new_num_features == 4
-    assert patch_moses_ini(INI, tmp_path / "b.ini", phrase_table=six_score_table, add_features=2).new_num_features == 6
+    assert patch_moses_ini(INI, tmp_path / "a.ini", phrase_table=A_MAN_TABLE,
+                           options=MosesIniOptions(add_features=0)).new_num_features == 4
+    assert patch_moses_ini(INI, tmp_path / "b.ini", phrase_table=six_score_table,
+                           options=MosesIniOptions(add_features=2)).new_num_features == 6
 
 
 def test_no_check_table_skips_the_count(tmp_path):
-    result = patch_moses_ini(INI, tmp_path / "o.ini", phrase_table=tmp_path / "not-yet.gz", check_table=False)
+    result = patch_moses_ini(INI, tmp_path / "o.ini", phrase_table=tmp_path / "not-yet.gz",
+                             options=MosesIniOptions(check_table=False))
     assert result.new_num_features == 6
 
 
@@ -392,7 +400,7 @@ def test_refusals_name_the_file_and_line(tmp_path, six_score_table, replacements
     ini = variant(tmp_path, INI, *replacements)
     out = tmp_path / "patched.ini"
     with pytest.raises(PhraseScorerError) as caught:
-        patch_moses_ini(ini, out, phrase_table=six_score_table, **options)
+        patch_moses_ini(ini, out, phrase_table=six_score_table, options=MosesIniOptions(**options))
     error = caught.value
     assert message in error.message
     assert (error.path, error.line) == (str(ini), line)

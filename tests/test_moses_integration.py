@@ -73,6 +73,7 @@ def test_annotated_table_loads_and_translates(moses, arch, request, tmp_path):
     """Moses loads a table annotated by each architecture and uses its new columns: the whole
     table annotated by the tiny encoder-decoder, or the test sentences' slice annotated by a tiny
     RNNsearch trained on that slice."""
+    from phrase_scorer.config import MosesIniOptions
     from phrase_scorer.moses.ini_patch import patch_moses_ini
 
     if arch == "encdec":
@@ -81,11 +82,11 @@ def test_annotated_table_loads_and_translates(moses, arch, request, tmp_path):
         table, annotated_table = request.getfixturevalue("rnnsearch_slice")
     source = first_lines(TEST_EN, 60, tmp_path / "test.en")
     baseline_ini = tmp_path / "baseline.ini"
-    patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", baseline_ini, phrase_table=table, add_features=0,
-                    absolute_paths=True)
+    patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", baseline_ini, phrase_table=table,
+                    options=MosesIniOptions(add_features=0, absolute_paths=True))
     zero_ini = tmp_path / "rnn-zero.ini"
     result = patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", zero_ini, phrase_table=annotated_table,
-                             add_features=2, initial_weights=0.0, absolute_paths=True)
+                             options=MosesIniOptions(add_features=2, initial_weights=0.0, absolute_paths=True))
     assert result.new_num_features == 6
     baseline = decode(moses, baseline_ini, source)
     with_zero_weights = decode(moses, zero_ini, source)
@@ -95,8 +96,8 @@ def test_annotated_table_loads_and_translates(moses, arch, request, tmp_path):
     assert with_zero_weights == baseline
 
     weighted_ini = tmp_path / "rnn.ini"
-    patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", weighted_ini, phrase_table=annotated_table, add_features=2,
-                    initial_weights=0.1, absolute_paths=True)
+    patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", weighted_ini, phrase_table=annotated_table,
+                    options=MosesIniOptions(add_features=2, initial_weights=0.1, absolute_paths=True))
     nbest = tmp_path / "nbest.txt"
     decode(moses, weighted_ini, source, "-n-best-list", str(nbest), "5")
     from phrase_scorer.io.nbest import read_nbest
@@ -113,13 +114,15 @@ def test_annotated_table_loads_and_translates(moses, arch, request, tmp_path):
 def test_patch_tune_and_evaluate(moses, annotated_table, tmp_path):
     from phrase_scorer.config import TuneOptions
     from phrase_scorer.io.moses_ini import MosesIni
+    from phrase_scorer.config import MosesIniOptions
     from phrase_scorer.moses.ini_patch import patch_moses_ini
     from phrase_scorer.moses.evaluate import evaluate, score
     from phrase_scorer.moses.installation import read_lines
     from phrase_scorer.moses.tune import tune
 
     ini = tmp_path / "rnn.ini"
-    patch_moses_ini(SHARED_SYSTEM / "moses.ini", ini, phrase_table=annotated_table, absolute_paths=True)
+    patch_moses_ini(SHARED_SYSTEM / "moses.ini", ini, phrase_table=annotated_table,
+                    options=MosesIniOptions(absolute_paths=True))
     dev_src = first_lines(VAL_EN, 25, tmp_path / "dev.en")
     dev_ref = first_lines(VAL_FR, 25, tmp_path / "dev.fr")
     tuned = tmp_path / "tuned.ini"
@@ -156,7 +159,7 @@ def test_experiment_end_to_end_and_resume(moses, annotated_table, tmp_path):
     """The Table 1 comparison on slices: three systems, one tuning run each, a report; a second
     call reuses every finished run."""
     from phrase_scorer.config import ExperimentOptions, TuneOptions
-    from phrase_scorer.moses.evaluate import decode
+    from phrase_scorer.moses.evaluate import Decoding, decode
     from phrase_scorer.experiments.experiment import run_experiment
     from phrase_scorer.moses.installation import read_lines
 
@@ -170,7 +173,8 @@ def test_experiment_end_to_end_and_resume(moses, annotated_table, tmp_path):
     assert [r.system for r in report.runs] == ["Baseline", "RNN", "RNN + WP"]
     assert all(0 < r.test_bleu < 100 for r in report.runs)
     # the test set was decoded with the decoder flags the tuning used
-    redo = decode(report.runs[2].tuned_ini, test[0], tmp_path / "redo.hyp", moses=moses, decoder_flags=flags)
+    redo = decode(report.runs[2].tuned_ini, test[0], tmp_path / "redo.hyp", moses=moses,
+                  decoding=Decoding(decoder_flags=flags))
     assert redo == read_lines(report.runs[2].hypotheses)
     assert set(report.significance) == {"RNN", "RNN + WP"}
     assert all(0 <= p <= 1 for ps in report.significance.values() for p in ps)
@@ -237,6 +241,7 @@ def patched_system(moses, case: dict, table_type: str, name: str) -> Path:
     """The system with its phrase table declared as ``table_type`` and patched by
     ``patch_moses_ini`` for the slice's six scores (binarised into ``pt.NAME`` for binary types)."""
     from phrase_scorer.io.moses_ini import MosesIni
+    from phrase_scorer.config import MosesIniOptions
     from phrase_scorer.moses.ini_patch import patch_moses_ini
 
     work = case["work"]
@@ -244,11 +249,13 @@ def patched_system(moses, case: dict, table_type: str, name: str) -> Path:
     declared.write_text(case["system"].read_text().replace("PhraseDictionaryMemory ", f"{table_type} "))
     patched = work / f"{name}.rnn.ini"
     if table_type == "PhraseDictionaryMemory":
-        result = patch_moses_ini(declared, patched, phrase_table=case["table"], add_features=2, initial_weights=0.1)
+        result = patch_moses_ini(declared, patched, phrase_table=case["table"],
+                                 options=MosesIniOptions(add_features=2, initial_weights=0.1))
     else:
         suffix = ".minphr" if table_type == "PhraseDictionaryCompact" else ""
-        result = patch_moses_ini(declared, patched, phrase_table=work / f"pt.{name}{suffix}", add_features=2,
-                                 initial_weights=0.1, binarize_from=case["table"], moses_home=moses.home)
+        result = patch_moses_ini(declared, patched, phrase_table=work / f"pt.{name}{suffix}",
+                                 options=MosesIniOptions(add_features=2, initial_weights=0.1),
+                                 binarize_from=case["table"], moses_home=moses.home)
         assert result.binarize_command
     assert result.new_num_features == 6
     assert MosesIni.read(patched).find_phrase_table().type == table_type
@@ -337,6 +344,7 @@ def test_moses2_features_are_the_log_of_the_annotated_columns(moses, annotated_t
     import math
 
     from phrase_scorer.io.moses_ini import MosesIni
+    from phrase_scorer.config import MosesIniOptions
     from phrase_scorer.moses.ini_patch import patch_moses_ini
     from phrase_scorer.io.nbest import read_nbest
     from phrase_scorer.io.phrase_table import read_phrase_table
@@ -350,7 +358,8 @@ def test_moses2_features_are_the_log_of_the_annotated_columns(moses, annotated_t
     columns = {(l.source, l.target): l.scores for l in read_phrase_table(table)}
     with_absolute_paths(SHARED_SYSTEM / "moses.tuned.ini", tmp_path / "system.ini")
     ini = tmp_path / "moses2.ini"
-    result = patch_moses_ini(tmp_path / "system.ini", ini, phrase_table=table, absolute_paths=True)
+    result = patch_moses_ini(tmp_path / "system.ini", ini, phrase_table=table,
+                             options=MosesIniOptions(absolute_paths=True))
     assert result.new_num_features == 6
     assert MosesIni.read(ini).find_phrase_table().get("path") == str(table)
     nbest = tmp_path / "words.nbest"

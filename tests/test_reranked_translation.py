@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from conftest import EXAMPLE_TABLE, SHARED_SYSTEM, SHARED_TABLE
 from phrase_scorer.cli import cli
-from phrase_scorer.config import CPU_BATCH_TOKENS
+from phrase_scorer.config import CPU_BATCH_TOKENS, MosesIniOptions
 from phrase_scorer.io.nbest import read_nbest
 from phrase_scorer.records import Signature
 from test_moses_integration import TEST_EN, decode, first_lines, table_for_sentences
@@ -42,7 +42,8 @@ def system(request, moses, tmp_path_factory, tiny_model):
     source = first_lines(TEST_EN, 7, work / "test.en")
     table = table_for_sentences(SHARED_TABLE, source.read_text().splitlines(), work / "pt.gz", minimum=100)
     ini = work / "system.ini"
-    patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", ini, phrase_table=table, add_features=0, absolute_paths=True)
+    patch_moses_ini(SHARED_SYSTEM / "moses.tuned.ini", ini, phrase_table=table,
+                    options=MosesIniOptions(add_features=0, absolute_paths=True))
     model = work / "model"
     if request.param == "words":
         shutil.copytree(tiny_model, model)

@@ -252,14 +252,14 @@ def int8_effect(args, work: Path) -> str:
 def moses_alone(args, source: Path, work: Path) -> float:
     """Seconds of Moses' own n-best decoding of ``source``, with the reranker's list size and
     decoder flags and the same decoder threads (loading included)."""
-    from phrase_scorer.moses.evaluate import decode
+    from phrase_scorer.moses.evaluate import Decoding, decode
     from phrase_scorer.moses.installation import MosesInstallation
 
     record = json.loads(Path(args.reranker).read_text())["decoder"]
     flags = f"{record.get('decoder_flags') or ''} -n-best-list {work / 'alone.nbest'} {record['nbest_size']} distinct"
     started = time.perf_counter()
     decode(args.moses_ini, source, work / "alone.1best", moses=MosesInstallation.find(None),
-           threads=args.decoder_threads or None, decoder_flags=flags.strip())
+           decoding=Decoding(threads=args.decoder_threads or None, decoder_flags=flags.strip()))
     return time.perf_counter() - started
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from phrase_scorer.config import ExperimentOptions, TuneOptions
+from phrase_scorer.config import EvaluateOptions, MosesIniOptions, TuneOptions
 from phrase_scorer.cli.group import cli
 from phrase_scorer.cli.options import (
     PARALLEL, SEED, Count, PathName, make_tune_options, moses_home_option, overwrite_option, parse_weights,
@@ -18,15 +18,16 @@ from phrase_scorer.cli.options import (
               help="The new table, written into the feature's path= (the binary table with --binarize-from).")
 @click.option("-o", "--output", required=True, type=PathName(dir_okay=False, allow_dash=True),
               help="The patched moses.ini to write ('-' for stdout).")
-@click.option("--add-features", type=Count(min=0), default=2, help="Score columns added to the table.")
+@click.option("--add-features", type=Count(min=0), default=MosesIniOptions.add_features,
+              help="Score columns added to the table.")
 @click.option("--initial-weights", "--initial-weight", "initial_weights", callback=parse_weights, default=None,
               help="Start weights of the new columns until tuning, comma-separated, or one for all "
                    "[default: annotate's columns in order, prob 0.2, unk -0.2: the unknown-word count is a penalty].")
 @click.option("--feature-name", default=None,
               help="The phrase-table feature's name= (e.g. TranslationModel0) [default: the first phrase table].")
-@click.option("--absolute-paths/--no-absolute-paths", default=False,
+@click.option("--absolute-paths/--no-absolute-paths", default=MosesIniOptions.absolute_paths,
               help="Also make every relative path= absolute (against the ini's folder), so Moses runs from anywhere.")
-@click.option("--check-table/--no-check-table", default=True,
+@click.option("--check-table/--no-check-table", default=MosesIniOptions.check_table,
               help="Check that the text table's score count on its first lines matches the new num-features.")
 @click.option("--binarize-from", type=PathName(exists=True, dir_okay=False), default=None,
               help="Build the binary table (Compact, ProbingPT, OnDisk) at --phrase-table from this text table.")
@@ -42,9 +43,9 @@ def moses_ini_command(moses_ini, phrase_table, output, add_features, initial_wei
     """
     from phrase_scorer.moses.ini_patch import patch_moses_ini
 
-    result = patch_moses_ini(moses_ini, output, phrase_table=phrase_table, add_features=add_features,
-                             initial_weights=initial_weights, feature_name=feature_name,
-                             absolute_paths=absolute_paths, check_table=check_table,
+    options = MosesIniOptions(add_features=add_features, initial_weights=initial_weights, feature_name=feature_name,
+                              absolute_paths=absolute_paths, check_table=check_table)
+    result = patch_moses_ini(moses_ini, output, phrase_table=phrase_table, options=options,
                              binarize_from=binarize_from, moses_home=moses_home, overwrite=overwrite)
     if result.binarize_command:
         click.echo(f"binarised: {' '.join(result.binarize_command)}", err=True)
@@ -72,7 +73,7 @@ def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **opt
     """Re-tune MOSES_INI's weights with the user's mert-moses.pl."""
     from phrase_scorer.moses.tune import tune as run_tune
 
-    result = run_tune(moses_ini, dev[0], dev[1], output, moses_home=moses_home,
+    result = run_tune(moses_ini, dev[0], dev[1], output, moses=moses_home,
                       options=make_tune_options(seed=seed, **options), working_dir=working_dir, overwrite=overwrite)
     history = ", ".join(f"{it}: {bleu:.2f}" for it, bleu in result.iterations)
     click.echo(f"tuned config: {output} (dev BLEU by iteration: {history}; "
@@ -85,13 +86,14 @@ def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **opt
               help="Test source (tokenised as for the system) and reference (tokenised or raw).")
 @click.option("-o", "--output", type=PathName(dir_okay=False), default=None,
               help="Where to keep the decoder output [default: MOSES_INI's name + .test.hyp].")
-@click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=ExperimentOptions.references,
+@click.option("--references", type=click.Choice(["auto", "tokenized", "raw"]), default=EvaluateOptions.references,
               help="Tokenised references are compared as they are (--tokenize none); raw ones after detokenising "
                    "the output with sacremoses. auto: tokenised if they carry Moses escapes.")
-@click.option("--lang", default=ExperimentOptions.lang, help="Target language (for detokenising).")
-@click.option("--threads", type=PARALLEL, default=None, help="Decoder threads [default: all cores].")
-@click.option("--decoder-flags", default="", callback=decoder_flags_value, help="More decoder options.")
-@click.option("--decoder", default=TuneOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
+@click.option("--lang", default=EvaluateOptions.lang, help="Target language (for detokenising).")
+@click.option("--threads", type=PARALLEL, default=EvaluateOptions.threads, help="Decoder threads [default: all cores].")
+@click.option("--decoder-flags", default=EvaluateOptions.decoder_flags, callback=decoder_flags_value,
+              help="More decoder options.")
+@click.option("--decoder", default=EvaluateOptions.decoder, help="Decoder program in MOSES_HOME/bin.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @overwrite_option
 @moses_home_option
@@ -103,9 +105,9 @@ def evaluate(moses_ini, test, output, references, lang, threads, decoder_flags, 
     from phrase_scorer.moses.evaluate import evaluate as run_evaluate
 
     output = output or f"{moses_ini}.test.hyp"
-    result = run_evaluate(moses_ini, test[0], test[1], output, moses_home=moses_home, threads=threads,
-                          decoder_flags=decoder_flags, decoder=decoder, kind=references, lang=lang,
-                          overwrite=overwrite)
+    options = EvaluateOptions(references=references, lang=lang, threads=threads, decoder_flags=decoder_flags,
+                              decoder=decoder)
+    result = run_evaluate(moses_ini, test[0], test[1], output, moses=moses_home, options=options, overwrite=overwrite)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:

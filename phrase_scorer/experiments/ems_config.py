@@ -51,7 +51,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import List, Optional, Set
 
-from phrase_scorer.config import AnnotateOptions, ModelConfig, ScoringOptions, TrainConfig
+from phrase_scorer.config import AnnotateOptions, ModelConfig, MosesIniOptions, ScoringOptions, TrainConfig
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.atomic import file_key, new_temporary, remove_if_same
 from phrase_scorer.io.paths import PathLike, part_path
@@ -244,8 +244,9 @@ def build_ems_config(
 
         # 3. the config (and the binary table)
         if target is None:
-            result = patch_moses_ini(ini_in, ini_out, phrase_table=os.path.abspath(annotated), add_features=added,
-                                     feature_name=feature.name, absolute_paths=True, overwrite=True)
+            patch = MosesIniOptions(add_features=added, feature_name=feature.name, absolute_paths=True)
+            result = patch_moses_ini(ini_in, ini_out, phrase_table=os.path.abspath(annotated), options=patch,
+                                     overwrite=True)
             binarized = None
         else:
             binary = os.path.abspath(ini_out + BINARY_SUFFIXES[target.feature_type])
@@ -260,8 +261,8 @@ def build_ems_config(
             with os.fdopen(fd, "wb") as f:
                 f.write(ini.text().encode("utf-8"))
             try:
-                result = patch_moses_ini(declared, ini_out, phrase_table=binary, add_features=added,
-                                         feature_name=feature.name, absolute_paths=True,
+                patch = MosesIniOptions(add_features=added, feature_name=feature.name, absolute_paths=True)
+                result = patch_moses_ini(declared, ini_out, phrase_table=binary, options=patch,
                                          binarize_from=None if fresh else annotated, moses_home=target.moses_home,
                                          overwrite=True)
             finally:

@@ -44,7 +44,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from phrase_scorer.config import COLUMNS, SYSTEMS, ExperimentOptions, System, TuneOptions, start_weights
+from phrase_scorer.config import (
+    COLUMNS, SYSTEMS, ExperimentOptions, MosesIniOptions, System, TuneOptions, start_weights,
+)
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.atomic import AtomicOutput, write_text_atomically
 from phrase_scorer.io.file_identity import file_identity, file_sha256
@@ -54,7 +56,7 @@ from phrase_scorer.moses.ini_patch import patch_moses_ini
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
-from phrase_scorer.moses.evaluate import decode, score
+from phrase_scorer.moses.evaluate import Decoding, decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.moses.tune import tune, with_absolute_paths
 from phrase_scorer.runtime.progress import progress_bar
@@ -177,9 +179,10 @@ def system_ini(moses_ini: PathLike, system: System, table: str, out: Path) -> Pa
     if system.added_columns == 0:
         with_absolute_paths(moses_ini, path)
     else:
-        patch_moses_ini(moses_ini, path, phrase_table=table, add_features=system.added_columns,
-                        initial_weights=start_weights(COLUMNS[: system.added_columns]), absolute_paths=True,
-                        check_table=True, overwrite=True)
+        patch = MosesIniOptions(add_features=system.added_columns,
+                                initial_weights=start_weights(COLUMNS[: system.added_columns]), absolute_paths=True,
+                                check_table=True)
+        patch_moses_ini(moses_ini, path, phrase_table=table, options=patch, overwrite=True)
     return path
 
 
@@ -263,8 +266,8 @@ def _run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence
                 result = tune(ini, dev[0], dev[1], tuned, moses=moses, options=replace(tune_options, seed=seed),
                               working_dir=run_dir / "tune", overwrite=True)
                 # the test set is decoded as the tuning decoded the dev set: with the same decoder flags
-                hypotheses = decode(tuned, test[0], run_dir / "test.hyp", moses=moses, threads=tune_options.threads,
-                                    decoder_flags=tune_options.decoder_flags, decoder=tune_options.decoder,
+                decoding = Decoding(tune_options.threads, tune_options.decoder_flags, tune_options.decoder)
+                hypotheses = decode(tuned, test[0], run_dir / "test.hyp", moses=moses, decoding=decoding,
                                     overwrite=True)
                 evaluation = score(hypotheses, test_references, kind=options.references, lang=options.lang,
                                    hypotheses_path=os.fspath(run_dir / "test.hyp"))

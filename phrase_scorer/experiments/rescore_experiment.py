@@ -50,7 +50,7 @@ from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.system import system_record
-from phrase_scorer.moses.evaluate import decode
+from phrase_scorer.moses.evaluate import Decoding, decode
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.experiments.report import (
     NONE, closing_lines, finish_report, mean_sd, p_values, report_job, table, two_decimals, write_report,
@@ -117,8 +117,9 @@ def decoded_system_run(system: DecodedSystem, run: int, sets: Sequence[EvalSet],
             log.info("%s, run %d, %s: already decoded", system.label, run, s.name)
         else:
             with step:
-                decoded = decode(ini, s.source, folder / f"{s.name}.1best", moses=moses, threads=options.threads,
-                                 decoder_flags=options.decoder_flags, decoder=options.decoder, overwrite=True)
+                decoded = decode(ini, s.source, folder / f"{s.name}.1best", moses=moses,
+                                 decoding=Decoding(options.threads, options.decoder_flags, options.decoder),
+                                 overwrite=True)
                 write_text_atomically(hyp, "".join(line.strip(" ") + "\n" for line in decoded))
         result.add(s, hyp, options)
     log.info("%s, run %d: %s", system.label, run,

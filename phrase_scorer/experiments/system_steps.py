@@ -33,7 +33,7 @@ from phrase_scorer.io.atomic import write_text_atomically
 from phrase_scorer.io.file_identity import file_identity, file_sha256
 from phrase_scorer.io.paths import PathLike, part_path
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest
-from phrase_scorer.moses.evaluate import Evaluation, decode, score
+from phrase_scorer.moses.evaluate import Decoding, Evaluation, decode, score
 from phrase_scorer.moses.installation import MosesInstallation, read_lines
 from phrase_scorer.rescoring.optimisers import learn_weights
 from phrase_scorer.rescoring.reranker import most_hypotheses, rescored_models, tuned_reranker
@@ -125,9 +125,9 @@ def decoded_nbest(ini: Path, eval_set: EvalSet, work: Path, moses: MosesInstalla
         try:
             part = building / nbest.name
             log.info("%s: decoding %d-best lists", eval_set.name, options.nbest_size)
-            decode(ini, eval_set.source, folder / f"{eval_set.name}.1best", moses=moses, threads=options.threads,
-                   decoder_flags=nbest_flags(options), nbest_list=(part, options.nbest_size),
-                   decoder=options.decoder, overwrite=True)
+            decode(ini, eval_set.source, folder / f"{eval_set.name}.1best", moses=moses,
+                   decoding=Decoding(options.threads, nbest_flags(options), options.decoder,
+                                     nbest_list=(part, options.nbest_size)), overwrite=True)
             os.replace(part, nbest)
         finally:
             shutil.rmtree(building, ignore_errors=True)

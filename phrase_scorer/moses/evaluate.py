@@ -18,13 +18,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from phrase_scorer.config import EvaluateOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.outputs import OutputKind
 from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.programs import run_logged
-from phrase_scorer.moses.installation import MosesInstallation, read_lines
+from phrase_scorer.moses.installation import MosesGiven, MosesInstallation, read_lines
 
 log = logging.getLogger(__name__)
 
@@ -56,33 +57,44 @@ DECODED_COMPANIONS = (".part", ".log")  # the decoder's log goes beside its outp
 DECODER_OUTPUT = OutputKind("the decoder output", regular_only=True)  # a file: its log goes beside it
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How Moses decodes a source: with how many threads, which more options and which decoder,
+    where its log goes, and whether it also writes an n-best list."""
+
+    threads: Optional[int] = None  # None: the cores
+    decoder_flags: str = ""  # checked before anything is made (moses/decoder_flags.py)
+    decoder: str = "moses"  # the decoder program in the installation's bin/
+    log_path: Optional[PathLike] = None  # None: OUT.log beside the output
+    # (FILE, N): Moses also writes its N distinct best to FILE, a file the caller made room for
+    # (-n-best-list, which the flags may not set)
+    nbest_list: Optional[Tuple[PathLike, int]] = None
+
+
 def decode(ini: PathLike, source: PathLike, output: PathLike, *, moses: MosesInstallation,
-           threads: Optional[int] = None, decoder_flags: str = "", decoder: str = "moses",
-           log_path: Optional[PathLike] = None, nbest_list: Optional[Tuple[PathLike, int]] = None,
-           overwrite: bool = False) -> List[str]:
-    """Translate ``source`` (plain or gzip) with ``ini``; returns the hypotheses, also written to
-    ``output`` (an existing one is replaced only with ``overwrite``; never one of the inputs).
-    ``decoder_flags`` are checked before anything is made (:mod:`~phrase_scorer.moses.decoder_flags`);
-    ``nbest_list`` (FILE, N): Moses also writes its N distinct best to FILE, a file the caller made
-    room for (``-n-best-list``, which the flags may not set)."""
-    check_decoder_flags(decoder_flags)
+           decoding: Decoding = Decoding(), overwrite: bool = False) -> List[str]:
+    """Translate ``source`` (plain or gzip) with ``ini`` as ``decoding`` says; returns the
+    hypotheses, also written to ``output`` (an existing one is replaced only with ``overwrite``;
+    never one of the inputs)."""
+    check_decoder_flags(decoding.decoder_flags)
     with OutputJob(output, [("the moses.ini", ini), ("the source", source)], overwrite=overwrite,
                    companions=DECODED_COMPANIONS, kind=DECODER_OUTPUT) as job:
-        return decode_into(job, ini, source, moses=moses, threads=threads, decoder_flags=decoder_flags,
-                           decoder=decoder, log_path=log_path, nbest_list=nbest_list)
+        return decode_into(job, ini, source, moses=moses, decoding=decoding)
 
 
 def decode_into(job: OutputJob, ini: PathLike, source: PathLike, *, moses: MosesInstallation,
-                threads: Optional[int] = None, decoder_flags: str = "", decoder: str = "moses",
-                log_path: Optional[PathLike] = None, nbest_list: Optional[Tuple[PathLike, int]] = None) -> List[str]:
+                decoding: Decoding = Decoding()) -> List[str]:
     """:func:`decode` into the output ``job`` holds (a regular file): the decoder writes its
     temporary file, which is put in place once it has one line per sentence. Moses reads the
-    sentences from an anonymous temporary file; its log goes to ``log_path`` (default OUT.log)."""
+    sentences from an anonymous temporary file; its log goes to ``decoding.log_path`` (default
+    OUT.log)."""
     ini = Path(ini).resolve()
     lines = read_lines(source)
     output = Path(job.output)
-    threads = threads or os.cpu_count() or 1
-    args: List[PathLike] = [moses.decoder(decoder), "-f", ini, "-threads", str(threads), *decoder_flags.split()]
+    threads = decoding.threads or os.cpu_count() or 1
+    args: List[PathLike] = [moses.decoder(decoding.decoder), "-f", ini, "-threads", str(threads),
+                            *decoding.decoder_flags.split()]
+    nbest_list = decoding.nbest_list
     if nbest_list is not None:  # one argument each: a path with spaces stays one path
         args += ["-n-best-list", os.fspath(nbest_list[0]), str(nbest_list[1]), "distinct"]
     log.info("decoding %d sentences with %s", len(lines), ini)
@@ -91,7 +103,7 @@ def decode_into(job: OutputJob, ini: PathLike, source: PathLike, *, moses: Moses
         stdin.writelines(line + "\n" for line in lines)
         stdin.flush()
         stdin.seek(0)
-        run_logged(args, log_path or output.with_name(output.name + ".log"), cwd=ini.parent, stdin=stdin,
+        run_logged(args, decoding.log_path or output.with_name(output.name + ".log"), cwd=ini.parent, stdin=stdin,
                    stdout=job.out.file)
     hypotheses = read_lines(job.temporary)
     if len(hypotheses) != len(lines):
@@ -126,24 +138,23 @@ def score(hypotheses: Sequence[str], references: Sequence[str], *, kind: str = "
     )
 
 
-def evaluate(ini: PathLike, source: PathLike, reference: PathLike, output: PathLike, *,
-             moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None,
-             threads: Optional[int] = None, decoder_flags: str = "", decoder: str = "moses", kind: str = "auto",
-             lang: str = "fr", overwrite: bool = False) -> Evaluation:
-    """Decode ``source`` with ``ini`` into ``output`` and score it against ``reference``.
+def evaluate(ini: PathLike, source: PathLike, reference: PathLike, output: PathLike, *, moses: MosesGiven = None,
+             options: EvaluateOptions = EvaluateOptions(), overwrite: bool = False) -> Evaluation:
+    """Decode ``source`` with ``ini`` into ``output`` and score it against ``reference``, as
+    ``options`` say.
 
     ``output`` is checked before anything runs: never one of the inputs (nor its log beside it),
-    an existing one replaced only with ``overwrite``. Moses is ``moses``, else found from
-    ``moses_home`` (default: ``MOSES_HOME``) once the output is known to be writable."""
-    check_decoder_flags(decoder_flags)  # before anything is made
+    an existing one replaced only with ``overwrite``. Moses (an installation, or the folder of one;
+    None: ``MOSES_HOME``) is found once the output is known to be writable."""
+    check_decoder_flags(options.decoder_flags)  # before anything is made
     inputs = [("the moses.ini", ini), ("the test source", source), ("the test reference", reference)]
     with OutputJob(output, inputs, overwrite=overwrite, companions=DECODED_COMPANIONS, kind=DECODER_OUTPUT) as job:
-        moses = moses or MosesInstallation.find(moses_home)
+        installation = MosesInstallation.given(moses)
         references = read_lines(reference)
         sources = read_lines(source)
         if len(sources) != len(references):
             raise PhraseScorerError(f"the test source has {len(sources)} lines but the reference has "
                                     f"{len(references)}", path=reference)
-        hypotheses = decode_into(job, ini, source, moses=moses, threads=threads, decoder_flags=decoder_flags,
-                                 decoder=decoder)
-    return score(hypotheses, references, kind=kind, lang=lang, hypotheses_path=os.fspath(output))
+        hypotheses = decode_into(job, ini, source, moses=installation,
+                                 decoding=Decoding(options.threads, options.decoder_flags, options.decoder))
+    return score(hypotheses, references, kind=options.references, lang=options.lang, hypotheses_path=os.fspath(output))

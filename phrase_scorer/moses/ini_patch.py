@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Union
 
-from phrase_scorer.config import COLUMNS, start_weights
+from phrase_scorer.config import COLUMNS, MosesIniOptions, start_weights
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import (
@@ -189,16 +189,13 @@ def patch_moses_ini(
     output_path: PathLike,
     *,
     phrase_table: PathLike,
-    add_features: int = 2,
-    initial_weights: Union[None, float, Sequence[float]] = None,
-    feature_name: Optional[str] = None,
-    absolute_paths: bool = False,
-    check_table: bool = True,
+    options: MosesIniOptions = MosesIniOptions(),
     binarize_from: Optional[PathLike] = None,
     moses_home: Optional[PathLike] = None,
     overwrite: bool = False,
 ) -> PatchResult:
-    """Write ``ini_path`` to ``output_path`` with a phrase table that has ``add_features`` more columns.
+    """Write ``ini_path`` to ``output_path`` with a phrase table that has ``options.add_features``
+    more columns.
 
     Only these lines change: the phrase-table feature (``path=`` becomes ``phrase_table``,
     ``num-features`` grows by ``add_features``, a ``tuneable-components`` list gets a ``1`` per new
@@ -223,13 +220,14 @@ def patch_moses_ini(
     to binarise or any file the ini names (:mod:`phrase_scorer.io.outputs`); an existing one is
     replaced only with ``overwrite``.
     """
+    add_features, absolute_paths = options.add_features, options.absolute_paths
     if add_features < 0:
         raise PhraseScorerError(f"cannot add {add_features} features", hint="use 0 or more")
-    weights_added = new_column_weights(add_features, initial_weights)
+    weights_added = new_column_weights(add_features, options.initial_weights)
     ini = MosesIni.read(ini_path)
     inputs = [*ini_inputs(ini), ("the phrase table", phrase_table), ("the text table", binarize_from)]
     with OutputJob(output_path, inputs, overwrite=overwrite, kind=OutputKind("the patched moses.ini")) as job:
-        feature = ini.find_phrase_table(feature_name)
+        feature = ini.find_phrase_table(options.feature_name)
         old = declared_scores(ini, feature)
         new = old + add_features
         if binarize_from is not None and feature.type in TEXT_TABLE_TYPES:
@@ -238,7 +236,7 @@ def patch_moses_ini(
                 path=ini.path, line=feature.line.number,
                 hint=Text("drop ", setting("binarize_from"), ", or declare a binary table type"),
             )
-        if check_table:
+        if options.check_table:
             check_table_scores(ini, feature, phrase_table if feature.type in TEXT_TABLE_TYPES else binarize_from,
                                phrase_table, old, new)
         new_path = os.path.abspath(phrase_table) if absolute_paths else os.fspath(phrase_table)
@@ -287,8 +285,8 @@ def moses_for_new_columns(output: str, before: int, after: int, columns: Sequenc
     described = ", ".join(f"{c} {w}" for c, w in zip(columns, weights))
     if moses_ini:
         target = ini_output or f"{output}.moses.ini"
-        result = patch_moses_ini(moses_ini, target, phrase_table=os.path.abspath(output), add_features=added,
-                                 initial_weights=start_weights(tuple(columns)), absolute_paths=True,
+        patch = MosesIniOptions(add_features=added, initial_weights=start_weights(tuple(columns)), absolute_paths=True)
+        result = patch_moses_ini(moses_ini, target, phrase_table=os.path.abspath(output), options=patch,
                                  overwrite=overwrite)
         return (f"patched moses.ini written to {target}: {result.feature_name} num-features="
                 f"{result.new_num_features}, start weights of the new columns: {described}; re-tune before use")

@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.inputs import text_lines
@@ -44,6 +44,12 @@ class MosesInstallation:
                                     hint=Text("check ", setting("moses_home"), " / MOSES_HOME"))
         return installation
 
+    @classmethod
+    def given(cls, moses: "MosesGiven") -> "MosesInstallation":
+        """``moses`` itself when it is an installation, else the one found in the folder it names
+        (:meth:`find`; None: ``MOSES_HOME``)."""
+        return moses if isinstance(moses, MosesInstallation) else cls.find(moses)
+
     @property
     def bin(self) -> Path:
         return self.home / "bin"
@@ -71,6 +77,11 @@ class MosesInstallation:
                             Text("build Moses' mert programs, or point ", setting("mertdir"), " or ",
                                  setting("moses_home"), " elsewhere"))
         return folder
+
+
+#: Moses as a function of the library takes it: an installation, or the folder of one (its
+#: ``--moses-home``), found once the function needs it; None: the ``MOSES_HOME`` environment variable's.
+MosesGiven = Union[MosesInstallation, PathLike, None]
 
 
 def require_program(path: Path, what: str, hint: str) -> Path:

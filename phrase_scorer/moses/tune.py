@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from phrase_scorer.config import TuneOptions
+from phrase_scorer.config import MosesIniOptions, TuneOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.moses_ini import MosesIni
@@ -28,7 +28,7 @@ from phrase_scorer.moses.ini_patch import patch_moses_ini
 from phrase_scorer.io.outputs import OutputKind
 from phrase_scorer.runtime.job import OutputJob
 from phrase_scorer.runtime.programs import fresh_directory, run_logged
-from phrase_scorer.moses.installation import MosesInstallation, parse_mert_progress, read_lines, write_lines
+from phrase_scorer.moses.installation import MosesGiven, MosesInstallation, parse_mert_progress, read_lines, write_lines
 
 log = logging.getLogger(__name__)
 
@@ -50,29 +50,28 @@ def with_absolute_paths(ini: PathLike, output: PathLike) -> None:
     parsed = MosesIni.read(ini)
     table = parsed.find_phrase_table()
     absolute_table = parsed.table_path(table)
-    patch_moses_ini(ini, output, phrase_table=absolute_table, add_features=0, absolute_paths=True,
-                    feature_name=table.name, overwrite=True)
+    patch_moses_ini(ini, output, phrase_table=absolute_table,
+                    options=MosesIniOptions(add_features=0, feature_name=table.name, absolute_paths=True),
+                    overwrite=True)
 
 
 _DEV_BLEU = re.compile(r"^# BLEU ([-\d.eE]+) on dev")
 
 
 def tune(ini: PathLike, dev_source: PathLike, dev_reference: PathLike, output_ini: PathLike, *,
-         moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None,
-         options: TuneOptions = TuneOptions(), working_dir: Optional[PathLike] = None,
+         moses: MosesGiven = None, options: TuneOptions = TuneOptions(), working_dir: Optional[PathLike] = None,
          overwrite: bool = False) -> TuneResult:
     """Tune ``ini``'s weights on the dev set; the tuned config is written to ``output_ini``.
 
     ``output_ini`` is checked before anything runs: a regular file, never one of the inputs, an
-    existing one replaced only with ``overwrite``. Moses is ``moses``, else found from
-    ``moses_home`` (default: ``MOSES_HOME``) once the output is known to be writable."""
+    existing one replaced only with ``overwrite``. Moses (an installation, or the folder of one;
+    None: ``MOSES_HOME``) is found once the output is known to be writable."""
     check_decoder_flags(options.decoder_flags)  # before anything is made
     inputs = [("the moses.ini", ini), ("the dev source", dev_source), ("the dev reference", dev_reference)]
     with OutputJob(output_ini, inputs, overwrite=overwrite,
                    kind=OutputKind("the tuned moses.ini", regular_only=True)) as job:
-        moses = moses or MosesInstallation.find(moses_home)
-        result = run_tuning(ini, dev_source, dev_reference, output_ini, moses=moses, options=options,
-                            working_dir=working_dir)
+        result = run_tuning(ini, dev_source, dev_reference, output_ini, moses=MosesInstallation.given(moses),
+                            options=options, working_dir=working_dir)
         job.write(0, (Path(result.working_dir) / "mert" / "moses.ini").read_bytes())
         job.commit()
     log.info("tuned config: %s (dev BLEU %s)", output_ini, "?" if result.dev_bleu is None else f"{result.dev_bleu:.2f}")
