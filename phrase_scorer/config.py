@@ -418,6 +418,11 @@ def valid_share(valid_pairs: int, pairs: int) -> float:
 # and an H200 (docs/benchmarks.md, "On a GPU").
 CPU_BATCH_TOKENS = 8192
 GPU_BATCH_TOKENS = 65536
+# On a CPU a one-pass batch computes every padded position of its targets, the trie one decoder
+# step per node (targets sharing a prefix share it), each about 2.5 times as costly as a position of
+# the pass (its key/value cache copied on, small products): the pass pays up to this many
+# positions per node (docs/benchmarks.md, "The Transformer beside RNNsearch").
+ONE_PASS_POSITIONS_PER_NODE = 2.5
 
 
 @dataclass(frozen=True)
@@ -435,8 +440,10 @@ class ScoringOptions:
     share_source_prefixes: bool = True
     share_target_prefixes: bool = True
     # A model that scores a batch of targets in one teacher-forced pass (``scores_in_one_pass``:
-    # the Transformer) does so; False: the targets' trie, one decoder step per depth, as the RNNs.
-    one_pass: bool = True
+    # the Transformer): True, every batch so; False, none (the targets' trie, one decoder step per
+    # depth, as the RNNs); None, by the device: on a GPU every batch, on a CPU a batch whose padded
+    # positions are at most ONE_PASS_POSITIONS_PER_NODE times its trie's nodes.
+    one_pass: Optional[bool] = None
     # fp32 on every device by default: bf16 moves log p by hundredths of a nat (docs/precision.md).
     # bf16 | fp16: autocast on a GPU (state and output layer in half precision); a CPU ignores it.
     # int8: a CPU's output-layer product in 8-bit integers (scoring/int8_output.py); refused on a GPU.

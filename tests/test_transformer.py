@@ -150,7 +150,7 @@ def test_one_pass_scores_equal_the_step_by_step_trie_and_the_forward_pass(option
     naive forward pass give the same scores within the base-2 softmax's rounding (docs/precision.md)."""
     model = model_of().float()
     sources, targets = random_pairs(1)
-    one_pass = BatchScorer(model, ScoringOptions(**options))
+    one_pass = BatchScorer(model, ScoringOptions(one_pass=True, **options))
     stepped = BatchScorer(model, ScoringOptions(one_pass=False, **options))
     fast, slow = one_pass.score(sources, targets), stepped.score(sources, targets)
     reference = log_probs_by_forward(model, sources, targets)
@@ -159,6 +159,12 @@ def test_one_pass_scores_equal_the_step_by_step_trie_and_the_forward_pass(option
     tokens = sum(len(t) + 1 for t in targets)
     assert one_pass.stats.target_steps == stepped.stats.target_steps == tokens
     assert stepped.stats.decoder_steps < tokens <= one_pass.stats.decoder_steps  # shared prefixes; padding
+    # targets sharing a prefix share its softmax in either path: a shared prefix scores the same
+    shared = [[3, 4, 5, 6], [3, 4, 5, 7], [3, 4, 5]]
+    same_source = [[8, 9]] * 3
+    alone = [BatchScorer(model, ScoringOptions(one_pass=True, **options)).score([[8, 9]], [t])[0] for t in shared]
+    together = one_pass.score(same_source, shared)
+    assert np.abs(np.array(alone) - together).max() < 1e-5
 
 
 def test_a_one_pass_plan_crosses_processes_and_scores_the_same():
@@ -168,11 +174,38 @@ def test_a_one_pass_plan_crosses_processes_and_scores_the_same():
 
     model = model_of().float()
     sources, targets = random_pairs(2)
-    scorer = BatchScorer(model, ScoringOptions(batch_tokens=100))
+    scorer = BatchScorer(model, ScoringOptions(batch_tokens=100, one_pass=True))
     plans = list(plan_window(scorer.plan_settings(), sources, targets))
-    assert len(plans) > 1 and all(p.one_pass is not None and not p.depths for p in plans)
+    assert len(plans) > 1 and all(p.one_pass is not None for p in plans)
+    # no decoder step is planned: a depth names the positions of the pass its softmax reads
+    assert all(d.rows is not None and d.keys is None and d.parents is None for p in plans for d in p.depths)
     again = [pickle.loads(pickle.dumps(p)) for p in plans]
     assert np.array_equal(scorer.score_plans(again, len(sources)), scorer.score(sources, targets))
+
+
+def test_on_a_cpu_a_batch_runs_in_one_pass_where_it_computes_fewer_positions():
+    """By default on a CPU: targets sharing long prefixes (an n-best list's) take the trie, whose
+    nodes are few; one target per source (a reverse model's) takes the pass; the scores agree and
+    the signature says which rule chose."""
+    from phrase_scorer.config import ONE_PASS_POSITIONS_PER_NODE
+    from phrase_scorer.scoring.batch_plan import plan_window
+
+    model = model_of().float()
+    scorer = BatchScorer(model)
+    assert scorer.plan_settings().decoder == "by_batch"
+    rule = f"one pass where at most {ONE_PASS_POSITIONS_PER_NODE:g} positions per trie node"
+    assert scorer.describe()["decoding"] == rule
+    prefix = [5, 6, 7, 8, 9, 10, 11, 12]
+    shared = [prefix + [13 + i] for i in range(20)]  # 20 targets of one source: 9 + 20 nodes, 200 positions
+    (plan,) = plan_window(scorer.plan_settings(), [[3, 4]] * 20, shared)
+    assert plan.one_pass is None
+    rng = np.random.default_rng(3)
+    distinct = [list(rng.integers(3, 50, 6)) for _ in range(20)]  # a source each, equal lengths: no padding
+    (plan,) = plan_window(scorer.plan_settings(), [[3, 4 + i] for i in range(20)], distinct)
+    assert plan.one_pass is not None
+    for sources, targets in (([[3, 4]] * 20, shared), ([[3, 4 + i] for i in range(20)], distinct)):
+        assert np.abs(scorer.score(sources, targets) - log_probs_by_forward(model, sources, targets)).max() < 1e-4
+    assert BatchScorer(model, ScoringOptions(one_pass=False)).plan_settings().decoder == "trie"
 
 
 # --- the commands -------------------------------------------------------------------------------

@@ -20,9 +20,10 @@ The steps, as the scorer's module docstring describes them:
    prefixes and suffixes (a bidirectional one), or the padded sources;
 3. :func:`plan_batch`: the trie of each source's targets, and per depth the nodes' sources,
    parents and previous words, the pairs that reach the depth, and the softmax's chunks (their
-   rows, labels and where their log p go); or, for a model that scores in one pass
-   (``decoder="one_pass"``), the padded targets, each pair's source, and the softmax's chunks of
-   the positions that hold a word or ``</s>`` (:class:`OnePassPlan`).
+   rows, labels and where their log p go); for a model that scores in one pass
+   (``decoder="one_pass"``), the padded targets and each pair's source (:class:`OnePassPlan`),
+   and per depth of the trie its softmax's chunks and the position of the pass each node's
+   features are read from.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def trie_of_rows(rows: np.ndarray, lengths: np.ndarray, share_prefixes: bool = T
 # --- what a plan depends on ------------------------------------------------------------------------
 
 ENCODERS = ("prefixes", "affixes", "padded")
-DECODERS = ("trie", "one_pass")
+DECODERS = ("trie", "one_pass", "by_batch")  # by_batch: one pass where it computes few enough positions
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,9 @@ class PlanSettings:
     sorted_sources: bool  # batches take sources in lexicographic order (else shortest first)
     share_source_prefixes: bool = True  # "prefixes": without, every source gets nodes of its own
     share_target_prefixes: bool = True
-    decoder: str = "trie"  # "trie": the targets' trie depth by depth; "one_pass": padded targets at once
+    decoder: str = "trie"  # "trie": the targets' trie depth by depth; "one_pass": padded targets at once;
+    #                        "by_batch": one pass where its positions are at most one_pass_ratio x the trie's nodes
+    one_pass_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if self.encoder not in ENCODERS:
@@ -186,20 +189,22 @@ class DepthPlan:
     keys: Optional[Slot]
     parents: Optional[Slot]
     chunks: List[Tuple[int, Slot, Slot, Slot]]
+    # a one-pass plan's: each node's row among the pass's k * (width + 1) positions (a pair
+    # reaching it, at this depth), whose features are the node's; its steps are not run
+    rows: Optional[Slot] = None
 
 
 @dataclass
 class OnePassPlan:
     """A batch's targets run in one teacher-forced pass: ``tgt`` (k, width) ids padded with
-    ``<pad>``, ``sources`` (k,) each pair's source (None: pair i reads source i), and the
-    softmax's chunks, (the positions' rows among the pass's k * (width + 1) rows, their labels
-    less :data:`FIRST_OUTPUT_ID`, their pairs), over every position holding a word or ``</s>``."""
+    ``<pad>`` and ``sources`` (k,) each pair's source (None: pair i reads source i). The softmax
+    still runs once per node of the targets' trie (the plan's depths, each node's features read
+    from one of its pairs' positions): targets sharing a prefix share its softmax."""
 
     pairs: int
     width: int
     tgt: Slot
     sources: Optional[Slot]
-    chunks: List[Tuple[Slot, Slot, Slot]]
 
 
 @dataclass
@@ -325,15 +330,11 @@ def plan_batch(settings: PlanSettings, pair_index: np.ndarray, source_rows: np.n
     encoder, encoder_steps = plan_encoder(settings, buffer, source_rows, source_lengths)
     targets = len(lengths)
     width = int(lengths.max())
-    if settings.decoder == "one_pass":
-        one_pass = plan_one_pass(settings, buffer, target_rows[:, :width], lengths, pair_source)
-        counts = (targets, len(source_rows), int(source_lengths.sum()), encoder_steps, int(lengths.sum()) + targets,
-                  targets * (width + 1))
-        return BatchPlan(pair_index=pair_index, buffer=buffer.array(), parts=buffer.lengths(), encoder=encoder,
-                         depths=[], counts=counts, one_pass=one_pass)
     # the trie of (source, y_1 .. y_M): depth 0 is the source's root (previous word: none)
     sequences = np.concatenate([pair_source[:, None], target_rows[:, :width]], 1)  # (k, 1 + M_max)
     trie = trie_of_rows(sequences, lengths + 1, settings.share_target_prefixes)
+    one_pass = settings.decoder == "one_pass" or (
+        settings.decoder == "by_batch" and targets * (width + 1) <= settings.one_pass_ratio * trie.num_nodes)
     labels_at = np.full((targets, width + 1), NO_ID, np.int64)  # (k, M_max + 1): y_1 .. y_M, </s>
     labels_at[:, :width] = target_rows[:, :width]
     labels_at[np.arange(targets), lengths] = EOS_ID
@@ -357,32 +358,26 @@ def plan_batch(settings: PlanSettings, pair_index: np.ndarray, source_rows: np.n
                 continue
             chunks.append((start, buffer.add(sorted_nodes[lo:hi] - start), buffer.add(classes[lo:hi]),
                            buffer.add(reaching[order[lo:hi]])))
+        if one_pass:  # the nodes' features are read from the pass: a pair's position at each node
+            representative = np.zeros(len(keys), np.int64)
+            representative[edge_nodes] = reaching * (width + 1) + d
+            depths.append(DepthPlan(nodes=len(keys), sources=None, keys=None, parents=None, chunks=chunks,
+                                    rows=buffer.add(representative)))
+            continue
         depths.append(DepthPlan(
             nodes=len(keys), sources=None if in_place else buffer.add(node_sources),
             keys=buffer.add(keys) if d else None, parents=buffer.add(parents) if d else None, chunks=chunks))
     counts = (targets, len(source_rows), int(source_lengths.sum()), encoder_steps, int(lengths.sum()) + targets,
-              trie.num_nodes)
+              targets * (width + 1) if one_pass else trie.num_nodes)
+    passed = plan_one_pass(buffer, target_rows[:, :width], pair_source) if one_pass else None  # before the buffer
     return BatchPlan(pair_index=pair_index, buffer=buffer.array(), parts=buffer.lengths(), encoder=encoder,
-                     depths=depths, counts=counts)
+                     depths=depths, counts=counts, one_pass=passed)
 
 
-def plan_one_pass(settings: PlanSettings, buffer: _Buffer, target_rows: np.ndarray, lengths: np.ndarray,
-                  pair_source: np.ndarray) -> OnePassPlan:
-    """The one-pass part of a plan: ``target_rows`` (k, width) padded with :data:`NO_ID`,
-    ``lengths`` (k,), ``pair_source`` (k,) each pair's source row."""
+def plan_one_pass(buffer: _Buffer, target_rows: np.ndarray, pair_source: np.ndarray) -> OnePassPlan:
+    """The one pass's inputs: ``target_rows`` (k, width) padded with :data:`NO_ID`,
+    ``pair_source`` (k,) each pair's source row."""
     k, width = target_rows.shape
     tgt = buffer.add(np.where(target_rows == NO_ID, PAD_ID, target_rows))  # (k, width)
     in_place = np.array_equal(pair_source, np.arange(k))
-    labels = np.full((k, width + 1), NO_ID, np.int64)  # (k, width + 1): y_1 .. y_M, </s>
-    labels[:, :width] = target_rows
-    labels[np.arange(k), lengths] = EOS_ID
-    valid = np.arange(width + 1) <= lengths[:, None]  # (k, width + 1)
-    rows = np.flatnonzero(valid)  # the scored positions' rows among the pass's k * (width + 1)
-    classes = labels.reshape(-1)[rows] - FIRST_OUTPUT_ID
-    pairs = rows // (width + 1)
-    chunks = [(buffer.add(rows[start : start + settings.chunk_rows]),
-               buffer.add(classes[start : start + settings.chunk_rows]),
-               buffer.add(pairs[start : start + settings.chunk_rows]))
-              for start in range(0, len(rows), settings.chunk_rows)]
-    return OnePassPlan(pairs=k, width=width, tgt=tgt, sources=None if in_place else buffer.add(pair_source),
-                       chunks=chunks)
+    return OnePassPlan(pairs=k, width=width, tgt=tgt, sources=None if in_place else buffer.add(pair_source))

@@ -64,12 +64,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from phrase_scorer.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, ScoringOptions
+from phrase_scorer.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, ONE_PASS_POSITIONS_PER_NODE, ScoringOptions
 from phrase_scorer.data.padding import IdRows, pad_ids
 from phrase_scorer.runtime.device import HALF_PRECISIONS, device_label, precision_context, resolve_precision
 from phrase_scorer.models.base import Memory, TranslationModel, TrieWalk, at_least_fp32
-from phrase_scorer.scoring.batch_plan import (BatchPlan, DepthPlan, EncoderPlan, OnePassPlan, PlanSettings,
-                                              Slot, plan_window)
+from phrase_scorer.scoring.batch_plan import (BatchPlan, DepthPlan, EncoderPlan, PlanSettings, Slot,
+                                              plan_window)
 from phrase_scorer.scoring.int8_output import Int8Product, int8_engine
 from phrase_scorer.vocab import PAD_ID
 
@@ -160,8 +160,10 @@ class BatchScorer:
             described["source_order"] = "shortest first"
         if self.encodes_by_affixes:  # each direction's sums run in other batches: last digits move
             described["source_encoding"] = "shared prefixes and suffixes"
-        if self.in_one_pass:  # every position at once, not step by step: last digits move
+        if self.decoding == "one_pass":  # every position at once, not step by step: last digits move
             described["decoding"] = "one pass"
+        elif self.decoding == "by_batch":
+            described["decoding"] = f"one pass where at most {ONE_PASS_POSITIONS_PER_NODE:g} positions per trie node"
         if self.device.type == "cpu":
             described["threads"] = threads = torch.get_num_threads()
             if threads > 1:  # whole batches per thread give one thread's scores
@@ -177,13 +179,18 @@ class BatchScorer:
                             sorted_sources=model.shares_source_prefixes,
                             share_source_prefixes=self.options.share_source_prefixes,
                             share_target_prefixes=self.options.share_target_prefixes,
-                            decoder="one_pass" if self.in_one_pass else "trie")
+                            decoder=self.decoding, one_pass_ratio=ONE_PASS_POSITIONS_PER_NODE)
 
     @property
-    def in_one_pass(self) -> bool:
-        """Whether a batch's targets run in one teacher-forced pass (a model that offers it,
-        ``scores_in_one_pass``, unless ``options.one_pass`` is off), not step by step."""
-        return self.model.scores_in_one_pass and self.options.one_pass
+    def decoding(self) -> str:
+        """How a batch's targets are decoded (:data:`batch_plan.DECODERS`): step by step through
+        their trie; in one teacher-forced pass (a model that offers it, ``scores_in_one_pass``,
+        with ``options.one_pass`` True, or None on a GPU); or, on a CPU by default, each batch
+        the way that computes less (config.ONE_PASS_POSITIONS_PER_NODE)."""
+        one_pass = self.options.one_pass
+        if not self.model.scores_in_one_pass or one_pass is False:
+            return "trie"
+        return "one_pass" if one_pass or self.device.type != "cpu" else "by_batch"
 
     def score(self, sources: "Sequence[Sequence[int]] | IdRows",
               targets: "Sequence[Sequence[int]] | IdRows", batch_tokens: Optional[int] = None) -> np.ndarray:
@@ -302,7 +309,7 @@ class BatchScorer:
         memory = self._encode(plan.encoder, take)  # S rows
         scores = torch.zeros(plan.counts[0], dtype=torch.float64, device=self.device)
         if plan.one_pass is not None:
-            self._run_one_pass(memory, plan.one_pass, scores, take, exact_rows)
+            self._run_one_pass(memory, plan, scores, take, exact_rows)
             return scores, (~torch.isfinite(scores)).sum()
         states: Optional[Tensor] = None  # the last depth's (n_d, D)
         for d, depth in enumerate(plan.depths):
@@ -318,18 +325,19 @@ class BatchScorer:
             self._add_edge_log_probs(scores, features, depth, take, exact_rows)
         return scores, (~torch.isfinite(scores)).sum()
 
-    def _run_one_pass(self, memory: Memory, plan: OnePassPlan, scores: Tensor, take: Callable[..., Tensor],
+    def _run_one_pass(self, memory: Memory, plan: BatchPlan, scores: Tensor, take: Callable[..., Tensor],
                       exact_rows: Optional[List[int]]) -> None:
-        """Add log p of every word and ``</s>`` of the batch's targets to their pairs' scores, from
-        one teacher-forced pass over the padded targets (a model that ``scores_in_one_pass``)."""
-        rows = memory.first(plan.pairs) if plan.sources is None else memory.select(take(plan.sources))
-        tgt = take(plan.tgt, (plan.pairs, plan.width))  # (k, width)
+        """Add log p of every word and ``</s>`` of the batch's targets to their pairs' scores: the
+        decoder runs once over the padded targets (a model that ``scores_in_one_pass``), and the
+        softmax once per node of the targets' trie, at one of its pairs' positions."""
+        one_pass = plan.one_pass
+        assert one_pass is not None
+        rows = memory.first(one_pass.pairs) if one_pass.sources is None else memory.select(take(one_pass.sources))
+        tgt = take(one_pass.tgt, (one_pass.pairs, one_pass.width))  # (k, width)
         features = self.model.teacher_forced_features(rows, tgt).flatten(0, 1)  # (k * (width + 1), R)
-        for positions, classes, pairs in plan.chunks:
-            chunk = features.index_select(0, take(positions))  # (n, R)
-            local = torch.arange(chunk.size(0), device=chunk.device)
-            picked = self.softmax.log_probs(chunk, local, take(classes), exact_rows)
-            scores.index_add_(0, take(pairs), picked.double())
+        for depth in plan.depths:
+            assert depth.rows is not None  # a one-pass plan's depths name their positions
+            self._add_edge_log_probs(scores, features.index_select(0, take(depth.rows)), depth, take, exact_rows)
 
     def _encode(self, plan: EncoderPlan, take: Callable[..., Tensor]) -> Memory:
         """The memory of the batch's distinct sources (one row each): a left-to-right encoder
