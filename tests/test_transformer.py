@@ -342,3 +342,12 @@ def test_subword_pieces(tmp_path):
     pairs.write_text("a man ||| un homme\n", encoding="utf-8")
     scored = run("score", "-m", out, pairs)
     assert scored.exit_code == 0 and float(scored.stdout) < 0
+
+
+def test_word_maps_show_the_source_embeddings(tmp_path, sentence_model):
+    words = tmp_path / "words.png"
+    result = run("plot", "embeddings", "-m", sentence_model, "-o", words, "--words", 60, "--method", "tsne")
+    assert result.exit_code == 0, result.output
+    assert words.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    loaded = load_model(sentence_model)
+    assert loaded.model.source_embedding is loaded.model.source_embed

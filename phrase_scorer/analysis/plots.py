@@ -241,7 +241,7 @@ def sample_phrases(table: PathLike, min_words: int, count: int, seed: int) -> Li
 def word_vectors(loaded, count: int) -> Tuple[np.ndarray, List[str]]:
     """The source embeddings e(x) of the ``count`` most frequent source words."""
     tokens = loaded.source_vocab.tokens[3 : 3 + count]
-    weights = loaded.model.encoder.embed.weight.detach().float().cpu().numpy()
+    weights = loaded.model.source_embedding.weight.detach().float().cpu().numpy()
     return weights[3 : 3 + len(tokens)], tokens
 
 

@@ -130,6 +130,11 @@ class TranslationModel(nn.Module, Generic[MemoryT]):
         :func:`glorot_initialise`."""
         raise NotImplementedError
 
+    @property
+    def source_embedding(self) -> nn.Embedding:
+        """The source words' embedding E (what ``plot embeddings`` maps): the encoder's, by default."""
+        return self.encoder.embed  # type: ignore[union-attr,return-value]  # the RNNs' encoders hold it
+
     # --- shared ---------------------------------------------------------------------------------
 
     def drop(self, x: Tensor) -> Tensor:

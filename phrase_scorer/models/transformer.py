@@ -191,6 +191,10 @@ class Transformer(TranslationModel[TransformerMemory]):
     def output_layer(self) -> nn.Linear:
         return self.output
 
+    @property
+    def source_embedding(self) -> nn.Embedding:
+        return self.source_embed
+
     def decoders(self) -> List[DecoderLayer]:
         return cast(List[DecoderLayer], list(self.decoder_layers))
 
