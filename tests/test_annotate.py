@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from conftest import A_MAN_TABLE, EXAMPLE_TABLE, SHARED_TABLE, kill, require_shared, start_halted
 from phrase_scorer.cli import cli
-from phrase_scorer.config import AnnotateOptions, ScoringOptions
+from phrase_scorer.config import AnnotateOptions, RunOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.scoring.annotate import annotate, finished_annotation
 from phrase_scorer.scoring.batch_scorer import BatchScorer, default_chunk_rows
@@ -104,7 +104,7 @@ def test_column_choices(tmp_path, loaded_tiny, tiny_model):
 
     def columns(**options):
         out = tmp_path / "o.txt"
-        annotate(table, out, loaded_tiny, AnnotateOptions(**options), overwrite=True)
+        annotate(table, out, loaded_tiny, AnnotateOptions(**options), run=RunOptions(overwrite=True))
         return [[float(v) for v in l.split("|||")[2].split()] for l in out.read_text().splitlines()]
 
     assert [len(c) for c in columns(columns=("prob",))] == [2, 2]
@@ -220,7 +220,8 @@ def test_resume_refuses_changed_settings(tmp_path, loaded_tiny, tiny_model):
     assert json.loads(Path(str(out) + ".part.json").read_text())["lines_done"] == 300
     with pytest.raises(PhraseScorerError,
                        match=r"cannot resume: options(, scoring)? changed since the interrupted run"):
-        annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300, unk_side="both"), resume=True)
+        annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300, unk_side="both"),
+                 run=RunOptions(resume=True))
 
 
 def test_resume_refuses_other_batches(tmp_path, loaded_tiny, tiny_model):
@@ -230,12 +231,12 @@ def test_resume_refuses_other_batches(tmp_path, loaded_tiny, tiny_model):
     kill(proc)
     with pytest.raises(PhraseScorerError, match=r"cannot resume: scoring changed .*scoring.batch_tokens: 8192 -> 64"):
         annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300), ScoringOptions(batch_tokens=64),
-                 resume=True)
+                 run=RunOptions(resume=True))
 
 
 def test_the_signature_records_the_batches_and_a_finished_output_is_kept_only_for_the_same(tmp_path, loaded_tiny):
     out = tmp_path / "o.gz"
-    annotate(A_MAN_TABLE, out, loaded_tiny, workers=0)
+    annotate(A_MAN_TABLE, out, loaded_tiny, run=RunOptions(workers=0))
     scoring = json.loads(Path(str(out) + ".json").read_text())["scoring"]
     chunk_rows = default_chunk_rows(torch.device("cpu"), loaded_tiny.model.output_layer.out_features)
     assert chunk_rows > 128  # a small vocabulary: more rows at once
@@ -299,7 +300,7 @@ def test_a_failure_that_can_be_resumed_keeps_the_part_and_says_so(tmp_path, load
     assert kept in str(caught.value)
     assert Path(f"{out}.part").exists() and json.loads(Path(f"{out}.part.json").read_text())["lines_done"] == 900
     monkeypatch.setattr(atomic.AtomicOutput, "write", original)
-    annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300), resume=True)
+    annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=300), run=RunOptions(resume=True))
     reference = tmp_path / "ref.gz"
     annotate(EXAMPLE_TABLE, reference, loaded_tiny, AnnotateOptions(window_lines=300))
     assert out.read_bytes() == reference.read_bytes()
@@ -348,8 +349,8 @@ def test_batches_planned_by_the_workers_give_the_bytes_of_batches_planned_here(t
     try:
         options = ScoringOptions(batch_tokens=128)  # several batches per window
         for workers in (0, 2):
-            annotate(A_MAN_TABLE, tmp_path / f"o{workers}.txt", loaded_tiny, AnnotateOptions(window_lines=200),
-                     options, workers=workers)
+            annotate(A_MAN_TABLE, tmp_path / f"o{workers}.txt", loaded_tiny, AnnotateOptions(window_lines=200), options,
+                     run=RunOptions(workers=workers))
     finally:
         torch.set_num_threads(threads)
     assert (tmp_path / "o0.txt").read_bytes() == (tmp_path / "o2.txt").read_bytes()

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA
-from phrase_scorer.config import RescoreOptions, ScoringOptions, TranslateSystemOptions, default_bound
-from phrase_scorer.rescoring.bounded import BoundedStats, best_hypotheses
+from phrase_scorer.config import RescoreOptions, RunOptions, ScoringOptions, TranslateSystemOptions, default_bound
+from phrase_scorer.rescoring.bounded import BoundedStats, Reranking, best_hypotheses
 from phrase_scorer.io.nbest import dense_layout, read_nbest
 from phrase_scorer.model_dir import load_model
 from phrase_scorer.rescoring.weights import Weights, apply_weights
@@ -56,7 +56,7 @@ def by_hand(models, weights, tmp_path: Path) -> list:
     """rescore, then apply-reranker: the whole list scored by every model (none: the decoder's choice)."""
     rescored, chosen = tmp_path / "rescored.gz", tmp_path / "chosen"
     if models:
-        rescore(NBEST, SOURCE, rescored, models, RescoreOptions(window_lines=80), overwrite=True)
+        rescore(NBEST, SOURCE, rescored, models, RescoreOptions(window_lines=80), run=RunOptions(overwrite=True))
     else:
         rescored = NBEST
     written = apply_weights(rescored, weights, chosen)
@@ -75,13 +75,14 @@ def test_the_bounded_choice_is_the_whole_lists_for_less_work(chunk, models, tmp_
     decoder_alone = by_hand([], Weights(weights.layout[:-len(rows)], DECODER_WEIGHTS), tmp_path)
     assert expected != decoder_alone  # the models change choices: the bound has work to do
     stats = BoundedStats()
-    bounded = best_hypotheses(chunk / "chunk.nbest", chunk / "chunk.src", weights, (), chosen_models, False,
-                              ScoringOptions(), stats)
+    bounded = best_hypotheses(chunk / "chunk.nbest", chunk / "chunk.src",
+                              Reranking(weights, (), chosen_models, False, ScoringOptions()), stats)
     assert bounded == expected
     assert stats.full == 221 * len(chosen_models) and stats.scored < stats.full  # some hypotheses were out
     everything = BoundedStats()
-    assert best_hypotheses(chunk / "chunk.nbest", chunk / "chunk.src", weights, (), chosen_models, False,
-                           ScoringOptions(), everything, bound=False) == expected
+    assert best_hypotheses(chunk / "chunk.nbest", chunk / "chunk.src",
+                           Reranking(weights, (), chosen_models, False, ScoringOptions()), everything,
+                           bound=False) == expected
     assert everything.scored == everything.full
 
 
@@ -89,8 +90,8 @@ def test_a_negative_weight_has_no_bound_and_every_hypothesis_stays_in(chunk, mod
     chosen_models = models["forward"] + models["reverse"]
     weights = weights_for(chosen_models, [0.2, -0.05])  # the reverse feature, scored last, weighted < 0
     stats = BoundedStats()
-    bounded = best_hypotheses(chunk / "chunk.nbest", chunk / "chunk.src", weights, (), chosen_models, False,
-                              ScoringOptions(), stats)
+    bounded = best_hypotheses(chunk / "chunk.nbest", chunk / "chunk.src",
+                              Reranking(weights, (), chosen_models, False, ScoringOptions()), stats)
     assert bounded == by_hand(chosen_models, weights, tmp_path)
     assert stats.scored == stats.full
 

@@ -329,11 +329,11 @@ def test_files_at_a_shards_names_that_no_annotate_run_wrote_are_neither_replaced
 
 
 def test_a_shard_an_annotate_run_wrote_is_its_own(tmp_path, loaded_tiny, table):
-    from phrase_scorer.config import AnnotateOptions
+    from phrase_scorer.config import AnnotateOptions, RunOptions
     from phrase_scorer.scoring.annotate import annotate, own_shard, remove_shards
 
     shard = str(tmp_path / "out.gz.shard-00001-of-00001")
-    annotate(table, shard, loaded_tiny, AnnotateOptions(window_lines=300), workers=0)
+    annotate(table, shard, loaded_tiny, AnnotateOptions(window_lines=300), run=RunOptions(workers=0))
     signature = Path(shard + ".json")
     data = json.loads(signature.read_text())
     data["shard"] = {"rank": 0, "ranks": 1, "lines": [0, 900]}

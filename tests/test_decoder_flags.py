@@ -13,7 +13,7 @@ import pytest
 
 from conftest import DATA, error_line, run_cli
 from phrase_scorer.config import (
-    BuildRerankerOptions, EvaluateOptions, RerankOptions, RescoreExperimentOptions, TuneOptions,
+    BuildRerankerOptions, EvaluateOptions, NBestOrigin, RerankOptions, RescoreExperimentOptions, TuneOptions,
 )
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import dense_layout, read_nbest
@@ -101,8 +101,8 @@ def test_rerank_as_a_library_refuses_it_too(users_list, tmp_path):
 
     out = tmp_path / "test.best"
     with pytest.raises(PhraseScorerError, match="-n-best-list"):
-        rerank(NBEST, REFERENCE, NBEST, out, moses=MosesInstallation(stand_in_moses(tmp_path)),
-               decoder_flags=NBEST_FLAGS)
+        rerank((NBEST, REFERENCE), NBEST, out, moses=MosesInstallation(stand_in_moses(tmp_path)),
+               origin=NBestOrigin(decoder_flags=NBEST_FLAGS))
     assert not out.exists() and not (tmp_path / "moses" / "started").exists()
 
 
@@ -197,7 +197,7 @@ def test_rerank_refuses_a_seed_given_twice_before_anything_runs(tmp_path, monkey
 
     monkeypatch.delenv("MOSES_HOME", raising=False)
     with pytest.raises(PhraseScorerError, match="seeds=1 is given twice"):
-        rerank(NBEST, REFERENCE, NBEST, tmp_path / "out", options=RerankOptions(seeds=(1, 2, 1)))
+        rerank((NBEST, REFERENCE), NBEST, tmp_path / "out", options=RerankOptions(seeds=(1, 2, 1)))
     assert not list(tmp_path.iterdir())
 
 

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from conftest import A_MAN_TABLE, DATA, EXAMPLE_TABLE
-from phrase_scorer.config import GPU_BATCH_TOKENS, AnnotateOptions, RescoreOptions, ScoringOptions, TrainConfig
+from phrase_scorer.config import (
+    GPU_BATCH_TOKENS, AnnotateOptions, RescoreOptions, RunOptions, ScoringOptions, TrainConfig,
+)
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.model_dir import load_model
 from phrase_scorer.scoring.batch_scorer import BatchScorer
@@ -83,8 +85,9 @@ def test_workers_planning_gives_the_same_bytes_on_the_gpu(tmp_path, tiny_model):
     options = ScoringOptions(batch_tokens=256)  # many batches
     for workers in (0, 2):
         annotate(A_MAN_TABLE, tmp_path / f"a{workers}.txt", loaded, AnnotateOptions(window_lines=300), options,
-                 workers=workers)
+                 run=RunOptions(workers=workers))
         rescore(DATA / "val.nbest.head.gz", DATA / "val.tok.en.head", tmp_path / f"r{workers}.txt",
-                [FeatureModel("RNN0", loaded)], RescoreOptions(window_lines=200), options, workers=workers)
+                [FeatureModel("RNN0", loaded)], RescoreOptions(window_lines=200), options,
+                run=RunOptions(workers=workers))
     for name in ("a", "r"):
         assert (tmp_path / f"{name}0.txt").read_bytes() == (tmp_path / f"{name}2.txt").read_bytes()

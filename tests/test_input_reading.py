@@ -157,12 +157,12 @@ def test_reranked_translation_refuses_a_pipe_source_before_moses_starts(tmp_path
     chunks the models rerank): a process substitution would give each reader part of the lines.
     Refused before anything runs (no Moses is needed to see it)."""
     from phrase_scorer.errors import PhraseScorerError
-    from phrase_scorer.rescoring.translation import translate_reranked
+    from phrase_scorer.rescoring.translation import TunedSystem, translate_reranked
 
     source = pipes(VAL_EN.read_bytes()[:2000])
     out = tmp_path / "out.txt"
     with pytest.raises(PhraseScorerError, match="pipe") as raised:
-        translate_reranked(source, out, ini=DATA / "moses.tuned.ini", reranker=tmp_path / "none.json", moses=None)
+        translate_reranked(source, out, TunedSystem(None, DATA / "moses.tuned.ini", tmp_path / "none.json"))
     assert raised.value.path == source
     assert not out.exists() and not (tmp_path / "out.txt.work").exists()
 
@@ -179,7 +179,7 @@ def test_rerank_refuses_a_pipe_list_before_anything_is_made(tmp_path, pipes, whi
     lists = {"dev": NBEST, "test": NBEST, which: piped}
     out = tmp_path / "out.txt"
     with pytest.raises(PhraseScorerError, match="pipe") as raised:
-        rerank(lists["dev"], DATA / "val.tok.fr.head", lists["test"], out, moses_home=tmp_path / "no-moses")
+        rerank((lists["dev"], DATA / "val.tok.fr.head"), lists["test"], out, moses=tmp_path / "no-moses")
     assert raised.value.path == piped and which in raised.value.message
     assert not out.exists()
 

@@ -13,7 +13,9 @@ from click.testing import CliRunner
 
 from conftest import DATA, EXAMPLE_TABLE, head_lines, rescore_stopped_after
 from phrase_scorer.cli import cli
-from phrase_scorer.config import PRECISIONS, TRAIN_PRECISIONS, AnnotateOptions, RescoreOptions, ScoringOptions
+from phrase_scorer.config import (
+    PRECISIONS, TRAIN_PRECISIONS, AnnotateOptions, RescoreOptions, RunOptions, ScoringOptions,
+)
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import read_nbest
 from phrase_scorer.io.phrase_table import split_words
@@ -102,9 +104,9 @@ def test_rescore_records_int8_and_resumes_only_in_int8(tmp_path, loaded_tiny, mo
         rescore(NBEST, SOURCE, out, models, options, int8)
     with pytest.raises(PhraseScorerError, match=r"cannot resume: scoring changed since the interrupted run "
                                                 r"\(scoring.0.precision: int8 -> fp32"):
-        rescore(NBEST, SOURCE, out, models, options, resume=True)
+        rescore(NBEST, SOURCE, out, models, options, run=RunOptions(resume=True))
     assert not out.exists()
-    rescore(NBEST, SOURCE, out, models, options, int8, resume=True)
+    rescore(NBEST, SOURCE, out, models, options, int8, run=RunOptions(resume=True))
     assert out.read_bytes() == reference.read_bytes()
 
 

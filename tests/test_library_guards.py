@@ -103,7 +103,7 @@ def call_apply_reranker(tmp_path, f, output, **overwrite):
 def call_rerank(tmp_path, f, output, **overwrite):
     from phrase_scorer.rescoring.rerank import rerank
 
-    rerank(f["nbest"], f["reference"], f["nbest"], output, moses=no_moses(tmp_path), **overwrite)
+    rerank((f["nbest"], f["reference"]), f["nbest"], output, moses=no_moses(tmp_path), **overwrite)
 
 
 def call_tune(tmp_path, f, output, **overwrite):

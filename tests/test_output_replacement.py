@@ -277,15 +277,14 @@ def test_the_temporary_files_of_a_killed_checkpoint_save_are_removed_by_the_next
 def test_translate_moses_makes_no_working_folder_beside_an_output_written_in_place(tmp_path):
     """``translate --moses`` keeps its working folder at OUTPUT.work: beside /dev/stdout (or a
     link to a descriptor) it would make one where nothing may be made; it is refused first."""
-    from phrase_scorer.rescoring.translation import translate_reranked
+    from phrase_scorer.rescoring.translation import TunedSystem, translate_reranked
 
     source = tmp_path / "src.en"
     source.write_text("a man\n")
     link, redirected, fd = descriptor_link(tmp_path, "/proc/self/fd")
     try:
         with pytest.raises(PhraseScorerError, match="working folder would go beside it.*working_dir"):
-            translate_reranked(source, link, ini=tmp_path / "moses.ini", reranker=tmp_path / "reranker.json",
-                               moses=None)
+            translate_reranked(source, link, TunedSystem(None, tmp_path / "moses.ini", tmp_path / "reranker.json"))
     finally:
         os.close(fd)
     assert beside(link) == ["out"] and redirected.read_bytes() == b"kept\n"

@@ -12,7 +12,7 @@ import torch
 
 from conftest import EXAMPLE_TABLE, head_lines
 from phrase_scorer.scoring.annotate import annotate
-from phrase_scorer.config import AnnotateOptions, ScoringOptions, TrainConfig
+from phrase_scorer.config import AnnotateOptions, RunOptions, ScoringOptions, TrainConfig
 from phrase_scorer.runtime.device import resolve_precision
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.training.run import train
@@ -48,7 +48,7 @@ def interrupted_annotation(tmp_path: Path, loaded) -> tuple:
     OutputJob.write = first_chunk_only  # type: ignore[method-assign]
     try:
         with pytest.raises(KeyboardInterrupt):
-            annotate(table, out, loaded, AnnotateOptions(window_lines=200), workers=0)
+            annotate(table, out, loaded, AnnotateOptions(window_lines=200), run=RunOptions(workers=0))
     finally:
         OutputJob.write = write  # type: ignore[method-assign]
     record = Path(str(out) + ".part.json")
@@ -76,13 +76,13 @@ def test_resume_refuses_chunks_from_another_device_or_precision(tmp_path, loaded
     now = {"precision": "fp32", "device": "cpu"}[key]
     with pytest.raises(PhraseScorerError, match=f"cannot resume: scoring changed since the interrupted run "
                                                 f"\\(scoring.{key}: {saved} -> {now}\\)") as info:
-        annotate(table, out, loaded_tiny, AnnotateOptions(window_lines=200), resume=True)
+        annotate(table, out, loaded_tiny, AnnotateOptions(window_lines=200), run=RunOptions(resume=True))
     assert "\n" not in str(info.value)
     assert not out.exists()
     # the same record with this machine's device and precision resumes, and gives the same table
     data["settings"]["scoring"][key] = now
     record.write_text(json.dumps(data))
-    annotate(table, out, loaded_tiny, AnnotateOptions(window_lines=200), resume=True)
+    annotate(table, out, loaded_tiny, AnnotateOptions(window_lines=200), run=RunOptions(resume=True))
     assert out.read_bytes() == whole.read_bytes()
 
 

@@ -378,7 +378,7 @@ def test_one_maker_makes_every_reranker_dropping_features_only_where_asked(tmp_p
     makes too), drops a model feature that buys nothing only when given a gain to beat
     (rerank --min-feature-gain; the experiments keep their rows' features), never one left out."""
     from phrase_scorer.rescoring.mert_files import MertData
-    from phrase_scorer.rescoring.reranker import Reranker, most_hypotheses, tuned_reranker
+    from phrase_scorer.rescoring.reranker import FeatureDropping, Reranker, most_hypotheses, tuned_reranker
     from phrase_scorer.rescoring.weights import Weights
 
     dev = tmp_path / "dev.nbest"
@@ -395,11 +395,11 @@ def test_one_maker_makes_every_reranker_dropping_features_only_where_asked(tmp_p
 
     kept, dropped = tuned_reranker(tuned, dev, decoder_flags="-v 0", system=None, models=models)
     assert dropped == {} and kept.weights == tuned and kept.nbest_size == 3 and kept.models == models
-    lean, dropped = tuned_reranker(tuned, dev, decoder_flags="-v 0", system=None, models=models, dev_data=data,
-                                   min_feature_gain=0.0)
+    lean, dropped = tuned_reranker(tuned, dev, decoder_flags="-v 0", system=None, models=models,
+                                   dropping=FeatureDropping(0.0, data))
     assert dropped == {"RNNReverse0": 100.0} and lean.weights.values == [1.0, 0.5, 0.0]
     left_out, dropped = tuned_reranker(tuned, dev, ignore_features=["RNNReverse0"], decoder_flags=None, system=None,
-                                       models=models, dev_data=data, min_feature_gain=0.0, nbest_size=7)
+                                       models=models, dropping=FeatureDropping(0.0, data), nbest_size=7)
     assert dropped == {} and left_out.ignore_features == ("RNNReverse0",) and left_out.nbest_size == 7
     signed = lean.signature("phrase-scorer rerank", dev_bleu=100.0).to_json()
     assert Reranker.from_json(signed).weights == lean.weights and signed["dev_bleu"] == 100.0

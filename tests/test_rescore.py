@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from conftest import DATA, rescore_stopped_after
 from phrase_scorer.cli import cli
-from phrase_scorer.config import RescoreOptions
+from phrase_scorer.config import RescoreOptions, RunOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.nbest import read_nbest
 from phrase_scorer.io.phrase_table import split_words
@@ -151,8 +151,9 @@ def test_resume_after_an_interruption_gives_the_same_bytes(tmp_path, loaded_tiny
     assert calls == [1, 101] and record["lines_done"] == 133
 
     with pytest.raises(PhraseScorerError, match="options changed since the interrupted run"):
-        rescore(NBEST, SOURCE, out, models, RescoreOptions(window_lines=30, normalize=True), resume=True)
-    rescore(NBEST, SOURCE, out, models, options, resume=True)
+        rescore(NBEST, SOURCE, out, models, RescoreOptions(window_lines=30, normalize=True),
+                run=RunOptions(resume=True))
+    rescore(NBEST, SOURCE, out, models, options, run=RunOptions(resume=True))
     assert out.read_bytes() == reference.read_bytes()
     assert json.loads(Path(str(out) + ".json").read_text())["lines"] == 221
 
@@ -297,7 +298,7 @@ def test_worker_processes_give_the_bytes_of_one_process(tmp_path, loaded_tiny):
               FeatureModel("E", loaded_tiny, ensemble=True), FeatureModel("E", loaded_tiny, ensemble=True)]
     for workers in (0, 2):
         rescore(NBEST, SOURCE, tmp_path / f"o{workers}.gz", models, RescoreOptions(window_lines=40, normalize=True),
-                workers=workers)
+                run=RunOptions(workers=workers))
     assert gzip.decompress((tmp_path / "o0.gz").read_bytes()) == gzip.decompress((tmp_path / "o2.gz").read_bytes())
 
 
@@ -328,7 +329,7 @@ def test_of_two_bad_lines_the_earlier_is_named_with_workers_or_without(tmp_path,
     out = tmp_path / "out.gz"
     with pytest.raises(PhraseScorerError, match=message):
         rescore(nbest, SOURCE, out, [FeatureModel("RNN0", loaded_tiny)], RescoreOptions(window_lines=40),
-                workers=workers)
+                run=RunOptions(workers=workers))
     assert not out.exists()
 
 

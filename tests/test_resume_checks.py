@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, EXAMPLE_TABLE, error_line, run_cli
-from phrase_scorer.config import RescoreOptions
+from phrase_scorer.config import RescoreOptions, RunOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.rescoring.rescore import FeatureModel, rescore
 from phrase_scorer.runtime.job import OutputJob
@@ -98,12 +98,12 @@ def test_resume_of_a_run_killed_after_its_last_window_checks_the_source_again(tm
     models = [FeatureModel("RNN0", loaded_tiny)]
     options = RescoreOptions(window_lines=30)
     with killed_while_failing(monkeypatch), pytest.raises(PhraseScorerError, match="more lines than"):
-        rescore(NBEST, source, out, models, options, workers=0)
+        rescore(NBEST, source, out, models, options, run=RunOptions(workers=0))
     assert part_files(out) == ["out.gz.part", "out.gz.part.json"]
     assert json.loads(Path(str(out) + ".part.json").read_text())["lines_done"] == 221
 
     with pytest.raises(PhraseScorerError, match="more lines than the n-best list") as raised:
-        rescore(NBEST, source, out, models, options, resume=True, workers=0)
+        rescore(NBEST, source, out, models, options, run=RunOptions(resume=True, workers=0))
     assert "kept with the first" not in str(raised.value.hint)
     assert not out.exists() and part_files(out) == []
 
@@ -115,7 +115,7 @@ def test_resume_of_a_run_stopped_after_its_last_window_finishes_a_right_source(t
     models = [FeatureModel("RNN0", loaded_tiny)]
     options = RescoreOptions(window_lines=30)
     reference = tmp_path / "ref.gz"
-    rescore(NBEST, SOURCE, reference, models, options, workers=0)
+    rescore(NBEST, SOURCE, reference, models, options, run=RunOptions(workers=0))
     out = tmp_path / "out.gz"
 
     def stop(self, signature=None):
@@ -123,11 +123,11 @@ def test_resume_of_a_run_stopped_after_its_last_window_finishes_a_right_source(t
 
     monkeypatch.setattr(OutputJob, "commit", stop)
     with pytest.raises(KeyboardInterrupt):
-        rescore(NBEST, SOURCE, out, models, options, workers=0)
+        rescore(NBEST, SOURCE, out, models, options, run=RunOptions(workers=0))
     monkeypatch.undo()
     assert json.loads(Path(str(out) + ".part.json").read_text())["lines_done"] == 221
 
-    rescore(NBEST, SOURCE, out, models, options, resume=True, workers=0)
+    rescore(NBEST, SOURCE, out, models, options, run=RunOptions(resume=True, workers=0))
     assert out.read_bytes() == reference.read_bytes()
 
 
@@ -140,11 +140,11 @@ def test_a_source_too_short_for_a_resumed_list_is_refused(tmp_path, loaded_tiny,
     models = [FeatureModel("RNN0", loaded_tiny)]
     options = RescoreOptions(window_lines=30)
     with killed_before_sentence(monkeypatch, 133), pytest.raises(KeyboardInterrupt):
-        rescore(NBEST, source, out, models, options, workers=0)
+        rescore(NBEST, source, out, models, options, run=RunOptions(workers=0))
     assert part_files(out) == ["out.gz.part", "out.gz.part.json"]
 
     with pytest.raises(PhraseScorerError, match="needs source line 3") as raised:
-        rescore(NBEST, source, out, models, options, resume=True, workers=0)
+        rescore(NBEST, source, out, models, options, run=RunOptions(resume=True, workers=0))
     assert raised.value.line == 134
     assert not out.exists()
 
@@ -166,7 +166,7 @@ def test_annotate_resume_checks_the_score_count_against_the_tables_first_line(tm
     out = tmp_path / "out.gz"
     options = AnnotateOptions(window_lines=300)
     with pytest.raises(PhraseScorerError, match="line 601") as fresh:
-        annotate(table, out, loaded_tiny, options, workers=0)
+        annotate(table, out, loaded_tiny, options, run=RunOptions(workers=0))
     assert not out.exists() and part_files(out) == []
 
     write, windows = OutputJob.write, RawWindows.__iter__
@@ -187,12 +187,12 @@ def test_annotate_resume_checks_the_score_count_against_the_tables_first_line(tm
     monkeypatch.setattr(OutputJob, "write", write_and_tell)
     monkeypatch.setattr(RawWindows, "__iter__", stop_at_line_601)
     with pytest.raises(KeyboardInterrupt):
-        annotate(table, out, loaded_tiny, options, workers=0)
+        annotate(table, out, loaded_tiny, options, run=RunOptions(workers=0))
     monkeypatch.undo()
     assert json.loads(Path(str(out) + ".part.json").read_text())["lines_done"] == 600
 
     with pytest.raises(PhraseScorerError, match="line 601") as resumed:
-        annotate(table, out, loaded_tiny, options, workers=0, resume=True)
+        annotate(table, out, loaded_tiny, options, run=RunOptions(workers=0, resume=True))
     assert resumed.value.message == fresh.value.message
     assert not out.exists()
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from conftest import A_MAN_TABLE, EXAMPLE_TABLE, head_lines
 from phrase_scorer.scoring.annotate import annotate
 from phrase_scorer.scoring.annotate_work import ByteIds, WindowWork, WorkerScoring
-from phrase_scorer.config import AnnotateOptions, ScoringOptions
+from phrase_scorer.config import AnnotateOptions, RunOptions, ScoringOptions
 from phrase_scorer.runtime.distributed import shard_lines
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.runtime.workers import WorkerPool
@@ -174,7 +174,7 @@ def test_workers_do_not_change_the_output(tmp_path, loaded_tiny):
     outputs = []
     for workers in (0, 1, 2):
         out = tmp_path / f"o{workers}.gz"
-        annotate(EXAMPLE_TABLE, out, loaded_tiny, options, workers=workers)
+        annotate(EXAMPLE_TABLE, out, loaded_tiny, options, run=RunOptions(workers=workers))
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1] == outputs[2]
     assert len(gzip.decompress(outputs[0]).splitlines()) == 30460
@@ -195,7 +195,8 @@ def test_a_one_thread_scorer_runs_in_the_workers_with_the_same_scores(tmp_path, 
         outputs = []
         for workers in (0, 2):
             out = tmp_path / f"o{workers}.gz"
-            annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=2000), workers=workers)
+            annotate(EXAMPLE_TABLE, out, loaded_tiny, AnnotateOptions(window_lines=2000),
+                     run=RunOptions(workers=workers))
             outputs.append(out.read_bytes())
             assert json.loads(Path(str(out) + ".json").read_text())["scoring"]["threads"] == 1
         assert outputs[0] == outputs[1]
@@ -213,10 +214,10 @@ def test_a_one_thread_scorer_runs_in_the_workers_with_the_same_scores(tmp_path, 
 
 def test_resume_with_nothing_to_resume_starts_afresh_and_says_so(tmp_path, loaded_tiny, caplog):
     reference = tmp_path / "ref.gz"
-    annotate(A_MAN_TABLE, reference, loaded_tiny, workers=0)
+    annotate(A_MAN_TABLE, reference, loaded_tiny, run=RunOptions(workers=0))
     out = tmp_path / "o.gz"
     caplog.set_level("INFO")
-    annotate(A_MAN_TABLE, out, loaded_tiny, resume=True, workers=0)  # no earlier run at all
+    annotate(A_MAN_TABLE, out, loaded_tiny, run=RunOptions(resume=True, workers=0))  # no earlier run at all
     assert "nothing to resume" in caplog.text and "starting afresh" in caplog.text
     assert out.read_bytes() == reference.read_bytes()
     # a run killed before its first chunk leaves its part file and a record of no lines done (no signature)
@@ -229,12 +230,12 @@ def test_resume_with_nothing_to_resume_starts_afresh_and_says_so(tmp_path, loade
     killed.claim.release()
     assert Path(str(out) + ".part").exists() and Path(str(out) + ".part.json").exists()
     caplog.clear()
-    annotate(A_MAN_TABLE, out, loaded_tiny, resume=True, workers=0)
+    annotate(A_MAN_TABLE, out, loaded_tiny, run=RunOptions(resume=True, workers=0))
     assert "starting afresh" in caplog.text and out.read_bytes() == reference.read_bytes()
     # a job re-run after it had finished has nothing to do, and leaves the output as it was
     before = out.stat().st_mtime_ns
     caplog.clear()
-    annotate(A_MAN_TABLE, out, loaded_tiny, resume=True, workers=0)
+    annotate(A_MAN_TABLE, out, loaded_tiny, run=RunOptions(resume=True, workers=0))
     assert "already finished" in caplog.text and out.stat().st_mtime_ns == before
 
 

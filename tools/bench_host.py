@@ -115,12 +115,13 @@ def host_run(table: Path, model_dir: Path, workers: int, work: Path):
 
 def host_worker(args) -> None:
     """One host-pipeline run (constant scores) in this process; prints its figures."""
+    from phrase_scorer.config import RunOptions
     from phrase_scorer.scoring.annotate import annotate
     from phrase_scorer.model_dir import load_model
 
     loaded = load_model(args.model_dir)
     start = time.perf_counter()
-    result = annotate(args.table, args.out, loaded, workers=args.workers, constant_log_prob=-1.0)
+    result = annotate(args.table, args.out, loaded, run=RunOptions(workers=args.workers), constant_log_prob=-1.0)
     import resource
 
     workers_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0

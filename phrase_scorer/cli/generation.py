@@ -221,14 +221,14 @@ def translate_system(input, output, moses_ini, reranker, chunk_sentences, decode
         raise UserError("translate-system translates a named INPUT into a named -o OUTPUT (resumable, with a "
                         "signature)")
     from phrase_scorer.moses.installation import MosesInstallation
-    from phrase_scorer.rescoring.translation import PHASES, WAITING, translate_reranked
+    from phrase_scorer.rescoring.translation import PHASES, WAITING, TunedSystem, translate_reranked
     from phrase_scorer.runtime.device import resolve_device
 
     try:
         options = TranslateSystemOptions(chunk_sentences=chunk_sentences, pipeline=pipeline, bound=bound,
                                          decoder_threads=decoder_threads, working_dir=working_dir)
-        result = translate_reranked(input, output, ini=moses_ini, reranker=reranker,
-                                    moses=MosesInstallation.find(moses_home), options=options,
+        system = TunedSystem(MosesInstallation.find(moses_home), moses_ini, reranker)
+        result = translate_reranked(input, output, system, options=options,
                                     scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision),
                                     device=resolve_device(device), resume=resume, overwrite=overwrite)
     except KeyboardInterrupt:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import click
 
-from phrase_scorer.config import RerankOptions, RescoreOptions, ScoringOptions
+from phrase_scorer.config import NBestOrigin, RerankOptions, RescoreOptions, RunOptions, ScoringOptions
 from phrase_scorer.cli.group import UserError, cli, interrupted_resumable
 from phrase_scorer.cli.options import (
     PARALLEL, SEED, Count, FiniteFloat, PathName, batch_tokens_option, device_option, distinct, moses_home_option,
@@ -64,8 +64,8 @@ def rescore(nbest, source, models, reverse_models, names, reverse_names, ensembl
     try:
         result = run_rescore(nbest, source, output, loaded,
                              RescoreOptions(normalize=normalize, window_lines=window_lines),
-                             ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
-                             overwrite=overwrite, workers=workers)
+                             ScoringOptions(batch_tokens=batch_tokens, precision=precision),
+                             run=RunOptions(resume=resume, overwrite=overwrite, workers=workers))
     except KeyboardInterrupt:
         raise interrupted_resumable(output) from None
     click.echo(f"rescored {result.lines:,} lines in {result.seconds:.0f}s, features {', '.join(result.features)}"
@@ -128,8 +128,9 @@ def rerank(dev, test_nbest, output, start_ini, method, seeds, restarts, mira_ite
                             threads=threads, mertdir=mertdir, ignore_features=tuple(ignore_features),
                             min_feature_gain=min_feature_gain)
     # the reranker goes to OUTPUT.json: one the user keeps there without OUTPUT is replaced only with --overwrite
-    result = run_rerank(dev[0], dev[1], test_nbest, output, moses_home=moses_home, options=options,
-                        start_ini=start_ini, working_dir=working_dir, decoder_flags=decoder_flags, overwrite=overwrite)
+    result = run_rerank(dev, test_nbest, output, moses=moses_home, options=options,
+                        origin=NBestOrigin(start_ini=start_ini, decoder_flags=decoder_flags), working_dir=working_dir,
+                        overwrite=overwrite)
     runs = ", ".join(f"seed {r.seed}: {r.dev_bleu:.2f}" for r in result.runs)
     click.echo(f"dev BLEU {result.start_dev_bleu:.2f} with the starting weights; after {method}: {runs}; "
                f"kept seed {result.best_seed}", err=True)

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from phrase_scorer.config import AnnotateOptions, ScoringOptions
+from phrase_scorer.config import AnnotateOptions, RunOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.cli.group import cli, interrupted_resumable, shown
 from phrase_scorer.cli.options import (
@@ -85,8 +85,8 @@ def annotate(table, model_dir, output, columns, unk_side, length_normalize, batc
     set_threads(threads, [loaded.model])
     try:
         result = run_annotate(table, output, loaded, options,
-                              ScoringOptions(batch_tokens=batch_tokens, precision=precision), resume=resume,
-                              overwrite=overwrite, workers=workers)
+                              ScoringOptions(batch_tokens=batch_tokens, precision=precision),
+                              run=RunOptions(resume=resume, overwrite=overwrite, workers=workers))
     except KeyboardInterrupt:
         raise interrupted_resumable(output) from None
     if not world().is_main:  # under torchrun, rank 0 reports for the job

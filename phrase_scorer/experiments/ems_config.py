@@ -51,7 +51,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import List, Optional, Set
 
-from phrase_scorer.config import AnnotateOptions, ModelConfig, MosesIniOptions, ScoringOptions, TrainConfig
+from phrase_scorer.config import AnnotateOptions, ModelConfig, MosesIniOptions, RunOptions, ScoringOptions, TrainConfig
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.atomic import file_key, new_temporary, remove_if_same
 from phrase_scorer.io.paths import PathLike, part_path
@@ -234,12 +234,13 @@ def build_ems_config(
             annotation = "annotated"
             if part_path(annotated).exists():
                 try:
-                    annotate(table, annotated, loaded, annotate_options, scoring_options, resume=True, overwrite=True)
+                    annotate(table, annotated, loaded, annotate_options, scoring_options,
+                             run=RunOptions(resume=True, overwrite=True))
                     annotation = "resumed"
                 except PhraseScorerError as exc:
                     log.info("not resuming the earlier annotation (%s); starting again", exc)
             if annotation == "annotated":
-                annotate(table, annotated, loaded, annotate_options, scoring_options, overwrite=True)
+                annotate(table, annotated, loaded, annotate_options, scoring_options, run=RunOptions(overwrite=True))
         added = len(annotate_options.columns)
 
         # 3. the config (and the binary table)

@@ -177,7 +177,7 @@ def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_op
     from phrase_scorer.experiments.build_reranker import build_reranker
     from phrase_scorer.experiments.preflight import check_ini
     from phrase_scorer.moses.installation import MosesInstallation
-    from phrase_scorer.rescoring.translation import translate_reranked
+    from phrase_scorer.rescoring.translation import TunedSystem, translate_reranked
     from phrase_scorer.runtime.device import resolve_device
 
     stdin = stdin if stdin is not None else sys.stdin.buffer
@@ -206,7 +206,7 @@ def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_op
         with open(source, "xb") as f:
             shutil.copyfileobj(stdin, f)
         how = TranslateSystemOptions(decoder_threads=call.threads, decoder=decoder, working_dir=str(run / "work"))
-        translate_reranked(source, output, ini=config, reranker=built.reranker, moses=moses, options=how,
+        translate_reranked(source, output, TunedSystem(moses, config, built.reranker), options=how,
                            scoring_options=scoring_options, device=resolve_device(options.device))
         with open(output, "rb") as f:
             shutil.copyfileobj(f, stdout)

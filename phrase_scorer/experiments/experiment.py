@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from phrase_scorer.config import (
-    COLUMNS, SYSTEMS, ExperimentOptions, MosesIniOptions, System, TuneOptions, start_weights,
+    COLUMNS, SYSTEMS, ExperimentOptions, MosesIniOptions, RunOptions, System, TuneOptions, start_weights,
 )
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.atomic import AtomicOutput, write_text_atomically
@@ -159,12 +159,12 @@ def prepare_tables(moses_ini: PathLike, work: Path, *, model_dir: Optional[PathL
             # an interrupted annotation resumes; annotate itself refuses a resume whose inputs changed
             resume = Path(str(both) + ".part.json").exists()
             try:
-                annotate(original, both, load_model(model_dir), resume=resume, overwrite=True)
+                annotate(original, both, load_model(model_dir), run=RunOptions(resume=resume, overwrite=True))
             except PhraseScorerError as exc:
                 if not resume or "changed since the interrupted run" not in exc.message:
                     raise
                 log.info("the interrupted annotation was made with other inputs: starting it again")
-                annotate(original, both, load_model(model_dir), overwrite=True)
+                annotate(original, both, load_model(model_dir), run=RunOptions(overwrite=True))
     prob_only = tables / "phrase-table.rnn.gz"
     step = Step(str(prob_only) + ".json", {"two-column table": file_identity(both)}, [prob_only])
     if not step.done:

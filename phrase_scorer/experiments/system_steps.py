@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from phrase_scorer.config import RerankOptions, RescoreExperimentOptions, RescoreOptions, ScoringOptions
+from phrase_scorer.config import RerankOptions, RescoreExperimentOptions, RescoreOptions, RunOptions, ScoringOptions
 from phrase_scorer.io.atomic import write_text_atomically
 from phrase_scorer.io.file_identity import file_identity, file_sha256
 from phrase_scorer.io.paths import PathLike, part_path
@@ -154,7 +154,7 @@ def rescored_nbest(nbest: Path, eval_set: EvalSet, work: Path, models: Sequence,
         return out
     with step:
         rescore(nbest, eval_set.source, out, models, rescore_options, scoring_options,
-                resume=part_path(out).exists(), overwrite=True)
+                run=RunOptions(resume=part_path(out).exists(), overwrite=True))
     return out
 
 

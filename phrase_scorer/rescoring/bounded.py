@@ -59,13 +59,26 @@ class BoundedStats:
     full: int = 0
 
 
-def best_hypotheses(nbest: Path, source: Path, weights: Weights, ignore: Sequence[str],
-                    models: Sequence[FeatureModel], normalize: bool, scoring_options: ScoringOptions,
-                    stats: Optional[BoundedStats] = None, bound: bool = True) -> List[str]:
+@dataclass(frozen=True)
+class Reranking:
+    """What picks each sentence's best hypothesis: the tuned weights, the dense features they
+    leave out, the models of the features ``rescore`` adds (log p per predicted token with
+    ``normalize``) and how those score."""
+
+    weights: Weights
+    ignore: Sequence[str]
+    models: Sequence[FeatureModel]
+    normalize: bool
+    scoring_options: ScoringOptions
+
+
+def best_hypotheses(nbest: Path, source: Path, reranking: Reranking, stats: Optional[BoundedStats] = None,
+                    bound: bool = True) -> List[str]:
     """The best hypothesis of each sentence id 0 .. the list's largest (``""`` for an id without
-    hypotheses), as ``apply-reranker`` picks it from ``nbest`` rescored with ``models``; see the
-    module docstring. ``bound`` False scores every hypothesis with every model (the same choice)."""
-    chunk = BoundedChunk(nbest, source, weights, ignore, models, normalize, scoring_options, stats)
+    hypotheses), as ``apply-reranker`` picks it from ``nbest`` rescored with ``reranking.models``;
+    see the module docstring. ``bound`` False scores every hypothesis with every model (the same
+    choice)."""
+    chunk = BoundedChunk(nbest, source, reranking, stats)
     staged = chunk.score_unbounded(bound)
     for stage, model in enumerate(staged):
         chunk.score_the_picks(staged[stage:])
@@ -79,13 +92,12 @@ class BoundedChunk:
     step: its H hypotheses in S sentences, each model's scores so far, which hypotheses may still
     be their sentence's best, and each sentence's floor."""
 
-    def __init__(self, nbest: Path, source: Path, weights: Weights, ignore: Sequence[str],
-                 models: Sequence[FeatureModel], normalize: bool, scoring_options: ScoringOptions,
-                 stats: Optional[BoundedStats] = None) -> None:
+    def __init__(self, nbest: Path, source: Path, reranking: Reranking, stats: Optional[BoundedStats] = None) -> None:
         from phrase_scorer.scoring.batch_scorer import BatchScorer
 
+        weights, models = reranking.weights, reranking.models
         self.nbest, self.source, self.weights, self.models = nbest, source, weights, models
-        self.normalize, self.stats = normalize, stats
+        self.normalize, self.stats = reranking.normalize, stats
         sentences = [line.split() for line in source.read_text(encoding="utf-8").splitlines()]
         self.groups = [(sentence_id, list(entries)) for sentence_id, entries in group_by_sentence(read_nbest(nbest))]
         if not self.groups:
@@ -94,11 +106,11 @@ class BoundedChunk:
         self.starts = np.cumsum([0] + [len(group) for _, group in self.groups])  # (S+1,) each sentence's first row
         self.names, self.members = feature_names(models), feature_members(models)
         self.w = np.asarray(weights.values, np.float64)
-        self.moses_values = moses_rows(self.entries, weights, ignore, self.names, nbest)  # (H, D - F)
+        self.moses_values = moses_rows(self.entries, weights, reranking.ignore, self.names, nbest)  # (H, D - F)
         self.feature_weights = self.w[self.moses_values.shape[1]:]  # (F,)
         self.words = [sentences[e.sentence_id] for e in self.entries]  # a list per sentence: looked up once a model
         self.scores: List[Optional[np.ndarray]] = [None] * len(models)  # per model: (H,) log p, NaN unscored
-        self.scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
+        self.scorers = [BatchScorer(m.loaded.model, reranking.scoring_options) for m in models]
         self.rounded: Dict[int, tuple] = {}  # per feature: (H,) the last means and (H,) their rounded values
         self.alive = np.ones(len(self.entries), bool)  # (H,) may still be its sentence's best
         self.complete = np.zeros(len(self.entries), bool)  # (H,) scored by every model

@@ -18,21 +18,21 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 
-from phrase_scorer.config import MOSES_NBEST_FACTOR, RerankOptions
+from phrase_scorer.config import MOSES_NBEST_FACTOR, NBestOrigin, RerankOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.inputs import refuse_single_pass
 from phrase_scorer.io.outputs import OutputKind
 from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.nbest import dense_layout, read_nbest
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
-from phrase_scorer.moses.installation import MosesInstallation
+from phrase_scorer.moses.installation import MosesGiven, MosesInstallation
 from phrase_scorer.moses.system import decoded_with, system_record
 from phrase_scorer.runtime.programs import fresh_directory
 from phrase_scorer.rescoring.optimisers import OptimiserRun, learn_weights, mert_programs
-from phrase_scorer.rescoring.reranker import rescored_models, tuned_reranker
+from phrase_scorer.rescoring.reranker import FeatureDropping, rescored_models, tuned_reranker
 from phrase_scorer.rescoring.weights import write_best_hypotheses
 from phrase_scorer.runtime.job import OutputJob
 
@@ -66,28 +66,28 @@ class RerankResult:
 RERANK_COMPANIONS = (".part", ".json")  # the reranker goes to OUTPUT.json
 
 
-def rerank(dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, output: PathLike, *,
-           moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None,
-           options: RerankOptions = RerankOptions(), start_ini: Optional[PathLike] = None,
-           working_dir: Optional[PathLike] = None, decoder_flags: Optional[str] = None,
-           overwrite: bool = False) -> RerankResult:
-    """Tune the weights on the dev list, then write the test list's 1-best to ``output`` and the
-    reranker (weights, the models behind the features, runs and dev BLEU) to ``output.json``;
-    ``decoder_flags`` (the decoder options the lists were made with) is recorded there.
+def rerank(dev: Tuple[PathLike, PathLike], test_nbest: PathLike, output: PathLike, *, moses: MosesGiven = None,
+           options: RerankOptions = RerankOptions(), origin: NBestOrigin = NBestOrigin(),
+           working_dir: Optional[PathLike] = None, overwrite: bool = False) -> RerankResult:
+    """Tune the weights on the dev list (``dev``: the rescored n-best list and its references),
+    then write the test list's 1-best to ``output`` and the reranker (weights, the models behind
+    the features, runs and dev BLEU) to ``output.json``; ``origin.decoder_flags`` (the decoder
+    options the lists were made with) is recorded there, and ``origin.start_ini`` starts the
+    optimiser.
 
     ``output`` is checked before anything runs: a regular file, never one of the inputs (nor is
     ``output.json``), an existing one (or an ``output.json`` kept without it) replaced only with
-    ``overwrite``. Moses' programs are those of ``options.mertdir``, else of ``moses``, else of
-    the installation found from ``moses_home`` (default: ``MOSES_HOME``)."""
-    check_rerank_inputs(dev_nbest, test_nbest, options, decoder_flags)  # before anything is made
+    ``overwrite``. Moses' programs are those of ``options.mertdir``, else of ``moses`` (an
+    installation, or the folder of one; None: ``MOSES_HOME``)."""
+    dev_nbest, dev_reference = dev
+    check_rerank_inputs(dev_nbest, test_nbest, options, origin.decoder_flags)  # before anything is made
     inputs = [("the dev n-best list", dev_nbest), ("the dev references", dev_reference),
-              ("the test n-best list", test_nbest), ("the moses.ini", start_ini)]
+              ("the test n-best list", test_nbest), ("the moses.ini", origin.start_ini)]
     with OutputJob(output, inputs, overwrite=overwrite, companions=RERANK_COMPANIONS,
                    kind=OutputKind("the reranked output", regular_only=True)) as job:
-        if moses is None and (moses_home or not options.mertdir):
-            moses = MosesInstallation.find(moses_home)
-        return _rerank(job, dev_nbest, dev_reference, test_nbest, moses=moses, options=options, start_ini=start_ini,
-                       working_dir=working_dir, decoder_flags=decoder_flags)
+        installation = MosesInstallation.given(moses) if moses or not options.mertdir else None
+        return _rerank(job, dev, test_nbest, moses=installation, options=options, origin=origin,
+                       working_dir=working_dir)
 
 
 def check_rerank_inputs(dev_nbest: PathLike, test_nbest: PathLike, options: RerankOptions,
@@ -128,10 +128,12 @@ def decoding_system(dev_nbest: PathLike, start_ini: Optional[PathLike], dev_mode
     return None
 
 
-def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_nbest: PathLike, *,
-            moses: Optional[MosesInstallation], options: RerankOptions, start_ini: Optional[PathLike],
-            working_dir: Optional[PathLike], decoder_flags: Optional[str]) -> RerankResult:
+def _rerank(job: OutputJob, dev: Tuple[PathLike, PathLike], test_nbest: PathLike, *,
+            moses: Optional[MosesInstallation], options: RerankOptions, origin: NBestOrigin,
+            working_dir: Optional[PathLike]) -> RerankResult:
     output = job.output  # a regular file: the job refuses '-', a device and a pipe
+    dev_nbest, dev_reference = dev
+    start_ini, decoder_flags = origin.start_ini, origin.decoder_flags
     mert_programs(moses, options)  # before any work
     if decoder_flags is None:
         log.warning("%s not given: the reranker records no decoder options, so the reranked system will decode "
@@ -146,7 +148,7 @@ def _rerank(job: OutputJob, dev_nbest: PathLike, dev_reference: PathLike, test_n
     tuned, dropped = tuned_reranker(learned.weights, dev_nbest, ignore_features=tuple(options.ignore_features),
                                     decoder_flags=decoder_flags, system=system, models=dev_models,
                                     nbest_size=learned.dev.largest_list if learned.dev else None,
-                                    dev_data=learned.data, min_feature_gain=options.min_feature_gain)
+                                    dropping=FeatureDropping(options.min_feature_gain, learned.data))
     weights = tuned.weights
     for name, bleu in dropped.items():
         log.info("feature %s buys at most %.2f dev BLEU (%.2f without it, %.2f with): weighted 0, its model "

@@ -333,33 +333,39 @@ def most_hypotheses(nbest: PathLike) -> int:
     return max((len(group) for _, group in group_by_sentence(read_nbest(nbest))), default=0)
 
 
+@dataclass(frozen=True)
+class FeatureDropping:
+    """What a model feature must buy to keep its tuned weight: the dev BLEU (x 100) above which it
+    stays (``rerank --min-feature-gain``), measured on the dev list's extractor data."""
+
+    min_feature_gain: float
+    dev_data: "MertData"
+
+
 def tuned_reranker(weights: Weights, dev_nbest: PathLike, *, ignore_features: Sequence[str] = (),
                    decoder_flags: Optional[str], system: Optional[Dict[str, Any]],
                    models: Optional[Dict[str, dict]] = None, nbest_size: Optional[int] = None,
-                   dev_data: Optional["MertData"] = None,
-                   min_feature_gain: Optional[float] = None) -> Tuple[Reranker, Dict[str, float]]:
+                   dropping: Optional[FeatureDropping] = None) -> Tuple[Reranker, Dict[str, float]]:
     """The one maker of a reranker from ``weights`` tuned on ``dev_nbest``, and the model features
     it dropped (name -> dev BLEU x 100 once dropped, in the order they went).
 
     ``models``: the models behind the features ``rescore`` added to the dev list (default: read
     from its signature, :func:`rescored_models`). The n-best size recorded is
     :func:`most_hypotheses` of the dev list, or ``nbest_size`` where the caller counted it so
-    already (``rerank``, while it copied the list for the extractor). A model feature neither
-    left out nor buying more than ``min_feature_gain`` dev BLEU is weighted 0, so that its model
-    is not run (:func:`~phrase_scorer.rescoring.optimisers.drop_unhelpful`, measured on
-    ``dev_data``): ``rerank --min-feature-gain``. With ``min_feature_gain`` None every feature is
-    kept: an experiment's row names the features it adds, and its report gives that row's
-    weights, which its reranker holds unchanged."""
+    already (``rerank``, while it copied the list for the extractor). With ``dropping``, a model
+    feature neither left out nor buying more than its ``min_feature_gain`` dev BLEU is weighted 0,
+    so that its model is not run (:func:`~phrase_scorer.rescoring.optimisers.drop_unhelpful`,
+    measured on its ``dev_data``): ``rerank --min-feature-gain``. Without, every feature is kept:
+    an experiment's row names the features it adds, and its report gives that row's weights,
+    which its reranker holds unchanged."""
     if models is None:
         models = rescored_models(dev_nbest)
     dropped: Dict[str, float] = {}
-    if min_feature_gain is not None:
+    if dropping is not None:
         from phrase_scorer.rescoring.optimisers import drop_unhelpful
 
-        if dev_data is None:
-            raise ValueError("dropping features needs the dev list's extractor data (dev_data)")
-        weights, dropped = drop_unhelpful(dev_data, weights, [n for n in models if n not in ignore_features],
-                                          min_feature_gain)
+        weights, dropped = drop_unhelpful(dropping.dev_data, weights,
+                                          [n for n in models if n not in ignore_features], dropping.min_feature_gain)
     if nbest_size is None:
         nbest_size = most_hypotheses(dev_nbest)
     reranker = Reranker(weights, tuple(ignore_features), models, nbest_size=nbest_size, decoder_flags=decoder_flags,

@@ -37,11 +37,13 @@ import re
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 
 from phrase_scorer import __version__
-from phrase_scorer.config import FORWARD_FEATURE_PREFIX, REVERSE_FEATURE_PREFIX, RescoreOptions, ScoringOptions
+from phrase_scorer.config import (
+    FORWARD_FEATURE_PREFIX, REVERSE_FEATURE_PREFIX, RescoreOptions, RunOptions, ScoringOptions,
+)
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.io.compression import GZIP_LIBRARY
 from phrase_scorer.io.inputs import ReadProgress, open_input, read_failure, text_lines
@@ -235,15 +237,14 @@ def rescore(
     options: RescoreOptions = RescoreOptions(),
     scoring_options: Optional[ScoringOptions] = None,
     *,
-    resume: bool = False,
-    overwrite: bool = False,
-    workers: Optional[int] = None,
+    run: RunOptions = RunOptions(),
 ) -> RescoreResult:
     """Append each model's feature to every line of ``nbest``, writing ``output`` atomically.
 
-    An existing ``output`` is replaced only with ``overwrite``, or when ``resume`` continues the
-    run that is making it. ``workers`` processes parse, look up, plan and format the windows
-    (None: as many as the cores allow, at most 8; 0: none, all in this process)."""
+    An existing ``output`` is replaced only with ``run.overwrite``, or when ``run.resume``
+    continues the run that is making it. ``run.workers`` processes parse, look up, plan and
+    format the windows (None: as many as the cores allow, at most 8; 0: none, all in this
+    process)."""
     from phrase_scorer.scoring.batch_scorer import BatchScorer
 
     if not models:
@@ -261,8 +262,7 @@ def rescore(
         raise PhraseScorerError("the n-best list and the source cannot both be read from stdin")
     compress = output != STDIO and is_gzip_name(output)
     scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
-    if workers is None:
-        workers = default_workers(cores_per_process())
+    workers = run.workers if run.workers is not None else default_workers(cores_per_process())
     settings = {
         "input": input_identity(nbest),
         "source": input_identity(source),
@@ -274,7 +274,7 @@ def rescore(
     }
     settings = as_recorded(settings)  # as the resume record will hold it
     started = time.monotonic()
-    with OutputJob(output, inputs, overwrite=overwrite, resume=resume,
+    with OutputJob(output, inputs, overwrite=run.overwrite, resume=run.resume,
                    resumable=Resumable(settings, source=settings["input"]["path"])) as job:
         done_lines = job.done_lines
         sources = SourceSentences(source, nbest)
@@ -289,8 +289,8 @@ def rescore(
                     progress_bar("rescoring", reading) as progress:
 
                 def read(put) -> None:
-                    read_raw_windows(nbest, done_lines, sources, options.window_lines, reading, counts,
-                                     lambda window: pool.submit("prepare", window.index, window), put, progress)
+                    sinks = WindowSinks(lambda window: pool.submit("prepare", window.index, window), put, progress)
+                    read_raw_windows(nbest, done_lines, sources, options.window_lines, reading, counts, sinks)
 
                 def work(item: Tuple[int, Any]) -> Tuple[int, Any]:
                     index, lines = item
@@ -325,14 +325,25 @@ def rescore(
                          stats=[scorer.stats for scorer in scorers])
 
 
+@dataclass(frozen=True)
+class WindowSinks:
+    """Where :func:`read_raw_windows` sends what it reads: each window to a worker (``submit``),
+    (index, lines) in order to the writer (``put``, False once the pipeline stops), and the lines
+    to the progress bar."""
+
+    submit: Callable[[RawNBestWindow], Any]
+    put: Callable[[Tuple[int, Any]], bool]
+    progress: Any  # a progress bar (advance(lines))
+
+
 def read_raw_windows(nbest: PathLike, skip: int, sources: "SourceSentences", window_lines: int,
-                     reading: "ReadProgress", counts: Dict[str, Any], submit, put, progress) -> None:
+                     reading: "ReadProgress", counts: Dict[str, Any], sinks: WindowSinks) -> None:
     """Reader thread body: cut the list's raw lines (after the first ``skip``) into windows of
     whole sentences of about ``window_lines`` lines, reading only each line's sentence id,
-    attach the sentences' source words, ``submit`` each window to a worker and ``put`` (index,
-    lines) in order. An error (a sentence out of order, a source too short, a file that cannot
-    be read) is put after the windows before it, as (index, the error), so that an error in an
-    earlier line, which a worker finds, is the one raised."""
+    attach the sentences' source words, ``sinks.submit`` each window to a worker and
+    ``sinks.put`` (index, lines) in order. An error (a sentence out of order, a source too short,
+    a file that cannot be read) is put after the windows before it, as (index, the error), so
+    that an error in an earlier line, which a worker finds, is the one raised."""
     lines: List[bytes] = []
     sentences: Dict[int, List[str]] = {}
     index = 0
@@ -343,9 +354,9 @@ def read_raw_windows(nbest: PathLike, skip: int, sources: "SourceSentences", win
 
     def flush() -> bool:
         nonlocal lines, sentences, index, first
-        submit(RawNBestWindow(index, first, lines, sentences))
-        progress.advance(len(lines))
-        ok = put((index, len(lines)))
+        sinks.submit(RawNBestWindow(index, first, lines, sentences))
+        sinks.progress.advance(len(lines))
+        ok = sinks.put((index, len(lines)))
         index += 1
         first += len(lines)
         lines, sentences = [], {}
@@ -375,7 +386,7 @@ def read_raw_windows(nbest: PathLike, skip: int, sources: "SourceSentences", win
     except PhraseScorerError as exc:
         if lines and not flush():
             return
-        put((index, exc))
+        sinks.put((index, exc))
         return
     if lines:
         flush()

@@ -231,7 +231,7 @@ def rerank_chunk(chunk: DecodedChunk, *, weights: Weights, ignore: Sequence[str]
     choice included) and reranking (without models: the weights alone) are added to
     ``phase_seconds``. ``bound``: a model scores a hypothesis only while it can still be its
     sentence's best (:mod:`phrase_scorer.rescoring.bounded`)."""
-    from phrase_scorer.rescoring.bounded import best_hypotheses
+    from phrase_scorer.rescoring.bounded import Reranking, best_hypotheses
 
     best: List[str] = [""] * len(chunk.lines)
     if chunk.directory is not None:
@@ -239,8 +239,8 @@ def rerank_chunk(chunk: DecodedChunk, *, weights: Weights, ignore: Sequence[str]
         source, nbest, chosen = work / "chunk.src", work / "chunk.nbest", work / "chunk.best"
         started = time.monotonic()
         if models:
-            chosen_lines = best_hypotheses(nbest, source, weights, ignore, models, normalize, scoring_options,
-                                           bound=bound)
+            reranking = Reranking(weights, ignore, models, normalize, scoring_options)
+            chosen_lines = best_hypotheses(nbest, source, reranking, bound=bound)
             phase_seconds[PHASES[1]] = phase_seconds.get(PHASES[1], 0.0) + time.monotonic() - started
         else:
             written = apply_weights(nbest, weights, chosen, ignore)
@@ -253,12 +253,23 @@ def rerank_chunk(chunk: DecodedChunk, *, weights: Weights, ignore: Sequence[str]
     return "".join(line + "\n" for line in best).encode("utf-8")
 
 
-def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, reranker: PathLike,
-                       moses: MosesInstallation, options: TranslateSystemOptions = TranslateSystemOptions(),
+@dataclass(frozen=True)
+class TunedSystem:
+    """The whole tuned system ``translate-system`` runs: the Moses installation, the tuned
+    moses.ini it decodes with, and the reranker file tuned on its n-best lists (``rerank``'s
+    OUTPUT.json or build-reranker's reranker.json)."""
+
+    moses: MosesInstallation
+    ini: PathLike
+    reranker: PathLike
+
+
+def translate_reranked(source: PathLike, output: PathLike, system: TunedSystem, *,
+                       options: TranslateSystemOptions = TranslateSystemOptions(),
                        scoring_options: Optional[ScoringOptions] = None, device: Any = "cpu", resume: bool = False,
                        overwrite: bool = False) -> RerankedTranslation:
-    """Translate ``source`` (tokenised as for the Moses system, one sentence per line) with
-    ``ini`` and the reranker file ``reranker`` into ``output``, one line per input line, run as
+    """Translate ``source`` (tokenised as for the Moses system, one sentence per line) with the
+    tuned ``system`` (its moses.ini and reranker) into ``output``, one line per input line, run as
     ``options`` say (``pipeline``: Moses decodes the next chunk while the models rescore this one;
     ``bound`` None: the device's own, ``config.default_bound``); a
     ``scoring_options.batch_tokens`` of None is the device's own (``default_batch_tokens``)."""
@@ -269,6 +280,7 @@ def translate_reranked(source: PathLike, output: PathLike, *, ini: PathLike, rer
     from phrase_scorer.scoring.int8_output import int8_engine
 
     refuse_single_pass(source, "the source", "Moses and the reranking read it each in turn, a chunk at a time")
+    moses, ini, reranker = system.moses, system.ini, system.reranker
     output = os.fspath(output)
     chunk_sentences, working_dir = options.chunk_sentences, options.working_dir
     if working_dir is None and writes_directly(output):  # nothing is made beside a descriptor, device or pipe

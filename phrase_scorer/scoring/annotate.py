@@ -43,7 +43,7 @@ import numpy as np
 from phrase_scorer import __version__
 from phrase_scorer.runtime import distributed
 from phrase_scorer.scoring.columns import column_encoding
-from phrase_scorer.config import AnnotateOptions, ScoringOptions
+from phrase_scorer.config import AnnotateOptions, RunOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.io.compression import GZIP_LIBRARY
 from phrase_scorer.io.paths import STDIO, PathLike, is_gzip_name
@@ -108,17 +108,16 @@ def annotate(
     options: AnnotateOptions = AnnotateOptions(),
     scoring_options=None,
     *,
-    resume: bool = False,
-    overwrite: bool = False,
-    workers: Optional[int] = None,
+    run: RunOptions = RunOptions(),
     constant_log_prob: Optional[float] = None,
 ) -> AnnotateResult:
     """Append the model's columns to every line of ``table``, writing ``output`` atomically.
 
-    An existing ``output`` is replaced only with ``overwrite``, or when ``resume`` continues the
-    run that is making it (see :mod:`phrase_scorer.io.outputs` for what is never written over).
+    An existing ``output`` is replaced only with ``run.overwrite``, or when ``run.resume``
+    continues the run that is making it (see :mod:`phrase_scorer.io.outputs` for what is never
+    written over).
 
-    ``workers`` processes do the host work (None: as many as the cores allow, 0: none, all in
+    ``run.workers`` processes do the host work (None: as many as the cores allow, 0: none, all in
     this process). Under torchrun every rank annotates its shard and rank 0 joins the shards
     (:func:`annotate_sharded`). ``constant_log_prob`` replaces the model by a constant, to
     measure the host pipeline alone (benchmarks only; the signature says so).
@@ -127,13 +126,13 @@ def annotate(
 
     scoring_options = scoring_options or ScoringOptions()
     output = os.fspath(output)
+    resume, overwrite = run.resume, run.overwrite
     with check_output(output, [("the phrase table", table), *model_files(loaded.directory)], overwrite=overwrite,
                       resume=resume, companions=RESUMABLE_COMPANIONS, lock=distributed.world().is_main):
         compress = output != STDIO and is_gzip_name(output)
         scorer = BatchScorer(loaded.model, scoring_options)
         current = distributed.world()
-        if workers is None:
-            workers = default_workers(distributed.cores_per_process(current))
+        workers = run.workers if run.workers is not None else default_workers(distributed.cores_per_process(current))
         in_workers = scoring_in_workers(loaded, scorer, workers) if constant_log_prob is None else None
         settings = annotation_settings(table, output, loaded, options, scorer.describe())
         if constant_log_prob is not None:
