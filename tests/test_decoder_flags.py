@@ -135,7 +135,8 @@ def test_every_verb_refuses_the_flags_at_the_parser(verb, users_list, tmp_path):
 
 def test_the_long_commands_refuse_them_as_libraries_before_their_first_step(users_list, tmp_path):
     from phrase_scorer.experiments.build_reranker import build_reranker
-    from phrase_scorer.experiments.rescore_experiment import EvalSet, run_rescore_experiment
+    from phrase_scorer.experiments.report import ExperimentOutputs
+    from phrase_scorer.experiments.rescore_experiment import Comparison, EvalSet, run_rescore_experiment
     from phrase_scorer.moses.evaluate import evaluate
     from phrase_scorer.moses.tune import tune
 
@@ -151,7 +152,7 @@ def test_the_long_commands_refuse_them_as_libraries_before_their_first_step(user
                                    decoder_flags=NBEST_FLAGS))),
         lambda: run_rescore_experiment(TUNED_INI, [EvalSet("val", str(SOURCE), str(REFERENCE)),
                                                    EvalSet("test", str(SOURCE), str(REFERENCE))],
-                                       tmp_path / "out", moses=moses, models=[],
+                                       ExperimentOutputs(tmp_path / "out"), comparison=Comparison([]), moses=moses,
                                        options=RescoreExperimentOptions(decoder_flags=NBEST_FLAGS)),
     ]
     for call in calls:

@@ -134,17 +134,20 @@ def call_plot_scores(tmp_path, f, output, **overwrite):
 
 def call_experiment_report(tmp_path, f, output, **overwrite):
     from phrase_scorer.experiments.experiment import run_experiment
+    from phrase_scorer.experiments.report import ExperimentOutputs
 
-    run_experiment(f["ini"], (f["source"], f["reference"]), (f["source"], f["reference"]), tmp_path / "work",
-                   moses=no_moses(tmp_path), annotated=A_MAN_TABLE, report=output, **overwrite)
+    run_experiment(f["ini"], (f["source"], f["reference"]), (f["source"], f["reference"]),
+                   ExperimentOutputs(tmp_path / "work", report=output, **overwrite), moses=no_moses(tmp_path),
+                   annotated=A_MAN_TABLE)
 
 
 def call_rescore_experiment_report(tmp_path, f, output, **overwrite):
-    from phrase_scorer.experiments.rescore_experiment import EvalSet, run_rescore_experiment
+    from phrase_scorer.experiments.report import ExperimentOutputs
+    from phrase_scorer.experiments.rescore_experiment import Comparison, EvalSet, run_rescore_experiment
 
     sets = [EvalSet("dev", f["source"], f["reference"], f["nbest"]), EvalSet("test", f["source"], f["reference"], None)]
-    run_rescore_experiment(f["ini"], sets, tmp_path / "work", moses=no_moses(tmp_path), models=[], report=output,
-                           **overwrite)
+    run_rescore_experiment(f["ini"], sets, ExperimentOutputs(tmp_path / "work", report=output, **overwrite),
+                           comparison=Comparison([]), moses=no_moses(tmp_path))
 
 
 CALLS = {  # name -> (the call, the input that names the output in the refusal)

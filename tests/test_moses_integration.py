@@ -161,15 +161,16 @@ def test_experiment_end_to_end_and_resume(moses, annotated_table, tmp_path):
     from phrase_scorer.config import ExperimentOptions, TuneOptions
     from phrase_scorer.moses.evaluate import Decoding, decode
     from phrase_scorer.experiments.experiment import run_experiment
+    from phrase_scorer.experiments.report import ExperimentOutputs
     from phrase_scorer.moses.installation import read_lines
 
     dev = (first_lines(VAL_EN, 20, tmp_path / "dev.en"), first_lines(VAL_FR, 20, tmp_path / "dev.fr"))
     test = (first_lines(TEST_EN, 30, tmp_path / "test.en"), first_lines(TEST_FR, 30, tmp_path / "test.fr"))
     flags = "-v 0 -s 100 -max-phrase-length 2"  # far from Moses' defaults, so that decoding without them shows
-    options = dict(tune_options=TuneOptions(max_iterations=1, decoder_flags=flags, nbest=20),
-                   options=ExperimentOptions(runs=1, bootstrap_samples=100))
-    report = run_experiment(SHARED_SYSTEM / "moses.ini", dev, test, tmp_path / "work", moses=moses,
-                            annotated=annotated_table, **options)
+    options = ExperimentOptions(runs=1, bootstrap_samples=100,
+                                tune=TuneOptions(max_iterations=1, decoder_flags=flags, nbest=20))
+    report = run_experiment(SHARED_SYSTEM / "moses.ini", dev, test, ExperimentOutputs(tmp_path / "work"), moses=moses,
+                            annotated=annotated_table, options=options)
     assert [r.system for r in report.runs] == ["Baseline", "RNN", "RNN + WP"]
     assert all(0 < r.test_bleu < 100 for r in report.runs)
     # the test set was decoded with the decoder flags the tuning used
@@ -184,8 +185,8 @@ def test_experiment_end_to_end_and_resume(moses, annotated_table, tmp_path):
     with gzip.open(five, "rt") as f:
         assert len(f.readline().split("|||")[2].split()) == 5
     mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "work").glob("*/run-1/result.json")}
-    again = run_experiment(SHARED_SYSTEM / "moses.ini", dev, test, tmp_path / "work", moses=moses,
-                           annotated=annotated_table, **options)
+    again = run_experiment(SHARED_SYSTEM / "moses.ini", dev, test, ExperimentOutputs(tmp_path / "work"), moses=moses,
+                           annotated=annotated_table, options=options)
     assert [r.test_bleu for r in again.runs] == [r.test_bleu for r in report.runs]
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes  # nothing was tuned again
 

@@ -19,8 +19,9 @@ from phrase_scorer.config import RescoreExperimentOptions
 from phrase_scorer.io.nbest import group_by_sentence, read_nbest, write_nbest
 from phrase_scorer.moses.evaluate import score
 from phrase_scorer.rescoring.reranker import Reranker, apply_reranker
+from phrase_scorer.experiments.report import ExperimentOutputs
 from phrase_scorer.experiments.rescore_experiment import (
-    MOSES_ROW, DecodedSystem, default_rows, oracle_figures, run_rescore_experiment,
+    MOSES_ROW, Comparison, DecodedSystem, default_rows, oracle_figures, run_rescore_experiment,
 )
 from phrase_scorer.experiments.system_steps import RETUNED_ROW, EvalSet, Row, decoded_nbest, first_hypotheses
 from phrase_scorer.experiments.statistics import ngram_stats, smoothed_sentence_bleu
@@ -219,7 +220,8 @@ def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_ti
                                                              reverse=True)]
     options = RescoreExperimentOptions(nbest_size=100, runs=2, restarts=2, bootstrap_samples=100)
     work = tmp_path / "work"
-    report = run_rescore_experiment(TUNED_INI, sets, work, moses=moses, models=models, options=options)
+    report = run_rescore_experiment(TUNED_INI, sets, ExperimentOutputs(work), comparison=Comparison(models),
+                                    moses=moses, options=options)
 
     rows = [r.row for r in report.runs]
     assert rows == [MOSES_ROW] + [RETUNED_ROW] * 2 + ["+ RNN"] * 2 + ["+ RNNReverse"] * 2 + ["+ all"] * 2
@@ -263,14 +265,15 @@ def test_the_experiment_reports_every_row_and_resumes(moses, tmp_path, loaded_ti
     stamps = {p: p.stat().st_mtime_ns for p in work.rglob("result.json")}
     stamps[work / "rescored" / "dev.nbest.gz"] = (work / "rescored" / "dev.nbest.gz").stat().st_mtime_ns
     caplog.set_level("INFO")
-    again = run_rescore_experiment(TUNED_INI, sets, work, moses=moses, models=models, options=options)
+    again = run_rescore_experiment(TUNED_INI, sets, ExperimentOutputs(work), comparison=Comparison(models), moses=moses,
+                                   options=options)
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert [r.scores for r in again.runs] == [r.scores for r in report.runs]
     assert "already rescored" in caplog.text
 
     # another number of restarts: the reranking runs are redone, the rescored lists are not
-    changed = run_rescore_experiment(TUNED_INI, sets, work, moses=moses, models=models,
-                                     options=replace(options, restarts=3, runs=1))
+    changed = run_rescore_experiment(TUNED_INI, sets, ExperimentOutputs(work), comparison=Comparison(models),
+                                     moses=moses, options=replace(options, restarts=3, runs=1))
     assert len(changed.runs) == 1 + 4
     assert (work / "rescored" / "dev.nbest.gz").stat().st_mtime_ns == stamps[work / "rescored" / "dev.nbest.gz"]
 
@@ -290,8 +293,9 @@ def test_the_experiment_decodes_distinct_nbest_lists(moses, tmp_path, loaded_tin
         sets.append(EvalSet(name, str(tmp_path / f"{name}.en"), str(tmp_path / f"{name}.fr")))
     options = RescoreExperimentOptions(nbest_size=20, runs=1, restarts=1, bootstrap_samples=50, threads=2)
     again = DecodedSystem("Moses, decoded again", (str(TUNED_INI),))  # a decoder system: here Moses itself
-    report = run_rescore_experiment(TUNED_INI, sets, tmp_path / "work", moses=moses,
-                                    models=[FeatureModel("RNN", loaded_tiny)], systems=[again], options=options)
+    report = run_rescore_experiment(TUNED_INI, sets, ExperimentOutputs(tmp_path / "work"),
+                                    comparison=Comparison([FeatureModel("RNN", loaded_tiny)], systems=[again]),
+                                    moses=moses, options=options)
     nbest = tmp_path / "work" / "nbest" / "test.nbest"
     groups = [entries for _, entries in group_by_sentence(read_nbest(nbest))]
     assert len(groups) == 3 and all(1 < len(g) <= 20 for g in groups)

@@ -48,14 +48,14 @@ def experiment(moses_ini, model_dir, annotated, dev, test, work_dir, runs, refer
                moses_home, **options):
     """The paper's Table 1: baseline, + p(y|x), + p(y|x) + unknown words, each tuned --runs times."""
     from phrase_scorer.experiments.experiment import run_experiment
+    from phrase_scorer.experiments.report import ExperimentOutputs
 
     if (model_dir is None) == (annotated is None):
         raise PhraseScorerError("give exactly one of --model and --annotated")
-    result = run_experiment(moses_ini, dev, test, work_dir, moses_home=moses_home,
-                            model_dir=model_dir, annotated=annotated, tune_options=make_tune_options(**options),
-                            options=ExperimentOptions(runs=runs, references=references, lang=lang),
-                            systems=[s for s in SYSTEMS if not systems or s.name in systems],
-                            report=report, overwrite=overwrite)
+    settings = ExperimentOptions(runs=runs, references=references, lang=lang, tune=make_tune_options(options),
+                                 systems=tuple(s for s in SYSTEMS if not systems or s.name in systems))
+    result = run_experiment(moses_ini, dev, test, ExperimentOutputs(work_dir, report, overwrite), moses=moses_home,
+                            model_dir=model_dir, annotated=annotated, options=settings)
     click.echo(result.markdown)
 
 
@@ -129,7 +129,8 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
     set_threads(threads)
     from phrase_scorer.runtime.device import resolve_device
     from phrase_scorer.rescoring.rescore import ensembles_by_name, feature_models
-    from phrase_scorer.experiments.rescore_experiment import run_rescore_experiment
+    from phrase_scorer.experiments.report import ExperimentOutputs
+    from phrase_scorer.experiments.rescore_experiment import Comparison, run_rescore_experiment
     from phrase_scorer.experiments.system_steps import EvalSet, set_name
 
     if test_nbests and len(test_nbests) != len(tests):
@@ -146,11 +147,10 @@ def rescore_experiment(moses_ini, dev, tests, dev_nbest, test_nbests, models, re
                             [n for n, _ in reverse], resolve_device(device))
     loaded = ensembles_by_name(loaded)
     options = RescoreExperimentOptions(threads=decoder_threads, **settings)  # the other options are its fields
-    result = run_rescore_experiment(moses_ini, sets, work_dir, moses_home=moses_home, models=loaded,
-                                    rows=list(rows), systems=list(systems),
+    result = run_rescore_experiment(moses_ini, sets, ExperimentOutputs(work_dir, report, overwrite),
+                                    comparison=Comparison(loaded, list(rows), list(systems)), moses=moses_home,
                                     options=options,
-                                    scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision),
-                                    report=report, overwrite=overwrite)
+                                    scoring_options=ScoringOptions(batch_tokens=batch_tokens, precision=precision))
     click.echo(result.markdown)
 
 
@@ -260,7 +260,7 @@ def build_reranker(moses_ini, corpus, tuning, work_dir, given, batch_tokens, thr
 
     result = build(moses_ini, corpus, tuning, work_dir, options=make_build_options(settings),
                    scoring_options=ScoringOptions(batch_tokens=batch_tokens), given_models=dict(given),
-                   moses_home=moses_home)
+                   moses=moses_home)
     click.echo(result.markdown)
 
 
@@ -319,7 +319,7 @@ def ems_config(ctx, ini_in, ini_out, binarizer, model_dir, feature_name, columns
     table with the new columns' start weights; EMS's tuning then tunes them.
     """
     set_threads(threads)
-    from phrase_scorer.experiments.ems_config import build_ems_config
+    from phrase_scorer.experiments.ems_config import ModelTraining, build_ems_config
 
     config, model_config, explicit = make_training_settings(ctx, settings, resume=False)
     training_given = sorted(set(explicit_options(ctx, settings)) - {"device", "precision"})
@@ -327,8 +327,8 @@ def ems_config(ctx, ini_in, ini_out, binarizer, model_dir, feature_name, columns
         raise PhraseScorerError("--model takes a trained model: leave out the training options "
                                 f"({', '.join('--' + n.replace('_', '-') for n in training_given)})")
     result = build_ems_config(
-        ini_in, ini_out, binarizer=binarizer, model_dir=model_dir, train_config=config, model_config=model_config,
-        explicit=explicit, feature_name=feature_name,
+        ini_in, ini_out, binarizer=binarizer, model_dir=model_dir,
+        training=ModelTraining(config, model_config, explicit), feature_name=feature_name,
         annotate_options=AnnotateOptions(columns=columns, unk_side=unk_side, length_normalize=length_normalize,
                                          window_lines=window_lines),
         scoring_options=ScoringOptions(batch_tokens=batch_tokens),

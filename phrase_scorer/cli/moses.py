@@ -74,7 +74,7 @@ def tune(moses_ini, dev, output, working_dir, seed, overwrite, moses_home, **opt
     from phrase_scorer.moses.tune import tune as run_tune
 
     result = run_tune(moses_ini, dev[0], dev[1], output, moses=moses_home,
-                      options=make_tune_options(seed=seed, **options), working_dir=working_dir, overwrite=overwrite)
+                      options=make_tune_options(options, seed=seed), working_dir=working_dir, overwrite=overwrite)
     history = ", ".join(f"{it}: {bleu:.2f}" for it, bleu in result.iterations)
     click.echo(f"tuned config: {output} (dev BLEU by iteration: {history}; "
                f"kept: {'?' if result.dev_bleu is None else f'{result.dev_bleu:.2f}'})", err=True)

@@ -345,10 +345,10 @@ def tune_options(function):
     return function
 
 
-def make_tune_options(method, max_iterations, return_best_dev, threads, decoder_flags, nbest, decoder, mertdir,
-                      seed=1):
-    return TuneOptions(method=method, max_iterations=max_iterations, return_best_dev=return_best_dev, seed=seed,
-                       threads=threads, decoder_flags=decoder_flags, nbest=nbest, decoder=decoder, mertdir=mertdir)
+def make_tune_options(settings: dict, seed: int = TuneOptions.seed) -> TuneOptions:
+    """The values of :func:`tune_options` (parameter name -> value, each a field of TuneOptions)
+    and the optimiser's ``seed`` as one object."""
+    return TuneOptions(seed=seed, **settings)
 
 
 class LabelledList(click.ParamType):

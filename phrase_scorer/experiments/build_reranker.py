@@ -57,7 +57,7 @@ from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.experiments.report import NONE, closing_lines, mean_sd, table, two_decimals, write_report
 from phrase_scorer.experiments.system_steps import (
     RETUNED_ROW, EvalSet, Row, decoded_nbest, first_hypotheses, nbest_flags, rescored_nbest, scores_of,
-    set_name, tuned_row_run, write_rerankers,
+    RowTuning, set_name, tuned_row_run, write_rerankers,
 )
 from phrase_scorer.io.atomic import write_text_atomically
 from phrase_scorer.io.file_identity import file_identity
@@ -67,7 +67,7 @@ from phrase_scorer.io.paths import PathLike
 from phrase_scorer.io.model_layout import BEST_WEIGHTS, CHECKPOINT
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.system import system_record
-from phrase_scorer.moses.installation import MosesInstallation, read_lines
+from phrase_scorer.moses.installation import MosesGiven, MosesInstallation, read_lines
 from phrase_scorer.records import Signature, Step
 from phrase_scorer.runtime.progress import duration
 from phrase_scorer.vocab import Vocabulary
@@ -302,18 +302,19 @@ class StepClock:
 def build_reranker(moses_ini: PathLike, corpus: Tuple[str, str], tuning: Tuple[str, str], work_dir: PathLike, *,
                    options: BuildRerankerOptions = BuildRerankerOptions(),
                    scoring_options: ScoringOptions = ScoringOptions(), given_models: Optional[Dict[str, str]] = None,
-                   moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None) -> BuildResult:
+                   moses: MosesGiven = None) -> BuildResult:
     """Run (or continue) the whole build into ``work_dir``; returns the chosen row and the
     reranker's path (``work_dir/reranker.json``). ``given_models`` maps a model name
     (:func:`model_names`: a kind of :data:`MODEL_KINDS`, or a further member such as ``forward-2``)
-    to a directory trained before, used instead of training it."""
+    to a directory trained before, used instead of training it. Moses is ``moses``, an
+    installation or the folder of one (None: ``MOSES_HOME``)."""
     check_decoder_flags(options.experiment.decoder_flags)  # before anything is made
     given = dict(given_models or {})
     ini, work = Path(moses_ini).resolve(), Path(work_dir).resolve()
-    models, moses = preflight(ini, corpus, tuning, work, options, given, moses, moses_home)
+    plan = preflight(ini, corpus, tuning, work, options, given, moses)
     work = claim_work_folder(work)
     with OutputLock(work):  # WORK.lock: a second build into the same folder is refused
-        return _build(ini, corpus, tuning, work, models, given, options, scoring_options, moses)
+        return _build(ini, corpus, tuning, work, plan, options, scoring_options)
 
 
 # --- everything checked before the first step ----------------------------------------------------
@@ -401,9 +402,18 @@ def check_options(options: BuildRerankerOptions) -> None:
         preset_config(training_config(options, "words", False, arch=arch))
 
 
+@dataclass(frozen=True)
+class BuildPlan:
+    """What the build uses, as the checks before its first step found it: the models (their
+    names, :func:`model_names`), those given trained before (name -> folder) and Moses."""
+
+    models: List[str]
+    given: Dict[str, str]
+    moses: MosesInstallation
+
+
 def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path,
-              options: BuildRerankerOptions, given: Dict[str, str], moses: Optional[MosesInstallation],
-              moses_home: Optional[PathLike]) -> Tuple[List[str], MosesInstallation]:
+              options: BuildRerankerOptions, given: Dict[str, str], moses: MosesGiven) -> BuildPlan:
     """Everything the build will use, checked before its first step, as every run checks it again
     (a build given again continues only what a fresh run would accept): the options, the models
     given (each loads, reads the direction and the languages its name needs:
@@ -440,22 +450,22 @@ def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work:
         check_model_reads(folder, name, reverse=reverse, right_to_left=right_to_left, corpus=corpus, texts=tuning)
     resources = check_machine_holds(options, models, to_train, given, side_by_side)
     disk = check_disk_holds(work, options.experiment.nbest_size, sentences)
-    moses = moses or MosesInstallation.find(moses_home)
-    check_moses(moses, options.experiment.decoder, options.experiment.mertdir)
+    installation = MosesInstallation.given(moses)
+    check_moses(installation, options.experiment.decoder, options.experiment.mertdir)
     check_work_folder(work)
     log_checked(["the options", f"{len(given)} model{'s' if len(given) != 1 else ''} given", "the moses.ini",
                  f"the corpus ({pairs:,} pairs)", f"the tuning set ({sentences:,} sentences)", "Moses",
                  "the working folder", resources, disk])
-    return models, moses
+    return BuildPlan(models, given, installation)
 
 
-def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path, models: List[str],
-           given: Dict[str, str], options: BuildRerankerOptions, scoring_options: ScoringOptions,
-           moses: MosesInstallation) -> BuildResult:
+def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Path, plan: BuildPlan,
+           options: BuildRerankerOptions, scoring_options: ScoringOptions) -> BuildResult:
     from phrase_scorer.rescoring.rescore import ensembles_by_name, feature_models
     from phrase_scorer.runtime.device import resolve_device
     from phrase_scorer.runtime.side_by_side import Task, run_side_by_side
 
+    models, given, moses = plan.models, plan.given, plan.moses
     dev = EvalSet(set_name(tuning[0]), tuning[0], tuning[1])
     rows = candidates(models)
     to_train = [m for m in models if m not in given]
@@ -495,8 +505,8 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
 
     features = list(dict.fromkeys(m.name for m in loaded))  # an ensemble's models share one feature
     with clock.step("tuning", f"tuning {len(rows)} rows x {options.experiment.runs} optimiser seeds"):
-        runs = {candidate.row.label: [tuned_row_run(candidate.row, seed, {dev.name: rescored}, [dev], features, ini,
-                                                    work, moses, options.experiment)
+        row_tuning = RowTuning({dev.name: rescored}, [dev], features, ini, work, moses, options.experiment)
+        runs = {candidate.row.label: [tuned_row_run(candidate.row, seed, row_tuning)
                                       for seed in range(1, options.experiment.runs + 1)]
                 for candidate in rows}
 
@@ -514,7 +524,7 @@ def _build(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work: Pa
                                           command=COMMAND, system=system_record(ini))
                 write_text_atomically(reranker, Path(written[chosen.row.label]).read_text(encoding="utf-8"))
         moses_bleu = scores_of(first_hypotheses(nbest), read_lines(dev.reference), options.experiment)
-    markdown = report(rows, figures, chosen, moses_bleu.bleu, dev, ini, dirs, vocabulary, reranker, options,
+    markdown = report(RowChoice(rows, figures, chosen, reranker, moses_bleu.bleu), dev, ini, dirs, vocabulary, options,
                       clock, {"BLEU": moses_bleu.bleu_signature, "chrF": moses_bleu.chrf_signature,
                               "reranker": Signature.from_json(json.loads(reranker.read_text(encoding="utf-8")),
                                                               reranker).line()})
@@ -547,9 +557,22 @@ def claim_work_folder(work: Path) -> Path:
     return work
 
 
-def report(rows: Sequence[Candidate], figures: Dict[str, List[float]], chosen: Candidate, moses_bleu: float,
-           dev: EvalSet, ini: Path, dirs: Dict[str, str], vocabulary: str, reranker: Path,
+@dataclass(frozen=True)
+class RowChoice:
+    """What the tuning chose: the candidate rows, each one's tuning BLEU per seed (row label ->
+    figures), the row kept and its reranker file, and Moses' own 1-best tuning BLEU."""
+
+    rows: Sequence[Candidate]
+    figures: Dict[str, List[float]]
+    chosen: Candidate
+    reranker: Path
+    moses_bleu: float
+
+
+def report(choice: RowChoice, dev: EvalSet, ini: Path, dirs: Dict[str, str], vocabulary: str,
            options: BuildRerankerOptions, clock: StepClock, signatures: Dict[str, str]) -> str:
+    rows, figures, chosen, reranker, moses_bleu = (choice.rows, choice.figures, choice.chosen, choice.reranker,
+                                                   choice.moses_bleu)
     cells = [(c.row.label + (" **(kept)**" if c == chosen else ""), len(c.models), mean_sd(figures[c.row.label]),
               f"{statistics.mean(figures[c.row.label]) - moses_bleu:+.2f}") for c in rows]
     cells.insert(0, ("Moses 1-best", 0, two_decimals(moses_bleu), NONE))

@@ -172,15 +172,24 @@ class EmsResult:
     ignored_binarizer_arguments: List[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ModelTraining:
+    """How the step trains its model when none is given, as
+    :func:`phrase_scorer.training.run.train` takes it: the training settings, the network (None:
+    the settings' preset) and the names of the settings given explicitly (None: none)."""
+
+    config: TrainConfig = TrainConfig()
+    model_config: Optional[ModelConfig] = None
+    explicit: Optional[Set[str]] = None
+
+
 def build_ems_config(
     ini_in: PathLike,
     ini_out: PathLike,
     *,
     binarizer: Optional[str] = None,
     model_dir: Optional[PathLike] = None,
-    train_config: TrainConfig = TrainConfig(),
-    model_config: Optional[ModelConfig] = None,
-    explicit: Optional[Set[str]] = None,
+    training: ModelTraining = ModelTraining(),
     annotate_options: AnnotateOptions = AnnotateOptions(),
     scoring_options: ScoringOptions = ScoringOptions(),
     feature_name: Optional[str] = None,
@@ -189,8 +198,8 @@ def build_ems_config(
 
     Trains a model on ``ini_in``'s phrase table into ``ini_out.rnn-model`` (or uses
     ``model_dir``), annotates the table, binarises it if ``binarizer`` names a Moses binariser,
-    and writes ``ini_out`` for the new table. ``train_config``, ``model_config`` and ``explicit``
-    are those of :func:`phrase_scorer.training.run.train`.
+    and writes ``ini_out`` for the new table. ``training`` says how the model is trained (and the
+    device it then annotates on).
     """
     from phrase_scorer.scoring.annotate import annotate, finished_annotation
     from phrase_scorer.runtime.device import resolve_device
@@ -215,14 +224,15 @@ def build_ems_config(
 
         # 1. the model
         if model_dir is not None:
-            training = "given"
+            trained = "given"
         else:
             model_dir = ini_out + MODEL_SUFFIX
             resume = ModelDirectory(model_dir).exists()
             before = last_logged_step(model_dir) if resume else None
-            state = train(table, model_dir, train_config, resume=resume, model_config=model_config, explicit=explicit)
-            training = "trained" if not resume else "finished before" if state.step == before else "resumed"
-        loaded = load_model(model_dir, resolve_device(train_config.device))
+            state = train(table, model_dir, training.config, resume=resume, model_config=training.model_config,
+                          explicit=training.explicit)
+            trained = "trained" if not resume else "finished before" if state.step == before else "resumed"
+        loaded = load_model(model_dir, resolve_device(training.config.device))
 
         # 2. the annotated text table
         annotated = ini_out + TABLE_SUFFIX
@@ -272,6 +282,6 @@ def build_ems_config(
         return EmsResult(
             config=ini_out, table=table, model_dir=os.fspath(model_dir), annotated=annotated,
             phrase_table=result.table_path, feature_name=result.feature_name, num_features=result.new_num_features,
-            training=training, annotation=annotation, binarized=binarized,
+            training=trained, annotation=annotation, binarized=binarized,
             ignored_binarizer_arguments=list(target.ignored) if target else [],
         )

@@ -44,7 +44,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from phrase_scorer.config import BuildRerankerOptions, ScoringOptions, TranslateSystemOptions
 from phrase_scorer.errors import PhraseScorerError, Text, setting
@@ -167,23 +167,34 @@ def find_corpus(ems_dir: Path) -> Tuple[str, str]:
                             hint=Text("give ", setting("corpus"), " SRC TGT: the corpus, tokenised as Moses reads it"))
 
 
+@dataclass(frozen=True)
+class EmsProcess:
+    """What EMS runs its decoder with besides the arguments: its working folder (where its step
+    scripts are) and the standard input (the sentences) and output (their 1-best); None: this
+    process's own."""
+
+    ems_dir: Optional[PathLike] = None
+    stdin: Any = None  # a binary file
+    stdout: Any = None  # a binary file
+
+
 def ems_decode(args: Sequence[str], *, options: BuildRerankerOptions, scoring_options: ScoringOptions,
-               corpus: Optional[Tuple[str, str]] = None, ems_dir: Optional[PathLike] = None,
-               work_dir: Optional[PathLike] = None, given_models: Optional[Dict[str, str]] = None,
-               moses_home: Optional[PathLike] = None, stdin=None,
-               stdout=None) -> str:
+               corpus: Optional[Tuple[str, str]] = None, work_dir: Optional[PathLike] = None,
+               given_models: Optional[Dict[str, str]] = None, moses_home: Optional[PathLike] = None,
+               process: EmsProcess = EmsProcess()) -> str:
     """EMS's decode step (see the module docstring): ``args`` are the decoder and the options EMS
-    gave it; the input comes from ``stdin`` and the 1-best goes to ``stdout``. Returns the reranker."""
+    gave it, run in ``process``: the input comes from its standard input and the 1-best goes to
+    its standard output. Returns the reranker."""
     from phrase_scorer.experiments.build_reranker import build_reranker
     from phrase_scorer.experiments.preflight import check_ini
     from phrase_scorer.moses.installation import MosesInstallation
     from phrase_scorer.rescoring.translation import TunedSystem, translate_reranked
     from phrase_scorer.runtime.device import resolve_device
 
-    stdin = stdin if stdin is not None else sys.stdin.buffer
-    stdout = stdout if stdout is not None else sys.stdout.buffer
+    stdin = process.stdin if process.stdin is not None else sys.stdin.buffer
+    stdout = process.stdout if process.stdout is not None else sys.stdout.buffer
     call = parse_decoder_call(args)
-    folder = Path(ems_dir or os.getcwd()).resolve()
+    folder = Path(process.ems_dir or os.getcwd()).resolve()
     config = absolute(call.config, folder)
     tuning = find_tuning(folder, config)
     corpus = corpus or find_corpus(folder)

@@ -57,11 +57,11 @@ from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.io.phrase_table import PhraseTableReader
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.evaluate import Decoding, decode, score
-from phrase_scorer.moses.installation import MosesInstallation, read_lines
+from phrase_scorer.moses.installation import MosesGiven, MosesInstallation, read_lines
 from phrase_scorer.moses.tune import tune, with_absolute_paths
 from phrase_scorer.runtime.progress import progress_bar
 from phrase_scorer.experiments.report import (
-    closing_lines, finish_report, mean_sd, p_values, report_job, table, two_decimals, write_report,
+    ExperimentOutputs, closing_lines, finish_report, mean_sd, p_values, report_job, table, two_decimals, write_report,
 )
 from phrase_scorer.experiments.statistics import paired_bootstrap_p
 from phrase_scorer.records import Signature, Step, as_recorded, changed, read_record
@@ -186,29 +186,26 @@ def system_ini(moses_ini: PathLike, system: System, table: str, out: Path) -> Pa
     return path
 
 
-def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike], work_dir: PathLike, *,
-                   moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None,
-                   model_dir: Optional[PathLike] = None, annotated: Optional[PathLike] = None,
-                   tune_options: TuneOptions = TuneOptions(), options: ExperimentOptions = ExperimentOptions(),
-                   systems: Sequence[System] = SYSTEMS, report: Optional[PathLike] = None,
-                   overwrite: bool = False) -> ExperimentReport:
-    """Run (or resume) the comparison; returns the results and a Markdown report, also written to
-    ``report`` when given. ``report`` is checked before anything runs (never one of the inputs,
-    an existing one replaced only with ``overwrite``); Moses is ``moses``, else found from
-    ``moses_home`` (default: ``MOSES_HOME``)."""
-    check_decoder_flags(tune_options.decoder_flags)  # before anything is made
+def run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike],
+                   outputs: ExperimentOutputs, *, moses: MosesGiven = None, model_dir: Optional[PathLike] = None,
+                   annotated: Optional[PathLike] = None,
+                   options: ExperimentOptions = ExperimentOptions()) -> ExperimentReport:
+    """Run (or resume) the comparison in ``outputs.work_dir``; returns the results and a Markdown
+    report, also written to ``outputs.report`` when given. The report is checked before anything
+    runs (never one of the inputs, an existing one replaced only with ``outputs.overwrite``);
+    Moses is ``moses``, an installation or the folder of one (None: ``MOSES_HOME``)."""
+    check_decoder_flags(options.tune.decoder_flags)  # before anything is made
     inputs = [("the moses.ini", moses_ini), ("the annotated table", annotated), ("the dev source", dev[0]),
               ("the dev reference", dev[1]), ("the test source", test[0]), ("the test reference", test[1])]
-    with report_job(report, inputs, overwrite) as job:
-        result = _run_experiment(moses_ini, dev, test, work_dir, moses=moses or MosesInstallation.find(moses_home),
-                                 model_dir=model_dir, annotated=annotated, tune_options=tune_options,
-                                 options=options, systems=systems)
+    with report_job(outputs, inputs) as job:
+        result = _run_experiment(moses_ini, dev, test, outputs.work_dir, moses=MosesInstallation.given(moses),
+                                 model_dir=model_dir, annotated=annotated, options=options)
         finish_report(job, result.markdown)
     return result
 
 
 def preflight(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike], moses: MosesInstallation,
-              model_dir: Optional[PathLike], tune_options: TuneOptions, options: ExperimentOptions) -> None:
+              model_dir: Optional[PathLike], options: ExperimentOptions) -> None:
     """Everything the comparison will use, checked before its first step, as every run checks it
     again before it continues (:mod:`~phrase_scorer.experiments.preflight`): the options, the
     moses.ini (with its phrase table) and the files it names, the dev and test sets, the model
@@ -219,6 +216,7 @@ def preflight(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathL
     from phrase_scorer.experiments.preflight import check_ini, check_moses, check_text_pair, log_checked
     from phrase_scorer.model_dir import check_model_reads
 
+    tune_options = options.tune
     for name, value, least in (("runs", options.runs, 1), ("bootstrap_samples", options.bootstrap_samples, 1),
                                ("max_iterations", tune_options.max_iterations, 1), ("nbest", tune_options.nbest, 1)):
         check_whole_number(name, value, least, 1 << 31)
@@ -236,17 +234,17 @@ def preflight(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathL
 
 def _run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence[PathLike], work_dir: PathLike, *,
                     moses: MosesInstallation, model_dir: Optional[PathLike], annotated: Optional[PathLike],
-                    tune_options: TuneOptions, options: ExperimentOptions,
-                    systems: Sequence[System]) -> ExperimentReport:
+                    options: ExperimentOptions) -> ExperimentReport:
     work = Path(work_dir).resolve()
-    preflight(moses_ini, dev, test, moses, model_dir, tune_options, options)
+    tune_options = options.tune
+    preflight(moses_ini, dev, test, moses, model_dir, options)
     work.mkdir(parents=True, exist_ok=True)
     tables = prepare_tables(moses_ini, work, model_dir=model_dir, annotated=annotated)
     test_references = read_lines(test[1])
     report = ExperimentReport()
     from dataclasses import replace
 
-    for system in systems:
+    for system in options.systems:
         folder = work / system.folder
         folder.mkdir(exist_ok=True)
         ini = system_ini(moses_ini, system, tables[system.folder], folder)
@@ -281,7 +279,7 @@ def _run_experiment(moses_ini: PathLike, dev: Sequence[PathLike], test: Sequence
                      "?" if run.dev_bleu is None else f"{run.dev_bleu:.2f}", run.test_bleu)
 
     report.significance = significance(report.runs, test_references, options)
-    report.markdown = markdown(report, moses_ini, dev, test, tables, model_dir, tune_options, options)
+    report.markdown = markdown(report, moses_ini, dev, test, tables, model_dir, options)
     write_report(work, report.markdown, {"runs": [asdict(r) for r in report.runs], "significance": report.significance})
     return report
 
@@ -383,8 +381,8 @@ def new_column_usage(run: RunResult, added: int) -> Optional[Dict[str, float]]:
     return usage
 
 
-def markdown(report: ExperimentReport, moses_ini, dev, test, tables, model_dir, tune_options: TuneOptions,
-             options: ExperimentOptions) -> str:
+def markdown(report: ExperimentReport, moses_ini, dev, test, tables, model_dir, options: ExperimentOptions) -> str:
+    tune_options = options.tune
     by_system: Dict[str, List[RunResult]] = {}
     for run in report.runs:
         by_system.setdefault(run.system, []).append(run)

@@ -1,11 +1,13 @@
 """The parts both experiments' Markdown reports share: tables, mean ± sd cells, p-value cells,
-the closing lines, writing report.md and results.json together, and the report a caller asks for
-(``report``): checked and claimed before hours of work, written when the experiment ends."""
+the closing lines, writing report.md and results.json together, where an experiment writes
+(:class:`ExperimentOutputs`), and the report a caller asks for (``report``): checked and claimed
+before hours of work, written when the experiment ends."""
 from __future__ import annotations
 
 import contextlib
 import json
 import statistics
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ContextManager, Iterable, Mapping, Optional, Sequence
@@ -17,6 +19,17 @@ from phrase_scorer.io.outputs import Input, OutputKind
 from phrase_scorer.runtime.job import OutputJob
 
 NONE = "–"  # the cell of a figure that does not apply
+
+
+@dataclass(frozen=True)
+class ExperimentOutputs:
+    """Where an experiment writes: its working folder (resumable: finished steps are kept, and
+    report.md and results.json are among its files) and, when given, the Markdown report too,
+    an existing one replaced only with ``overwrite``."""
+
+    work_dir: PathLike
+    report: Optional[PathLike] = None
+    overwrite: bool = False
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -57,14 +70,13 @@ def write_report(work: Path, markdown: str, results: Mapping[str, Any]) -> None:
     write_text_atomically(work / "results.json", json.dumps(results, indent=1) + "\n")
 
 
-def report_job(report: Optional[PathLike], inputs: Sequence[Input],
-               overwrite: bool) -> ContextManager[Optional[OutputJob]]:
-    """The job of the report a caller asks for (None: no report), entered before the experiment
-    runs: never one of ``inputs``, an existing one replaced only with ``overwrite``, claimed until
-    :func:`finish_report` writes it or the experiment fails."""
-    if report is None:
+def report_job(outputs: ExperimentOutputs, inputs: Sequence[Input]) -> ContextManager[Optional[OutputJob]]:
+    """The job of the report ``outputs`` ask for (None: no report), entered before the experiment
+    runs: never one of ``inputs``, an existing one replaced only with ``outputs.overwrite``,
+    claimed until :func:`finish_report` writes it or the experiment fails."""
+    if outputs.report is None:
         return contextlib.nullcontext()
-    return OutputJob(report, inputs, overwrite=overwrite, kind=OutputKind("the report"))
+    return OutputJob(outputs.report, inputs, overwrite=outputs.overwrite, kind=OutputKind("the report"))
 
 
 def finish_report(job: Optional[OutputJob], markdown: str) -> None:

@@ -39,7 +39,7 @@ import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from phrase_scorer.config import RescoreExperimentOptions, ScoringOptions
 from phrase_scorer.errors import PhraseScorerError
@@ -51,13 +51,15 @@ from phrase_scorer.io.nbest import group_by_sentence, read_nbest
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.system import system_record
 from phrase_scorer.moses.evaluate import Decoding, decode
-from phrase_scorer.moses.installation import MosesInstallation, read_lines
+from phrase_scorer.moses.installation import MosesGiven, MosesInstallation, read_lines
 from phrase_scorer.experiments.report import (
-    NONE, closing_lines, finish_report, mean_sd, p_values, report_job, table, two_decimals, write_report,
+    NONE, ExperimentOutputs, closing_lines, finish_report, mean_sd, p_values, report_job, table, two_decimals,
+    write_report,
 )
 from phrase_scorer.experiments.statistics import ngram_stats, paired_bootstrap_p, smoothed_sentence_bleu
 from phrase_scorer.experiments.system_steps import (
-    RETUNED_ROW, EvalSet, Row, RowRun, decoded_nbest, first_hypotheses, folder_name, nbest_flags, rescored_nbest,
+    RETUNED_ROW, EvalSet, Row, RowRun, RowTuning, decoded_nbest, first_hypotheses, folder_name, nbest_flags,
+    rescored_nbest,
     scores_of, tuned_row_run, write_rerankers,
 )
 from phrase_scorer.records import Step
@@ -78,6 +80,18 @@ class DecodedSystem:
     @property
     def folder(self) -> str:
         return folder_name(self.label)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What the report compares with Moses' 1-best: the models whose features rescore the lists
+    (:class:`~phrase_scorer.rescoring.rescore.FeatureModel`), the rows tuned on them (each the
+    decoder's features plus some of theirs; none: :func:`default_rows`), and other decoder systems
+    reported beside Moses."""
+
+    models: Sequence
+    rows: Sequence[Row] = ()
+    systems: Sequence[DecodedSystem] = ()
 
 
 def default_rows(features: Sequence[str]) -> List[Row]:
@@ -176,27 +190,24 @@ def significance(runs: Sequence[RowRun], sets: Sequence[EvalSet],
 # --- the whole experiment ------------------------------------------------------------------------
 
 
-def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_dir: PathLike, *,
-                           moses: Optional[MosesInstallation] = None, moses_home: Optional[PathLike] = None,
-                           models: Sequence, rows: Sequence[Row] = (), systems: Sequence[DecodedSystem] = (),
+def run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], outputs: ExperimentOutputs, *,
+                           comparison: Comparison, moses: MosesGiven = None,
                            options: RescoreExperimentOptions = RescoreExperimentOptions(),
-                           scoring_options: ScoringOptions = ScoringOptions(), report: Optional[PathLike] = None,
-                           overwrite: bool = False) -> RescoreExperimentReport:
-    """Run (or resume) the experiment. ``sets[0]`` is the dev set (the optimiser tunes on it);
-    ``models`` are :class:`phrase_scorer.rescoring.rescore.FeatureModel`s; ``systems`` other decoder
-    systems reported beside Moses. The Markdown report is also written to ``report`` when given,
-    which is checked before anything runs (never one of the inputs, an existing one replaced only
-    with ``overwrite``); Moses is ``moses``, else found from ``moses_home`` (default: ``MOSES_HOME``)."""
+                           scoring_options: ScoringOptions = ScoringOptions()) -> RescoreExperimentReport:
+    """Run (or resume) the experiment in ``outputs.work_dir``. ``sets[0]`` is the dev set (the
+    optimiser tunes on it); ``comparison`` says what the report compares. The Markdown report is
+    also written to ``outputs.report`` when given, which is checked before anything runs (never
+    one of the inputs, an existing one replaced only with ``outputs.overwrite``); Moses is
+    ``moses``, an installation or the folder of one (None: ``MOSES_HOME``)."""
     check_decoder_flags(options.decoder_flags)  # before anything is made
     inputs: List[Input] = [("the moses.ini", moses_ini)]
     for i, s in enumerate(sets):
         inputs += ([("the dev source", s.source), ("the dev reference", s.reference), ("the dev n-best list", s.nbest)]
                    if i == 0 else [("a test file", s.source), ("a test file", s.reference),
                                    ("a test n-best list", s.nbest)])
-    with report_job(report, inputs, overwrite) as job:
-        result = _run_rescore_experiment(moses_ini, sets, work_dir, moses=moses, moses_home=moses_home, models=models,
-                                         rows=rows, systems=systems, options=options,
-                                         scoring_options=scoring_options)
+    with report_job(outputs, inputs) as job:
+        result = _run_rescore_experiment(moses_ini, sets, outputs.work_dir, moses=moses, comparison=comparison,
+                                         options=options, scoring_options=scoring_options)
         finish_report(job, result.markdown)
     return result
 
@@ -234,10 +245,10 @@ def preflight(ini: Path, sets: Sequence[EvalSet], models: Sequence, systems: Seq
 
 
 def _run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_dir: PathLike, *,
-                            moses: Optional[MosesInstallation], moses_home: Optional[PathLike], models: Sequence,
-                            rows: Sequence[Row], systems: Sequence[DecodedSystem], options: RescoreExperimentOptions,
+                            moses: MosesGiven, comparison: Comparison, options: RescoreExperimentOptions,
                             scoring_options: ScoringOptions) -> RescoreExperimentReport:
-    moses = moses or MosesInstallation.find(moses_home)
+    moses = MosesInstallation.given(moses)
+    models, systems = comparison.models, comparison.systems
     if len(sets) < 2:
         raise PhraseScorerError("the experiment needs a dev set and at least one test set")
     names = [s.name for s in sets]
@@ -245,7 +256,7 @@ def _run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_d
         raise PhraseScorerError(f"two sets share the name {max(names, key=names.count)!r}",
                                 hint="give sets whose file names differ before their first '.'")
     features = list(dict.fromkeys(m.name for m in models))  # an ensemble's models share one feature
-    rows = list(rows) or default_rows(features)
+    rows = list(comparison.rows) or default_rows(features)
     for row in rows:
         unknown = [f for f in row.features if f not in features]
         if unknown:
@@ -278,9 +289,10 @@ def _run_rescore_experiment(moses_ini: PathLike, sets: Sequence[EvalSet], work_d
     for system in systems:
         for run in range(1, len(system.inis) + 1):
             runs.append(decoded_system_run(system, run, sets, work, moses, options))
+    tuning = RowTuning(rescored, sets, features, ini, work, moses, options)
     for row in [Row(RETUNED_ROW, ()), *rows]:
         for seed in range(1, options.runs + 1):
-            runs.append(tuned_row_run(row, seed, rescored, sets, features, ini, work, moses, options))
+            runs.append(tuned_row_run(row, seed, tuning))
 
     flags = None if sets[0].nbest else nbest_flags(options)  # a list given by the user: its flags are unknown
     decoded_by = None if sets[0].nbest else system_record(ini)  # the system that decoded the dev list

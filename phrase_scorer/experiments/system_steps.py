@@ -172,11 +172,26 @@ def scores_of(hypotheses: Sequence[str], references: Sequence[str], options: Res
     return score(hypotheses, references, kind=options.references, lang=options.lang)
 
 
-def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence[EvalSet], all_features: Sequence[str],
-                  ini: Path, work: Path, moses: MosesInstallation, options: RescoreExperimentOptions) -> RowRun:
+@dataclass(frozen=True)
+class RowTuning:
+    """What every tuned run of every row shares: each set's rescored list (set name -> path), the
+    sets (the dev set first), every feature the models add, the moses.ini whose weights start the
+    optimiser, the working folder, Moses and the options."""
+
+    rescored: Dict[str, Path]
+    sets: Sequence[EvalSet]
+    features: Sequence[str]
+    ini: Path
+    work: Path
+    moses: MosesInstallation
+    options: RescoreExperimentOptions
+
+
+def tuned_row_run(row: Row, seed: int, tuning: RowTuning) -> RowRun:
     """Tune ``row``'s features on the dev list with one optimiser seed and rerank every set."""
-    run_dir = work / "rows" / row.folder / f"seed{seed}"
-    ignore = tuple(f for f in all_features if f not in row.features)
+    rescored, sets, ini, options = tuning.rescored, tuning.sets, tuning.ini, tuning.options
+    run_dir = tuning.work / "rows" / row.folder / f"seed{seed}"
+    ignore = tuple(f for f in tuning.features if f not in row.features)
     rerank_options = RerankOptions(method=options.method, seeds=(seed,), restarts=options.restarts,
                                    threads=options.threads or os.cpu_count() or 1, ignore_features=ignore,
                                    mertdir=options.mertdir)
@@ -196,7 +211,7 @@ def tuned_row_run(row: Row, seed: int, rescored: Dict[str, Path], sets: Sequence
     with step:
         dev = sets[0]
         learned = learn_weights(rescored[dev.name], dev.reference, fresh_directory(run_dir / "tune", verb="rerank"),
-                                moses=moses, options=rerank_options, start_ini=ini)
+                                moses=tuning.moses, options=rerank_options, start_ini=ini)
         run = RowRun(row=row.label, seed=seed, scores={}, hypotheses={}, weights=learned.weights.by_name(),
                      tuned_dev_bleu=learned.best.dev_bleu)
         for eval_set in sets:
