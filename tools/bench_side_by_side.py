@@ -2,8 +2,10 @@
 
     python tools/bench_side_by_side.py --steps 300 --write
     python tools/bench_side_by_side.py --counts 1,2,3,5 --presets small,medium --write
+    python tools/bench_side_by_side.py --arch transformer --counts 1,3 --write
 
-Runs ``phrase-scorer train --corpus`` of RNNsearch ``small`` (or each of ``--presets``) on the
+Runs ``phrase-scorer train --corpus`` of RNNsearch ``small`` (or each of ``--presets``; another
+architecture with ``--arch``, whose section of docs/benchmarks.md is its own) on the
 Multi30k English-French sentence pairs (``--data``), the build's recipe, for ``--steps`` updates:
 one training on all the cores (``--threads`` = the cores: how ``build-reranker --one-at-a-time``
 trains each model), then 2 and 3 (``--counts``) trainings at once on their share of the cores
@@ -43,7 +45,7 @@ def trainings(args, work: Path, preset: str, count: int) -> Dict[str, object]:
         out = work / f"x{count}-{k}"
         command = benchlib.phrase_scorer_command(
             "train", "--corpus", data / "train.tok.en.gz", data / "train.tok.fr.gz", "--dev", data / "val.tok.en.gz",
-            data / "val.tok.fr.gz", "--arch", "rnnsearch", "--preset", preset, "--threads", threads,
+            data / "val.tok.fr.gz", "--arch", args.arch, "--preset", preset, "--threads", threads,
             "--valid-metric", "nll", "--valid-every", every, "--max-steps", 3 * every, "--seed", k + 1, "-o", out,
             "--overwrite")
         runs.append((out, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
@@ -66,7 +68,8 @@ def main() -> None:
     parser.add_argument("--data", default=str(DATA), help="a folder with train.tok.{en,fr}.gz, val.tok.{en,fr}.gz")
     parser.add_argument("--steps", type=int, default=300, help="updates per training")
     parser.add_argument("--counts", default="1,2,3", help="trainings at once, per configuration")
-    parser.add_argument("--presets", default="small", help="RNNsearch presets, each with every count")
+    parser.add_argument("--presets", default="small", help="the architecture's presets, each with every count")
+    parser.add_argument("--arch", default="rnnsearch", help="the architecture trained")
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
@@ -89,20 +92,21 @@ def main() -> None:
             rows.append([preset, count, r["threads"], " / ".join(f"{x:,.0f}" for x in r["rates"]),
                          f"**{r['total']:,.0f}**", f"{r['total'] / one:.2f}"])
     info = benchlib.machine()
+    arch = "" if args.arch == "rnnsearch" else f" --arch {args.arch}"
     text = (
-        "## Training side by side (`tools/bench_side_by_side.py`)\n\n"
-        f"Command: `python tools/bench_side_by_side.py --steps {args.steps} --counts {args.counts} --presets "
+        f"## Training side by side{': ' + args.arch if arch else ''} (`tools/bench_side_by_side.py{arch}`)\n\n"
+        f"Command: `python tools/bench_side_by_side.py{arch} --steps {args.steps} --counts {args.counts} --presets "
         f"{args.presets} --repeats {args.repeats} --write`; machine: {info['cpu']}, {info['cores']} cores, "
         f"torch {info['torch']}, fp32, "
         f"OMP_WAIT_POLICY=PASSIVE; 1-minute load average {load_before:.2f} before. Each configuration starts "
-        "*trainings* processes of `phrase-scorer train --corpus train.tok.en.gz train.tok.fr.gz --arch rnnsearch "
+        f"*trainings* processes of `phrase-scorer train --corpus train.tok.en.gz train.tok.fr.gz --arch {args.arch} "
         f"--preset P --threads T --max-steps {3 * max(1, args.steps // 3)}` together (Multi30k English-French, "
         "the build's recipe); *pairs/s each*: the mean of each training log's validation intervals after the "
         "first; *x one at a time*: their sum against the preset's first row, the best of the rounds.\n\n"
         + benchlib.markdown_table(["preset", "trainings", "threads each", "pairs/s each", "pairs/s in all",
                                    "x one at a time"], rows) + "\n"
     )
-    benchlib.report(SECTION, text, args.write)
+    benchlib.report(SECTION if args.arch == "rnnsearch" else f"{SECTION}_{args.arch}", text, args.write)
 
 
 if __name__ == "__main__":
