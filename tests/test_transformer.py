@@ -244,7 +244,8 @@ def test_a_changed_architecture_setting_is_refused_at_load(tmp_path, sentence_mo
     (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(PhraseScorerError) as refused:
         load_model(copy)
-    assert "model.pt" in str(refused.value) and "trained with other sizes (heads 2, config.json 4)" in str(refused.value)
+    said = str(refused.value)
+    assert "model.pt" in said and "trained with other sizes (heads 2, config.json 4)" in said
 
 
 def test_score_annotate_and_rescore_give_the_models_log_p(tmp_path, sentence_model):
