@@ -111,7 +111,7 @@ def agreement(models: Dict[str, object], pairs) -> str:
         if not loaded.model.scores_in_one_pass:
             continue
         src, tgt = pairs[name]
-        one = BatchScorer(loaded.model, ScoringOptions()).score(src, tgt)
+        one = BatchScorer(loaded.model, ScoringOptions(one_pass=True)).score(src, tgt)
         steps = BatchScorer(loaded.model, ScoringOptions(one_pass=False)).score(src, tgt)
         reference = log_probs_by_forward(loaded.model.double(), src, tgt)
         loaded.model.float()
