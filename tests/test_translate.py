@@ -125,7 +125,12 @@ def test_the_whole_system_is_its_own_verb_and_the_old_spelling_reaches_it_with_a
     assert new.exit_code == old.exit_code == 1 and "--moses-home" in new.stderr  # past the options, to Moses
     assert "translate-system" not in new.stderr
     note, *rest = old.stderr.splitlines(keepends=True)
-    assert "'translate --moses' is now 'phrase-scorer translate-system'" in note and "".join(rest) == new.stderr
+
+    def steady(lines):  # a busy machine's warning counts the tasks running at that moment
+        return [line for line in lines if "this machine is busy" not in line]
+
+    assert "'translate --moses' is now 'phrase-scorer translate-system'" in note
+    assert steady(rest) == steady(new.stderr.splitlines(keepends=True))
     assert not (tmp_path / "out.fr").exists()
 
 
