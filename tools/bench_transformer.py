@@ -2,7 +2,8 @@
 """The Transformer beside RNNsearch: scoring speed on the CPU, the one-pass scores against the
 step-by-step ones, and the learning curve of its training runs.
 
-    python tools/bench_transformer.py --model NAME=DIR [--model NAME=DIR ...] [--nbest NBEST --source SRC]
+    python tools/bench_transformer.py --model NAME=DIR [--model NAME=DIR ...] [--reverse-model NAME=DIR ...]
+        [--nbest NBEST --source SRC]
         [--sentences 200] [--threads 1,2] [--repeats 3] [--parts speed,agreement] [--write]
     python tools/bench_transformer.py --parts curve --run LABEL=DIR [--run ...] --idle-seconds LABEL=S [--write]
 
@@ -10,8 +11,10 @@ step-by-step ones, and the learning curve of its training runs.
    by ``BatchScorer.score`` (the scorer alone, as ``rescore``'s main process runs it, without
    reading or writing the list) with each model, the best of --repeats timings, with each
    --threads count; a model that scores in one pass (the Transformer) also step by step
-   through the trie of its targets (``ScoringOptions(one_pass=False)``). Every figure of a table
-   comes from the same run on the same machine.
+   through the trie of its targets (``ScoringOptions(one_pass=False)``) and as the CPU's default
+   chooses batch by batch. A --reverse-model scores each source sentence given each hypothesis
+   (as ``rescore --reverse-model`` does: one target per source). Every figure of a table comes
+   from the same run on the same machine.
 2. ``agreement``: for each model that scores in one pass, how far its one-pass scores of the same
    hypotheses are from the step-by-step ones and from the naive forward pass in fp64 (the
    reference): max and mean |Δ| in nats, and the share of scores whose 6 printed significant
@@ -86,7 +89,8 @@ def speed(models: Dict[str, object], pairs, threads: Sequence[int], repeats: int
     rows = []
     for name, loaded in models.items():
         src, tgt = pairs[name]
-        modes = [("one pass", True), ("step by step", False)] if loaded.model.scores_in_one_pass else [("steps", True)]
+        modes = ([("one pass", True), ("step by step", False), ("the CPU's default", None)]
+                 if loaded.model.scores_in_one_pass else [("steps", None)])
         flops = sum(FORWARD_FLOPS[loaded.config.arch](loaded.config, loaded.model.target_vocab_size, len(s), len(t))
                     ["total"] for s, t in zip(src, tgt))
         for count in threads:
@@ -150,6 +154,7 @@ def pairs_of(text: List[str]) -> Dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", default=[], metavar="NAME=DIR")
+    parser.add_argument("--reverse-model", action="append", default=[], metavar="NAME=DIR")
     parser.add_argument("--nbest", type=Path, default=DEFAULT_NBEST)
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
     parser.add_argument("--sentences", type=int, default=200)
@@ -168,8 +173,11 @@ def main() -> None:
         from phrase_scorer.model_dir import load_model
 
         models = {name: load_model(folder, "cpu") for name, folder in pairs_of(args.model).items()}
+        reverse = {name: load_model(folder, "cpu") for name, folder in pairs_of(args.reverse_model).items()}
         sources, hypotheses = read_head(args.nbest, args.source, args.sentences)
         pairs = {name: ids_for(loaded, sources, hypotheses) for name, loaded in models.items()}
+        pairs.update({name: ids_for(loaded, hypotheses, sources) for name, loaded in reverse.items()})
+        models.update(reverse)
         head = (f"The hypotheses of the first {args.sentences} sentences of `{args.nbest.name}` "
                 f"({len(hypotheses):,}), on {where}. Command: `{command}`.\n\n")
         if "speed" in parts:
