@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from phrase_scorer.config import BuildRerankerOptions, ScoringOptions, TrainConfig, preset_config
+from phrase_scorer.config import ARCH_PRESETS, BuildRerankerOptions, ScoringOptions, TrainConfig, preset_config
 from phrase_scorer.errors import PhraseScorerError, Text, setting
 from phrase_scorer.experiments.report import NONE, closing_lines, mean_sd, table, two_decimals, write_report
 from phrase_scorer.experiments.system_steps import (
@@ -106,8 +106,6 @@ def member_name(kind: str, seed: int, arch: str = "") -> str:
 def model_identity(name: str) -> Tuple[str, str, int]:
     """The kind, further architecture ("" for none) and seed of a model name (:func:`member_name`);
     a name of no kind is returned as it is, with no architecture and seed 1."""
-    from phrase_scorer.config import ARCH_PRESETS
-
     rest, seed = name, 1
     head, _, tail = name.rpartition("-")
     if tail.isdigit() and int(tail) > 1:

@@ -217,7 +217,7 @@ class BatchPlan:
     buffer: np.ndarray
     parts: List[int]  # the lengths of the buffer's pieces, in order (each a slot)
     encoder: EncoderPlan
-    depths: List[DepthPlan]  # the targets' trie (none for a one-pass plan)
+    depths: List[DepthPlan]  # the targets' trie (a one-pass plan's: its softmax's chunks and positions only)
     counts: Tuple[int, int, int, int, int, int]  # pairs, distinct sources, source words, encoder steps,
     #                                             target steps, decoder steps
     one_pass: Optional[OnePassPlan] = None

@@ -301,16 +301,24 @@ class BatchScorer:
         such rows to be recomputed exactly). Without ``exact_rows`` nothing here waits for the
         device.
 
-        The targets' trie is decoded depth by depth: ``memory.select`` the nodes' sources (or
-        ``memory.first`` when they are the batch's first sources in order), one ``model.step``
-        per depth, and the softmax at each edge's label in chunks of ``chunk_rows`` nodes."""
-        model = self.model
+        The decoder runs step by step through the targets' trie (:meth:`_run_steps`) or, for a
+        one-pass plan, once over the padded targets (:meth:`_run_one_pass`)."""
         take = self._slots(plan)
         memory = self._encode(plan.encoder, take)  # S rows
         scores = torch.zeros(plan.counts[0], dtype=torch.float64, device=self.device)
         if plan.one_pass is not None:
             self._run_one_pass(memory, plan, scores, take, exact_rows)
-            return scores, (~torch.isfinite(scores)).sum()
+        else:
+            self._run_steps(memory, plan, scores, take, exact_rows)
+        return scores, (~torch.isfinite(scores)).sum()
+
+    def _run_steps(self, memory: Memory, plan: BatchPlan, scores: Tensor, take: Callable[..., Tensor],
+                   exact_rows: Optional[List[int]]) -> None:
+        """Add log p of every word and ``</s>`` of the batch's targets to their pairs' scores,
+        decoding their trie depth by depth: ``memory.select`` the nodes' sources (or
+        ``memory.first`` when they are the batch's first sources in order), one ``model.step``
+        per depth, and the softmax at each edge's label in chunks of ``chunk_rows`` nodes."""
+        model = self.model
         states: Optional[Tensor] = None  # the last depth's (n_d, D)
         for d, depth in enumerate(plan.depths):
             rows = memory.first(depth.nodes) if depth.sources is None else memory.select(take(depth.sources))
@@ -323,7 +331,6 @@ class BatchScorer:
                 prev = take(depth.keys)  # (n_d,) y_d
             states, features = model.step(rows, parent_states, prev)  # (n_d, D), (n_d, R)
             self._add_edge_log_probs(scores, features, depth, take, exact_rows)
-        return scores, (~torch.isfinite(scores)).sum()
 
     def _run_one_pass(self, memory: Memory, plan: BatchPlan, scores: Tensor, take: Callable[..., Tensor],
                       exact_rows: Optional[List[int]]) -> None:
