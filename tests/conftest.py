@@ -139,6 +139,21 @@ def in_fp64(loaded):
     return dataclasses.replace(loaded, model=copy.deepcopy(loaded.model).double())
 
 
+def assert_beams_batched_as_alone(loaded, phrases, tolerance: float):
+    """Beam search of ``phrases`` in one batch finds, for each, the hypotheses and scores (within
+    ``tolerance``) that a search of the phrase alone finds; returns (source ids, the batched
+    results). Give ``loaded`` in fp64 (:func:`in_fp64`), where the batch shape cannot flip a near-tie."""
+    from phrase_scorer.generation.sampling import beam_search, beam_search_batch
+
+    sources = [loaded.source_vocab.encode(p.split()) for p in phrases]
+    batched = beam_search_batch(loaded.model, sources, 4, max_length=6)
+    alone = [beam_search(loaded.model, s, 4, max_length=6) for s in sources]
+    for together, single in zip(batched, alone):
+        assert [seq for seq, _ in together] == [seq for seq, _ in single]
+        assert [score for _, score in together] == pytest.approx([score for _, score in single], abs=tolerance)
+    return sources, batched
+
+
 def assert_translates(hypotheses: list, sources: list, references: list):
     """``hypotheses`` translate ``sources``: one non-empty line per source, whose BLEU is above that
     of the untranslated sources and whose word (1-gram) precision is at least three times theirs,

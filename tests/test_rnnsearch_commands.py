@@ -9,11 +9,10 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from conftest import A_MAN_TABLE, EXAMPLE_TABLE, head_lines, in_fp64
+from conftest import A_MAN_TABLE, EXAMPLE_TABLE, assert_beams_batched_as_alone, head_lines, in_fp64
 from phrase_scorer.cli import cli
 from phrase_scorer.model_dir import load_model
 from phrase_scorer.models.rnnsearch import RNNsearch
-from phrase_scorer.generation.sampling import beam_search, beam_search_batch
 from phrase_scorer.scoring.batch_scorer import log_probs_by_forward
 
 
@@ -95,13 +94,8 @@ def test_sample_and_beam_search_run_through_the_interface(search_model):
     assert sampled.exit_code == 0 and "a man" in sampled.stdout
 
     # batched and alone in fp64, where the batch shape cannot flip a near-tie (conftest.in_fp64)
-    loaded = in_fp64(load_model(search_model))
-    sources = [loaded.source_vocab.encode(p.split()) for p in ("a man", "a man in a blue shirt", "dog")]
-    batched = beam_search_batch(loaded.model, sources, 4, max_length=6)
-    alone = [beam_search(loaded.model, s, 4, max_length=6) for s in sources]
-    for together, single in zip(batched, alone):
-        assert [seq for seq, _ in together] == [seq for seq, _ in single]
-        assert [score for _, score in together] == pytest.approx([score for _, score in single], abs=1e-5)
+    assert_beams_batched_as_alone(in_fp64(load_model(search_model)), ("a man", "a man in a blue shirt", "dog"),
+                                  1e-5)
 
 
 def test_resume_keeps_the_architecture_and_refuses_another(tmp_path):

@@ -14,7 +14,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import A_MAN_TABLE, DATA, EXAMPLE_TABLE, TRAIN_EN, TRAIN_FR, head_lines, in_fp64
+from conftest import (
+    A_MAN_TABLE, DATA, EXAMPLE_TABLE, TRAIN_EN, TRAIN_FR, assert_beams_batched_as_alone, head_lines, in_fp64,
+)
 from phrase_scorer.cli import cli
 from phrase_scorer.config import TRANSFORMER_PRESETS, ScoringOptions, TrainConfig, TransformerConfig
 from phrase_scorer.errors import PhraseScorerError
@@ -288,8 +290,6 @@ def test_score_annotate_and_rescore_give_the_models_log_p(tmp_path, sentence_mod
 
 
 def test_translate_sample_and_beam_search_use_the_cache(tmp_path, sentence_model):
-    from phrase_scorer.generation.sampling import beam_search, beam_search_batch
-
     source = tmp_path / "in.en"
     source.write_text("a man in a blue shirt .\ntwo dogs play .\n", encoding="utf-8")
     out = tmp_path / "out.fr"
@@ -298,12 +298,7 @@ def test_translate_sample_and_beam_search_use_the_cache(tmp_path, sentence_model
     sampled = run("sample", "-m", sentence_model, "a man", "-n", 10, "--top", 3, "--seed", 1)
     assert sampled.exit_code == 0 and "a man" in sampled.stdout
     loaded = in_fp64(load_model(sentence_model))
-    sources = [loaded.source_vocab.encode(p.split()) for p in ("a man", "a man in a blue shirt", "dog")]
-    batched = beam_search_batch(loaded.model, sources, 4, max_length=6)
-    alone = [beam_search(loaded.model, s, 4, max_length=6) for s in sources]
-    for together, single in zip(batched, alone):
-        assert [seq for seq, _ in together] == [seq for seq, _ in single]
-        assert [score for _, score in together] == pytest.approx([score for _, score in single], abs=1e-6)
+    sources, batched = assert_beams_batched_as_alone(loaded, ("a man", "a man in a blue shirt", "dog"), 1e-6)
     # a hypothesis's beam score is its teacher-forced log p (the beam sums in fp32)
     for source_ids, hypotheses in zip(sources, batched):
         seqs = [seq for seq, _ in hypotheses]
