@@ -283,8 +283,9 @@ RECIPES: Dict[str, Recipe] = {
 RECIPES["transformer"] = Recipe(
     # What trains the Transformer on a CPU (docs/transformer.md): Adam at a higher peak rate
     # reached by a linear warm-up and then decaying as 1 / sqrt(update), a loss per target token
-    # with label smoothing, dropout 0.3 as the small-data recipes use, Glorot initialisation.
-    optimizer="adam", lr=2e-3, clip_norm=1.0, loss="token", label_smoothing=0.1, dropout=0.3, init="glorot",
+    # with label smoothing, dropout 0.1 (0.3, the published small-data setting, cost 7.6 dev BLEU
+    # at 3,000 updates on English-French), Glorot initialisation.
+    optimizer="adam", lr=2e-3, clip_norm=1.0, loss="token", label_smoothing=0.1, dropout=0.1, init="glorot",
     lr_decay=1.0, lr_patience=2, min_lr=1e-5, warmup=1000)
 DEFAULT_RECIPE = "modern"
 # An architecture's recipe when none is named (the others': DEFAULT_RECIPE).

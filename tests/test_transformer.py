@@ -134,7 +134,7 @@ def test_the_warmup_rises_linearly_then_falls_as_the_inverse_square_root():
     assert [warmup_factor(4, u) for u in (1, 2, 4, 16)] == [0.25, 0.5, 1.0, 0.5]
     assert warmup_factor(0, 7) == 1.0 and warmup_factor(4, 0) == 0.25
     config = TrainConfig(arch="transformer").resolved()
-    assert config.recipe == "transformer" and config.warmup == 1000 and config.dropout == 0.3
+    assert config.recipe == "transformer" and config.warmup == 1000 and config.dropout == 0.1
     assert TrainConfig(arch="rnnsearch").resolved().warmup == 0  # the other recipes: no warm-up
 
 
