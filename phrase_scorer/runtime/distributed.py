@@ -111,15 +111,22 @@ def failures_to_launcher() -> Iterator[None]:
     from phrase_scorer.errors import PhraseScorerError
     from phrase_scorer.runtime.resources import exhausted
 
+    # Out of memory, wording the line may itself fail: this one is made while there is memory.
+    out_of_memory = pickle.dumps(exhausted(MemoryError()))
     try:
         yield
     except PhraseScorerError:
         raise
     except Exception as exc:
-        error = exhausted(exc)  # memory, open files, ...: the job's one line, said by the launcher
-        if error is not None:
+        traceback.clear_frames(exc.__traceback__)  # the failed work's locals (its tensors) are freed first
+        try:
+            error = exhausted(exc)  # memory, open files, ...: the job's one line, said by the launcher
+            said = pickle.dumps(error) if error is not None else None
+        except (MemoryError, SystemError):  # an allocation failed again: native code raises SystemError
+            said = out_of_memory
+        if said is not None:
             with open(path + RANK_EXHAUSTED, "wb") as failure:
-                pickle.dump(error, failure)
+                failure.write(said)
             raise SystemExit(1) from None
         if isinstance(exc, OSError):
             raise
