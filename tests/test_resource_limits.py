@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import pickle
 import re
 import resource
 import signal
@@ -219,6 +220,40 @@ def test_a_training_rank_out_of_memory_ends_the_job_with_one_line_naming_the_ran
     assert re.match(r"phrase-scorer: error: rank [01] of 2: out of memory \(ENOMEM\) under the address-space limit",
                     line), line
     assert "fewer worker processes or ranks" in line and "--resume" in line
+
+
+RANK_WITH_IGNORED_ERRORS = """
+import os, sys
+from phrase_scorer.runtime.distributed import RANK_FAILURE_FILE, failures_to_launcher
+
+class Cleanup:
+    def __init__(self, error):
+        self.error = error
+
+    def __del__(self):
+        raise self.error
+
+os.environ[RANK_FAILURE_FILE] = sys.argv[1]
+with failures_to_launcher():
+    Cleanup(MemoryError("a cleanup ran out"))
+    Cleanup(ValueError("a cleanup's own bug"))
+    raise MemoryError()
+"""
+
+
+def test_a_rank_out_of_memory_leaves_its_line_to_the_launcher_and_hides_only_ignored_memory_errors(tmp_path):
+    """Out of memory, a rank's finalisers and weakref callbacks fail too, and Python prints each
+    such ignored error with a traceback beside the job's one line: a rank keeps those of a
+    MemoryError quiet, and shows every other as always."""
+    failure = tmp_path / "rank-0.txt"
+    done = subprocess.run([sys.executable, "-c", RANK_WITH_IGNORED_ERRORS, str(failure)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "a cleanup's own bug" in done.stderr and "ValueError" in done.stderr
+    assert "MemoryError" not in done.stderr and "a cleanup ran out" not in done.stderr
+    assert not failure.exists()  # no traceback for the launcher: the rank's line is in the file beside it
+    error = pickle.loads(Path(f"{failure}.exhausted").read_bytes())
+    assert str(error.message).startswith("out of memory (ENOMEM)")
 
 
 # --- open files, processes and threads -----------------------------------------------------------

@@ -97,6 +97,14 @@ RANK_FAILURE_FILE = "PHRASE_SCORER_RANK_FAILURE"
 RANK_EXHAUSTED = ".exhausted"
 
 
+def _quiet_about_memory(unraisable) -> None:
+    """A rank's hook for exceptions Python can only ignore (a weakref callback's, a finaliser's):
+    a MemoryError among them is not shown, as it would be with a traceback beside the job's one
+    line; if the rank then fails, its line says that memory ran out. Others are shown as always."""
+    if not isinstance(unraisable.exc_value, MemoryError):
+        sys.__unraisablehook__(unraisable)
+
+
 @contextlib.contextmanager
 def failures_to_launcher() -> Iterator[None]:
     """Under :func:`launch_local`, an unexpected exception of this rank (one that would print a
@@ -113,6 +121,7 @@ def failures_to_launcher() -> Iterator[None]:
 
     # Out of memory, wording the line may itself fail: this one is made while there is memory.
     out_of_memory = pickle.dumps(exhausted(MemoryError()))
+    sys.unraisablehook = _quiet_about_memory  # for the rank's life, its exit included
     try:
         yield
     except PhraseScorerError:
