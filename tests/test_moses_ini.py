@@ -495,7 +495,25 @@ def test_a_binariser_output_is_moved_into_place(tmp_path, six_score_table):
     assert result.binarize_command[1:] == ["--input-pt", str(six_score_table), "--output-dir",
                                            f"{old}.part", "--num-scores", "6"]
     assert (old / "config").read_text() == "num_scores\t6\n"
-    assert not (tmp_path / "pt.probing.part").exists()
+    assert not (tmp_path / "pt.probing.part").exists() and not (tmp_path / "pt.probing.previous").exists()
+
+
+def test_a_file_in_the_way_of_the_previous_table_is_refused_before_the_binariser_runs(tmp_path, six_score_table):
+    """A folder table steps aside to NAME.previous while its successor moves in: a file of that
+    name is not this run's, so the run stops before building, and the table and the file stay."""
+    home = tmp_path / "moses"
+    fake_program(home, "CreateProbingPT", 'mkdir -p "$4"; printf "num_scores\t$6\n" > "$4/config"\n')
+    ini = variant(tmp_path, INI, ("PhraseDictionaryMemory", "ProbingPT"))
+    old = tmp_path / "pt.probing"
+    old.mkdir()
+    (old / "config").write_text("num_scores\t4\n")
+    (tmp_path / "pt.probing.previous").write_text("keep me")
+    with pytest.raises(PhraseScorerError, match="in the way of the previous table") as caught:
+        patch_moses_ini(ini, tmp_path / "o.ini", phrase_table=old, binarize_from=six_score_table, moses_home=home)
+    assert caught.value.path == str(tmp_path / "pt.probing.previous")
+    assert (old / "config").read_text() == "num_scores\t4\n"
+    assert (tmp_path / "pt.probing.previous").read_text() == "keep me"
+    assert not (tmp_path / "pt.probing.part").exists() and not (tmp_path / "o.ini").exists()
 
 
 def test_refuses_to_replace_a_folder_that_is_not_a_table(tmp_path, six_score_table):
