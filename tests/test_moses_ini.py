@@ -6,6 +6,7 @@ import gzip
 import os
 import stat
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 from click.testing import CliRunner
@@ -484,13 +485,20 @@ def test_a_failing_binariser_reports_its_last_words_and_leaves_nothing(tmp_path,
     assert not (tmp_path / "o.ini").exists()
 
 
-def test_a_binariser_output_is_moved_into_place(tmp_path, six_score_table):
+def a_probing_table_to_replace(tmp_path: Path) -> Tuple[Path, Path, Path]:
+    """A stand-in CreateProbingPT (its tables record 6 scores), a moses.ini reading a ProbingPT
+    table, and that table, of 4 scores, already there: (Moses folder, moses.ini, table)."""
     home = tmp_path / "moses"
     fake_program(home, "CreateProbingPT", 'mkdir -p "$4"; printf "num_scores\\t$6\\n" > "$4/config"\n')
     ini = variant(tmp_path, INI, ("PhraseDictionaryMemory", "ProbingPT"))
     old = tmp_path / "pt.probing"
     old.mkdir()
     (old / "config").write_text("num_scores\t4\n")
+    return home, ini, old
+
+
+def test_a_binariser_output_is_moved_into_place(tmp_path, six_score_table):
+    home, ini, old = a_probing_table_to_replace(tmp_path)
     result = patch_moses_ini(ini, tmp_path / "o.ini", phrase_table=old, binarize_from=six_score_table, moses_home=home)
     assert result.binarize_command[1:] == ["--input-pt", str(six_score_table), "--output-dir",
                                            f"{old}.part", "--num-scores", "6"]
@@ -501,12 +509,7 @@ def test_a_binariser_output_is_moved_into_place(tmp_path, six_score_table):
 def test_a_file_in_the_way_of_the_previous_table_is_refused_before_the_binariser_runs(tmp_path, six_score_table):
     """A folder table steps aside to NAME.previous while its successor moves in: a file of that
     name is not this run's, so the run stops before building, and the table and the file stay."""
-    home = tmp_path / "moses"
-    fake_program(home, "CreateProbingPT", 'mkdir -p "$4"; printf "num_scores\t$6\n" > "$4/config"\n')
-    ini = variant(tmp_path, INI, ("PhraseDictionaryMemory", "ProbingPT"))
-    old = tmp_path / "pt.probing"
-    old.mkdir()
-    (old / "config").write_text("num_scores\t4\n")
+    home, ini, old = a_probing_table_to_replace(tmp_path)
     (tmp_path / "pt.probing.previous").write_text("keep me")
     with pytest.raises(PhraseScorerError, match="in the way of the previous table") as caught:
         patch_moses_ini(ini, tmp_path / "o.ini", phrase_table=old, binarize_from=six_score_table, moses_home=home)
