@@ -365,3 +365,24 @@ def test_texts_without_words_decide_nothing_about_a_model(tmp_path, models):
     blank = tmp_path / "blank.txt"
     blank.write_text("\n\n", encoding="utf-8")
     check_model_reads(models["reverse"], "forward", reverse=False, texts=(blank, blank))  # no grounds to refuse
+
+
+def test_a_model_trained_as_another_architecture_is_refused_not_removed(tmp_path, failing_moses):
+    """A build continued with other architectures (an option, or a default that changed since):
+    the models it trained stay as they were, and the one line names the folder and the option
+    that goes on with that build."""
+    first = build(tmp_path, "--models", "forward", "--archs", "rnnsearch", moses_home=failing_moses)
+    assert "this Moses fails" in error_line(first)  # trained, then the decoding failed
+    weights = tmp_path / "work" / "models" / "forward" / "model.pt"
+    before = weights.read_bytes()
+    again = build(tmp_path, "--models", "forward", "--archs", "transformer", moses_home=failing_moses)
+    line = error_line(again)
+    assert "models/forward was trained as rnnsearch" in line and "a transformer in its place" in line
+    assert "--archs rnnsearch" in line
+    assert weights.read_bytes() == before
+    reverse = build(tmp_path, "--models", "forward,reverse", "--archs", "rnnsearch", "--reverse-arch", "encdec",
+                    moses_home=failing_moses)
+    assert "this Moses fails" in error_line(reverse)  # the reverse model trained as encdec
+    line = error_line(build(tmp_path, "--models", "forward,reverse", "--archs", "rnnsearch",
+                            "--reverse-arch", "transformer", moses_home=failing_moses))
+    assert "models/reverse was trained as encdec" in line and "--reverse-arch encdec" in line

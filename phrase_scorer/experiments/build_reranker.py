@@ -68,7 +68,7 @@ from phrase_scorer.io.model_layout import BEST_WEIGHTS, CHECKPOINT
 from phrase_scorer.moses.decoder_flags import check_decoder_flags
 from phrase_scorer.moses.system import system_record
 from phrase_scorer.moses.installation import MosesGiven, MosesInstallation, read_lines
-from phrase_scorer.records import Signature, Step
+from phrase_scorer.records import Signature, Step, read_record
 from phrase_scorer.runtime.progress import duration
 from phrase_scorer.vocab import Vocabulary
 
@@ -451,6 +451,7 @@ def preflight(ini: Path, corpus: Tuple[str, str], tuning: Tuple[str, str], work:
     installation = MosesInstallation.given(moses)
     check_moses(installation, options.experiment.decoder, options.experiment.mertdir)
     check_work_folder(work)
+    check_models_keep_their_arch(work, to_train, options)
     log_checked(["the options", f"{len(given)} model{'s' if len(given) != 1 else ''} given", "the moses.ini",
                  f"the corpus ({pairs:,} pairs)", f"the tuning set ({sentences:,} sentences)", "Moses",
                  "the working folder", resources, disk])
@@ -543,6 +544,25 @@ def check_work_folder(work: Path) -> None:
         if not work.is_dir() or any(work.iterdir()):
             raise PhraseScorerError("the working folder holds files build-reranker did not make", path=work,
                                     hint="give a new or empty folder (or the one an earlier build-reranker run made)")
+
+
+def check_models_keep_their_arch(work: Path, to_train: Sequence[str], options: BuildRerankerOptions) -> None:
+    """Refuse a build that would train one of ``to_train`` as another architecture than the one its
+    folder in ``work`` was trained as (its step's record says): the old model would be removed to
+    train the new one, hours of training lost to an option or a default that changed since."""
+    for name in to_train:
+        record = work / "models" / f"{name}.inputs.json"
+        if record.is_symlink() or not record.is_file():
+            continue  # none, or not this command's: the step refuses what it did not make
+        recorded = (read_record(record) or {}).get("training")
+        was = recorded.get("arch") if isinstance(recorded, dict) else None
+        now = model_arch(name, options)
+        if isinstance(was, str) and was != now:
+            option = "reverse_arch" if kind_and_seed(name)[0] not in ENSEMBLED else "archs"
+            raise PhraseScorerError(
+                f"models/{name} was trained as {was}; this build would remove it to train a {now} in its place",
+                path=work, hint=Text("give ", setting(option, was), " to go on with that build, or a new working "
+                                     "folder for a new one"))
 
 
 def claim_work_folder(work: Path) -> Path:
