@@ -528,10 +528,20 @@ def _corpus_hashes(record: Any) -> Optional[Tuple[Any, Any]]:
     return source["sha256"], target["sha256"]
 
 
+#: Words of a text as :func:`check_model_reads` weighs them: the name it is shown by, and its words
+WordSample = Tuple[str, List[str]]
+
+
+def text_sample(path: PathLike) -> WordSample:
+    """The words of the first :data:`SAMPLE_LINES` lines of the text at ``path``."""
+    return shown_path(path), _sample_words(path)
+
+
 def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left: Optional[bool] = None,
                       corpus: Optional[Tuple[PathLike, PathLike]] = None,
                       texts: Optional[Tuple[PathLike, PathLike]] = None,
-                      loaded: Optional[LoadedModel] = None) -> None:
+                      loaded: Optional[LoadedModel] = None,
+                      samples: Optional[Tuple[WordSample, WordSample]] = None) -> None:
     """Refuse the model at ``path`` (``loaded`` from there already, or loaded here), given as
     ``role`` (its name in the message, ``forward`` say), unless it loads and reads what the role
     needs: the system's source to its target (or, where ``reverse``, its target to its source),
@@ -544,6 +554,8 @@ def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left
     set): its source vocabulary must read the side it is to read better than its target
     vocabulary does, and its target vocabulary the side it predicts better than its source
     vocabulary does. A model of the other direction, or into another language, fails one of them.
+    ``samples`` (:func:`text_sample`, or words gathered elsewhere) stand for ``texts`` where the
+    words are at hand; a sample that no vocabulary reads better than the other decides nothing.
     One line names the folder, what the model is and what the role needs."""
     folder = Path(path)
     if loaded is None:
@@ -570,27 +582,32 @@ def check_model_reads(path: PathLike, role: str, *, reverse: bool, right_to_left
                 refuse("it was trained on the corpus read " + ("target to source (a reverse model)" if backwards
                                                                  else "source to target (a forward model)"))
             return
-    if texts is None:
-        return
-    source_words, target_words = (_sample_words(text) for text in texts)
+    if samples is None:
+        if texts is None:
+            return
+        samples = (text_sample(texts[0]), text_sample(texts[1]))
+    (source_name, source_words), (target_name, target_words) = samples
     if not source_words or not target_words:
         return  # texts without words say nothing of a language
     reads, predicts = (target_words, source_words) if reverse else (source_words, target_words)
     shares = {(vocab, side): known_share(vocab_of, words)
               for vocab, vocab_of in (("source", source_vocab), ("target", target_vocab))
               for side, words in (("reads", reads), ("predicts", predicts))}
-    names = (texts[1], texts[0]) if reverse else (texts[0], texts[1])
+    if shares["source", "reads"] == shares["target", "reads"] and \
+            shares["source", "predicts"] == shares["target", "predicts"]:
+        return  # neither vocabulary reads either text better: no evidence of a language
+    names = (target_name, source_name) if reverse else (source_name, target_name)
     if shares["source", "reads"] <= shares["target", "reads"] and shares["target", "predicts"] <= \
             shares["source", "predicts"]:
-        refuse(f"it translates the other way: its source vocabulary reads {shown_path(names[1])} "
-               f"({shares['source', 'predicts']:.0%} of its words known) better than {shown_path(names[0])} "
+        refuse(f"it translates the other way: its source vocabulary reads {names[1]} "
+               f"({shares['source', 'predicts']:.0%} of its words known) better than {names[0]} "
                f"({shares['source', 'reads']:.0%})")
     if shares["source", "reads"] <= shares["target", "reads"]:
         refuse(f"it reads another language: its source vocabulary knows {shares['source', 'reads']:.0%} of the "
-               f"words of {shown_path(names[0])}, its target vocabulary {shares['target', 'reads']:.0%}")
+               f"words of {names[0]}, its target vocabulary {shares['target', 'reads']:.0%}")
     if shares["target", "predicts"] <= shares["source", "predicts"]:
         refuse(f"it translates into another language: its target vocabulary knows "
-               f"{shares['target', 'predicts']:.0%} of the words of {shown_path(names[1])}, its source vocabulary "
+               f"{shares['target', 'predicts']:.0%} of the words of {names[1]}, its source vocabulary "
                f"{shares['source', 'predicts']:.0%}")
 
 

@@ -219,6 +219,31 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_reverse_model(tmp_path_factory) -> Path:
+    """The tiny model's twin the other way round (French→English): trained as ``tiny_model`` on
+    the bundled example table with its source and target swapped, what a reverse feature reads."""
+    from phrase_scorer.config import TrainConfig
+    from phrase_scorer.training.run import train
+
+    folder = tmp_path_factory.mktemp("models")
+    swapped = folder / "phrase-table.swapped.gz"
+    with gzip.open(EXAMPLE_TABLE, "rt", encoding="utf-8") as table, gzip.open(swapped, "wt", encoding="utf-8") as out:
+        for line in table:
+            fields = line.split(" ||| ")
+            out.write(" ||| ".join([fields[1], fields[0], *fields[2:]]))
+    train(swapped, folder / "tiny-reverse", TrainConfig(preset="tiny", max_steps=400, valid_every=200, valid_pairs=300,
+                                                        seed=3))
+    return folder / "tiny-reverse"
+
+
+@pytest.fixture(scope="session")
+def loaded_tiny_reverse(tiny_reverse_model):
+    from phrase_scorer.model_dir import load_model
+
+    return load_model(tiny_reverse_model)
+
+
+@pytest.fixture(scope="session")
 def sentence_models(tmp_path_factory):
     """``sentence_models(arch)``: the directory of a tiny model of ``arch`` trained briefly on the
     500 Multi30k sentence pairs, trained on first use and shared by the session."""

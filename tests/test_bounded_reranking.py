@@ -39,11 +39,12 @@ def chunk(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def models(tiny_model, sentence_models):
-    """Three models of two architectures and vocabularies: a reverse model, and an ensemble of two."""
+def models(tiny_model, tiny_reverse_model, sentence_models):
+    """Models of two architectures and vocabularies: a reverse model, and an ensemble of two."""
     phrase, sentence = load_model(tiny_model), load_model(sentence_models("rnnsearch"))
     return {"ensemble": [FeatureModel("E", phrase, ensemble=True), FeatureModel("E", sentence, ensemble=True)],
-            "forward": [FeatureModel("F", sentence)], "reverse": [FeatureModel("R", phrase, reverse=True)]}
+            "forward": [FeatureModel("F", sentence)],
+            "reverse": [FeatureModel("R", load_model(tiny_reverse_model), reverse=True)]}
 
 
 def weights_for(models, model_weights) -> Weights:

@@ -42,16 +42,16 @@ def read(path: Path) -> bytes:
     return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
 
 
-def rescore_scores(tmp_path, tiny_model, source, name):
+def rescore_scores(tmp_path, tiny_model, tiny_reverse_model, source, name):
     out = tmp_path / f"{name}.gz"
-    result = run("rescore", NBEST, "--source", source, "-m", tiny_model, "-r", tiny_model, "-o", out)
+    result = run("rescore", NBEST, "--source", source, "-m", tiny_model, "-r", tiny_reverse_model, "-o", out)
     assert result.exit_code == 0, result.output
     return read(out)
 
 
-def test_rescore_source_with_crlf_line_ends_gives_the_same_scores(tmp_path, tiny_model):
-    lf = rescore_scores(tmp_path, tiny_model, SOURCE, "lf")
-    crlf = rescore_scores(tmp_path, tiny_model, crlf_twin(SOURCE, tmp_path / "src.crlf"), "crlf")
+def test_rescore_source_with_crlf_line_ends_gives_the_same_scores(tmp_path, tiny_model, tiny_reverse_model):
+    lf = rescore_scores(tmp_path, tiny_model, tiny_reverse_model, SOURCE, "lf")
+    crlf = rescore_scores(tmp_path, tiny_model, tiny_reverse_model, crlf_twin(SOURCE, tmp_path / "src.crlf"), "crlf")
     assert crlf == lf
 
 

@@ -72,9 +72,9 @@ def assert_printed_from(written: np.ndarray, computed: np.ndarray) -> None:
 
 
 @pytest.fixture(scope="module")
-def rescored(tmp_path_factory, tiny_model):
+def rescored(tmp_path_factory, tiny_model, tiny_reverse_model):
     out = tmp_path_factory.mktemp("rescore") / "val.rescored.gz"
-    result = run("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-r", tiny_model, "-o", out,
+    result = run("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-r", tiny_reverse_model, "-o", out,
                  "--window-lines", "50")
     assert result.exit_code == 0, result.stderr
     return out
@@ -96,13 +96,13 @@ def test_every_line_and_field_is_kept(rescored):
     assert [e.features[:-2] for e in entries] == [e.features for e in read_nbest(NBEST)]
 
 
-def test_features_equal_what_score_gives(rescored, tiny_model, tmp_path):
+def test_features_equal_what_score_gives(rescored, tiny_model, tiny_reverse_model, tmp_path):
     entries = list(read_nbest(rescored))
     sentences = [split_words(line) for line in SOURCE.read_text(encoding="utf-8").splitlines()]
     sources = [sentences[e.sentence_id] for e in entries]
     hypotheses = [split_words(e.hypothesis) for e in entries]
     forward = model_scores(tiny_model, sources, hypotheses, tmp_path)
-    reverse = model_scores(tiny_model, hypotheses, sources, tmp_path)
+    reverse = model_scores(tiny_reverse_model, hypotheses, sources, tmp_path)
     written_forward = np.array([e.feature("RNN0")[0] for e in entries])
     written_reverse = np.array([e.feature("RNNReverse0")[0] for e in entries])
     # the scores differ from hypothesis to hypothesis, and are log-probabilities, not probabilities
@@ -124,15 +124,15 @@ def test_normalized_feature_is_per_predicted_token(tmp_path, loaded_tiny, tiny_m
     assert_printed_from(np.array([e.feature("Norm")[0] for e in entries]), per_token)
 
 
-def test_each_source_is_encoded_once_and_shared_prefixes_decoded_once(tmp_path, loaded_tiny):
+def test_each_source_is_encoded_once_and_shared_prefixes_decoded_once(tmp_path, loaded_tiny, loaded_tiny_reverse):
     result = rescore(NBEST, SOURCE, tmp_path / "o.txt",
-                     [FeatureModel("F", loaded_tiny), FeatureModel("R", loaded_tiny, reverse=True)])
+                     [FeatureModel("F", loaded_tiny), FeatureModel("R", loaded_tiny_reverse, reverse=True)])
     forward, reverse = result.stats
     assert forward.pairs == reverse.pairs == 221
     assert forward.distinct_sources == 3  # three sentences, 100 + 33 + 88 hypotheses
     assert forward.decoder_steps < 0.7 * forward.target_steps  # hypotheses share their beginnings
     # the reverse model reads the hypotheses: each distinct one (as word ids) is encoded once
-    encode = loaded_tiny.source_vocab.encode
+    encode = loaded_tiny_reverse.source_vocab.encode
     assert reverse.distinct_sources == len({tuple(encode(split_words(e.hypothesis))) for e in read_nbest(NBEST)})
 
 
@@ -158,13 +158,13 @@ def test_resume_after_an_interruption_gives_the_same_bytes(tmp_path, loaded_tiny
     assert json.loads(Path(str(out) + ".json").read_text())["lines"] == 221
 
 
-def test_stdin_and_stdout(tmp_path, tiny_model, rescored):
+def test_stdin_and_stdout(tmp_path, tiny_model, tiny_reverse_model, rescored):
     """The same bytes as the file written with the same settings (other windows batch the pairs
     differently, which can move a value's last digit: the windows are part of the signature)."""
     plain = tmp_path / "list.txt"
     plain.write_bytes(b"".join(raw_lines(NBEST)))
     result = CliRunner().invoke(
-        cli, ["rescore", "-", "--source", str(SOURCE), "-m", str(tiny_model), "-r", str(tiny_model), "-o", "-",
+        cli, ["rescore", "-", "--source", str(SOURCE), "-m", str(tiny_model), "-r", str(tiny_reverse_model), "-o", "-",
               "--window-lines", "50"],
         input=plain.read_bytes(), catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
@@ -224,7 +224,7 @@ def feature_values(path, name) -> np.ndarray:
     return np.array([dict(e.features)[name][0] for e in read_nbest(path)])
 
 
-def test_an_ensemble_is_one_feature_the_mean_of_its_models(tmp_path, tiny_model, sentence_models):
+def test_an_ensemble_is_one_feature_the_mean_of_its_models(tmp_path, tiny_model, tiny_reverse_model, sentence_models):
     """`--ensemble NAME`: the models' log p averaged into one feature; the models alone, with the
     same windows, give the values it averages."""
     other = sentence_models("encdec")
@@ -232,7 +232,7 @@ def test_an_ensemble_is_one_feature_the_mean_of_its_models(tmp_path, tiny_model,
     assert run("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-m", other, "-o", alone).exit_code == 0
     together = tmp_path / "ensemble.gz"
     result = run("rescore", NBEST, "--source", SOURCE, "-m", tiny_model, "-m", other, "--ensemble", "Ens",
-                 "-r", tiny_model, "-o", together)
+                 "-r", tiny_reverse_model, "-o", together)
     assert result.exit_code == 0, result.stderr
     entries = list(read_nbest(together))
     assert [name for name, _ in entries[0].features][-2:] == ["Ens", "RNNReverse0"]
@@ -280,21 +280,21 @@ def test_ensembles_are_checked(tmp_path, tiny_model, args, message):
     assert result.exit_code == 1 and message in result.stderr, result.stderr
 
 
-def test_the_reverse_model_needs_a_hypothesis(tmp_path, loaded_tiny):
+def test_the_reverse_model_needs_a_hypothesis(tmp_path, loaded_tiny, loaded_tiny_reverse):
     lines = raw_lines(NBEST)
     lines[2] = b"0 |||  ||| LM0= -1 ||| -1\n"
     with pytest.raises(PhraseScorerError, match="list.txt line 3: the hypothesis is empty"):
         rescore(write_lines(tmp_path / "list.txt", lines), SOURCE, tmp_path / "o.txt",
-                [FeatureModel("R", loaded_tiny, reverse=True)])
+                [FeatureModel("R", loaded_tiny_reverse, reverse=True)])
     # a forward model scores an empty hypothesis: log p(</s> | source)
     result = rescore(tmp_path / "list.txt", SOURCE, tmp_path / "o.txt", [FeatureModel("F", loaded_tiny)])
     assert result.lines == 221
 
 
-def test_worker_processes_give_the_bytes_of_one_process(tmp_path, loaded_tiny):
+def test_worker_processes_give_the_bytes_of_one_process(tmp_path, loaded_tiny, loaded_tiny_reverse):
     """The workers parse, look up, plan and format the windows; the main process only scores:
     the same bytes as a run without workers, for forward and reverse models and an ensemble."""
-    models = [FeatureModel("F", loaded_tiny), FeatureModel("R", loaded_tiny, reverse=True),
+    models = [FeatureModel("F", loaded_tiny), FeatureModel("R", loaded_tiny_reverse, reverse=True),
               FeatureModel("E", loaded_tiny, ensemble=True), FeatureModel("E", loaded_tiny, ensemble=True)]
     for workers in (0, 2):
         rescore(NBEST, SOURCE, tmp_path / f"o{workers}.gz", models, RescoreOptions(window_lines=40, normalize=True),
@@ -342,3 +342,20 @@ def test_the_summary_quotes_the_signature_line_of_what_made_the_list(tmp_path, t
     line = Signature.read(out).line()
     assert line.startswith("tool:rescore|models:RNN0=") and line.endswith("|version:0.1.0")
     assert f"signature: {line}" in result.stderr.splitlines()
+
+
+@pytest.mark.parametrize("option, which, said", [
+    ("-r", "forward", "given as the reverse model of feature RNNReverse0, but it translates the other way"),
+    ("-m", "reverse", "given as the model of feature RNN0, but it translates the other way"),
+])
+def test_a_model_of_the_other_direction_is_refused_before_the_output_is_made(tmp_path, tiny_model, tiny_reverse_model,
+                                                                              option, which, said):
+    """A forward model given as a reverse one, or the other way round: one line naming the model's
+    folder and the texts its vocabularies read, and no output."""
+    model = tiny_model if which == "forward" else tiny_reverse_model
+    out = tmp_path / "out.gz"
+    result = run("rescore", NBEST, "--source", SOURCE, option, model, "-o", out)
+    assert result.exit_code == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert said in line and model.name in line and "val.tok.en.head" in line and "val.nbest.head.gz" in line
+    assert not out.exists() and not list(tmp_path.iterdir())

@@ -44,6 +44,16 @@ def bpe_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def bpe_reverse(tmp_path_factory) -> Path:
+    """French→English: what a reverse feature reads."""
+    out = tmp_path_factory.mktemp("bpe-reverse") / "model"
+    run("-q", "train", "--corpus", TRAIN_FR, TRAIN_EN, "--dev", VAL_FR, VAL_EN, "--arch", "rnnsearch",
+        "--preset", "tiny", "--max-length", 12, "--max-steps", 20, "--valid-every", 20, "--vocabulary", "bpe",
+        "-o", out)
+    return out
+
+
+@pytest.fixture(scope="module")
 def bpe_right_to_left(tmp_path_factory) -> Path:
     return train(tmp_path_factory.mktemp("bpe-rtl") / "model", "--vocabulary", "bpe", "--right-to-left")
 
@@ -160,7 +170,7 @@ def test_annotate_writes_the_same_log_p_and_counts_unknown_pieces(tmp_path, bpe_
     assert signature["model"]["subwords"]["target"]["model_type"] == "bpe"
 
 
-def test_rescore_feature_is_the_sum_of_the_pieces_log_p(tmp_path, bpe_model):
+def test_rescore_feature_is_the_sum_of_the_pieces_log_p(tmp_path, bpe_model, bpe_reverse):
     run("rescore", NBEST, "--source", SOURCE, "-m", bpe_model, "-o", tmp_path / "out.nbest")
     sources = SOURCE.read_text(encoding="utf-8").splitlines()
     entries = list(read_nbest(tmp_path / "out.nbest"))
@@ -170,10 +180,10 @@ def test_rescore_feature_is_the_sum_of_the_pieces_log_p(tmp_path, bpe_model):
     np.testing.assert_allclose([dict(e.features)["RNN0"][0] for e in chosen], reference_log_probs(bpe_model, pairs),
                                rtol=1e-5)  # the list's 6 significant digits
     # the reverse direction: log p(source | hypothesis), a hypothesis's pieces as the source
-    run("rescore", NBEST, "--source", SOURCE, "-r", bpe_model, "-o", tmp_path / "rev.nbest")
+    run("rescore", NBEST, "--source", SOURCE, "-r", bpe_reverse, "-o", tmp_path / "rev.nbest")
     reverse = list(read_nbest(tmp_path / "rev.nbest"))[::25]
     swapped = [(e.hypothesis.split(), sources[e.sentence_id].split()) for e in reverse]
-    np.testing.assert_allclose([e.features[-1][1][0] for e in reverse], reference_log_probs(bpe_model, swapped),
+    np.testing.assert_allclose([e.features[-1][1][0] for e in reverse], reference_log_probs(bpe_reverse, swapped),
                                rtol=1e-5)
     # per word, not per piece: --normalize divides by the hypothesis's words and </s>
     run("rescore", NBEST, "--source", SOURCE, "-m", bpe_model, "--normalize", "-o", tmp_path / "norm.nbest")

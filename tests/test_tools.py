@@ -107,7 +107,8 @@ def test_bench_learning_converts_a_loaded_run_to_idle_time(tmp_path):
                                                       ["no-dropout", "--dropout 0", "10.00"]]
 
 
-def test_bench_rescore_counts_hypotheses_per_second_for_each_model_and_all(tmp_path, tiny_model):
+def test_bench_rescore_counts_hypotheses_per_second_for_each_model_and_all(tmp_path, tiny_model,
+                                                                          tiny_reverse_model):
     from conftest import SHARED_SYSTEM
 
     nbest = SHARED_SYSTEM / "val.nbest.gz"
@@ -115,7 +116,7 @@ def test_bench_rescore_counts_hypotheses_per_second_for_each_model_and_all(tmp_p
         pytest.skip(f"needs the shared Moses system's n-best list ({nbest})")
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "bench_rescore.py"), "--model", f"A={tiny_model}",
-         "--reverse-model", f"B={tiny_model}", "--sentences", "3", "--threads", "1", "--repeats", "1",
+         "--reverse-model", f"B={tiny_reverse_model}", "--sentences", "3", "--threads", "1", "--repeats", "1",
          "--before", str(ROOT), "--work-dir", str(tmp_path)],  # this checkout as the earlier version too
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -131,12 +132,12 @@ def test_bench_rescore_counts_hypotheses_per_second_for_each_model_and_all(tmp_p
         assert float(row[5]) > 0 and float(row[6]) == pytest.approx(float(row[5]) / rate, abs=0.011)
 
 
-def test_bench_rescore_compares_int8_with_fp32_for_each_model(tmp_path, tiny_model):
+def test_bench_rescore_compares_int8_with_fp32_for_each_model(tmp_path, tiny_model, tiny_reverse_model):
     from conftest import DATA
 
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "bench_rescore.py"), "--parts", "int8", "--model", f"A={tiny_model}",
-         "--reverse-model", f"B={tiny_model}", "--nbest", str(DATA / "val.nbest.head.gz"), "--source",
+         "--reverse-model", f"B={tiny_reverse_model}", "--nbest", str(DATA / "val.nbest.head.gz"), "--source",
          str(DATA / "val.tok.en.head"), "--sentences", "2", "--threads", "1", "--repeats", "1",
          "--work-dir", str(tmp_path)],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
@@ -179,14 +180,14 @@ def test_bench_subwords_reports_every_candidate(tmp_path):
     assert float(row[3]) >= 1.0  # pieces per word
 
 
-def test_bench_gpu_rescores_and_trains_on_the_device_it_is_given(tmp_path, tiny_model):
+def test_bench_gpu_rescores_and_trains_on_the_device_it_is_given(tmp_path, tiny_model, tiny_reverse_model):
     """The GPU benchmark's rescore and sentences parts, run on the CPU: a row per model set and
     batch size over the whole list, the device's scores compared with the CPU's."""
     data = ROOT / "tests" / "data"
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "bench_gpu.py"), "--device", "cpu", "--parts", "rescore,sentences",
          "--nbest", str(data / "val.nbest.head.gz"), "--source", str(data / "val.tok.en.head"),
-         "--forward", str(tiny_model), "--reverse", str(tiny_model), "--ensemble", f"{tiny_model},{tiny_model}",
+         "--forward", str(tiny_model), "--reverse", str(tiny_reverse_model), "--ensemble", f"{tiny_model},{tiny_model}",
          "--rescore-batch-tokens", "8192,64", "--cpu-sentences", "2", "--threads", "1",
          "--corpus", str(data / "multi30k.train500.en.gz"), str(data / "multi30k.train500.fr.gz"),
          "--preset", "tiny", "--steps", "20", "--work-dir", str(tmp_path)],

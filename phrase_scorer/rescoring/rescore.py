@@ -214,6 +214,34 @@ class SourceSentences:
         self._lines.close()
 
 
+def check_models_read(nbest: PathLike, source: PathLike, models: Sequence[FeatureModel]) -> None:
+    """Refuse a model that reads or predicts another language than the list's (a reverse model
+    given as a forward one or the other way round, a model of another language pair):
+    each model's vocabularies against the source's first lines and the first hypothesis of as many
+    of the list's sentences (:func:`~phrase_scorer.model_dir.check_model_reads`). A stream (stdin,
+    a pipe) is read once, by the rescoring, and is not checked."""
+    from phrase_scorer.io.nbest import read_nbest
+    from phrase_scorer.model_dir import SAMPLE_LINES, check_model_reads, shown_path, text_sample
+
+    if not all(os.fspath(path) != STDIO and os.path.isfile(path) for path in (nbest, source)):
+        return
+    hypotheses: List[str] = []
+    last, sentences = None, 0
+    try:
+        for entry in read_nbest(nbest):
+            if entry.sentence_id != last:
+                if sentences == SAMPLE_LINES:
+                    break
+                last, sentences = entry.sentence_id, sentences + 1
+                hypotheses.extend(entry.hypothesis.split())
+    except PhraseScorerError:
+        pass  # the sample ends at a bad line; the rescoring names the list's first one
+    samples = (text_sample(source), (f"the hypotheses of {shown_path(nbest)}", hypotheses))
+    for model in models:
+        role = f"the {'reverse ' if model.reverse else ''}model of feature {model.name}"
+        check_model_reads(model.loaded.directory, role, reverse=model.reverse, samples=samples, loaded=model.loaded)
+
+
 @dataclass
 class RescoreResult:
     output: str
@@ -260,6 +288,7 @@ def rescore(
         inputs += model_files(m.loaded.directory)
     if os.fspath(nbest) == STDIO and os.fspath(source) == STDIO:
         raise PhraseScorerError("the n-best list and the source cannot both be read from stdin")
+    check_models_read(nbest, source, models)
     compress = output != STDIO and is_gzip_name(output)
     scorers = [BatchScorer(m.loaded.model, scoring_options) for m in models]
     workers = run.workers if run.workers is not None else default_workers(cores_per_process())
