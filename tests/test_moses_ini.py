@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import stat
@@ -503,20 +504,40 @@ def test_a_binariser_output_is_moved_into_place(tmp_path, six_score_table):
     assert result.binarize_command[1:] == ["--input-pt", str(six_score_table), "--output-dir",
                                            f"{old}.part", "--num-scores", "6"]
     assert (old / "config").read_text() == "num_scores\t6\n"
-    assert not (tmp_path / "pt.probing.part").exists() and not (tmp_path / "pt.probing.previous").exists()
+    assert sorted(p.name for p in tmp_path.glob("pt.probing*")) == ["pt.probing", "pt.probing.log"]
 
 
-def test_a_file_in_the_way_of_the_previous_table_is_refused_before_the_binariser_runs(tmp_path, six_score_table):
-    """A folder table steps aside to NAME.previous while its successor moves in: a file of that
-    name is not this run's, so the run stops before building, and the table and the file stay."""
+def test_the_previous_table_steps_aside_under_a_name_no_file_holds(tmp_path, six_score_table):
+    """A folder table steps aside while its successor moves in, into a folder made for it: a
+    user's file or folder named like it (NAME.previous, empty or not) is never touched, and
+    nothing of the step is left."""
     home, ini, old = a_probing_table_to_replace(tmp_path)
     (tmp_path / "pt.probing.previous").write_text("keep me")
-    with pytest.raises(PhraseScorerError, match="in the way of the previous table") as caught:
-        patch_moses_ini(ini, tmp_path / "o.ini", phrase_table=old, binarize_from=six_score_table, moses_home=home)
-    assert caught.value.path == str(tmp_path / "pt.probing.previous")
-    assert (old / "config").read_text() == "num_scores\t4\n"
+    (tmp_path / "pt.probing.previous.x").mkdir()
+    patch_moses_ini(ini, tmp_path / "o.ini", phrase_table=old, binarize_from=six_score_table, moses_home=home)
+    assert (old / "config").read_text() == "num_scores\t6\n"
     assert (tmp_path / "pt.probing.previous").read_text() == "keep me"
-    assert not (tmp_path / "pt.probing.part").exists() and not (tmp_path / "o.ini").exists()
+    assert (tmp_path / "pt.probing.previous.x").is_dir()
+    assert sorted(p.name for p in tmp_path.glob("pt.probing*")) == ["pt.probing", "pt.probing.log",
+                                                                     "pt.probing.previous", "pt.probing.previous.x"]
+
+
+def test_a_new_table_that_cannot_move_in_leaves_the_old_one_in_place(tmp_path, six_score_table, monkeypatch):
+    """The new table's move fails (a full directory, a permission): the old table steps back, the
+    new one stays in NAME.part, and nothing else of the step is left."""
+    home, ini, old = a_probing_table_to_replace(tmp_path)
+    real_rename = os.rename
+
+    def rename(source, destination):
+        if os.fspath(source).endswith(".part"):
+            raise OSError(errno.EACCES, "Permission denied")
+        real_rename(source, destination)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(PhraseScorerError, match="cannot move the new table into place"):
+        patch_moses_ini(ini, tmp_path / "o.ini", phrase_table=old, binarize_from=six_score_table, moses_home=home)
+    assert (old / "config").read_text() == "num_scores\t4\n"
+    assert sorted(p.name for p in tmp_path.glob("pt.probing*")) == ["pt.probing", "pt.probing.log", "pt.probing.part"]
 
 
 def test_refuses_to_replace_a_folder_that_is_not_a_table(tmp_path, six_score_table):

@@ -92,11 +92,9 @@ def run_binarizer(feature_type: str, text_table: PathLike, output: PathLike, num
         raise PhraseScorerError("no such program", path=program,
                                 hint="MOSES_HOME must be the Moses folder whose bin/ holds "
                                      f"{os.path.basename(program)}")
-    previous = final + ".previous"  # a folder table's name while its successor moves in
-    for path, what in ((built, "the table being built"), (previous, "the previous table while it is replaced")):
-        if os.path.lexists(path):  # not this run's: never removed, nor written through (a link)
-            raise PhraseScorerError(f"a file is in the way of {what}", path=path,
-                                    hint="it may be yours or left by an interrupted run: move it away, then run again")
+    if os.path.lexists(built):  # not this run's: never removed, nor written through (a link)
+        raise PhraseScorerError("a file is in the way of the table being built", path=built,
+                                hint="it may be yours or left by an interrupted run: move it away, then run again")
     log.info("binarising: %s", " ".join(command))
     try:
         run_logged(command, final + ".log")  # appended to, each run after its command line
@@ -107,7 +105,7 @@ def run_binarizer(feature_type: str, text_table: PathLike, output: PathLike, num
         raise PhraseScorerError(f"{os.path.basename(program)} succeeded but wrote nothing", path=built)
     try:
         if os.path.isdir(built) and os.path.isdir(final):
-            _replace_folder(built, final, previous)
+            _replace_folder(built, final)
         else:
             os.replace(built, final)
     except OSError as exc:
@@ -116,17 +114,23 @@ def run_binarizer(feature_type: str, text_table: PathLike, output: PathLike, num
     return command
 
 
-def _replace_folder(built: str, final: str, previous: str) -> None:
-    """Move the folder ``built`` to ``final``, where a folder table is: the old one steps aside to
-    ``previous`` and is removed only once the new one is in place (it steps back if that fails;
-    an interruption between the two moves leaves it whole at ``previous``)."""
+def _replace_folder(built: str, final: str) -> None:
+    """Move the folder ``built`` to ``final``, where a folder table is: the old one steps aside
+    into a folder of a name no one else holds (``FINAL.previous.XXXXXXXX/``, made for it) and is
+    removed only once the new one is in place (it steps back if that fails; an interruption
+    between the two moves leaves it whole there)."""
+    import tempfile
+
+    aside = tempfile.mkdtemp(prefix=os.path.basename(final) + ".previous.", dir=os.path.dirname(final) or ".")
+    previous = os.path.join(aside, os.path.basename(final))
     os.rename(final, previous)
     try:
         os.rename(built, final)
     except OSError:
         os.rename(previous, final)
+        os.rmdir(aside)
         raise
-    shutil.rmtree(previous)
+    shutil.rmtree(aside)
 
 
 def _remove(path: str) -> None:
