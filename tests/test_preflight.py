@@ -162,11 +162,14 @@ def test_without_its_corpus_a_model_of_the_other_direction_is_known_by_its_vocab
 
 
 def test_more_members_than_the_machine_can_train_at_once_are_refused(tmp_path):
-    """--members 1000 would start 2,001 trainings side by side: refused naming --members and the
-    memory, before the working folder exists (and before Moses is looked for)."""
+    """--members 1000 would start 2,000 trainings side by side (2,001 with a reverse model):
+    refused naming --members and the memory, before the working folder exists (and before Moses
+    is looked for)."""
     result = build(tmp_path, "--members", 1000, "--side-by-side")
     line = error_line(result)
-    assert "2,001 trainings side by side (--members 1000)" in line and "GiB" in line
+    assert "2,000 trainings side by side (--members 1000)" in line and "GiB" in line
+    line = error_line(build(tmp_path, "--members", 1000, "--side-by-side", "--models", "forward,right-to-left,reverse"))
+    assert "2,001 trainings side by side (--members 1000)" in line
     assert not (tmp_path / "work").exists()
 
 
