@@ -20,7 +20,7 @@ from conftest import DATA, SHARED_SYSTEM, TRAIN_EN, TRAIN_FR
 from phrase_scorer.config import BuildRerankerOptions
 from phrase_scorer.errors import PhraseScorerError
 from phrase_scorer.experiments.build_reranker import (
-    ENSEMBLE, FORWARD, MODEL_KINDS, REVERSE, Candidate, candidates, choose, kind_and_seed, model_names,
+    ENSEMBLE, FORWARD, REVERSE, Candidate, candidates, choose, kind_and_seed, model_names,
     outside_shortlist, trained_model, vocabulary_choice,
 )
 from phrase_scorer.experiments.system_steps import RETUNED_ROW, Row
@@ -221,8 +221,9 @@ def run_cli(args: list) -> str:
 
 @pytest.fixture(scope="module")
 def built(moses, tmp_path_factory):
-    """The shared English-French system, 500 training pairs, tiny models for 40 updates, the first
-    100 val sentences as the tuning set: one uninterrupted build."""
+    """The shared English-French system, 500 training pairs, the defaults' models (two tiny
+    Transformers) for 40 updates, the first 100 val sentences as the tuning set: one
+    uninterrupted build."""
     work = tmp_path_factory.mktemp("build") / "work"
     run_cli(build_command(work))
     return work
@@ -233,8 +234,15 @@ def test_the_command_builds_a_reranker_and_reuses_every_step(built, moses):
     from phrase_scorer.records import Signature
     from phrase_scorer.rescoring.reranker import Reranker
 
+    from phrase_scorer.model_dir import load_model
+    from phrase_scorer.models.transformer import Transformer
+
+    defaults = BuildRerankerOptions().model_kinds
+    assert defaults == ("forward", "right-to-left")
+    assert all(isinstance(load_model(built / "models" / name).model, Transformer) for name in defaults)
+    assert not (built / "models" / "reverse").exists()
     results = json.loads((built / "results.json").read_text(encoding="utf-8"))
-    rows = candidates(["forward", "right-to-left", "reverse"])
+    rows = candidates(list(defaults))
     assert set(results["tuning BLEU per seed"]) == {c.row.label for c in rows}
     assert all(len(seeds) == 2 for seeds in results["tuning BLEU per seed"].values())
     kept = next(c for c in rows if c.row.label == results["chosen"])
@@ -245,17 +253,18 @@ def test_the_command_builds_a_reranker_and_reuses_every_step(built, moses):
     assert f"- the reranker's signature: `{signed.line()}`" in report.splitlines()
     assert signed.line().startswith("tool:build-reranker|models:")
     reranker = Reranker.read(built / "reranker.json")
-    assert set(reranker.ignore_features) == {f for f in (FORWARD, ENSEMBLE, REVERSE) if f not in kept.row.features}
+    assert set(reranker.ignore_features) == {f for f in (FORWARD, ENSEMBLE) if f not in kept.row.features}
     assert "-n-best-factor 100" in (reranker.decoder_flags or "") and reranker.nbest_size == 10
     with gzip.open(built / "rescored" / "multi30k.nbest.gz", "rt", encoding="utf-8") as f:
-        assert all(f"{name}=" in next(f) for name in (FORWARD, ENSEMBLE, REVERSE))
+        first_line = next(f)
+    assert f"{FORWARD}=" in first_line and f"{ENSEMBLE}=" in first_line and f"{REVERSE}=" not in first_line
     first = (built / "reranker.json").read_bytes()
-    weights = {name: (built / "models" / name / BEST_WEIGHTS).stat().st_mtime_ns for name in MODEL_KINDS}
+    weights = {name: (built / "models" / name / BEST_WEIGHTS).stat().st_mtime_ns for name in defaults}
 
     log = run_cli(build_command(built))  # again: every step reused
     assert (built / "reranker.json").read_bytes() == first
-    assert log.count("already trained") == 3 and "already decoded" in log and "already rescored" in log
-    assert weights == {name: (built / "models" / name / BEST_WEIGHTS).stat().st_mtime_ns for name in MODEL_KINDS}
+    assert log.count("already trained") == 2 and "already decoded" in log and "already rescored" in log
+    assert weights == {name: (built / "models" / name / BEST_WEIGHTS).stat().st_mtime_ns for name in defaults}
 
     # The whole system takes the reranker: one line per input line
     source = Path(str(built) + ".new.en")
@@ -285,27 +294,27 @@ def test_an_interrupted_build_resumes_to_the_same_reranker(built, tmp_path):
 
 
 @pytest.mark.moses
-def test_transformer_members_beside_rnnsearch_ones_build_a_reranker(built, moses, tmp_path):
-    """--archs rnnsearch,transformer --reverse-arch transformer: the RNNsearch models of the first
-    build given, a Transformer forward, right-to-left and reverse model trained beside them, every
-    row tuned, the reranker applied to new text."""
+def test_rnnsearch_members_beside_transformer_ones_build_a_reranker(built, moses, tmp_path):
+    """--archs transformer,rnnsearch --reverse-arch rnnsearch with a reverse model: the
+    Transformer models of the first build given, an RNNsearch forward, right-to-left and reverse
+    model trained beside them, every row tuned, the reranker applied to new text."""
     from phrase_scorer.model_dir import load_model
-    from phrase_scorer.models.transformer import Transformer
+    from phrase_scorer.models.rnnsearch import RNNsearch
 
     work = tmp_path / "work"
     given = [arg for name in ("forward", "right-to-left") for arg in ("-m", f"{name}={built / 'models' / name}")]
-    log = run_cli([*build_command(work), "--archs", "rnnsearch,transformer", "--reverse-arch", "transformer",
-                   *given, "--threads", "2"])
-    assert "training the forward-transformer, right-to-left-transformer, reverse models side by side" in log
-    for name in ("forward-transformer", "right-to-left-transformer", "reverse"):
-        assert isinstance(load_model(work / "models" / name).model, Transformer)
+    log = run_cli([*build_command(work), "--archs", "transformer,rnnsearch", "--reverse-arch", "rnnsearch",
+                   "--models", "forward,right-to-left,reverse", *given, "--threads", "2"])
+    assert "training the forward-rnnsearch, right-to-left-rnnsearch, reverse models side by side" in log
+    for name in ("forward-rnnsearch", "right-to-left-rnnsearch", "reverse"):
+        assert isinstance(load_model(work / "models" / name).model, RNNsearch)
     results = json.loads((work / "results.json").read_text(encoding="utf-8"))
     assert set(results["tuning BLEU per seed"]) == {c.row.label for c in candidates(
-        ["forward", "right-to-left", "forward-transformer", "right-to-left-transformer", "reverse"])}
+        ["forward", "right-to-left", "forward-rnnsearch", "right-to-left-rnnsearch", "reverse"])}
     with gzip.open(work / "rescored" / "multi30k.nbest.gz", "rt", encoding="utf-8") as f:
         first = next(f)
     assert all(f"{name}=" in first for name in (FORWARD, ENSEMBLE, REVERSE))
-    assert "rnnsearch, transformer (reverse: transformer)" in (work / "report.md").read_text(encoding="utf-8")
+    assert "transformer, rnnsearch (reverse: rnnsearch)" in (work / "report.md").read_text(encoding="utf-8")
     source = tmp_path / "new.en"
     source.write_text("".join(VAL_EN.read_text(encoding="utf-8").splitlines(True)[:3]), encoding="utf-8")
     run_cli(["translate-system", "--moses", str(SHARED_SYSTEM / "moses.tuned.ini"), "--reranker",
