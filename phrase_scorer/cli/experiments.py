@@ -191,7 +191,8 @@ def build_options(command):
         click.option("--archs", default=",".join(BuildRerankerOptions.archs), show_default=True, callback=archs_value,
                      help="The architectures of the forward and right-to-left models, comma-separated (rnnsearch, "
                           "transformer, encdec): each trains --members models of each kind, all in the Ensemble; "
-                          "the first's are named forward, forward-2, ..., another's forward-transformer, ..."),
+                          "the first's are named forward, forward-2, ..., another's carry its name "
+                          "(forward-rnnsearch, ...)"),
         click.option("--reverse-arch", type=click.Choice(list(ARCH_PRESETS)), default=BuildRerankerOptions.reverse_arch,
                      show_default=True, help="The reverse model's architecture."),
         click.option("--preset", default=BuildRerankerOptions.preset, show_default=True,
