@@ -185,6 +185,7 @@ def test_a_training_step_is_reused_and_redone_when_its_settings_change(tmp_path,
     ("--archs", "rnnsearch,conformer", "'conformer' is not an architecture"),
     ("--archs", "transformer,transformer", "names an architecture twice"),
     ("--reverse-arch", "conformer", "'conformer' is not one of"),
+    ("--preset", "medium", "--preset medium is not a preset of transformer, which --archs names"),
 ])
 def test_a_bad_model_choice_is_refused_before_anything_runs(tmp_path, option, value, said):
     from click.testing import CliRunner
@@ -398,3 +399,19 @@ def test_a_working_folder_with_other_files_is_refused(tmp_path):
     os.symlink(theirs / "reranker.json", ours / WORK_MARK)  # a mark that is a link is no mark
     with pytest.raises(PhraseScorerError, match="did not make"):
         claim_work_folder(ours)
+
+
+def test_a_preset_is_checked_against_the_architectures_that_train():
+    """An RNNsearch preset with the default Transformers is refused, naming the architecture that
+    has it; with RNNsearch models it passes, and the reverse model's architecture counts only
+    when a reverse model trains."""
+    from phrase_scorer.experiments.build_reranker import check_options
+
+    with pytest.raises(PhraseScorerError, match="give rnnsearch as archs for medium") as caught:
+        check_options(replace(BuildRerankerOptions(), preset="medium"))
+    assert "its presets: paper, small, tiny" in caught.value.message
+    rnnsearch = replace(BuildRerankerOptions(), archs=("rnnsearch",), preset="medium")
+    check_options(rnnsearch)  # the reverse Transformer does not train
+    with pytest.raises(PhraseScorerError, match="not a preset of transformer, which reverse_arch names"):
+        check_options(replace(rnnsearch, model_kinds=("forward", "right-to-left", "reverse")))
+    check_options(replace(rnnsearch, model_kinds=("forward", "reverse"), reverse_arch="rnnsearch"))
