@@ -207,33 +207,32 @@ def moses():
     return MosesInstallation.find(home)
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    """A tiny model trained for a few hundred steps on the bundled example table."""
+def train_tiny(table: Path, out: Path) -> Path:
+    """A tiny model trained for a few hundred steps on the phrase table ``table``, into ``out``."""
     from phrase_scorer.config import TrainConfig
     from phrase_scorer.training.run import train
 
-    out = tmp_path_factory.mktemp("models") / "tiny"
-    train(EXAMPLE_TABLE, out, TrainConfig(preset="tiny", max_steps=400, valid_every=200, valid_pairs=300, seed=3))
+    train(table, out, TrainConfig(preset="tiny", max_steps=400, valid_every=200, valid_pairs=300, seed=3))
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny model trained for a few hundred steps on the bundled example table."""
+    return train_tiny(EXAMPLE_TABLE, tmp_path_factory.mktemp("models") / "tiny")
 
 
 @pytest.fixture(scope="session")
 def tiny_reverse_model(tmp_path_factory) -> Path:
     """The tiny model's twin the other way round (French→English): trained as ``tiny_model`` on
     the bundled example table with its source and target swapped, what a reverse feature reads."""
-    from phrase_scorer.config import TrainConfig
-    from phrase_scorer.training.run import train
-
     folder = tmp_path_factory.mktemp("models")
     swapped = folder / "phrase-table.swapped.gz"
     with gzip.open(EXAMPLE_TABLE, "rt", encoding="utf-8") as table, gzip.open(swapped, "wt", encoding="utf-8") as out:
         for line in table:
             fields = line.split(" ||| ")
             out.write(" ||| ".join([fields[1], fields[0], *fields[2:]]))
-    train(swapped, folder / "tiny-reverse", TrainConfig(preset="tiny", max_steps=400, valid_every=200, valid_pairs=300,
-                                                        seed=3))
-    return folder / "tiny-reverse"
+    return train_tiny(swapped, folder / "tiny-reverse")
 
 
 @pytest.fixture(scope="session")

@@ -32,8 +32,10 @@ def run(*args, input=None):
     return result
 
 
-def train(out: Path, *flags) -> Path:
-    run("-q", "train", "--corpus", TRAIN_EN, TRAIN_FR, "--dev", VAL_EN, VAL_FR, "--arch", "rnnsearch",
+def train(out: Path, *flags, reverse: bool = False) -> Path:
+    """A tiny RNNsearch model on the 500 Multi30k pairs, English→French (``reverse``: French→English)."""
+    corpus, dev = ((TRAIN_FR, TRAIN_EN), (VAL_FR, VAL_EN)) if reverse else ((TRAIN_EN, TRAIN_FR), (VAL_EN, VAL_FR))
+    run("-q", "train", "--corpus", *corpus, "--dev", *dev, "--arch", "rnnsearch",
         "--preset", "tiny", "--max-length", 12, "--max-steps", 20, "--valid-every", 20, *flags, "-o", out)
     return out
 
@@ -46,11 +48,7 @@ def bpe_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def bpe_reverse(tmp_path_factory) -> Path:
     """French→English: what a reverse feature reads."""
-    out = tmp_path_factory.mktemp("bpe-reverse") / "model"
-    run("-q", "train", "--corpus", TRAIN_FR, TRAIN_EN, "--dev", VAL_FR, VAL_EN, "--arch", "rnnsearch",
-        "--preset", "tiny", "--max-length", 12, "--max-steps", 20, "--valid-every", 20, "--vocabulary", "bpe",
-        "-o", out)
-    return out
+    return train(tmp_path_factory.mktemp("bpe-reverse") / "model", "--vocabulary", "bpe", reverse=True)
 
 
 @pytest.fixture(scope="module")

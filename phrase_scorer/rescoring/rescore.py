@@ -220,20 +220,17 @@ def check_models_read(nbest: PathLike, source: PathLike, models: Sequence[Featur
     each model's vocabularies against the source's first lines and the first hypothesis of as many
     of the list's sentences (:func:`~phrase_scorer.model_dir.check_model_reads`). A stream (stdin,
     a pipe) is read once, by the rescoring, and is not checked."""
-    from phrase_scorer.io.nbest import read_nbest
+    from itertools import islice
+
+    from phrase_scorer.io.nbest import group_by_sentence, read_nbest
     from phrase_scorer.model_dir import SAMPLE_LINES, check_model_reads, shown_path, text_sample
 
     if not all(os.fspath(path) != STDIO and os.path.isfile(path) for path in (nbest, source)):
         return
     hypotheses: List[str] = []
-    last, sentences = None, 0
     try:
-        for entry in read_nbest(nbest):
-            if entry.sentence_id != last:
-                if sentences == SAMPLE_LINES:
-                    break
-                last, sentences = entry.sentence_id, sentences + 1
-                hypotheses.extend(entry.hypothesis.split())
+        for _, entries in islice(group_by_sentence(read_nbest(nbest)), SAMPLE_LINES):
+            hypotheses.extend(entries[0].hypothesis.split())
     except PhraseScorerError:
         pass  # the sample ends at a bad line; the rescoring names the list's first one
     samples = (text_sample(source), (f"the hypotheses of {shown_path(nbest)}", hypotheses))
