@@ -396,11 +396,12 @@ def check_options(options: BuildRerankerOptions) -> None:
     if not options.archs or len(set(options.archs)) != len(options.archs):
         raise PhraseScorerError(Text(setting("archs"), f" is {','.join(options.archs)!r}; name each architecture "
                                      "of the ensemble once"))
-    if options.reverse_arch not in ARCH_PRESETS:  # known, even where no reverse model trains
-        preset_config(training_config(options, "words", False, arch=options.reverse_arch))
+    for arch in (*options.archs, options.reverse_arch):  # each architecture is known, even where none trains
+        if arch not in ARCH_PRESETS:
+            preset_config(training_config(options, "words", False, arch=arch))  # its message names the known ones
     trained = (*options.archs, *((options.reverse_arch,) if "reverse" in options.model_kinds else ()))
-    for arch in trained:  # each architecture that trains, and its preset, are known
-        if arch in ARCH_PRESETS and options.preset not in ARCH_PRESETS[arch]:  # an unknown one: preset_config
+    for arch in trained:  # the preset is one of each architecture that trains
+        if options.preset not in ARCH_PRESETS[arch]:
             having = [a for a, presets in ARCH_PRESETS.items() if options.preset in presets]
             option = "archs" if arch in options.archs else "reverse_arch"
             raise PhraseScorerError(
@@ -408,7 +409,6 @@ def check_options(options: BuildRerankerOptions) -> None:
                      f" names (its presets: {', '.join(ARCH_PRESETS[arch])})"),
                 hint=Text(f"give {' or '.join(having)} as ", setting(option), f" for {options.preset}, or another ",
                           setting("preset")) if having else None)
-        preset_config(training_config(options, "words", False, arch=arch))
 
 
 @dataclass(frozen=True)
