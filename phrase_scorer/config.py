@@ -672,7 +672,7 @@ class BuildRerankerOptions:
     # ``members`` times: the first's models are forward, forward-2, right-to-left, ...; another's
     # carry its name (forward-transformer, forward-transformer-2, ...). And the reverse model's.
     # Two Transformer `small` models bought 63.13 (English-French) and 33.01 (English-Czech) test
-    # 2016 BLEU in 0.62 idle hours of training, against 62.64 and 32.82 in 1.21 for three
+    # 2016 BLEU in 0.55 idle hours of training, against 62.64 and 32.82 in 1.22 for three
     # RNNsearch ones (docs/transformer.md, "In the one command").
     archs: Tuple[str, ...] = ("transformer",)
     reverse_arch: str = "transformer"

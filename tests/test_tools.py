@@ -290,3 +290,36 @@ def test_bench_stages_counts_a_paused_process_as_no_load():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_bench_side_by_side_times_each_build_configuration_on_one_clock(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, source in (("train", "multi30k.train2000"), ("val", None)):
+        for lang in ("en", "fr"):
+            if source:
+                lines = gzip.open(ROOT / "examples" / f"{source}.{lang}.gz", "rt", encoding="utf-8").read().splitlines()
+            else:
+                lines = (ROOT / "examples" / f"dev.{lang}").read_text(encoding="utf-8").splitlines()
+            lines = lines[:240] if source else lines[:20]
+            with gzip.open(data / f"{name}.tok.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_side_by_side.py"),
+         "--builds", "transformer:1,rnnsearch:1+transformer:1", "--steps", "3", "--data", str(data),
+         "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    timed = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [(r["configuration"], r["trainings"], r["threads"]) for r in timed] == [
+        ("transformer:1", 1, os.cpu_count() or 1), ("rnnsearch:1+transformer:1", 2, max(1, (os.cpu_count() or 1) // 2))]
+    row = r"^\| ([\w: +]+) \| (\d) \| \d+ \| [\d, /]+ \| \*\*([\d,]+)\*\* \| ([\d.]+) \|$"
+    rows = re.findall(row, result.stdout, re.M)
+    assert [r[0] for r in rows] == ["transformer:1", "rnnsearch:1 + transformer:1"]
+    for (_, trainings, total, hours), r in zip(rows, timed):
+        # the build's 8,000 updates of 80 pairs for each training, at the configuration's rate in all
+        assert float(hours) == pytest.approx(int(trainings) * 8000 * 80 / r["total"] / 3600, abs=0.006)
+        assert int(total.replace(",", "")) == round(r["total"])
+    refused = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_side_by_side.py"), "--builds", "rnnsearch"],
+                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert refused.returncode != 0 and "is not ARCH:COUNT" in refused.stderr
