@@ -320,6 +320,11 @@ def test_bench_side_by_side_times_each_build_configuration_on_one_clock(tmp_path
         # the build's 8,000 updates of 80 pairs for each training, at the configuration's rate in all
         assert float(hours) == pytest.approx(int(trainings) * 8000 * 80 / r["total"] / 3600, abs=0.006)
         assert int(total.replace(",", "")) == round(r["total"])
-    refused = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_side_by_side.py"), "--builds", "rnnsearch"],
-                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
-    assert refused.returncode != 0 and "is not ARCH:COUNT" in refused.stderr
+    wrong = (("rnnsearch", "is not ARCH:COUNT"), ("transformer:1,transfomer:2", "is not an architecture"))
+    for builds, message in wrong:
+        # refused before any training starts, a later configuration too
+        refused = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_side_by_side.py"), "--builds", builds,
+                                  "--data", str(data)], capture_output=True, text=True,
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+        assert refused.returncode != 0 and message in refused.stderr
+        assert not [line for line in refused.stdout.splitlines() if line.startswith("{")]

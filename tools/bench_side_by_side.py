@@ -50,10 +50,10 @@ def trainings(args, work: Path, preset: str, count: int, archs: Sequence[str] = 
     threads = max(1, cores // count)
     data = Path(args.data)
     every = max(1, args.steps // 3)
+    batch = ["--batch-size", batch_size] if batch_size else []
     runs = []
     for k in range(count):
         out = work / f"x{count}-{k}"
-        batch = ["--batch-size", batch_size] if batch_size else []
         command = benchlib.phrase_scorer_command(
             "train", "--corpus", data / "train.tok.en.gz", data / "train.tok.fr.gz", "--dev", data / "val.tok.en.gz",
             data / "val.tok.fr.gz", "--arch", archs[k] if archs else args.arch, "--preset", preset,
@@ -76,11 +76,15 @@ def trainings(args, work: Path, preset: str, count: int, archs: Sequence[str] = 
 
 def build_archs(configuration: str) -> List[str]:
     """``rnnsearch:3+transformer:2`` -> the architecture of each training, in order."""
+    from phrase_scorer.config import ARCH_PRESETS
+
     archs: List[str] = []
     for part in configuration.split("+"):
         arch, _, count = part.partition(":")
         if not arch or not count.isdigit() or int(count) < 1:
             raise SystemExit(f"--builds: {part!r} is not ARCH:COUNT (rnnsearch:3+transformer:2)")
+        if arch not in ARCH_PRESETS:
+            raise SystemExit(f"--builds: {arch!r} is not an architecture ({', '.join(ARCH_PRESETS)})")
         archs += [arch] * int(count)
     return archs
 
@@ -90,13 +94,12 @@ def builds(args) -> None:
     from phrase_scorer.config import BuildRerankerOptions
 
     build = BuildRerankerOptions()
-    configurations = [c for c in args.builds.split(",") if c]
+    configurations = {c: build_archs(c) for c in args.builds.split(",") if c}  # every one checked before the first
     load_before = os.getloadavg()[0]
     best: Dict[str, dict] = {}
     with benchlib.work_dir(args.work_dir, "bench-side-by-side-") as work:
         for _ in range(args.repeats):
-            for configuration in configurations:
-                archs = build_archs(configuration)
+            for configuration, archs in configurations.items():
                 r = trainings(args, work, build.preset, len(archs), archs, build.batch_size)
                 print(json.dumps({"configuration": configuration, **r}), flush=True)
                 if configuration not in best or r["total"] > best[configuration]["total"]:
